@@ -1,0 +1,29 @@
+"""Installs specsamp: speculative sampling for JAX/Flax (Chen et al. 2023)."""
+
+import setuptools
+
+setuptools.setup(
+    name="specsamp",
+    version="0.1.0",
+    description=(
+        "Speculative sampling (Chen et al. 2023) in JAX/Flax NNX: draft, score, verify, "
+        "batched and sharded, in one on-device loop."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=setuptools.find_packages(include=["specsamp", "specsamp.*"]),
+    install_requires=[
+        "jax>=0.7",
+        "flax>=0.12",
+        "optax",
+        "orbax-checkpoint",
+        "ml-collections",
+        "sentencepiece",
+        "absl-py",
+        "numpy",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist"],
+    },
+)

@@ -1,0 +1,10 @@
+"""specsamp: speculative sampling (Chen et al. 2023) for JAX/Flax NNX.
+
+Subpackages:
+  models:   the decoder-only Transformer family with per-row KV caches.
+  sampling: logits -> probabilities, the autoregressive loop (and, later, the
+            speculative loop and its verifiers).
+  sharding: the device mesh and the ONE logical -> mesh axis rules table.
+"""
+
+__version__ = "0.1.0"

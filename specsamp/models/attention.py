@@ -1,0 +1,115 @@
+"""Multi-head / grouped-query / multi-query attention over a per-row KV cache.
+
+One call takes T >= 1 new tokens per row at per-row positions (prefill,
+single-step decode and scoring K+1 draft tokens are the same call): it
+projects q, k, v, rotates q and k by their positions, writes k and v into the
+cache slots of those positions, and attends each query at position p to the
+cache slots s <= p. Slots beyond a query's position (the future, padding, or
+entries left behind by a rollback) are masked out.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specsamp import sharding
+from specsamp.models import kv_cache
+from specsamp.models.config import TransformerConfig
+from specsamp.models.layers import apply_rope, make_param, softcap
+
+_MASKED = -1e30
+
+
+def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, positions_BT: jax.Array,
+           logit_cap: float | None = None) -> jax.Array:
+  """Causal attention of T queries over S cache slots; slot s is visible iff s <= position.
+
+  Query head n uses key/value head n // R (R = N // K), so MHA, GQA and MQA
+  share one einsum and the cache is never repeated to N heads.
+  """
+  batch, length, num_heads, head_dim = q_BTNH.shape
+  num_kv_heads = k_BSKH.shape[2]
+  q_BTKRH = q_BTNH.reshape(batch, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
+  logits_BKRTS = jnp.einsum("BTKRH,BSKH->BKRTS", q_BTKRH, k_BSKH,
+                            preferred_element_type=jnp.float32)
+  logits_BKRTS = softcap(logits_BKRTS, logit_cap)
+  visible_BTS = jnp.arange(k_BSKH.shape[1])[None, None, :] <= positions_BT[:, :, None]
+  logits_BKRTS = jnp.where(visible_BTS[:, None, None], logits_BKRTS, _MASKED)
+  probs_BKRTS = jax.nn.softmax(logits_BKRTS, axis=-1).astype(v_BSKH.dtype)
+  out_BTKRH = jnp.einsum("BKRTS,BSKH->BTKRH", probs_BKRTS, v_BSKH)
+  return out_BTKRH.reshape(batch, length, num_heads, head_dim)
+
+
+def attention_forward(x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.Array,
+                      values_BSKH: jax.Array, weights: dict[str, jax.Array], *,
+                      config: TransformerConfig, kv_head_offset: jax.Array | None = None
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Attention on arrays: returns (out_BTD, keys_BSKH, values_BSKH) with the cache updated.
+
+  Under tensor parallelism the weights hold a slice of the heads and out_BTD is
+  a partial sum over them, reduced once by the caller.
+
+  Args:
+    x_BTD: normalised inputs.
+    positions_BT: absolute position of each input token.
+    keys_BSKH, values_BSKH: this layer's cache.
+    weights: q_DNH, k_DKH, v_DKH, o_NHD and, with qkv_bias, q_NH, k_KH, v_KH.
+    config: the model config (RoPE theta, soft-cap).
+    kv_head_offset: set when each device holds ALL K kv heads but only a slice
+      of the query heads (tensor parallelism wider than K): the one kv head its
+      query heads share is selected at this index.
+  """
+  dtype = x_BTD.dtype
+
+  def project(name, bias_name):
+    out = jnp.einsum("BTD,D...->BT...", x_BTD, weights[name].astype(dtype))
+    if bias_name in weights:
+      out = out + weights[bias_name].astype(dtype)
+    return out
+
+  q_BTNH = apply_rope(project("q_DNH", "q_NH"), positions_BT, config.rope_theta)
+  k_BTKH = apply_rope(project("k_DKH", "k_KH"), positions_BT, config.rope_theta)
+  v_BTKH = project("v_DKH", "v_KH")
+  q_BTNH = q_BTNH * jnp.asarray(q_BTNH.shape[-1] ** -0.5, dtype)
+  q_BTNH = sharding.constrain(q_BTNH, ("act_batch", "act_length", "act_heads", "act_head_dim"))
+
+  keys_BSKH = kv_cache.write(keys_BSKH, k_BTKH, positions_BT)
+  values_BSKH = kv_cache.write(values_BSKH, v_BTKH, positions_BT)
+  keys_BSKH = sharding.constrain(keys_BSKH, kv_cache.CACHE_AXES)
+  values_BSKH = sharding.constrain(values_BSKH, kv_cache.CACHE_AXES)
+
+  read_k, read_v = keys_BSKH, values_BSKH
+  if kv_head_offset is not None:
+    read_k = jax.lax.dynamic_slice_in_dim(keys_BSKH, kv_head_offset, 1, axis=2)
+    read_v = jax.lax.dynamic_slice_in_dim(values_BSKH, kv_head_offset, 1, axis=2)
+  out_BTNH = attend(q_BTNH, read_k, read_v, positions_BT, config.attn_logit_softcap)
+  out_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTNH, weights["o_NHD"].astype(dtype))
+  return out_BTD, keys_BSKH, values_BSKH
+
+
+class Attention(nnx.Module):
+  """Attention parameters: q/k/v/o projections (and q/k/v biases for Qwen2)."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    d, n, k, h = config.d_model, config.num_heads, config.num_kv_heads, config.resolved_head_dim
+    dtype = config.weight_dtype
+    init = nnx.initializers.lecun_normal()
+    self.q_DNH = make_param(rngs, init, (d, n, h), ("embed", "heads", "head_dim"), dtype)
+    self.k_DKH = make_param(rngs, init, (d, k, h), ("embed", "kv_heads", "head_dim"), dtype)
+    self.v_DKH = make_param(rngs, init, (d, k, h), ("embed", "kv_heads", "head_dim"), dtype)
+    self.o_NHD = make_param(rngs, nnx.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
+                            (n, h, d), ("heads", "head_dim", "embed"), dtype)
+    if config.qkv_bias:
+      zeros = nnx.initializers.zeros
+      self.q_NH = make_param(rngs, zeros, (n, h), ("heads", "head_dim"), dtype)
+      self.k_KH = make_param(rngs, zeros, (k, h), ("kv_heads", "head_dim"), dtype)
+      self.v_KH = make_param(rngs, zeros, (k, h), ("kv_heads", "head_dim"), dtype)
+
+  def weights(self) -> dict[str, nnx.Param]:
+    names = ("q_DNH", "k_DKH", "v_DKH", "o_NHD")
+    if self.config.qkv_bias:
+      names += ("q_NH", "k_KH", "v_KH")
+    return {name: getattr(self, name) for name in names}

@@ -1,0 +1,131 @@
+"""The frozen Transformer config, built from an ``ml_collections.ConfigDict``.
+
+One dataclass covers the three families specsamp has to load:
+
+* Chinchilla-style (the paper's 70B target and its 4B draft): RMSNorm, a plain
+  (non-gated) GELU MLP of width 4 x d_model, untied embeddings. Chinchilla used
+  Transformer-XL relative positions; specsamp uses RoPE in their place (the
+  position scheme does not change speculative sampling, only the scores).
+* Llama / Mistral / Qwen2: RMSNorm, RoPE with configurable theta, grouped- or
+  multi-query attention (``num_kv_heads``), SwiGLU, untied embeddings, optional
+  q/k/v biases (Qwen2).
+* Gemma: GeGLU, tied embeddings scaled by sqrt(d_model), RMSNorm with (1 + w),
+  head_dim independent of d_model, optional logit soft-capping (Gemma 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+MLP_ACTIVATIONS = ("gelu", "relu", "swiglu", "geglu")
+TENSOR_PARALLEL_MODES = ("auto", "shard_map")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Architecture of a decoder-only Transformer. Hashable, so usable as a static arg.
+
+  Attributes:
+    vocab_size: V, number of token ids.
+    num_layers: L, number of Transformer blocks.
+    d_model: D, width of the residual stream.
+    num_heads: N, query heads.
+    num_kv_heads: K, key/value heads; must divide num_heads (GQA/MQA when < N).
+    head_dim: H; None means d_model // num_heads (Gemma sets it independently).
+    ffn_dim: F, hidden width of the MLP.
+    mlp_activation: 'gelu' or 'relu' (plain MLP), 'swiglu' or 'geglu' (gated).
+    rope_theta: base of the rotary position embedding frequencies.
+    norm_eps: epsilon of RMSNorm.
+    norm_plus_one: scale RMSNorm by (1 + w) with w initialised at 0 (Gemma).
+    qkv_bias: learnable biases on the q/k/v projections (Qwen2).
+    tie_embeddings: the output head is the transposed input embedding.
+    scale_embeddings: multiply input embeddings by sqrt(d_model) (Gemma).
+    attn_logit_softcap: if set, attention logits -> cap * tanh(logits / cap).
+    final_logit_softcap: if set, output logits -> cap * tanh(logits / cap).
+    dtype: dtype of activations ('float32' on CPU, 'bfloat16' on accelerators).
+    param_dtype: dtype parameters are stored in.
+    tensor_parallel: 'auto' lets jit partition attention and MLP from the
+      rules table; 'shard_map' runs them under ``jax.shard_map`` with explicit
+      Megatron collectives (one psum after each output projection).
+  """
+
+  vocab_size: int
+  num_layers: int
+  d_model: int
+  num_heads: int
+  num_kv_heads: int
+  ffn_dim: int
+  head_dim: int | None = None
+  mlp_activation: str = "swiglu"
+  rope_theta: float = 10_000.0
+  norm_eps: float = 1e-6
+  norm_plus_one: bool = False
+  qkv_bias: bool = False
+  tie_embeddings: bool = False
+  scale_embeddings: bool = False
+  attn_logit_softcap: float | None = None
+  final_logit_softcap: float | None = None
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  tensor_parallel: str = "auto"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "ffn_dim"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}.")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}: "
+          "each key/value head serves a whole group of query heads.")
+    if self.head_dim is None and self.d_model % self.num_heads:
+      raise ValueError(
+          f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+          "set head_dim explicitly.")
+    if self.resolved_head_dim < 2 or self.resolved_head_dim % 2:
+      raise ValueError(f"head_dim must be even for RoPE, got {self.resolved_head_dim}.")
+    if self.mlp_activation not in MLP_ACTIVATIONS:
+      raise ValueError(f"mlp_activation must be one of {MLP_ACTIVATIONS}, got {self.mlp_activation!r}.")
+    if self.tensor_parallel not in TENSOR_PARALLEL_MODES:
+      raise ValueError(
+          f"tensor_parallel must be one of {TENSOR_PARALLEL_MODES}, got {self.tensor_parallel!r}.")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in DTYPES:
+        raise ValueError(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}.")
+    for name in ("attn_logit_softcap", "final_logit_softcap"):
+      cap = getattr(self, name)
+      if cap is not None and cap <= 0:
+        raise ValueError(f"{name} must be positive or None, got {cap}.")
+
+  @property
+  def resolved_head_dim(self) -> int:
+    return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+  @property
+  def gated_mlp(self) -> bool:
+    return self.mlp_activation in ("swiglu", "geglu")
+
+  @property
+  def activation_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def weight_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.param_dtype)
+
+  @classmethod
+  def from_config(cls, config: Mapping[str, Any]) -> "TransformerConfig":
+    """Builds from a ConfigDict (or dict); unknown fields are an error, not ignored."""
+    values = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"Unknown TransformerConfig fields {unknown}; known fields: {sorted(known)}.")
+    return cls(**values)
+
+  def replace(self, **changes: Any) -> "TransformerConfig":
+    return dataclasses.replace(self, **changes)

@@ -1,0 +1,136 @@
+"""Transformer building blocks: parameters with logical axes, RMSNorm, embedder, MLP, RoPE.
+
+Each block keeps its math in a pure function of arrays (``mlp_forward``,
+``apply_rope``) so the same code runs under jit's automatic partitioning and
+inside ``shard_map`` (see ``tensor_parallel.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specsamp import sharding
+from specsamp.models.config import TransformerConfig
+
+
+def make_param(rngs: nnx.Rngs, init: nnx.Initializer, shape: Sequence[int],
+               logical_axes: Sequence[str | None], dtype: jnp.dtype) -> nnx.Param:
+  """A parameter carrying its logical axis names (never mesh axes).
+
+  ``eager_sharding=False``: the names are logical and only become mesh axes
+  through ``sharding.LOGICAL_AXIS_RULES``, never by Flax directly.
+  """
+  return nnx.Param(init(rngs.params(), tuple(shape), dtype),
+                   out_sharding=tuple(logical_axes), eager_sharding=False)
+
+
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+  """cap * tanh(x / cap) (Gemma 2); identity when cap is None."""
+  return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+class RMSNorm(nnx.Module):
+  """x / rms(x) * w, or * (1 + w) with w starting at 0 (Gemma)."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    init = nnx.initializers.zeros if config.norm_plus_one else nnx.initializers.ones
+    self.scale_D = make_param(rngs, init, (config.d_model,), ("norm",), config.weight_dtype)
+    self.eps = config.norm_eps
+    self.plus_one = config.norm_plus_one
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    x32 = x_BTD.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    scale = self.scale_D[...].astype(jnp.float32)
+    scale = 1.0 + scale if self.plus_one else scale
+    return (normed * scale).astype(x_BTD.dtype)
+
+
+class Embedder(nnx.Module):
+  """Token embedding; with tied embeddings it is also the output head."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.table_VD = make_param(rngs, nnx.initializers.normal(stddev=1.0),
+                               (config.vocab_size, config.d_model), ("vocab", "embed"),
+                               config.weight_dtype)
+
+  def encode(self, tokens_BT: jax.Array) -> jax.Array:
+    x_BTD = jnp.take(self.table_VD[...], tokens_BT, axis=0).astype(self.config.activation_dtype)
+    if self.config.scale_embeddings:
+      x_BTD = x_BTD * jnp.asarray(self.config.d_model ** 0.5, x_BTD.dtype)
+    return sharding.constrain(x_BTD, ("act_batch", "act_length", "act_embed"))
+
+  def decode(self, x_BTD: jax.Array) -> jax.Array:
+    table = self.table_VD[...].astype(x_BTD.dtype)
+    return jnp.einsum("BTD,VD->BTV", x_BTD, table)
+
+
+class OutputHead(nnx.Module):
+  """Untied output projection D -> V."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.w_DV = make_param(rngs, nnx.initializers.lecun_normal(), (config.d_model, config.vocab_size),
+                           ("embed", "vocab"), config.weight_dtype)
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    return jnp.einsum("BTD,DV->BTV", x_BTD, self.w_DV[...].astype(x_BTD.dtype))
+
+
+_ACTIVATIONS = {
+    "gelu": jax.nn.gelu,
+    "relu": jax.nn.relu,
+    "swiglu": jax.nn.silu,
+    "geglu": jax.nn.gelu,
+}
+
+
+def mlp_forward(x_BTD: jax.Array, weights: dict[str, jax.Array], activation: str) -> jax.Array:
+  """MLP on arrays: down(act(gate(x)) * up(x)) when gated, down(act(up(x))) otherwise.
+
+  Under tensor parallelism each device holds an F-slice of the weights; the
+  result is then a partial sum that the caller reduces once.
+  """
+  dtype = x_BTD.dtype
+  act = _ACTIVATIONS[activation]
+  up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, weights["up_DF"].astype(dtype))
+  if "gate_DF" in weights:
+    gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, weights["gate_DF"].astype(dtype))
+    hidden_BTF = act(gate_BTF) * up_BTF
+  else:
+    hidden_BTF = act(up_BTF)
+  hidden_BTF = sharding.constrain(hidden_BTF, ("act_batch", "act_length", "act_mlp"))
+  return jnp.einsum("BTF,FD->BTD", hidden_BTF, weights["down_FD"].astype(dtype))
+
+
+class MLP(nnx.Module):
+  """Feed-forward block: plain (GELU/ReLU, Chinchilla) or gated (SwiGLU, GeGLU)."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    init = nnx.initializers.lecun_normal()
+    dims, dtype = (config.d_model, config.ffn_dim), config.weight_dtype
+    if config.gated_mlp:
+      self.gate_DF = make_param(rngs, init, dims, ("embed", "mlp"), dtype)
+    self.up_DF = make_param(rngs, init, dims, ("embed", "mlp"), dtype)
+    self.down_FD = make_param(rngs, init, dims[::-1], ("mlp", "embed"), dtype)
+
+  def weights(self) -> dict[str, nnx.Param]:
+    names = (("gate_DF",) if self.config.gated_mlp else ()) + ("up_DF", "down_FD")
+    return {name: getattr(self, name) for name in names}
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
+  """Rotary position embedding, half-split layout (as Llama/Gemma checkpoints use)."""
+  head_dim = x_BTNH.shape[-1]
+  half = head_dim // 2
+  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)
+  angles_BTH = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+  sin, cos = jnp.sin(angles_BTH)[:, :, None, :], jnp.cos(angles_BTH)[:, :, None, :]
+  x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return rotated.astype(x_BTNH.dtype)

@@ -1,0 +1,109 @@
+"""Attention and MLP blocks, run by jit's partitioner or under shard_map (Megatron).
+
+``config.tensor_parallel == 'auto'``: the block's pure function is called
+directly and jit partitions it from the parameters' shardings and the
+activation constraints of the rules table.
+
+``config.tensor_parallel == 'shard_map'``: the same pure function runs under
+``jax.shard_map`` with explicit collectives, Megatron style. Each device holds
+N/tp query heads (and K/tp kv heads, or all K when tp > K) and F/tp MLP
+columns; the only communication per layer is ONE ``psum`` over 'tensor' after
+the attention output projection and ONE after the MLP down projection. The
+in/out specs come from the same rules table ('fsdp' is left out: parameters
+enter whole along d_model, jit inserts the all-gathers). Without an active mesh
+the block runs on one device exactly as in 'auto' mode.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+from flax import nnx
+
+from specsamp import sharding
+from specsamp.models import kv_cache
+from specsamp.models.attention import Attention, attention_forward
+from specsamp.models.config import TransformerConfig
+from specsamp.models.layers import MLP, mlp_forward
+
+TENSOR_AXIS = "tensor"
+_FSDP = ("fsdp",)
+
+
+def _tensor_parallel_size(config: TransformerConfig) -> int | None:
+  """Tensor-parallel width when the block must run under shard_map, else None."""
+  if config.tensor_parallel != "shard_map":
+    return None
+  sizes = sharding.current_axis_sizes()
+  if not sizes:
+    return None
+  return sizes.get(TENSOR_AXIS, 1)
+
+
+def _check_divides(tp: int, what: str, size: int):
+  if size % tp:
+    raise ValueError(
+        f"tensor_parallel='shard_map' splits {what}={size} over the 'tensor' mesh axis of "
+        f"size {tp}, which does not divide it; use a tensor axis that divides {what} or "
+        "tensor_parallel='auto'.")
+
+
+def _spec(logical_axes: Sequence[str | None], array: jax.Array) -> jax.sharding.PartitionSpec:
+  return sharding.logical_to_spec(logical_axes, array.shape, exclude=_FSDP)
+
+
+def _values_and_specs(params: dict[str, nnx.Param]):
+  values = {name: param[...] for name, param in params.items()}
+  specs = {name: _spec(sharding.logical_axes_of(param), values[name]) for name, param in params.items()}
+  return values, specs
+
+
+def attention_block(attn: Attention, x_BTD: jax.Array, positions_BT: jax.Array,
+                    keys_BSKH: jax.Array, values_BSKH: jax.Array
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Runs attention (and its cache update) in the config's tensor-parallel mode."""
+  config = attn.config
+  tp = _tensor_parallel_size(config)
+  weights, weight_specs = _values_and_specs(attn.weights())
+  if tp is None:
+    return attention_forward(x_BTD, positions_BT, keys_BSKH, values_BSKH, weights, config=config)
+
+  num_heads, num_kv_heads = config.num_heads, config.num_kv_heads
+  _check_divides(tp, "num_heads", num_heads)
+  kv_sharded = num_kv_heads % tp == 0
+  if not kv_sharded and tp % num_kv_heads:
+    raise ValueError(
+        f"tensor_parallel='shard_map' with num_kv_heads={num_kv_heads} needs a 'tensor' axis "
+        f"that divides it or that it divides; got {tp}.")
+
+  def body(x, positions, keys, values, local_weights):
+    offset = None
+    if not kv_sharded:  # every device holds all K kv heads; pick its query heads' one.
+      offset = jax.lax.axis_index(TENSOR_AXIS) * (num_heads // tp) // (num_heads // num_kv_heads)
+    out, keys, values = attention_forward(x, positions, keys, values, local_weights,
+                                          config=config, kv_head_offset=offset)
+    return jax.lax.psum(out, TENSOR_AXIS), keys, values
+
+  x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
+  cache_spec = _spec(kv_cache.CACHE_AXES, keys_BSKH)
+  in_specs = (x_spec, _spec(("act_batch", "act_length"), positions_BT), cache_spec, cache_spec,
+              weight_specs)
+  return jax.shard_map(body, in_specs=in_specs, out_specs=(x_spec, cache_spec, cache_spec))(
+      x_BTD, positions_BT, keys_BSKH, values_BSKH, weights)
+
+
+def mlp_block(mlp: MLP, x_BTD: jax.Array) -> jax.Array:
+  """Runs the MLP in the config's tensor-parallel mode."""
+  config = mlp.config
+  tp = _tensor_parallel_size(config)
+  weights, weight_specs = _values_and_specs(mlp.weights())
+  if tp is None:
+    return mlp_forward(x_BTD, weights, config.mlp_activation)
+  _check_divides(tp, "ffn_dim", config.ffn_dim)
+
+  def body(x, local_weights):
+    return jax.lax.psum(mlp_forward(x, local_weights, config.mlp_activation), TENSOR_AXIS)
+
+  x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
+  return jax.shard_map(body, in_specs=(x_spec, weight_specs), out_specs=x_spec)(x_BTD, weights)

@@ -1,0 +1,111 @@
+"""The decoder-only Transformer; it satisfies specsamp's decode protocol.
+
+Decode protocol (what the samplers need from a target or draft model):
+
+  model.vocab_size                          -> V
+  model.init_cache(batch_size, max_length)  -> cache (a pytree with ``lengths``)
+  model(tokens_BT, positions_BT, cache)     -> (logits_BTV float32, cache)
+
+``positions_BT`` are absolute per-row positions (consecutive within a row); the
+call writes those positions into the cache and sets ``cache.lengths`` to one
+past each row's last position. With ``positions_BT=None`` a call continues
+every row from ``cache.lengths``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specsamp import sharding
+from specsamp.models import tensor_parallel
+from specsamp.models.attention import Attention
+from specsamp.models.config import TransformerConfig
+from specsamp.models.kv_cache import KVCache
+from specsamp.models.layers import MLP, Embedder, OutputHead, RMSNorm, softcap
+
+_RESIDUAL_AXES = ("act_batch", "act_length", "act_embed")
+
+
+class Block(nnx.Module):
+  """Pre-norm Transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(config, rngs=rngs)
+    self.attn = Attention(config, rngs=rngs)
+    self.mlp_norm = RMSNorm(config, rngs=rngs)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.Array,
+               values_BSKH: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    with jax.named_scope("attention"):
+      h_BTD, keys_BSKH, values_BSKH = tensor_parallel.attention_block(
+          self.attn, self.attn_norm(x_BTD), positions_BT, keys_BSKH, values_BSKH)
+    x_BTD = sharding.constrain(x_BTD + h_BTD, _RESIDUAL_AXES)
+    with jax.named_scope("mlp"):
+      x_BTD = x_BTD + tensor_parallel.mlp_block(self.mlp, self.mlp_norm(x_BTD))
+    return sharding.constrain(x_BTD, _RESIDUAL_AXES), keys_BSKH, values_BSKH
+
+
+class Transformer(nnx.Module):
+  """Decoder-only Transformer with a per-row KV cache (see the module docstring)."""
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.embedder = Embedder(config, rngs=rngs)
+    self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+    self.final_norm = RMSNorm(config, rngs=rngs)
+    if not config.tie_embeddings:
+      self.head = OutputHead(config, rngs=rngs)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  def init_cache(self, batch_size: int, max_length: int) -> KVCache:
+    """An empty cache of ``max_length`` slots per row."""
+    config = self.config
+    return KVCache.create(config.num_layers, batch_size, max_length, config.num_kv_heads,
+                          config.resolved_head_dim, config.activation_dtype)
+
+  def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None,
+               cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+    """Processes T >= 1 tokens per row; returns float32 logits and the updated cache.
+
+    Args:
+      tokens_BT: int token ids.
+      positions_BT: absolute positions; None continues from ``cache.lengths``
+        (or 0..T-1 without a cache).
+      cache: the KV cache; None runs a plain forward pass over the T tokens and
+        returns None in its place.
+    """
+    if tokens_BT.ndim != 2:
+      raise ValueError(f"tokens must be [batch, length], got shape {tokens_BT.shape}.")
+    batch, length = tokens_BT.shape
+    had_cache = cache is not None
+    if cache is None:
+      cache = self.init_cache(batch, length)
+    if cache.batch_size != batch:
+      raise ValueError(f"Cache holds {cache.batch_size} rows but tokens have {batch}.")
+    if positions_BT is None:
+      positions_BT = cache.lengths[:, None] + jnp.arange(length, dtype=jnp.int32)
+    if positions_BT.shape != tokens_BT.shape:
+      raise ValueError(f"positions {positions_BT.shape} must match tokens {tokens_BT.shape}.")
+    positions_BT = positions_BT.astype(jnp.int32)
+
+    x_BTD = self.embedder.encode(tokens_BT)
+    keys, values = [], []
+    for index, block in enumerate(self.blocks):
+      with jax.named_scope(f"layer_{index}"):
+        x_BTD, k, v = block(x_BTD, positions_BT, cache.keys[index], cache.values[index])
+      keys.append(k)
+      values.append(v)
+    x_BTD = self.final_norm(x_BTD)
+    with jax.named_scope("logits"):
+      logits_BTV = (self.embedder.decode(x_BTD) if self.config.tie_embeddings
+                    else self.head(x_BTD)).astype(jnp.float32)
+      logits_BTV = softcap(logits_BTV, self.config.final_logit_softcap)
+      logits_BTV = sharding.constrain(logits_BTV, ("act_batch", "act_length", "act_vocab"))
+    new_cache = KVCache(keys=tuple(keys), values=tuple(values), lengths=positions_BT[:, -1] + 1)
+    return logits_BTV, (new_cache if had_cache else None)
