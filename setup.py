@@ -24,6 +24,6 @@ setuptools.setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist"],
+        "test": ["pytest>=8", "scipy"],
     },
 )

@@ -28,6 +28,14 @@ from specsamp.models.layers import MLP, Embedder, OutputHead, RMSNorm, softcap
 _RESIDUAL_AXES = ("act_batch", "act_length", "act_embed")
 
 
+def create(config: TransformerConfig, mesh: jax.sharding.Mesh | None = None,
+           seed: int = 0) -> "Transformer":
+  """A Transformer with initialised parameters, born sharded on ``mesh`` when given."""
+  if mesh is None:
+    return Transformer(config, rngs=nnx.Rngs(seed))
+  return sharding.create_sharded(lambda rngs: Transformer(config, rngs=rngs), mesh, seed)
+
+
 class Block(nnx.Module):
   """Pre-norm Transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 

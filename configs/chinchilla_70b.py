@@ -1,0 +1,53 @@
+"""The paper's target: Chinchilla 70B (Hoffmann et al. 2022), as in Chen et al. 2023.
+
+80 layers, d_model 8192, 64 heads of dim 128, FFN 4 x d_model, vocab 32k;
+about 65e9 parameters in this parameterisation (the paper's 70B counts its
+relative position parameters too). Sized for a TPU pod or a multi-GPU host; on
+a laptop use it only with ``jax.eval_shape`` (see tests/test_configs.py).
+
+Launch (16 chips, tensor parallel as in the paper):
+  python scripts/sample.py --config=configs/chinchilla_70b.py --config.mesh.tensor=16
+"""
+
+import ml_collections
+
+
+def get_config(arg=None):
+  del arg
+  config = ml_collections.ConfigDict()
+  config.seed = 0  # Parameter init and sampling seed.
+
+  config.model = ml_collections.ConfigDict()
+  m = config.model
+  m.vocab_size = 32_000  # SentencePiece vocabulary.
+  m.num_layers = 80  # Transformer blocks.
+  m.d_model = 8192  # Residual stream width.
+  m.num_heads = 64  # Query heads.
+  m.num_kv_heads = 64  # Key/value heads (MHA).
+  m.head_dim = 128  # Head dim.
+  m.ffn_dim = 4 * 8192  # MLP hidden width, 4 x d_model.
+  m.mlp_activation = "gelu"  # Plain (non-gated) MLP.
+  m.rope_theta = 10_000.0  # RoPE base (stands in for Transformer-XL relative positions).
+  m.norm_eps = 1e-6  # RMSNorm epsilon.
+  m.norm_plus_one = False  # RMSNorm scale w.
+  m.qkv_bias = False  # No projection biases.
+  m.tie_embeddings = False  # Separate output head.
+  m.scale_embeddings = False  # No sqrt(d_model) embedding scale.
+  m.attn_logit_softcap = None  # No soft-capping.
+  m.final_logit_softcap = None  # No soft-capping.
+  m.dtype = "bfloat16"  # Activations on accelerators.
+  m.param_dtype = "bfloat16"  # Stored parameters.
+  m.tensor_parallel = "shard_map"  # Explicit Megatron collectives: 2 psums per layer.
+
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = 1  # Batch 1 decoding: no data parallelism.
+  config.mesh.fsdp = 1  # Parameters whole along d_model.
+  config.mesh.tensor = -1  # All devices tensor parallel (the paper: 16 TPU v4).
+
+  config.sampling = ml_collections.ConfigDict()
+  config.sampling.max_new_tokens = 128  # Tokens generated per prompt (the paper: 128).
+  config.sampling.temperature = 0.8  # The paper's HumanEval nucleus setting.
+  config.sampling.top_k = 0  # No top-k.
+  config.sampling.top_p = 0.95  # Nucleus mass.
+  config.sampling.use_eos = True  # Stop a row at the tokenizer's EOS id.
+  return config

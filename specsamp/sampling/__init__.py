@@ -1,0 +1,13 @@
+"""Sampling: logits -> warped distributions, and the on-device generation loops.
+
+  warping.py         temperature / top-k / top-p / greedy, as pure functions.
+  model_protocol.py  the decode protocol any target or draft model follows.
+  autoregressive.py  autoregressive generation as one jitted while_loop.
+"""
+
+from specsamp.sampling.autoregressive import GenerationOutput, generate
+from specsamp.sampling.model_protocol import DecodeModel
+from specsamp.sampling.warping import SamplingParams, probabilities, sample, warp_logits
+
+__all__ = ["GenerationOutput", "generate", "DecodeModel", "SamplingParams", "probabilities",
+           "sample", "warp_logits"]

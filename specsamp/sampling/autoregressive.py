@@ -1,0 +1,189 @@
+"""Autoregressive sampling as ONE jitted ``lax.while_loop`` on device.
+
+Prompts of different lengths share a batch, right-padded: row b's prompt
+occupies positions 0..prompt_lengths[b]-1 and its new tokens follow at its own
+positions, so no row is shifted or left-padded. One prefill call fills the
+cache; each loop iteration feeds every row's last token at that row's
+position, samples the next token from the warped distribution with the key
+``fold_in(rng, step)``, and appends it. Rows stop independently at EOS or
+``max_new_tokens``; finished rows are padded and no longer advance. The loop
+exits when every row is done: no host synchronisation per token.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specsamp.sampling import model_protocol
+from specsamp.sampling.warping import SamplingParams, sample
+
+
+@struct.dataclass
+class GenerationOutput:
+  """What a generator returns (device arrays).
+
+  Attributes:
+    tokens: [B, W] int32, each row's prompt followed by its generated tokens
+      (EOS included), then ``pad_id``; W = padded prompt length + max_new_tokens.
+    lengths: [B] int32, prompt + generated tokens of each row.
+    num_generated: [B] int32, generated tokens of each row.
+    model_calls: scalar int32, calls of the model (prefill included).
+  """
+
+  tokens: jax.Array
+  lengths: jax.Array
+  num_generated: jax.Array
+  model_calls: jax.Array
+
+  def generated(self, row: int) -> np.ndarray:
+    """Host copy of one row's generated tokens."""
+    end = int(self.lengths[row])
+    return np.asarray(self.tokens[row, end - int(self.num_generated[row]):end])
+
+
+@struct.dataclass
+class _LoopState:
+  step: jax.Array
+  tokens: jax.Array
+  lengths: jax.Array
+  done: jax.Array
+  cache: Any
+
+
+def check_prompts(prompts: Any, prompt_lengths: Any, max_new_tokens: int,
+                  cache_length: int | None, extra_slots: int = 0) -> tuple[jax.Array, jax.Array, int]:
+  """Validates a batch of right-padded prompts; returns them as int32 and the cache length.
+
+  Args:
+    prompts: [B, L] token ids, row b valid up to prompt_lengths[b].
+    prompt_lengths: [B] lengths, 1 <= length <= L.
+    max_new_tokens: tokens to generate per row (>= 1).
+    cache_length: slots per row; None picks L + max_new_tokens + extra_slots.
+    extra_slots: slots a sampler needs beyond prompt + new tokens (drafts).
+  """
+  prompts = jnp.asarray(prompts, jnp.int32)
+  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+  if prompts.ndim != 2 or prompts.shape[1] < 1:
+    raise ValueError(f"prompts must be [batch, length] with length >= 1, got shape {prompts.shape}.")
+  if prompt_lengths.shape != (prompts.shape[0],):
+    raise ValueError(f"prompt_lengths must have shape ({prompts.shape[0]},), got {prompt_lengths.shape}.")
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
+  if not isinstance(prompt_lengths, jax.core.Tracer):
+    lengths = np.asarray(prompt_lengths)
+    if lengths.min() < 1 or lengths.max() > prompts.shape[1]:
+      raise ValueError(f"prompt_lengths must be in [1, {prompts.shape[1]}], got {lengths.tolist()}.")
+  needed = prompts.shape[1] + max_new_tokens + extra_slots
+  if cache_length is None:
+    cache_length = needed
+  if cache_length < needed:
+    raise ValueError(
+        f"The cache has {cache_length} slots per row but prompts of length {prompts.shape[1]} "
+        f"+ max_new_tokens={max_new_tokens}" + (f" + {extra_slots} draft slots" if extra_slots else "")
+        + f" need {needed}: the prompt is too long for the cache; raise cache_length or "
+        "shorten the prompt.")
+  return prompts, prompt_lengths, int(cache_length)
+
+
+def prefill(model: Any, prompts_BL: jax.Array, prompt_lengths_B: jax.Array, cache: Any
+            ) -> tuple[jax.Array, Any]:
+  """Runs the padded prompts through the model; returns each row's last logits and the cache.
+
+  Padding tokens write cache slots at or beyond their row's length; those are
+  masked until the row's real tokens overwrite them.
+  """
+  batch, length = prompts_BL.shape
+  positions_BL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  logits_BLV, cache = model(prompts_BL, positions_BL, cache)
+  last_BV = jnp.take_along_axis(logits_BLV, (prompt_lengths_B - 1)[:, None, None], axis=1)[:, 0]
+  return last_BV, cache.replace(lengths=prompt_lengths_B)
+
+
+def initial_tokens(prompts_BL: jax.Array, prompt_lengths_B: jax.Array, width: int, pad_id: int
+                   ) -> jax.Array:
+  """The [B, width] token buffer: each row's prompt, then pad_id."""
+  batch, length = prompts_BL.shape
+  valid_BL = jnp.arange(length)[None, :] < prompt_lengths_B[:, None]
+  tokens = jnp.full((batch, width), pad_id, jnp.int32)
+  return tokens.at[:, :length].set(jnp.where(valid_BL, prompts_BL, pad_id))
+
+
+@functools.partial(jax.jit, static_argnames=("static", "max_new_tokens", "params", "eos_id",
+                                             "pad_id", "cache_length"))
+def _generate(static, dynamic, prompts_BL, prompt_lengths_B, rng, *, max_new_tokens: int,
+              params: SamplingParams, eos_id: int | None, pad_id: int, cache_length: int
+              ) -> GenerationOutput:
+  batch, length = prompts_BL.shape
+  rows_B = jnp.arange(batch)
+  model = model_protocol.merge_model(static, dynamic)
+  with jax.named_scope("prefill"):
+    cache = model.init_cache(batch, cache_length)
+    last_logits_BV, cache = prefill(model, prompts_BL, prompt_lengths_B, cache)
+  first_B = sample(jax.random.fold_in(rng, 0), last_logits_BV, params)
+  tokens_BW = initial_tokens(prompts_BL, prompt_lengths_B, length + max_new_tokens, pad_id)
+  tokens_BW = tokens_BW.at[rows_B, prompt_lengths_B].set(first_B)
+  done_B = jnp.full((batch,), max_new_tokens == 1)
+  if eos_id is not None:
+    done_B = done_B | (first_B == eos_id)
+  state = _LoopState(step=jnp.int32(1), tokens=tokens_BW, lengths=prompt_lengths_B + 1,
+                     done=done_B, cache=cache)
+
+  def cond(state: _LoopState) -> jax.Array:
+    return (state.step < max_new_tokens) & ~jnp.all(state.done)
+
+  def body(state: _LoopState) -> _LoopState:
+    model = model_protocol.merge_model(static, dynamic)
+    positions_B = state.lengths - 1
+    last_B = state.tokens[rows_B, positions_B]
+    logits_B1V, cache = model(last_B[:, None], positions_B[:, None], state.cache)
+    next_B = sample(jax.random.fold_in(rng, state.step), logits_B1V[:, 0], params)
+    active_B = ~state.done
+    tokens_BW = state.tokens.at[rows_B, state.lengths].set(
+        jnp.where(active_B, next_B, pad_id), mode="drop")
+    lengths_B = state.lengths + active_B
+    done_B = state.done | (lengths_B - prompt_lengths_B >= max_new_tokens)
+    if eos_id is not None:
+      done_B = done_B | (active_B & (next_B == eos_id))
+    return _LoopState(step=state.step + 1, tokens=tokens_BW, lengths=lengths_B, done=done_B,
+                      cache=cache)
+
+  state = jax.lax.while_loop(cond, body, state)
+  return GenerationOutput(tokens=state.tokens, lengths=state.lengths,
+                          num_generated=state.lengths - prompt_lengths_B, model_calls=state.step)
+
+
+def generate(model: Any, prompts: Any, prompt_lengths: Any, rng: jax.Array, *,
+             max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             eos_id: int | None = None, pad_id: int = 0, cache_length: int | None = None
+             ) -> GenerationOutput:
+  """Samples up to ``max_new_tokens`` per row from ``model``, autoregressively, on device.
+
+  Args:
+    model: any model following the decode protocol (``model_protocol``).
+    prompts: [B, L] int token ids, right-padded; row b valid up to prompt_lengths[b].
+    prompt_lengths: [B] ints in [1, L].
+    rng: a JAX random key; step t uses ``fold_in(rng, t)``.
+    max_new_tokens: tokens generated per row at most.
+    temperature, top_k, top_p: the warping (see ``warping.SamplingParams``); 0 is greedy.
+    eos_id: a row stops after emitting this id (kept in its output).
+    pad_id: fills each row after its last token.
+    cache_length: KV cache slots per row; default L + max_new_tokens.
+
+  Returns:
+    A ``GenerationOutput``. Compiled once per (model structure, shapes, options)
+    and reused.
+  """
+  model_protocol.check_model(model)
+  params = SamplingParams(temperature, top_k, top_p)
+  prompts, prompt_lengths, cache_length = check_prompts(prompts, prompt_lengths, max_new_tokens,
+                                                        cache_length)
+  static, dynamic = model_protocol.split_model(model)
+  return _generate(static, dynamic, prompts, prompt_lengths, rng, max_new_tokens=int(max_new_tokens),
+                   params=params, eos_id=None if eos_id is None else int(eos_id),
+                   pad_id=int(pad_id), cache_length=cache_length)

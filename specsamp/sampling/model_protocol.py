@@ -1,0 +1,59 @@
+"""The decode protocol the samplers rely on, and how models cross a jit boundary.
+
+Any object can be a target or a draft model if it
+
+  (a) has ``vocab_size`` (int),
+  (b) makes an empty cache: ``init_cache(batch_size, max_length) -> cache``,
+      a pytree with a ``lengths`` [B] int32 field,
+  (c) maps ``(tokens_BT, positions_BT, cache) -> (logits_BTV, cache)``,
+      processing T >= 1 tokens per row at per-row positions (consecutive within
+      a row), and setting ``cache.lengths`` to one past each row's last position,
+  (d) is a Flax NNX module or a JAX pytree (e.g. a ``flax.struct.dataclass``),
+      so its arrays can be passed into the sampler's jitted loop.
+
+Samplers only read ``cache.lengths`` and replace it (``cache.replace(lengths=...)``)
+to roll rows back; cache entries beyond a row's length must never be read.
+specsamp's Transformer is one such model; a bigram table is another.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+from flax import nnx
+
+
+@runtime_checkable
+class DecodeModel(Protocol):
+  """Structural type of a target or draft model (see the module docstring)."""
+
+  vocab_size: int
+
+  def init_cache(self, batch_size: int, max_length: int) -> Any: ...
+
+  def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache: Any
+               ) -> tuple[jax.Array, Any]: ...
+
+
+def check_model(model: Any, role: str = "model") -> None:
+  """Raises a clear error if ``model`` does not follow the decode protocol."""
+  missing = [name for name in ("vocab_size", "init_cache", "__call__") if not hasattr(model, name)]
+  if missing:
+    raise TypeError(f"The {role} ({type(model).__name__}) does not follow specsamp's decode "
+                    f"protocol: missing {missing}. See specsamp.sampling.model_protocol.")
+
+
+def split_model(model: Any) -> tuple[Any, Any]:
+  """Splits a model into (static, dynamic): the hashable structure and its arrays."""
+  if isinstance(model, nnx.Module):
+    return nnx.split(model)
+  leaves, treedef = jax.tree.flatten(model)
+  return treedef, leaves
+
+
+def merge_model(static: Any, dynamic: Any) -> Any:
+  """Inverse of ``split_model``; call inside jitted code."""
+  if isinstance(static, nnx.GraphDef):
+    return nnx.merge(static, dynamic)
+  return jax.tree.unflatten(static, dynamic)

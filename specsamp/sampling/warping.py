@@ -1,0 +1,86 @@
+"""Logits -> sampling distribution: temperature, top-k, top-p (nucleus), greedy.
+
+The warped distribution is what a model actually samples from; speculative
+verification compares the *warped* target and draft distributions, so these
+functions are the single definition of both.
+
+Order (as in Hugging Face transformers): divide by the temperature, keep the
+top_k largest logits, then keep the smallest prefix of the remaining tokens
+(sorted by probability, ties broken by token id) whose mass reaches top_p.
+Temperature 0 means greedy: a one-hot distribution on the argmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """How to turn logits into a distribution. Hashable: a static jit argument.
+
+  Attributes:
+    temperature: >= 0; 0 is greedy (argmax).
+    top_k: keep the k most likely tokens; 0 keeps all.
+    top_p: keep the smallest set of most likely tokens with mass >= top_p; in (0, 1].
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
+        or self.temperature < 0:
+      raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}.")
+    if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+      raise ValueError(f"top_k must be an int >= 0 (0 = no top-k), got {self.top_k!r}.")
+    if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+
+def warp_logits(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
+  """Float32 logits of the warped distribution; excluded tokens are -inf.
+
+  For greedy params only the argmax keeps a finite logit.
+  """
+  logits_BV = logits_BV.astype(jnp.float32)
+  vocab = logits_BV.shape[-1]
+  if params.greedy:
+    best = jnp.argmax(logits_BV, axis=-1)
+    return jnp.where(jax.nn.one_hot(best, vocab, dtype=bool), 0.0, -jnp.inf)
+  logits_BV = logits_BV / params.temperature
+  top_k = params.top_k if 0 < params.top_k < vocab else 0
+  if not top_k and params.top_p >= 1.0:
+    return logits_BV
+  order_BV = jnp.argsort(-logits_BV, axis=-1, stable=True)  # descending, ties by token id
+  sorted_BV = jnp.take_along_axis(logits_BV, order_BV, axis=-1)
+  keep_sorted_BV = jnp.ones(sorted_BV.shape, bool)
+  if top_k:
+    keep_sorted_BV = keep_sorted_BV & (jnp.arange(vocab) < top_k)
+  if params.top_p < 1.0:
+    probs_BV = jax.nn.softmax(jnp.where(keep_sorted_BV, sorted_BV, -jnp.inf), axis=-1)
+    mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
+    keep_sorted_BV = keep_sorted_BV & (mass_before_BV < params.top_p)
+  keep_BV = jnp.take_along_axis(keep_sorted_BV, jnp.argsort(order_BV, axis=-1), axis=-1)
+  return jnp.where(keep_BV, logits_BV, -jnp.inf)
+
+
+def probabilities(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
+  """The warped distribution as float32 probabilities."""
+  return jax.nn.softmax(warp_logits(logits_BV, params), axis=-1)
+
+
+def sample(key: jax.Array, logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
+  """One token per row from the warped distribution (argmax when greedy)."""
+  if params.greedy:
+    return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, warp_logits(logits_BV, params), axis=-1).astype(jnp.int32)

@@ -1,0 +1,31 @@
+"""Test setup: 8 simulated CPU devices (before jax is imported) and shared tiny models."""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402  (must follow the XLA_FLAGS above)
+import pytest  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "configs"))
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+import tiny  # noqa: E402  (configs/tiny.py)
+
+from specsamp.models import TransformerConfig, transformer  # noqa: E402
+
+
+def tiny_config(family: str = "chinchilla", **changes) -> TransformerConfig:
+  """The tiny model of configs/tiny.py for a family, with field overrides."""
+  return TransformerConfig.from_config(tiny.get_config(family).model).replace(**changes)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+  """A seeded random tiny Chinchilla-style model, shared by the tests that only read it."""
+  return transformer.create(tiny_config(), seed=0)

@@ -1,0 +1,46 @@
+"""Configs: the paper's pair counts its parameters without allocating; tiny families build."""
+
+import importlib.util
+import os
+
+import pytest
+
+from specsamp import sharding
+from specsamp.models import Transformer, TransformerConfig
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def load_config(name, arg=None):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(CONFIGS, f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.mark.parametrize("name,expected", [("chinchilla_70b", 70e9), ("chinchilla_4b", 4e9)])
+def test_paper_pair_parameter_counts(name, expected):
+  config = TransformerConfig.from_config(load_config(name).model)
+  count = sharding.count_parameters(lambda rngs: Transformer(config, rngs=rngs))
+  assert abs(count - expected) / expected < 0.15, f"{name}: {count / 1e9:.2f}B"
+
+
+def test_paper_pair_shares_a_vocabulary_and_shards_on_16_devices():
+  target = TransformerConfig.from_config(load_config("chinchilla_70b").model)
+  draft = TransformerConfig.from_config(load_config("chinchilla_4b").model)
+  assert target.vocab_size == draft.vocab_size
+  for config in (target, draft):  # 16-way tensor parallelism (the paper's 16 TPU v4 chips)
+    assert config.num_heads % 16 == 0 and config.ffn_dim % 16 == 0
+
+
+@pytest.mark.parametrize("family", ["chinchilla", "llama", "qwen2", "gemma"])
+def test_tiny_families(family):
+  config = load_config("tiny", family)
+  model_config = TransformerConfig.from_config(config.model)
+  assert sharding.count_parameters(lambda rngs: Transformer(model_config, rngs=rngs)) > 0
+  assert set(config.mesh.keys()) == set(sharding.MESH_AXES)
+
+
+def test_unknown_tiny_family_is_refused():
+  with pytest.raises(ValueError, match="unknown family"):
+    load_config("tiny", "gpt5")

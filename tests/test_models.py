@@ -1,0 +1,128 @@
+"""The Transformer and its KV cache: incremental decoding equals the full forward pass."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import tiny_config
+from specsamp import sharding
+from specsamp.models import TransformerConfig, transformer
+
+ATOL = 2e-5
+
+
+def _tokens(batch, length, vocab, seed=1):
+  return jax.random.randint(jax.random.key(seed), (batch, length), 3, vocab, dtype=jnp.int32)
+
+
+@pytest.mark.parametrize("family,num_kv_heads", [
+    ("chinchilla", 4),  # MHA, plain GELU MLP, untied
+    ("llama", 2),  # GQA, SwiGLU
+    ("llama", 1),  # MQA
+    ("qwen2", 2),  # q/k/v biases
+    ("gemma", 1),  # GeGLU, tied scaled embeddings, (1 + w) norm, head_dim 32, soft-caps
+])
+def test_incremental_decoding_equals_full_forward(family, num_kv_heads):
+  config = tiny_config(family, num_kv_heads=num_kv_heads)
+  model = transformer.create(config, seed=3)
+  if config.qkv_bias:  # Biases start at zero; make them matter.
+    for name in ("q_NH", "k_KH", "v_KH"):
+      param = getattr(model.blocks[0].attn, name)
+      param[...] = jax.random.normal(jax.random.key(7), param.shape)
+  tokens = _tokens(2, 12, config.vocab_size)
+  full, no_cache = model(tokens)
+  assert no_cache is None and full.shape == (2, 12, config.vocab_size)
+  assert full.dtype == jnp.float32
+
+  cache = model.init_cache(2, 16)
+  prefill, cache = model(tokens[:, :5], None, cache)
+  steps = [prefill]
+  for t in range(5, 12):  # one token per call, positions from cache.lengths
+    logits, cache = model(tokens[:, t:t + 1], None, cache)
+    steps.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=ATOL, rtol=1e-5)
+  np.testing.assert_array_equal(cache.lengths, [12, 12])
+
+
+def test_multi_token_call_equals_token_by_token(tiny_model):
+  tokens = _tokens(3, 10, tiny_model.vocab_size)
+  cache_a = tiny_model.init_cache(3, 10)
+  cache_b = tiny_model.init_cache(3, 10)
+  _, cache_a = tiny_model(tokens[:, :4], None, cache_a)
+  _, cache_b = tiny_model(tokens[:, :4], None, cache_b)
+  chunk, cache_a = tiny_model(tokens[:, 4:9], None, cache_a)  # K+1 = 5 tokens at once
+  singles = []
+  for t in range(4, 9):
+    logits, cache_b = tiny_model(tokens[:, t:t + 1], None, cache_b)
+    singles.append(logits)
+  np.testing.assert_allclose(chunk, jnp.concatenate(singles, axis=1), atol=ATOL, rtol=1e-5)
+  for a, b in zip(cache_a.keys, cache_b.keys):
+    np.testing.assert_allclose(a, b, atol=ATOL)
+
+
+def test_per_row_positions_and_rollback(tiny_model):
+  """Rows at different positions in one call; rejected entries are never read after rollback."""
+  vocab = tiny_model.vocab_size
+  tokens = _tokens(2, 9, vocab)
+  full, _ = tiny_model(tokens)
+  cache = tiny_model.init_cache(2, 16)
+  # Row 0 holds 6 tokens, row 1 holds 3.
+  _, cache = tiny_model(tokens[:, :6], None, cache)
+  cache = cache.with_lengths(jnp.array([6, 3]))
+  # Write 4 "draft" tokens of garbage past each row's position, then roll back.
+  garbage = _tokens(2, 4, vocab, seed=9)
+  _, cache = tiny_model(garbage, None, cache)
+  np.testing.assert_array_equal(cache.lengths, [10, 7])
+  cache = cache.with_lengths(jnp.array([6, 3]))
+  # Continue each row with its true next token, each at its own position.
+  positions = jnp.array([[6], [3]])
+  next_tokens = jnp.take_along_axis(tokens, positions, axis=1)
+  logits, cache = tiny_model(next_tokens, positions, cache)
+  np.testing.assert_allclose(logits[0, 0], full[0, 6], atol=ATOL, rtol=1e-5)
+  np.testing.assert_allclose(logits[1, 0], full[1, 3], atol=ATOL, rtol=1e-5)
+  np.testing.assert_array_equal(cache.lengths, [7, 4])
+
+
+def test_every_parameter_has_logical_axes(tiny_model):
+  for path, variable in nnx.to_flat_state(nnx.state(tiny_model, nnx.Param)):
+    axes = sharding.logical_axes_of(variable)
+    assert len(axes) == variable.ndim, path
+    sharding.logical_to_spec(axes, variable.shape, {"data": 2, "fsdp": 1, "tensor": 4})
+
+
+def test_dtypes_follow_config():
+  config = tiny_config("llama", dtype="bfloat16", param_dtype="bfloat16")
+  model = transformer.create(config)
+  assert model.blocks[0].mlp.up_DF[...].dtype == jnp.bfloat16
+  cache = model.init_cache(1, 8)
+  logits, cache = model(_tokens(1, 4, config.vocab_size), None, cache)
+  assert cache.keys[0].dtype == jnp.bfloat16 and logits.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(num_heads=6, num_kv_heads=4), "must divide num_heads"),
+    (dict(d_model=60, num_heads=8), "not divisible by num_heads"),
+    (dict(mlp_activation="tanh"), "mlp_activation"),
+    (dict(tensor_parallel="magic"), "tensor_parallel"),
+    (dict(num_layers=0), "num_layers"),
+    (dict(dtype="int8"), "dtype"),
+])
+def test_bad_configs_are_refused(changes, message):
+  with pytest.raises(ValueError, match=message):
+    tiny_config(**changes)
+
+
+def test_unknown_config_field_is_refused():
+  with pytest.raises(ValueError, match="Unknown TransformerConfig fields"):
+    TransformerConfig.from_config(dict(vocab_size=8, num_layers=1, d_model=8, num_heads=1,
+                                       num_kv_heads=1, ffn_dim=8, num_expertz=4))
+
+
+def test_call_shape_errors(tiny_model):
+  cache = tiny_model.init_cache(2, 8)
+  with pytest.raises(ValueError, match="Cache holds 2 rows"):
+    tiny_model(jnp.zeros((3, 1), jnp.int32), None, cache)
+  with pytest.raises(ValueError, match="must match tokens"):
+    tiny_model(jnp.zeros((2, 2), jnp.int32), jnp.zeros((2, 3), jnp.int32), cache)

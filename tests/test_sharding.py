@@ -1,0 +1,95 @@
+"""Mesh, the rules table, born-sharded parameters, and sharded runs equal to 1 device."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from conftest import tiny_config
+from specsamp import sharding
+from specsamp.models import transformer
+from specsamp.sampling import generate
+
+PROMPTS = np.array([[5, 9, 14, 3, 22, 7], [8, 8, 31, 0, 0, 0], [60, 2, 17, 90, 0, 0],
+                    [4, 4, 4, 4, 4, 4]])
+LENGTHS = np.array([6, 3, 4, 6])
+
+
+def test_make_mesh_fills_the_free_axis_and_checks_sizes():
+  mesh = sharding.make_mesh({"data": -1, "tensor": 2})
+  assert dict(mesh.shape) == {"data": 4, "fsdp": 1, "tensor": 2}
+  with pytest.raises(ValueError, match="need 6 devices"):
+    sharding.make_mesh({"data": 3, "tensor": 2})
+  with pytest.raises(ValueError, match="Unknown mesh axes"):
+    sharding.make_mesh({"model": 8})
+  with pytest.raises(ValueError, match="At most one"):
+    sharding.make_mesh({"data": -1, "tensor": -1})
+
+
+def test_rules_shard_only_dimensions_the_axes_divide():
+  sizes = {"data": 2, "fsdp": 2, "tensor": 2}
+  assert sharding.logical_to_spec(("embed", "heads", "head_dim"), (64, 4, 16), sizes) == \
+      P("fsdp", "tensor", None)
+  # Batch over data x fsdp; batch 2 only divides by data; batch 1 stays whole.
+  assert sharding.logical_to_spec(("act_batch", None), (4, 3), sizes) == P(("data", "fsdp"), None)
+  assert sharding.logical_to_spec(("act_batch", None), (2, 3), sizes) == P("data", None)
+  assert sharding.logical_to_spec(("act_batch", None), (1, 3), sizes) == P(None, None)
+  # One KV head (MQA) under tensor parallelism is replicated.
+  assert sharding.logical_to_spec(("cache_batch", "cache_sequence", "cache_kv_heads",
+                                   "cache_head_dim"), (4, 32, 1, 16), sizes) == \
+      P(("data", "fsdp"), None, None, None)
+  with pytest.raises(ValueError, match="no rule"):
+    sharding.logical_to_spec(("nonsense",), (4,), sizes)
+
+
+def test_parameters_are_born_sharded():
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  model = transformer.create(tiny_config("llama"), mesh)
+  q = model.blocks[0].attn.q_DNH[...]
+  assert q.sharding.spec == P("fsdp", "tensor", None)
+  assert model.blocks[0].mlp.down_FD[...].sharding.spec == P("tensor", "fsdp")
+  assert model.embedder.table_VD[...].sharding.spec == P("tensor", "fsdp")
+  # Each device holds its shard only.
+  assert q.addressable_shards[0].data.shape == (32, 2, 16)
+
+
+@pytest.mark.parametrize("family,mode", [("chinchilla", "auto"), ("chinchilla", "shard_map"),
+                                         ("llama", "shard_map"), ("gemma", "shard_map")])
+def test_sharded_run_equals_one_device(family, mode):
+  """data 2 x tensor 4 on 8 devices: same logits and greedy tokens as 1 device."""
+  config = tiny_config(family, tensor_parallel=mode)
+  single = transformer.create(config, seed=5)
+  mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+  sharded = transformer.create(config, mesh, seed=5)
+  tokens = jnp.asarray(PROMPTS)
+  expected_logits, _ = single(tokens)
+  expected = generate(single, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=6, temperature=0)
+  with sharding.use_mesh(mesh):
+    logits, _ = jax.jit(lambda model, t: model(t))(sharded, tokens)
+    out = generate(sharded, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=6, temperature=0)
+  assert len(logits.sharding.device_set) == 8
+  np.testing.assert_allclose(logits, expected_logits, atol=5e-5, rtol=1e-5)
+  np.testing.assert_array_equal(out.tokens, expected.tokens)
+
+
+def _all_reduces(num_layers: int, mesh) -> int:
+  config = tiny_config(num_layers=num_layers, tensor_parallel="shard_map")
+  model = transformer.create(config, mesh)
+  with sharding.use_mesh(mesh):
+    compiled = jax.jit(lambda m, t: m(t)).lower(model, jnp.asarray(PROMPTS)).compile()
+  return compiled.as_text().count(" all-reduce(")
+
+
+def test_shard_map_has_two_reductions_per_layer():
+  """Megatron: one psum after attention, one after the MLP, and nothing else per layer."""
+  mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+  assert _all_reduces(3, mesh) - _all_reduces(1, mesh) == 2 * 2
+
+
+def test_shard_map_refuses_heads_the_tensor_axis_does_not_divide():
+  config = tiny_config(num_heads=6, num_kv_heads=6, d_model=48, tensor_parallel="shard_map")
+  mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+  model = transformer.create(config, mesh)
+  with sharding.use_mesh(mesh), pytest.raises(ValueError, match="num_heads=6"):
+    model(jnp.asarray(PROMPTS))
