@@ -1,0 +1,154 @@
+r"""Verification of a draft block: pure functions on probabilities.
+
+Notation (Chen et al. 2023, Algorithm 2). The draft model proposed
+x~_1..x~_K, each x~_t sampled from q_t = q(. | x, x~_<t); the target scored
+all K+1 positions in one call, giving p_t = p(. | x, x~_<t), t = 1..K+1.
+Both p and q are the WARPED distributions (temperature / top-k / top-p) that
+target and draft actually sample from. Arrays are 0-based: ``q_BGV[:, t-1]``
+is q_t and ``p_BGV1[:, t-1]`` is p_t (G = K draft tokens, G+1 target rows).
+
+Token-wise (Chen et al. Algorithm 2):
+  for t = 1..K:
+    r ~ U[0, 1)
+    if r < min(1, p_t(x~_t) / q_t(x~_t)): accept x~_t
+    else: emit x ~ norm(max(0, p_t - q_t)) and stop
+  if all K accepted: emit x ~ p_{K+1}                          (the bonus token)
+
+Block verification (Sun et al. 2024, arXiv 2403.10444, Algorithm 2) accepts
+the longest prefix the joint coupling allows, never fewer tokens in
+expectation than token-wise, and is exact too:
+  w_0 = 1;  w_i = min(1, w_{i-1} p_i(x~_i) / q_i(x~_i))         i = 1..K
+  h_i = m_i / (m_i + 1 - w_i),  m_i = sum_x max(0, w_i p_{i+1}(x) - q_{i+1}(x))   i < K
+  h_K = w_K
+  eta_i ~ U[0, 1);  tau = max{i : eta_i <= h_i}  (0 if none)
+  accept x~_1..x~_tau; emit x ~ norm(max(0, w_tau p_{tau+1} - q_{tau+1}))  (q_{K+1} := 0)
+
+Greedy (temperature 0): accept while x~_t == argmax p_t; emit argmax p_{n+1}.
+This is token-wise verification with one-hot p and q, and reproduces
+autoregressive greedy decoding token for token.
+
+Numerics: q(x) = 0 never divides (the ratio is taken as 1 where p > 0, 0
+where p = 0); a residual with no mass (p == q) falls back to p; h_i
+with m_i = 0 is 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class Verdict:
+  """The outcome of verifying one draft block per row.
+
+  Attributes:
+    num_accepted: [B] int32, n in 0..K: draft tokens accepted.
+    next_token: [B] int32, the token emitted after them (resampled or bonus).
+  """
+
+  num_accepted: jax.Array
+  next_token: jax.Array
+
+
+def _gather(probs_BGV: jax.Array, tokens_BG: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(probs_BGV, tokens_BG[..., None], axis=-1)[..., 0]
+
+
+def _at(x_BG, index_B):
+  return jnp.take_along_axis(x_BG, index_B[:, None], axis=1)[:, 0]
+
+
+def residual(p_BV: jax.Array, q_BV: jax.Array, weight_B: jax.Array | float = 1.0) -> jax.Array:
+  """norm(max(0, w p - q)); rows with no residual mass fall back to p."""
+  weight_B = jnp.broadcast_to(jnp.asarray(weight_B, p_BV.dtype), p_BV.shape[:1])
+  mass_BV = jnp.maximum(weight_B[:, None] * p_BV - q_BV, 0.0)
+  total_B = jnp.sum(mass_BV, axis=-1, keepdims=True)
+  return jnp.where(total_B > 0, mass_BV / jnp.where(total_B > 0, total_B, 1.0), p_BV)
+
+
+def sample_from(key: jax.Array, probs_BV: jax.Array) -> jax.Array:
+  """One token per row from explicit probabilities (zeros are never drawn)."""
+  logits_BV = jnp.where(probs_BV > 0, jnp.log(jnp.where(probs_BV > 0, probs_BV, 1.0)), -jnp.inf)
+  return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
+
+
+def _pad_q(q_BGV: jax.Array) -> jax.Array:
+  """q_1..q_K followed by q_{K+1} := 0, so position K+1's residual is p_{K+1}."""
+  return jnp.concatenate([q_BGV, jnp.zeros_like(q_BGV[:, :1])], axis=1)
+
+
+def _emit(key: jax.Array, num_accepted_B, p_BG1V, q_BGV, weight_B=1.0) -> Verdict:
+  q_BG1V = _pad_q(q_BGV)
+  index = num_accepted_B[:, None, None]
+  p_BV = jnp.take_along_axis(p_BG1V, index, axis=1)[:, 0]
+  q_BV = jnp.take_along_axis(q_BG1V, index, axis=1)[:, 0]
+  token_B = sample_from(key, residual(p_BV, q_BV, weight_B))
+  return Verdict(num_accepted=num_accepted_B.astype(jnp.int32), next_token=token_B)
+
+
+def acceptance_probabilities(draft_tokens_BG: jax.Array, q_BGV: jax.Array,
+                             p_BG1V: jax.Array) -> jax.Array:
+  """min(1, p_t(x~_t) / q_t(x~_t)) per draft position (1 where q = 0 < p)."""
+  p_x = _gather(p_BG1V[:, :-1], draft_tokens_BG)
+  q_x = _gather(q_BGV, draft_tokens_BG)
+  ratio = jnp.where(q_x > 0, p_x / jnp.where(q_x > 0, q_x, 1.0), jnp.where(p_x > 0, 1.0, 0.0))
+  return jnp.minimum(ratio, 1.0)
+
+
+def token_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
+                 p_BG1V: jax.Array) -> Verdict:
+  """Chen et al. Algorithm 2: accept each x~_t w.p. min(1, p/q), resample at the first rejection."""
+  accept_key, emit_key = jax.random.split(key)
+  r_BG = jax.random.uniform(accept_key, draft_tokens_BG.shape)
+  accepted_BG = r_BG < acceptance_probabilities(draft_tokens_BG, q_BGV, p_BG1V)
+  num_accepted_B = jnp.sum(jnp.cumprod(accepted_BG, axis=1), axis=1)
+  return _emit(emit_key, num_accepted_B, p_BG1V, q_BGV)
+
+
+def block_weights(draft_tokens_BG: jax.Array, q_BGV: jax.Array, p_BG1V: jax.Array) -> jax.Array:
+  """w_0..w_K of block verification, [B, K+1]: w_i = min(1, w_{i-1} p_i(x~_i) / q_i(x~_i))."""
+  p_x = _gather(p_BG1V[:, :-1], draft_tokens_BG)
+  q_x = _gather(q_BGV, draft_tokens_BG)
+  weights = [jnp.ones(draft_tokens_BG.shape[:1], p_BG1V.dtype)]
+  for t in range(draft_tokens_BG.shape[1]):
+    scaled = weights[-1] * p_x[:, t]
+    ratio = jnp.where(q_x[:, t] > 0, scaled / jnp.where(q_x[:, t] > 0, q_x[:, t], 1.0),
+                      jnp.where(scaled > 0, 1.0, 0.0))
+    weights.append(jnp.minimum(ratio, 1.0))
+  return jnp.stack(weights, axis=1)
+
+
+def block_stop_probabilities(weights_BG1: jax.Array, q_BGV: jax.Array, p_BG1V: jax.Array
+                             ) -> jax.Array:
+  """h_1..h_K of block verification, [B, K]."""
+  w_BG = weights_BG1[:, 1:]
+  # m_i uses the distributions at position i+1 (after x~_i), i = 1..K-1.
+  m_BG = jnp.sum(jnp.maximum(w_BG[:, :-1, None] * p_BG1V[:, 1:-1] - q_BGV[:, 1:], 0.0), axis=-1)
+  denominator = m_BG + 1.0 - w_BG[:, :-1]
+  h_inner = jnp.where(m_BG > 0, m_BG / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+  return jnp.concatenate([h_inner, w_BG[:, -1:]], axis=1)
+
+
+def block_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
+                 p_BG1V: jax.Array) -> Verdict:
+  """Sun et al. 2024 block verification: tau = max{i : eta_i <= h_i}, residual weighted by w_tau."""
+  stop_key, emit_key = jax.random.split(key)
+  weights_BG1 = block_weights(draft_tokens_BG, q_BGV, p_BG1V)
+  h_BG = block_stop_probabilities(weights_BG1, q_BGV, p_BG1V)
+  eta_BG = jax.random.uniform(stop_key, h_BG.shape)
+  lengths_G = jnp.arange(1, h_BG.shape[1] + 1)
+  tau_B = jnp.max(jnp.where(eta_BG <= h_BG, lengths_G, 0), axis=1)
+  return _emit(emit_key, tau_B, p_BG1V, q_BGV, _at(weights_BG1, tau_B))
+
+
+def greedy_verify(draft_tokens_BG: jax.Array, target_logits_BG1V: jax.Array) -> Verdict:
+  """Accept while the draft token is the target's argmax; emit the argmax after them."""
+  best_BG1 = jnp.argmax(target_logits_BG1V, axis=-1).astype(jnp.int32)
+  matches_BG = draft_tokens_BG == best_BG1[:, :-1]
+  num_accepted_B = jnp.sum(jnp.cumprod(matches_BG, axis=1), axis=1).astype(jnp.int32)
+  return Verdict(num_accepted=num_accepted_B, next_token=_at(best_BG1, num_accepted_B))
+
+
+VERIFIERS = {"token": token_verify, "block": block_verify}
