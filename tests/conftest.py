@@ -8,7 +8,9 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS above)
+import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "configs"))
@@ -29,3 +31,14 @@ def tiny_config(family: str = "chinchilla", **changes) -> TransformerConfig:
 def tiny_model():
   """A seeded random tiny Chinchilla-style model, shared by the tests that only read it."""
   return transformer.create(tiny_config(), seed=0)
+
+
+def perturbed(model, scale: float, seed: int):
+  """A copy of ``model`` with Gaussian noise of ``scale`` x each tensor's std added: a draft
+  that agrees with its target often but not always."""
+  graphdef, state = nnx.split(model)
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype)
+           for x, k in zip(leaves, keys)]
+  return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))

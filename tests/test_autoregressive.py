@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from bigram import random_bigram
+from stat_tests import count_rows, g_test_p_value
 from specsamp.sampling import autoregressive, generate, warping
 
 PROMPTS = np.array([[5, 9, 14, 3, 22, 7, 40], [8, 8, 31, 0, 0, 0, 0], [60, 2, 17, 90, 11, 0, 0]])
@@ -83,15 +83,7 @@ def test_bigram_samples_follow_the_exact_sequence_distribution(params):
   step = np.asarray(warping.probabilities(model.logits_VV, params), np.float64)
   expected = {seq: step[2, seq[0]] * step[seq[0], seq[1]] * step[seq[1], seq[2]]
               for seq in itertools.product(range(vocab), repeat=new)}
-  observed = {}
-  for seq in map(tuple, seqs):
-    observed[seq] = observed.get(seq, 0) + 1
-  assert all(expected[seq] > 0 for seq in observed), "sampled a sequence of probability 0"
-  support = [seq for seq, p in expected.items() if p > 0]
-  f_obs = np.array([observed.get(seq, 0) for seq in support], np.float64)
-  f_exp = np.array([expected[seq] for seq in support]) * rows
-  _, p_value = stats.power_divergence(f_obs, f_exp / f_exp.sum() * f_obs.sum(), lambda_="log-likelihood")
-  assert p_value > 1e-3
+  assert g_test_p_value(count_rows(seqs), expected) > 1e-3
 
 
 def test_bad_input_gives_clear_errors(tiny_model):

@@ -1,0 +1,213 @@
+"""Speculative sampling: greedy identity, exact distributions, statistics, sharding, errors."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bigram import random_bigram
+from conftest import perturbed, tiny_config
+from stat_tests import count_rows, g_test_p_value
+from specsamp import sharding
+from specsamp.models import transformer
+from specsamp.sampling import generate, model_protocol, speculative, speculative_generate, \
+    verification, warping
+
+PROMPTS = np.array([[5, 9, 14, 3, 22, 7, 40], [8, 8, 31, 0, 0, 0, 0], [60, 2, 17, 90, 11, 0, 0],
+                    [1, 0, 0, 0, 0, 0, 0]])
+LENGTHS = np.array([7, 3, 5, 1])
+
+
+@pytest.fixture(scope="module")
+def target():
+  return transformer.create(tiny_config(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+  """A draft equal to the target, an unrelated one, and one that agrees often."""
+  unrelated = transformer.create(tiny_config(num_layers=1), seed=1)
+  return {"same": target, "unrelated": unrelated, "close": perturbed(target, 0.1, seed=4)}
+
+
+@pytest.mark.parametrize("draft_name", ["same", "unrelated", "close"])
+@pytest.mark.parametrize("num_draft", [1, 3, 8])
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_greedy_speculative_equals_greedy_autoregressive(target, drafts, draft_name, num_draft,
+                                                         verifier):
+  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=17, temperature=0)
+  out = speculative_generate(target, drafts[draft_name], PROMPTS, LENGTHS, jax.random.key(0),
+                             max_new_tokens=17, num_draft_tokens=num_draft, temperature=0,
+                             verifier=verifier)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  np.testing.assert_array_equal(out.lengths, ar.lengths)
+  stats = out.summary()
+  if draft_name == "same":
+    assert stats["acceptance_rate"] == 1.0
+    assert stats["tokens_per_target_call"] == num_draft + 1
+  if draft_name == "unrelated":
+    assert stats["acceptance_rate"] < 0.2
+
+
+def test_rows_accept_their_own_counts(target, drafts):
+  out = speculative_generate(target, drafts["close"], PROMPTS, LENGTHS, jax.random.key(0),
+                             max_new_tokens=24, num_draft_tokens=4, temperature=0)
+  histogram = np.asarray(out.accepted_histogram)
+  assert np.count_nonzero(histogram.sum(0)) >= 3  # several accepted counts occur
+  stats = out.summary()
+  assert stats["generated_per_row"] == [24] * 4
+  assert stats["row_iterations"] == int(np.asarray(out.iterations).sum()) == histogram.sum()
+  assert stats["target_calls"] == 1 + int(np.asarray(out.iterations).max())
+  assert stats["draft_calls"] == 1 + 4 * (stats["target_calls"] - 1)
+  position = stats["acceptance_at_position"]
+  assert all(a >= b for a, b in zip(position, position[1:]))  # P(n >= t) falls with t
+  assert 0 < stats["acceptance_rate"] < 1
+  np.testing.assert_allclose(stats["tokens_per_target_call"],
+                             1 + stats["acceptance_rate"] * 4)
+
+
+def test_eos_and_max_new_tokens_stop_rows_independently(target, drafts):
+  free = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=15, temperature=0)
+  eos = int(free.generated(0)[4])
+  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=15, temperature=0,
+                eos_id=eos, pad_id=-1)
+  for num_draft in (2, 5):
+    out = speculative_generate(target, drafts["close"], PROMPTS, LENGTHS, jax.random.key(0),
+                               max_new_tokens=15, num_draft_tokens=num_draft, temperature=0,
+                               eos_id=eos, pad_id=-1)
+    np.testing.assert_array_equal(out.tokens, ar.tokens)
+    np.testing.assert_array_equal(out.num_generated, ar.num_generated)
+  assert int(ar.num_generated[0]) == 5 and int(ar.num_generated.max()) == 15
+
+
+def test_speculative_is_one_while_loop_on_device(target, drafts):
+  t_static, t_dynamic = model_protocol.split_model(target)
+  d_static, d_dynamic = model_protocol.split_model(drafts["unrelated"])
+  jaxpr = jax.make_jaxpr(lambda t, d, p, l, k: speculative._speculative(
+      t_static, t, d_static, d, p, l, k, max_new_tokens=8, num_draft=3,
+      params=warping.SamplingParams(0.8), verifier="block", eos_id=2, pad_id=0,
+      cache_length=20))(t_dynamic, d_dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS),
+                        jax.random.key(0))
+  assert str(jaxpr).count(" while[") == 1
+
+
+# --- Exact distribution: enumerate every 3-token continuation of the target. -------------------
+
+VOCAB, NEW_TOKENS, ROWS = 8, 3, 24_000
+EXACT_PROMPT = np.array([3, 6])
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+  config = tiny_config(vocab_size=VOCAB, d_model=32, num_heads=4, num_kv_heads=2, ffn_dim=64)
+  target = transformer.create(config, seed=10)
+  return target, perturbed(target, 0.6, seed=11)
+
+
+def _exact_target_distribution(model, params):
+  """P(x1 x2 x3 | prompt) from the warped target, by full forward passes over all prefixes."""
+  probs = {}
+  for depth in range(NEW_TOKENS):
+    prefixes = list(itertools.product(range(VOCAB), repeat=depth))
+    seqs = np.array([list(EXACT_PROMPT) + list(p) for p in prefixes])
+    logits, _ = model(jnp.asarray(seqs))
+    step = np.asarray(warping.probabilities(logits[:, -1], params), np.float64)
+    for prefix, dist in zip(prefixes, step):
+      probs[prefix] = dist
+  return {seq: np.prod([probs[seq[:t]][seq[t]] for t in range(NEW_TOKENS)])
+          for seq in itertools.product(range(VOCAB), repeat=NEW_TOKENS)}
+
+
+def _sampled(small_pair, params, num_draft, verifier, seed=0):
+  target, draft = small_pair
+  prompts = np.tile(EXACT_PROMPT, (ROWS, 1))
+  out = speculative_generate(target, draft, prompts, np.full(ROWS, len(EXACT_PROMPT)),
+                             jax.random.key(seed), max_new_tokens=NEW_TOKENS,
+                             num_draft_tokens=num_draft, temperature=params.temperature,
+                             top_k=params.top_k, top_p=params.top_p, verifier=verifier)
+  return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT):])), out.summary()
+
+
+EXACT_CASES = [(warping.SamplingParams(1.0), 1), (warping.SamplingParams(1.0), 2),
+               (warping.SamplingParams(1.0), 4), (warping.SamplingParams(0.7), 2),
+               (warping.SamplingParams(1.0, top_k=4), 2),
+               (warping.SamplingParams(1.0, top_p=0.8), 4)]
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+@pytest.mark.parametrize("params,num_draft", EXACT_CASES)
+def test_samples_follow_the_exact_target_distribution(small_pair, params, num_draft, verifier):
+  observed, stats = _sampled(small_pair, params, num_draft, verifier)
+  assert 0.2 < stats["acceptance_rate"] < 0.95  # both accepting and rejecting are exercised
+  assert g_test_p_value(observed, _exact_target_distribution(small_pair[0], params)) > 1e-3
+
+
+def _resample_from_p(key, draft_tokens_BG, q_BGV, p_BG1V):
+  """A WRONG verifier: token-wise acceptance, but resampling from p, not the residual."""
+  verdict = verification.token_verify(key, draft_tokens_BG, q_BGV, p_BG1V)
+  p_BV = jnp.take_along_axis(p_BG1V, verdict.num_accepted[:, None, None], axis=1)[:, 0]
+  return verdict.replace(next_token=verification.sample_from(jax.random.fold_in(key, 9), p_BV))
+
+
+def test_the_exactness_test_rejects_a_wrong_verifier(small_pair, monkeypatch):
+  monkeypatch.setitem(verification.VERIFIERS, "resample_from_p", _resample_from_p)
+  params = warping.SamplingParams(1.0)
+  observed, _ = _sampled(small_pair, params, 2, "resample_from_p")
+  assert g_test_p_value(observed, _exact_target_distribution(small_pair[0], params)) < 1e-6
+
+
+def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
+  params = warping.SamplingParams(1.0)
+  _, token_stats = _sampled(small_pair, params, 4, "token")
+  _, block_stats = _sampled(small_pair, params, 4, "block")
+  assert block_stats["tokens_per_target_call"] > token_stats["tokens_per_target_call"]
+
+
+# --- Sharding, protocol models, bad input. ------------------------------------------------------
+
+
+def test_sharded_speculative_equals_one_device():
+  config = tiny_config("llama", tensor_parallel="shard_map")
+  draft_config = config.replace(num_layers=1)
+  mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+  kwargs = dict(max_new_tokens=10, num_draft_tokens=3, temperature=1.0, top_p=0.9,
+                verifier="block")
+  expected = speculative_generate(transformer.create(config, seed=0),
+                                  transformer.create(draft_config, seed=1), PROMPTS, LENGTHS,
+                                  jax.random.key(7), **kwargs)
+  target = transformer.create(config, mesh, seed=0)
+  draft = transformer.create(draft_config, mesh, seed=1)
+  with sharding.use_mesh(mesh):
+    out = speculative_generate(target, draft, PROMPTS, LENGTHS, jax.random.key(7), **kwargs)
+  np.testing.assert_array_equal(out.tokens, expected.tokens)
+  np.testing.assert_array_equal(out.accepted_histogram, expected.accepted_histogram)
+
+
+def test_bigram_models_work_as_target_and_draft():
+  target, draft = random_bigram(10, seed=0), random_bigram(10, seed=1)
+  out = speculative_generate(target, draft, [[3], [4]], [1, 1], jax.random.key(0),
+                             max_new_tokens=12, num_draft_tokens=3, temperature=0)
+  ar = generate(target, [[3], [4]], [1, 1], jax.random.key(0), max_new_tokens=12, temperature=0)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+
+
+def test_bad_input_gives_clear_errors(target):
+  key = jax.random.key(0)
+  kwargs = dict(max_new_tokens=4, num_draft_tokens=2)
+  with pytest.raises(ValueError, match="vocabulary"):
+    speculative_generate(target, random_bigram(12, 0), PROMPTS, LENGTHS, key, **kwargs)
+  with pytest.raises(ValueError, match="num_draft_tokens"):
+    speculative_generate(target, target, PROMPTS, LENGTHS, key, max_new_tokens=4,
+                         num_draft_tokens=0)
+  with pytest.raises(ValueError, match="2 draft slots|3 draft slots"):
+    speculative_generate(target, target, PROMPTS, LENGTHS, key, cache_length=12, **kwargs)
+  with pytest.raises(ValueError, match="verifier"):
+    speculative_generate(target, target, PROMPTS, LENGTHS, key, verifier="tree", **kwargs)
+  with pytest.raises(ValueError, match="top_p"):
+    speculative_generate(target, target, PROMPTS, LENGTHS, key, top_p=1.2, **kwargs)
+  bad = random_bigram(target.vocab_size, 0)
+  bad = bad.replace(logits_VV=jnp.full_like(bad.logits_VV, jnp.nan))  # a diverged checkpoint
+  with pytest.raises(FloatingPointError, match="NaN logits"):
+    speculative_generate(target, bad, PROMPTS, LENGTHS, key, **kwargs)
