@@ -50,4 +50,8 @@ def get_config(arg=None):
   config.sampling.top_k = 0  # No top-k.
   config.sampling.top_p = 0.95  # Nucleus mass.
   config.sampling.use_eos = True  # Stop a row at the tokenizer's EOS id.
+
+  config.speculative = ml_collections.ConfigDict()
+  config.speculative.num_draft_tokens = 4  # K (the paper: 4 for Chinchilla 70B).
+  config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
   return config

@@ -5,8 +5,9 @@ about 65e9 parameters in this parameterisation (the paper's 70B counts its
 relative position parameters too). Sized for a TPU pod or a multi-GPU host; on
 a laptop use it only with ``jax.eval_shape`` (see tests/test_configs.py).
 
-Launch (16 chips, tensor parallel as in the paper):
-  python scripts/sample.py --config=configs/chinchilla_70b.py --config.mesh.tensor=16
+Launch (16 chips, tensor parallel as in the paper), with the 4B draft:
+  python scripts/sample.py --config=configs/chinchilla_70b.py \
+      --draft_config=configs/chinchilla_4b.py --config.mesh.tensor=16
 """
 
 import ml_collections
@@ -50,4 +51,8 @@ def get_config(arg=None):
   config.sampling.top_k = 0  # No top-k.
   config.sampling.top_p = 0.95  # Nucleus mass.
   config.sampling.use_eos = True  # Stop a row at the tokenizer's EOS id.
+
+  config.speculative = ml_collections.ConfigDict()
+  config.speculative.num_draft_tokens = 4  # K (the paper: 4 for Chinchilla 70B).
+  config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
   return config

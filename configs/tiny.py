@@ -1,10 +1,12 @@
 """Tiny Transformer for tests and CPU demos (random weights until trained).
 
 Launch:
-  python scripts/sample.py --config=configs/tiny.py --prompt="def main():"
+  python scripts/sample.py --config=configs/tiny.py --draft_config=configs/tiny.py:draft
   python scripts/sample.py --config=configs/tiny.py:gemma --config.sampling.temperature=0.8
 
-The optional argument picks an architecture family at the same tiny size:
+The optional argument is "FAMILY" or "FAMILY,draft" (or just "draft"). ",draft"
+makes the wide, shallow draft of that family: one layer instead of two, the
+same width and vocabulary. FAMILY picks an architecture at the same tiny size:
   chinchilla (default): RMSNorm, plain GELU MLP, untied embeddings, MHA.
   llama:  SwiGLU, grouped-query attention (2 kv heads for 4 query heads).
   qwen2:  as llama, with q/k/v biases.
@@ -18,9 +20,12 @@ FAMILIES = ("chinchilla", "llama", "qwen2", "gemma")
 
 
 def get_config(arg=None):
-  family = arg or "chinchilla"
-  if family not in FAMILIES:
-    raise ValueError(f"configs/tiny.py: unknown family {family!r}; choose from {FAMILIES}.")
+  parts = [part for part in (arg or "").split(",") if part]
+  is_draft = "draft" in parts
+  family = ([part for part in parts if part != "draft"] or ["chinchilla"])[0]
+  if family not in FAMILIES or len(parts) > 1 + is_draft:
+    raise ValueError(f"configs/tiny.py: bad argument {arg!r}; use FAMILY, FAMILY,draft or draft "
+                     f"with FAMILY one of {FAMILIES} (unknown family).")
   config = ml_collections.ConfigDict()
   config.seed = 0  # Parameter init and sampling seed.
 
@@ -60,6 +65,8 @@ def get_config(arg=None):
     m.scale_embeddings = True
     m.attn_logit_softcap = 50.0
     m.final_logit_softcap = 30.0
+  if is_draft:
+    m.num_layers = 1  # Shallow: the draft's cost is dominated by sequential layers.
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
@@ -72,4 +79,8 @@ def get_config(arg=None):
   config.sampling.top_k = 0  # 0 keeps every token.
   config.sampling.top_p = 1.0  # Nucleus mass, in (0, 1].
   config.sampling.use_eos = True  # Stop a row at the tokenizer's EOS id.
+
+  config.speculative = ml_collections.ConfigDict()
+  config.speculative.num_draft_tokens = 4  # K, draft tokens per target call.
+  config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
   return config

@@ -21,8 +21,19 @@ def test_sample_script_with_overrides_on_a_mesh():
                       "--prompt=def main():", "--prompt=import os")
   assert result.returncode == 0, result.stderr
   assert result.stdout.count("prompt: ") == 2
-  assert "tokens: [" in result.stdout
-  assert "ms/token" in result.stdout
+  assert "autoregressive tokens: [" in result.stdout
+  assert "ms/token" in result.stdout and "speculative" not in result.stdout
+
+
+def test_sample_script_speculative_side_by_side():
+  result = run_script("--config=configs/tiny.py", "--draft_config=configs/tiny.py:draft",
+                      "--config.sampling.temperature=1.0", "--config.sampling.max_new_tokens=6",
+                      "--config.speculative.num_draft_tokens=3",
+                      "--config.speculative.verifier=block", "--prompt=def main():")
+  assert result.returncode == 0, result.stderr
+  for needle in ("autoregressive tokens: [", "speculative tokens: [", "speedup:",
+                 "acceptance:", "t=1..3:", "tokens/target call:"):
+    assert needle in result.stdout, needle
 
 
 def test_sample_script_reports_bad_overrides():
