@@ -75,7 +75,7 @@ def get_config(arg=None):
 
   config.sampling = ml_collections.ConfigDict()
   config.sampling.max_new_tokens = 32  # Tokens generated per prompt.
-  config.sampling.temperature = 0.0  # 0 is greedy.
+  config.sampling.temperature = 1.0  # 0 is greedy; 1 samples the model as it is.
   config.sampling.top_k = 0  # 0 keeps every token.
   config.sampling.top_p = 1.0  # Nucleus mass, in (0, 1].
   config.sampling.use_eos = True  # Stop a row at the tokenizer's EOS id.
