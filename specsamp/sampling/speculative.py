@@ -31,19 +31,17 @@ import numpy as np
 from flax import struct
 
 from specsamp.sampling import model_protocol, verification
-from specsamp.sampling.autoregressive import check_prompts, initial_tokens, prefill
+from specsamp.sampling.autoregressive import GenerationOutput, check_prompts, initial_tokens, \
+    prefill
 from specsamp.sampling.warping import SamplingParams, probabilities, sample
 
 
 @struct.dataclass
-class SpeculativeOutput:
+class SpeculativeOutput(GenerationOutput):
   """Tokens and on-device statistics of a speculative run.
 
-  Attributes:
-    tokens: [B, W] prompt then generated tokens then pad; W = L + max_new_tokens.
-    lengths: [B] prompt + generated tokens per row.
-    num_generated: [B] generated tokens per row.
-    target_calls: scalar, target model calls (prefill included).
+  Attributes (besides GenerationOutput's tokens, lengths, num_generated, and
+  model_calls, which counts TARGET calls, prefill included):
     draft_calls: scalar, draft model calls (prefill included).
     iterations: [B] draft-score-verify iterations in which the row was active.
     accepted_histogram: [B, K+1] count of iterations that accepted 0..K drafts.
@@ -51,20 +49,15 @@ class SpeculativeOutput:
     nan_logits: [B] bool, a model produced NaN logits for the row.
   """
 
-  tokens: jax.Array
-  lengths: jax.Array
-  num_generated: jax.Array
-  target_calls: jax.Array
   draft_calls: jax.Array
   iterations: jax.Array
   accepted_histogram: jax.Array
   accepted_at_position: jax.Array
   nan_logits: jax.Array
 
-  def generated(self, row: int) -> np.ndarray:
-    """Host copy of one row's generated tokens."""
-    end = int(self.lengths[row])
-    return np.asarray(self.tokens[row, end - int(self.num_generated[row]):end])
+  @property
+  def target_calls(self) -> jax.Array:
+    return self.model_calls
 
   def summary(self) -> dict[str, Any]:
     """Host-side statistics over all rows."""
@@ -222,7 +215,7 @@ def _speculative(target_static, target_dynamic, draft_static, draft_dynamic, pro
   width = length + max_new_tokens
   return SpeculativeOutput(
       tokens=state.tokens[:, :width], lengths=state.lengths,
-      num_generated=state.lengths - prompt_lengths_B, target_calls=state.step + 1,
+      num_generated=state.lengths - prompt_lengths_B, model_calls=state.step + 1,
       draft_calls=1 + state.step * num_draft, iterations=state.iterations,
       accepted_histogram=state.histogram, accepted_at_position=state.at_position,
       nan_logits=state.nan_logits)
