@@ -2,8 +2,8 @@
 
 Subpackages:
   models:   the decoder-only Transformer family with per-row KV caches.
-  sampling: logits -> probabilities, the autoregressive loop (and, later, the
-            speculative loop and its verifiers).
+  sampling: logits -> probabilities, verification (token-wise, block, greedy),
+            and the autoregressive and speculative loops, each one jitted while_loop.
   sharding: the device mesh and the ONE logical -> mesh axis rules table.
 """
 
