@@ -190,10 +190,9 @@ def _speculative(target_static, target_dynamic, draft_static, draft_dynamic, pro
       active_B = ~state.done
       count_B = jnp.where(active_B, count_B, 0)
       keep_BG1 = offsets_G1 < count_B[:, None]
-      write_positions_BG1 = lengths_B[:, None] + offsets_G1
-      current_BG1 = state.tokens[rows_B[:, None], write_positions_BG1]
-      tokens_BW = state.tokens.at[rows_B[:, None], write_positions_BG1].set(
-          jnp.where(keep_BG1, emitted_BG1, current_BG1))
+      # Every slot at or past a row's length holds pad_id, so the tail is written as pad.
+      tokens_BW = state.tokens.at[rows_B[:, None], lengths_B[:, None] + offsets_G1].set(
+          jnp.where(keep_BG1, emitted_BG1, pad_id))
       new_lengths_B = lengths_B + count_B
       done_B = state.done | (new_lengths_B - prompt_lengths_B >= max_new_tokens)
       if eos_id is not None:

@@ -74,6 +74,17 @@ def sample_from(key: jax.Array, probs_BV: jax.Array) -> jax.Array:
   return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
 
 
+def _clipped_ratio(numerator: jax.Array, q: jax.Array) -> jax.Array:
+  """min(1, numerator / q), with q = 0 read as 1 where numerator > 0 and 0 where it is 0."""
+  safe_q = jnp.where(q > 0, q, 1.0)
+  return jnp.minimum(jnp.where(q > 0, numerator / safe_q, jnp.where(numerator > 0, 1.0, 0.0)), 1.0)
+
+
+def _leading_count(flags_BG: jax.Array) -> jax.Array:
+  """How many leading entries of each row are True."""
+  return jnp.sum(jnp.cumprod(flags_BG, axis=1), axis=1).astype(jnp.int32)
+
+
 def _pad_q(q_BGV: jax.Array) -> jax.Array:
   """q_1..q_K followed by q_{K+1} := 0, so position K+1's residual is p_{K+1}."""
   return jnp.concatenate([q_BGV, jnp.zeros_like(q_BGV[:, :1])], axis=1)
@@ -91,10 +102,7 @@ def _emit(key: jax.Array, num_accepted_B, p_BG1V, q_BGV, weight_B=1.0) -> Verdic
 def acceptance_probabilities(draft_tokens_BG: jax.Array, q_BGV: jax.Array,
                              p_BG1V: jax.Array) -> jax.Array:
   """min(1, p_t(x~_t) / q_t(x~_t)) per draft position (1 where q = 0 < p)."""
-  p_x = _gather(p_BG1V[:, :-1], draft_tokens_BG)
-  q_x = _gather(q_BGV, draft_tokens_BG)
-  ratio = jnp.where(q_x > 0, p_x / jnp.where(q_x > 0, q_x, 1.0), jnp.where(p_x > 0, 1.0, 0.0))
-  return jnp.minimum(ratio, 1.0)
+  return _clipped_ratio(_gather(p_BG1V[:, :-1], draft_tokens_BG), _gather(q_BGV, draft_tokens_BG))
 
 
 def token_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
@@ -103,8 +111,7 @@ def token_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
   accept_key, emit_key = jax.random.split(key)
   r_BG = jax.random.uniform(accept_key, draft_tokens_BG.shape)
   accepted_BG = r_BG < acceptance_probabilities(draft_tokens_BG, q_BGV, p_BG1V)
-  num_accepted_B = jnp.sum(jnp.cumprod(accepted_BG, axis=1), axis=1)
-  return _emit(emit_key, num_accepted_B, p_BG1V, q_BGV)
+  return _emit(emit_key, _leading_count(accepted_BG), p_BG1V, q_BGV)
 
 
 def block_weights(draft_tokens_BG: jax.Array, q_BGV: jax.Array, p_BG1V: jax.Array) -> jax.Array:
@@ -113,10 +120,7 @@ def block_weights(draft_tokens_BG: jax.Array, q_BGV: jax.Array, p_BG1V: jax.Arra
   q_x = _gather(q_BGV, draft_tokens_BG)
   weights = [jnp.ones(draft_tokens_BG.shape[:1], p_BG1V.dtype)]
   for t in range(draft_tokens_BG.shape[1]):
-    scaled = weights[-1] * p_x[:, t]
-    ratio = jnp.where(q_x[:, t] > 0, scaled / jnp.where(q_x[:, t] > 0, q_x[:, t], 1.0),
-                      jnp.where(scaled > 0, 1.0, 0.0))
-    weights.append(jnp.minimum(ratio, 1.0))
+    weights.append(_clipped_ratio(weights[-1] * p_x[:, t], q_x[:, t]))
   return jnp.stack(weights, axis=1)
 
 
@@ -146,8 +150,7 @@ def block_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
 def greedy_verify(draft_tokens_BG: jax.Array, target_logits_BG1V: jax.Array) -> Verdict:
   """Accept while the draft token is the target's argmax; emit the argmax after them."""
   best_BG1 = jnp.argmax(target_logits_BG1V, axis=-1).astype(jnp.int32)
-  matches_BG = draft_tokens_BG == best_BG1[:, :-1]
-  num_accepted_B = jnp.sum(jnp.cumprod(matches_BG, axis=1), axis=1).astype(jnp.int32)
+  num_accepted_B = _leading_count(draft_tokens_BG == best_BG1[:, :-1])
   return Verdict(num_accepted=num_accepted_B, next_token=_at(best_BG1, num_accepted_B))
 
 
