@@ -1,0 +1,120 @@
+"""Orbax checkpoints: periodic saves that keep the last N, exact resume, restore onto any mesh.
+
+A checkpoint step holds named pytree items (e.g. ``params``, ``opt_state``)
+and a JSON ``meta`` item (the model config, the tokenizer fingerprint, the
+step). Restoring takes abstract arrays (``jax.ShapeDtypeStruct`` with a
+sharding), so each device reads only its own shard, on whatever mesh the
+reader uses. Errors say what is wrong with the directory; nothing is ever
+deleted except by orbax's keep-the-last-N policy on save.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that exists but cannot be used (corrupt, incomplete or mismatched)."""
+
+
+def abstract_arrays(tree: Any, shardings: Any) -> Any:
+  """ShapeDtypeStructs of ``tree`` (arrays or structs) placed with ``shardings``."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
+class Checkpoints:
+  """A directory of numbered checkpoint steps, managed by orbax's CheckpointManager."""
+
+  def __init__(self, directory: str, *, max_to_keep: int | None = 3):
+    self.directory = os.path.abspath(os.path.expanduser(directory))
+    self._max_to_keep = max_to_keep
+    self._manager: ocp.CheckpointManager | None = None
+
+  def _open(self, create: bool) -> ocp.CheckpointManager:
+    if self._manager is None:
+      if not create and not os.path.isdir(self.directory):
+        raise FileNotFoundError(f"No checkpoint directory at {self.directory}.")
+      options = ocp.CheckpointManagerOptions(max_to_keep=self._max_to_keep, create=create)
+      self._manager = ocp.CheckpointManager(self.directory, options=options)
+    return self._manager
+
+  def latest_step(self) -> int | None:
+    """The newest finished step, or None (also when the directory does not exist)."""
+    if not os.path.isdir(self.directory):
+      return None
+    return self._open(create=False).latest_step()
+
+  def all_steps(self) -> list[int]:
+    if not os.path.isdir(self.directory):
+      return []
+    return list(self._open(create=False).all_steps())
+
+  def save(self, step: int, items: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+    """Saves ``items`` and ``meta`` as ``step`` (asynchronously; ``wait`` to block)."""
+    args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
+    args["meta"] = ocp.args.JsonSave(dict(meta, step=int(step)))
+    self._open(create=True).save(int(step), args=ocp.args.Composite(**args), force=True)
+
+  def wait(self) -> None:
+    if self._manager is not None:
+      self._manager.wait_until_finished()
+
+  def _step_to_read(self, step: int | None) -> int:
+    steps = self.all_steps()
+    if not os.path.isdir(self.directory):
+      raise FileNotFoundError(f"No checkpoint directory at {self.directory}.")
+    if not steps:
+      raise FileNotFoundError(
+          f"{self.directory} holds no finished checkpoint (entries: "
+          f"{sorted(os.listdir(self.directory))[:8]}). Train first, or point at the right "
+          "directory.")
+    if step is None:
+      return max(steps)
+    if step not in steps:
+      raise FileNotFoundError(f"No step {step} in {self.directory}; it holds steps {steps}.")
+    return step
+
+  def read_meta(self, step: int | None = None) -> dict[str, Any]:
+    """The JSON metadata of ``step`` (default: the latest)."""
+    step = self._step_to_read(step)
+    try:
+      restored = self._open(create=False).restore(
+          step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    except Exception as error:  # orbax raises many types for unreadable files.
+      raise self._corrupt(step, "meta", error) from error
+    return dict(restored["meta"])
+
+  def restore(self, abstract: Mapping[str, Any], step: int | None = None
+              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Restores the items named in ``abstract`` (trees of ShapeDtypeStruct with shardings);
+    items not named (e.g. the optimizer state, when sampling) stay on disk.
+
+    Returns:
+      (items, meta) of ``step`` (default: the latest).
+    """
+    step = self._step_to_read(step)
+    meta = self.read_meta(step)
+    args = {name: ocp.args.StandardRestore(tree) for name, tree in abstract.items()}
+    try:
+      restored = self._open(create=False).restore(step, args=ocp.args.Composite(**args))
+    except Exception as error:
+      raise self._corrupt(step, "/".join(abstract), error) from error
+    items = {name: restored[name] for name in abstract}
+    for name, tree in abstract.items():
+      want, got = jax.tree.structure(tree), jax.tree.structure(items[name])
+      if want != got:
+        raise CheckpointError(f"Step {step} in {self.directory}: '{name}' has structure {got}, "
+                              f"expected {want}.")
+    return items, meta
+
+  def _corrupt(self, step: int, what: str, error: Exception) -> CheckpointError:
+    message = str(error).splitlines()[0][:300] if str(error) else ""
+    return CheckpointError(
+        f"Could not read '{what}' of checkpoint step {step} in {self.directory}: "
+        f"{type(error).__name__}: {message}. The checkpoint is corrupt, incomplete, or was written "
+        f"for a different model. Steps present: {self.all_steps()}; nothing was deleted.")

@@ -1,0 +1,179 @@
+"""Corpus -> train / validation / held-out prompt splits -> packed, reproducibly shuffled batches.
+
+The default corpus is the Python standard library source of the running
+interpreter (tests excluded): every machine has it, and code is the domain
+where speculative sampling shone in the paper. ``--corpus=GLOB`` (a glob, or
+several separated by commas) takes the user's own text files instead.
+
+Files, not lines, are split, by a hash of their path relative to the corpus
+root: a held-out prompt never comes from a file seen in training, and the
+split of a file does not change when other files are added. Training batches
+are a pure function of the step (``Batches.at(step)``), so a resumed run sees
+exactly the batches the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import os
+import sysconfig
+from typing import Iterator, Sequence
+
+import numpy as np
+
+_EXCLUDED_DIRS = ("test", "tests", "idle_test", "site-packages", "__pycache__")
+
+
+def stdlib_files() -> list[str]:
+  """The ``*.py`` files of this interpreter's standard library, without test suites."""
+  root = sysconfig.get_paths()["stdlib"]
+  files = []
+  for directory, subdirs, names in os.walk(root):
+    subdirs[:] = sorted(d for d in subdirs if d not in _EXCLUDED_DIRS)
+    files += [os.path.join(directory, n) for n in sorted(names) if n.endswith(".py")]
+  return files
+
+
+def corpus_files(corpus: str | None) -> list[str]:
+  """The files of ``corpus``: None or '' for the standard library, else comma-separated globs."""
+  if not corpus:
+    files = stdlib_files()
+    where = "the Python standard library at " + sysconfig.get_paths()["stdlib"]
+  else:
+    files = sorted({f for pattern in corpus.split(",") if pattern
+                    for f in glob.glob(os.path.expanduser(pattern), recursive=True)
+                    if os.path.isfile(f)})
+    where = f"--corpus={corpus!r}"
+  if not files:
+    raise FileNotFoundError(f"No files in {where}.")
+  return files
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """Files of each split."""
+
+  train: tuple[str, ...]
+  validation: tuple[str, ...]
+  prompts: tuple[str, ...]
+
+
+def split_files(files: Sequence[str], validation_fraction: float, prompt_fraction: float,
+                seed: int = 0) -> Split:
+  """Deterministic split by a hash of each file's path below the files' common root."""
+  if not (0 < validation_fraction and 0 < prompt_fraction
+          and validation_fraction + prompt_fraction < 1):
+    raise ValueError("Need 0 < validation_fraction, 0 < prompt_fraction and their sum < 1.")
+  root = os.path.commonpath([os.path.abspath(f) for f in files]) if len(files) > 1 else ""
+  parts: dict[str, list[str]] = {"train": [], "validation": [], "prompts": []}
+  for f in files:
+    relative = os.path.relpath(os.path.abspath(f), root) if root else os.path.basename(f)
+    digest = hashlib.sha256(f"{seed}:{relative}".encode()).digest()
+    u = int.from_bytes(digest[:8], "little") / 2.0**64
+    name = ("validation" if u < validation_fraction else
+            "prompts" if u < validation_fraction + prompt_fraction else "train")
+    parts[name].append(f)
+  for name, chosen in parts.items():
+    if not chosen:
+      raise ValueError(f"The corpus has {len(files)} files, too few for a non-empty {name} split.")
+  return Split(**{name: tuple(chosen) for name, chosen in parts.items()})
+
+
+def read_text(path: str) -> str:
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return f.read()
+
+
+def shuffled(files: Sequence[str], seed: int) -> list[str]:
+  order = np.random.default_rng(seed).permutation(len(files))
+  return [files[i] for i in order]
+
+
+def text_chunks(files: Sequence[str], max_chars: int, lines_per_chunk: int = 8) -> Iterator[str]:
+  """Chunks of a few lines (for tokenizer training), up to ``max_chars`` in all."""
+  total = 0
+  for path in files:
+    lines = read_text(path).splitlines(keepends=True)
+    for start in range(0, len(lines), lines_per_chunk):
+      chunk = "".join(lines[start:start + lines_per_chunk])
+      yield chunk
+      total += len(chunk)
+      if total >= max_chars:
+        return
+
+
+def token_stream(tokenizer, files: Sequence[str], max_tokens: int) -> np.ndarray:
+  """Files encoded one after another, each ended by EOS, up to ``max_tokens`` ids."""
+  pieces, total = [], 0
+  for path in files:
+    ids = tokenizer.encode(read_text(path), add_eos=True)
+    pieces.append(np.asarray(ids, np.int32))
+    total += len(ids)
+    if total >= max_tokens:
+      break
+  return np.concatenate(pieces)[:max_tokens]
+
+
+@dataclasses.dataclass(frozen=True)
+class Batches:
+  """Packed sequences of ``seq_len + 1`` tokens (inputs and shifted targets), batched.
+
+  Every epoch visits the sequences in a fresh permutation seeded by (seed,
+  epoch); ``at(step)`` is a pure function of the step.
+  """
+
+  sequences: np.ndarray  # [num_sequences, seq_len + 1] int32
+  batch_size: int
+  seed: int = 0
+
+  @classmethod
+  def pack(cls, stream: np.ndarray, seq_len: int, batch_size: int, seed: int = 0) -> "Batches":
+    num = len(stream) // (seq_len + 1)
+    if num < batch_size:
+      raise ValueError(f"{len(stream)} tokens make {num} sequences of {seq_len + 1}, fewer than "
+                       f"one batch of {batch_size}; use more text or shorter sequences.")
+    return cls(stream[:num * (seq_len + 1)].reshape(num, seq_len + 1), batch_size, seed)
+
+  @property
+  def steps_per_epoch(self) -> int:
+    return len(self.sequences) // self.batch_size
+
+  def at(self, step: int) -> np.ndarray:
+    epoch, index = divmod(step, self.steps_per_epoch)
+    order = np.random.default_rng((self.seed, epoch)).permutation(len(self.sequences))
+    return self.sequences[order[index * self.batch_size:(index + 1) * self.batch_size]]
+
+  def first(self, num_batches: int) -> list[np.ndarray]:
+    """The first ``num_batches`` batches in file order (a fixed evaluation set)."""
+    num_batches = min(num_batches, self.steps_per_epoch)
+    return [self.sequences[i * self.batch_size:(i + 1) * self.batch_size]
+            for i in range(num_batches)]
+
+
+def held_out_prompts(tokenizer, files: Sequence[str], num_prompts: int, prompt_tokens: int,
+                     seed: int = 0) -> np.ndarray:
+  """``[num_prompts, prompt_tokens]`` ids: windows starting at a line start of held-out files.
+
+  Each prompt comes from a different file when there are enough files; the
+  window start is a random line among those leaving ``prompt_tokens`` tokens.
+  """
+  rng = np.random.default_rng(seed)
+  prompts = []
+  for path in shuffled(files, seed) * num_prompts:
+    lines = read_text(path).splitlines(keepends=True)
+    starts = [i for i in range(len(lines)) if lines[i].strip()]
+    if not starts:
+      continue
+    start = starts[rng.integers(len(starts))]
+    ids = tokenizer.encode("".join(lines[start:]))
+    if len(ids) < prompt_tokens:
+      ids = tokenizer.encode("".join(lines))
+      if len(ids) < prompt_tokens:
+        continue
+    prompts.append(ids[:prompt_tokens])
+    if len(prompts) == num_prompts:
+      return np.asarray(prompts, np.int32)
+  raise ValueError(f"The prompt files hold fewer than {num_prompts} windows of {prompt_tokens} "
+                   "tokens.")

@@ -1,0 +1,138 @@
+"""SentencePiece tokenizer: train one on a corpus, load any ``.model`` file, encode and decode.
+
+The samplers only see token ids; what matters for speculative sampling is that
+the draft and the target read and write the SAME ids, so a tokenizer carries a
+fingerprint (a hash of its serialized model) and ``check_same`` refuses a pair
+whose tokenizers differ.
+
+Trained tokenizers are set up for source code: identity normalisation, no
+dummy prefix, whitespace kept (runs of spaces become pieces, so indentation is
+cheap), "\\n" as its own piece, digits split, and byte fallback so any text
+round-trips exactly: ``decode(encode(text)) == text``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Tokenizer:
+  """A SentencePiece model with BOS/EOS handling and a fingerprint."""
+
+  def __init__(self, model_proto: bytes, path: str | None = None):
+    self._processor = spm.SentencePieceProcessor()
+    try:
+      self._processor.LoadFromSerializedProto(model_proto)
+    except Exception as error:  # sentencepiece raises plain RuntimeError/OSError.
+      raise ValueError(f"Not a valid SentencePiece model: {path or '<bytes>'} ({error}).") from error
+    self.model_proto = model_proto
+    self.path = path
+
+  @classmethod
+  def load(cls, path: str) -> "Tokenizer":
+    """Loads a ``.model`` file (ours, or e.g. a Llama 2 / Gemma tokenizer.model)."""
+    if not os.path.isfile(path):
+      if os.path.basename(path) == "tokenizer.model" and os.path.isfile(
+          os.path.join(os.path.dirname(path), "tokenizer.json")):
+        raise FileNotFoundError(
+            f"{path} does not exist; the directory has only tokenizer.json (a Hugging Face fast "
+            "tokenizer), which specsamp does not read. Provide the SentencePiece tokenizer.model.")
+      raise FileNotFoundError(f"No SentencePiece model at {path}.")
+    with open(path, "rb") as f:
+      return cls(f.read(), path)
+
+  @classmethod
+  def train(cls, texts: Iterable[str], vocab_size: int, *, path: str | None = None,
+            model_type: str = "bpe", max_sentences: int = 100_000, seed: int = 0) -> "Tokenizer":
+    """Trains a code tokenizer on ``texts`` (each a chunk of a few lines); saves it to ``path``.
+
+    Args:
+      texts: training text, one chunk per item (newlines inside are kept).
+      vocab_size: number of pieces, including the 4 special ids and 256 byte pieces.
+      path: where to write the ``.model`` file (written atomically), or None.
+      model_type: 'bpe' (fast to train) or 'unigram'.
+      max_sentences: chunks sampled from ``texts`` for training.
+      seed: the sampling seed.
+    """
+    if vocab_size < 300:
+      raise ValueError(f"vocab_size must be at least 300 (4 special ids + 256 byte pieces + "
+                       f"merges), got {vocab_size}.")
+    buffer = io.BytesIO()
+    spm.set_random_generator_seed(seed)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=buffer, vocab_size=vocab_size,
+        model_type=model_type, byte_fallback=True, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, add_dummy_prefix=False, split_by_whitespace=False,
+        allow_whitespace_only_pieces=True, split_digits=True, user_defined_symbols=["\n"],
+        max_sentence_length=1 << 16, input_sentence_size=max_sentences,
+        shuffle_input_sentence=True, character_coverage=0.9995, pad_id=PAD_ID, unk_id=UNK_ID,
+        bos_id=BOS_ID, eos_id=EOS_ID, num_threads=os.cpu_count() or 1, minloglevel=2)
+    tokenizer = cls(buffer.getvalue(), path)
+    if path is not None:
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      with open(path + ".tmp", "wb") as f:
+        f.write(tokenizer.model_proto)
+      os.replace(path + ".tmp", path)
+    return tokenizer
+
+  @property
+  def vocab_size(self) -> int:
+    return self._processor.GetPieceSize()
+
+  @property
+  def pad_id(self) -> int:
+    pad = self._processor.pad_id()
+    return pad if pad >= 0 else self.eos_id  # Llama's tokenizer.model has no pad id.
+
+  @property
+  def bos_id(self) -> int:
+    return self._processor.bos_id()
+
+  @property
+  def eos_id(self) -> int:
+    return self._processor.eos_id()
+
+  @property
+  def fingerprint(self) -> str:
+    """A short hash of the serialized model: equal fingerprints, equal tokenization."""
+    return hashlib.sha256(self.model_proto).hexdigest()[:16]
+
+  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+    ids = self._processor.EncodeAsIds(text)
+    if add_bos:
+      ids = [self.bos_id] + ids
+    if add_eos:
+      ids = ids + [self.eos_id]
+    return ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Text of ``ids``, stopping at the first EOS; special and out-of-vocabulary ids are dropped
+    (a model's vocabulary may be padded past the tokenizer's)."""
+    kept = []
+    for i in (int(i) for i in ids):
+      if i == self.eos_id:
+        break
+      if 0 <= i < self.vocab_size and not self._processor.IsControl(i):
+        kept.append(i)
+    return self._processor.DecodeIds(kept)
+
+  def id_to_piece(self, i: int) -> str:
+    return self._processor.IdToPiece(int(i))
+
+
+def check_same(first: Tokenizer, second: Tokenizer, names: tuple[str, str] = ("target", "draft")
+               ) -> None:
+  """Raises ValueError unless both tokenizers map text to the same ids."""
+  if first.fingerprint != second.fingerprint:
+    raise ValueError(
+        f"The {names[0]} and {names[1]} use different tokenizers ({first.path or 'unsaved'}, "
+        f"fingerprint {first.fingerprint}, {first.vocab_size} pieces vs {second.path or 'unsaved'}, "
+        f"fingerprint {second.fingerprint}, {second.vocab_size} pieces). Speculative sampling "
+        "compares token ids, so both models must share one tokenizer.")

@@ -1,0 +1,372 @@
+"""Training a target or a draft with optax, sharded over the mesh, checkpointed with orbax.
+
+* Optimizer: AdamW (no decay on vectors: norms, biases), linear warmup then
+  cosine decay, global-norm gradient clipping.
+* One jitted train step; parameters, optimizer state and batches are placed by
+  the rules table in ``sharding.py`` (data parallel over ``data``/``fsdp``,
+  Megatron tensor parallel over ``tensor``), so the same code trains on one
+  CPU or on a pod slice.
+* Draft distillation (Chen et al. section 4; Leviathan et al.): ``distill.mode``
+    'none'     cross-entropy on the corpus (a draft trained from scratch);
+    'token'    token-level KL(target || draft) on corpus text, the target's
+               distribution at ``distill.temperature`` as soft labels;
+    'sequence' cross-entropy on sequences the target sampled, continuing the
+               first ``distill.prefix_tokens`` tokens of each corpus sequence.
+* ``fit`` resumes from the newest checkpoint and ends exactly where an
+  uninterrupted run would: batches are a pure function of the step and the
+  train state (step, parameters, optimizer state) is saved whole. Ctrl-C saves
+  the current step before exiting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec
+
+from specsamp import checkpoint, sharding
+from specsamp.data import Batches
+from specsamp.models import transformer
+from specsamp.models.config import TransformerConfig
+from specsamp.sampling import autoregressive
+
+DISTILL_MODES = ("none", "token", "sequence")
+# Fields that change how a run is logged, not what it computes; a resumed run may change them.
+_LOGGING_FIELDS = ("log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Optimisation settings (see configs/code_pair.py for each field's meaning)."""
+
+  steps: int
+  batch_size: int
+  seq_len: int
+  learning_rate: float
+  warmup_steps: int
+  end_learning_rate_fraction: float = 0.1
+  weight_decay: float = 0.1
+  grad_clip: float = 1.0
+  b1: float = 0.9
+  b2: float = 0.95
+  log_every: int = 10
+  eval_every: int = 100
+  eval_batches: int = 4
+  checkpoint_every: int = 100
+  keep_checkpoints: int = 2
+  distill_mode: str = "none"
+  distill_temperature: float = 1.0
+  distill_prefix_tokens: int = 16
+
+  def __post_init__(self):
+    if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
+      raise ValueError(f"Need steps >= 1, batch_size >= 1 and seq_len >= 2: {self}.")
+    if not 0 <= self.warmup_steps <= self.steps:
+      raise ValueError(f"warmup_steps must be in [0, steps], got {self.warmup_steps}.")
+    if self.distill_mode not in DISTILL_MODES:
+      raise ValueError(f"distill.mode must be one of {DISTILL_MODES}, got {self.distill_mode!r}.")
+    if self.distill_temperature <= 0:
+      raise ValueError(f"distill.temperature must be > 0, got {self.distill_temperature}.")
+    if self.distill_mode == "sequence" and not 1 <= self.distill_prefix_tokens < self.seq_len:
+      raise ValueError("distill.prefix_tokens must be in [1, seq_len).")
+
+  @classmethod
+  def from_config(cls, config: Mapping[str, Any]) -> "TrainConfig":
+    """From a ConfigDict with an optional ``distill`` sub-dict; unknown fields are an error."""
+    values = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+    for name, value in dict(values.pop("distill", {}) or {}).items():
+      values[f"distill_{name}"] = value
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"Unknown train config fields {unknown}; known: {sorted(known)}.")
+    return cls(**values)
+
+  def identity(self) -> dict[str, Any]:
+    """The fields that determine the trained parameters (checked when resuming)."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if k not in _LOGGING_FIELDS}
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
+      decay_steps=config.steps, end_value=config.learning_rate * config.end_learning_rate_fraction)
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  return optax.chain(
+      optax.clip_by_global_norm(config.grad_clip),
+      optax.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay,
+                  mask=decay_mask))
+
+
+def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+  """Mean next-token cross-entropy in nats."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
+
+
+def distillation_kl(student_BTV: jax.Array, teacher_BTV: jax.Array, temperature: float
+                    ) -> jax.Array:
+  """Mean token-level KL(teacher || student), both at ``temperature``."""
+  teacher_logp = jax.nn.log_softmax(teacher_BTV / temperature, axis=-1)
+  student_logp = jax.nn.log_softmax(student_BTV / temperature, axis=-1)
+  return (jnp.exp(teacher_logp) * (teacher_logp - student_logp)).sum(-1).mean()
+
+
+@struct.dataclass
+class TrainState:
+  """Everything a resumed run needs: the step, the parameters and the optimizer state."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def params_of(model: nnx.Module) -> dict:
+  """A model's parameters as a plain nested dict (what checkpoints and optax see)."""
+  return nnx.state(model, nnx.Param).to_pure_dict()
+
+
+class Trainer:
+  """Jitted, sharded init / train / eval for one model config on one mesh.
+
+  Args:
+    model_config: the model to train.
+    config: optimisation settings.
+    mesh: the device mesh; every array is placed by the rules table.
+    teacher: for distillation, the target model (its parameters are an
+      input of the step, never a compile-time constant).
+    seed: parameter init seed.
+  """
+
+  def __init__(self, model_config: TransformerConfig, config: TrainConfig,
+               mesh: jax.sharding.Mesh, teacher: nnx.Module | None = None, seed: int = 0):
+    if config.distill_mode != "none":
+      if teacher is None:
+        raise ValueError(f"distill.mode={config.distill_mode!r} needs a teacher (the target).")
+      if teacher.vocab_size != model_config.vocab_size:
+        raise ValueError(f"Teacher vocab_size {teacher.vocab_size} differs from the student's "
+                         f"{model_config.vocab_size}; distillation compares distributions.")
+    self.model_config, self.config, self.mesh, self.seed = model_config, config, mesh, seed
+    self.optimizer = make_optimizer(config)
+    factory = lambda rngs: transformer.Transformer(model_config, rngs=rngs)
+    abstract = nnx.eval_shape(lambda: factory(nnx.Rngs(seed)))
+    self.graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    self.param_shardings = sharding.state_shardings(abstract_params, mesh).to_pure_dict()
+    abstract_params = abstract_params.to_pure_dict()
+    replicated = NamedSharding(mesh, PartitionSpec())
+    abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
+    opt_shardings = optax.tree_map_params(
+        self.optimizer, lambda _, s: s, abstract_opt, self.param_shardings,
+        transform_non_params=lambda _: replicated)
+    self.state_shardings = TrainState(step=replicated, params=self.param_shardings,
+                                      opt_state=opt_shardings)
+    self.abstract_state = checkpoint.abstract_arrays(
+        TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+                   opt_state=abstract_opt), self.state_shardings)
+    self._teacher = None
+    if teacher is not None and config.distill_mode != "none":
+      self._teacher = nnx.split(teacher)
+    self._batch_sharding = NamedSharding(mesh, sharding.logical_to_spec(
+        ("act_batch", "act_length"), (config.batch_size, config.seq_len + 1), dict(mesh.shape)))
+    self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
+    self._step = jax.jit(self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings,
+                                                                         replicated))
+    self._eval = jax.jit(self._eval_fn, out_shardings=replicated)
+
+  # --- jitted bodies -------------------------------------------------------------------------
+  def _init_fn(self) -> TrainState:
+    model = transformer.Transformer(self.model_config, rngs=nnx.Rngs(self.seed))
+    params = params_of(model)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=self.optimizer.init(params))
+
+  def _logits(self, params, tokens_BT):
+    logits_BTV, _ = nnx.merge(self.graphdef, params)(tokens_BT)
+    return logits_BTV
+
+  def _loss(self, params, batch_BT, teacher_state):
+    inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
+    logits_BTV = self._logits(params, inputs_BT)
+    ce = cross_entropy(logits_BTV, targets_BT)
+    if self.config.distill_mode != "token":
+      return ce, {"ce": ce}
+    teacher_graphdef, _ = self._teacher
+    teacher_BTV, _ = nnx.merge(teacher_graphdef, teacher_state)(inputs_BT)
+    kl = distillation_kl(logits_BTV, jax.lax.stop_gradient(teacher_BTV),
+                         self.config.distill_temperature)
+    return kl, {"ce": ce, "kl": kl}
+
+  def _step_fn(self, state: TrainState, batch_BT, teacher_state):
+    (loss, parts), grads = jax.value_and_grad(self._loss, has_aux=True)(
+        state.params, batch_BT, teacher_state)
+    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(parts, loss=loss, grad_norm=optax.global_norm(grads))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  def _eval_fn(self, params, batch_BT):
+    return cross_entropy(self._logits(params, batch_BT[:, :-1]), batch_BT[:, 1:])
+
+  # --- host API -------------------------------------------------------------------------------
+  def init_state(self) -> TrainState:
+    with sharding.use_mesh(self.mesh):
+      return self._init()
+
+  def place(self, batch: np.ndarray) -> jax.Array:
+    return jax.device_put(np.asarray(batch, np.int32), self._batch_sharding)
+
+  def _sequence_batch(self, batch: np.ndarray, step: int) -> np.ndarray:
+    """Corpus prefixes continued by the teacher (sequence-level distillation)."""
+    teacher_graphdef, teacher_state = self._teacher
+    prefix = self.config.distill_prefix_tokens
+    rows = batch.shape[0]
+    with sharding.use_mesh(self.mesh):
+      out = autoregressive.generate(
+          nnx.merge(teacher_graphdef, teacher_state), batch[:, :prefix],
+          np.full((rows,), prefix, np.int32), jax.random.fold_in(jax.random.key(self.seed), step),
+          max_new_tokens=batch.shape[1] - prefix, temperature=self.config.distill_temperature)
+    return np.asarray(out.tokens)[:, :batch.shape[1]]
+
+  def train_step(self, state: TrainState, batch: np.ndarray) -> tuple[TrainState, dict]:
+    if self.config.distill_mode == "sequence":
+      batch = self._sequence_batch(batch, int(state.step))
+    teacher_state = self._teacher[1] if self.config.distill_mode == "token" else None
+    with sharding.use_mesh(self.mesh):
+      return self._step(state, self.place(batch), teacher_state)
+
+  def evaluate(self, params, batches: Sequence[np.ndarray]) -> float:
+    """Mean cross-entropy (nats/token) over ``batches``."""
+    with sharding.use_mesh(self.mesh):
+      losses = [float(self._eval(params, self.place(b))) for b in batches]
+    return float(np.mean(losses))
+
+  def model(self, params) -> transformer.Transformer:
+    """The Transformer with these parameters (for sampling)."""
+    return nnx.merge(self.graphdef, params)
+
+  def learning_rate(self, step: int) -> float:
+    return float(self.optimizer_schedule(step))
+
+  @property
+  def optimizer_schedule(self) -> Callable[[int], Any]:
+    c = self.config
+    return optax.warmup_cosine_decay_schedule(
+        0.0, c.learning_rate, c.warmup_steps, c.steps, c.learning_rate * c.end_learning_rate_fraction)
+
+
+def _format_duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: str) -> None:
+  """Refuses a checkpoint written for another model, tokenizer or training run."""
+  for key, want in expected.items():
+    if meta.get(key) != want:
+      raise checkpoint.CheckpointError(
+          f"The checkpoint in {directory} was written with a different {key}:\n  saved:     "
+          f"{meta.get(key)}\n  requested: {want}\nUse another --workdir, or delete this directory "
+          "to retrain.")
+
+
+def _as_items(state: TrainState) -> dict[str, Any]:
+  """Checkpoint items: the parameters apart, so sampling reads them alone."""
+  return {"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}}
+
+
+def fit(trainer: Trainer, batches: Batches, eval_batches: Sequence[np.ndarray],
+        checkpoints: checkpoint.Checkpoints, meta: Mapping[str, Any], *, name: str = "train",
+        log: Callable[[str], None] = print, stop_after: int | None = None) -> TrainState:
+  """Trains to ``config.steps``, resuming from the newest checkpoint in ``checkpoints``.
+
+  Args:
+    trainer: the jitted steps.
+    batches: training batches (``at(step)``).
+    eval_batches: a fixed evaluation set.
+    checkpoints: where to save and resume; saved every ``checkpoint_every``
+      steps and at the end.
+    meta: JSON facts about the run (model config, tokenizer fingerprint);
+      a resumed checkpoint must carry the same.
+    name: prefix of the progress lines.
+    log: where progress lines go.
+    stop_after: stop (with a checkpoint) after this many steps in this call,
+      as if interrupted; None runs to the end.
+
+  Returns:
+    The final (or interrupted) train state.
+  """
+  config = trainer.config
+  meta = dict(meta, train=config.identity())
+  start = checkpoints.latest_step()
+  if start is None:
+    state = trainer.init_state()
+    start = 0
+  else:
+    check_meta(checkpoints.read_meta(start), meta, checkpoints.directory)
+    restored, _ = checkpoints.restore(_as_items(trainer.abstract_state), step=start)
+    state = TrainState(step=restored["optimizer"]["step"], params=restored["params"],
+                       opt_state=restored["optimizer"]["opt_state"])
+    if start < config.steps:
+      log(f"{name}: resuming from step {start} in {checkpoints.directory}")
+  end = config.steps if stop_after is None else min(config.steps, start + stop_after)
+  if start >= end:
+    return state
+  tokens_per_step = config.batch_size * config.seq_len
+  window_start, window_steps, run_start = time.perf_counter(), 0, time.perf_counter()
+  step = start
+  try:
+    while step < end:
+      state, metrics = trainer.train_step(state, batches.at(step))
+      step += 1
+      window_steps += 1
+      if step % config.log_every == 0 or step == end:
+        loss = float(metrics["loss"])  # Waits for the step.
+        if not math.isfinite(loss):
+          raise FloatingPointError(f"{name}: loss is {loss} at step {step}; lower the learning "
+                                   "rate or check the data. Checkpoints up to now are kept.")
+        now = time.perf_counter()
+        rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
+        eta = (config.steps - step) * tokens_per_step / max(rate, 1e-9)
+        extra = f"  kl {float(metrics['kl']):.3f}  ce {float(metrics['ce']):.3f}" if (
+            "kl" in metrics) else ""
+        log(f"{name} step {step:>5}/{config.steps}  loss {loss:.3f}{extra}  "
+            f"lr {trainer.learning_rate(step):.2e}  {rate:,.0f} tokens/s  "
+            f"ETA {_format_duration(eta)}")
+        window_start, window_steps = now, 0
+      if step % config.eval_every == 0 or step == config.steps:
+        loss = trainer.evaluate(state.params, eval_batches)
+        log(f"{name} eval  step {step:>5}  loss {loss:.3f}  perplexity {math.exp(loss):.2f}")
+      if step % config.checkpoint_every == 0 or step == end:
+        checkpoints.save(step, _as_items(state), meta)
+  except KeyboardInterrupt:
+    log(f"{name}: interrupted at step {step}; saving a checkpoint to resume from.")
+    checkpoints.save(step, _as_items(state), meta)
+    checkpoints.wait()
+    raise
+  checkpoints.wait()
+  log(f"{name}: {end - start} steps in {_format_duration(time.perf_counter() - run_start)}")
+  return state
+
+
+def load_params(model_config: TransformerConfig, directory: str, mesh: jax.sharding.Mesh,
+                expected_meta: Mapping[str, Any] | None = None, step: int | None = None
+                ) -> tuple[transformer.Transformer, dict]:
+  """Restores a trained model from ``directory`` onto ``mesh`` (any mesh); returns it and its
+  checkpoint metadata."""
+  store = checkpoint.Checkpoints(directory)
+  meta = store.read_meta(step)
+  if expected_meta is not None:
+    check_meta(meta, expected_meta, store.directory)
+  abstract = nnx.eval_shape(lambda: transformer.Transformer(model_config, rngs=nnx.Rngs(0)))
+  graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+  shardings = sharding.state_shardings(abstract_params, mesh).to_pure_dict()
+  target = checkpoint.abstract_arrays(abstract_params.to_pure_dict(), shardings)
+  restored, meta = store.restore({"params": target}, step=meta["step"])
+  return nnx.merge(graphdef, restored["params"]), meta
