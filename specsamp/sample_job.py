@@ -1,42 +1,41 @@
-"""The job behind ``scripts/sample.py``: build target (and draft) on the mesh, sample, time.
+"""The job behind ``scripts/sample.py``: autoregressive vs speculative on the trained pair.
 
-Autoregressive sampling from the target, and, when a draft config is given,
-speculative sampling of the same prompts with the same key, side by side:
-text, tokens, ms/token and the speculative statistics.
+Prepares the pair (``pair.prepare``: trains on the first run, loads after),
+samples every held-out prompt autoregressively and speculatively with the same
+keys, in batches of ``sampling.batch_size`` rows, and reports ms/token of
+both, the measured speedup, the acceptance statistics, the measured step
+costs, the speedup the formula predicts from them, and sample text.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import ml_collections
 import numpy as np
 
-from specsamp import sharding
-from specsamp.byte_tokenizer import ByteTokenizer
-from specsamp.models import transformer
-from specsamp.models.config import TransformerConfig
+from specsamp import pair as pair_lib
+from specsamp import sharding, speedup
 from specsamp.sampling import autoregressive, speculative
 
 
 @dataclasses.dataclass
 class Run:
-  """One timed sampling run."""
+  """One sampler over all prompt batches (timed after a compile-and-warm-up call)."""
 
   name: str
-  texts: list[str]
-  tokens: list[list[int]]
+  tokens: list[list[int]]  # Generated ids per prompt.
+  run_s: float  # Wall time over all batches.
+  sequential_tokens: int  # Sum over batches of the longest row: tokens produced one after another.
   compile_s: float
-  run_s: float
   stats: dict[str, Any] | None = None
 
   @property
   def ms_per_token(self) -> float:
-    """Wall time per generated token of the longest row (sequential tokens)."""
-    return 1e3 * self.run_s / max(max(len(t) for t in self.tokens), 1)
+    return 1e3 * self.run_s / max(self.sequential_tokens, 1)
 
   @property
   def tokens_per_s(self) -> float:
@@ -45,105 +44,108 @@ class Run:
 
 @dataclasses.dataclass
 class SampleReport:
-  prompts: list[str]
+  prompts: list[list[int]]
+  texts: dict[str, list[str]]  # 'prompt', 'autoregressive', 'speculative' -> text per prompt.
   autoregressive: Run
-  speculative: Run | None = None
+  speculative: Run
+  costs: speedup.StepCosts
 
   @property
-  def speedup(self) -> float | None:
-    if self.speculative is None:
-      return None
+  def speedup(self) -> float:
     return self.autoregressive.ms_per_token / self.speculative.ms_per_token
 
-
-def encode_batch(tokenizer, prompts: Sequence[str], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-  """Right-padded [B, L] token ids and [B] lengths."""
-  encoded = [tokenizer.encode(p) for p in prompts]
-  lengths = np.array([len(e) for e in encoded], np.int32)
-  batch = np.full((len(encoded), lengths.max()), pad_id, np.int32)
-  for row, ids in enumerate(encoded):
-    batch[row, :len(ids)] = ids
-  return batch, lengths
+  @property
+  def predicted_speedup(self) -> float:
+    return self.costs.predicted_speedup(self.speculative.stats["alpha"])
 
 
-def _timed(name: str, sample: Callable[[], Any], tokenizer, num_rows: int) -> Run:
+def _run_batches(name: str, sample: Callable[[np.ndarray, int], Any], prompts: np.ndarray,
+                 batch_size: int) -> tuple[Run, list[Any]]:
+  """``sample(batch, index)`` over the prompts in batches, timed after a warm-up call."""
+  batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
   start = time.perf_counter()
-  jax.block_until_ready(sample())  # Compiles; the timed run reuses the executable.
+  jax.block_until_ready(sample(batches[0], 0))  # Compile and warm up.
   first_s = time.perf_counter() - start
+  outputs = []
   start = time.perf_counter()
-  out = jax.block_until_ready(sample())
+  for index, batch in enumerate(batches):
+    outputs.append(jax.block_until_ready(sample(batch, index)))
   run_s = time.perf_counter() - start
-  generated = [out.generated(row).tolist() for row in range(num_rows)]
-  return Run(name=name, texts=[tokenizer.decode(g) for g in generated], tokens=generated,
-             compile_s=max(first_s - run_s, 0.0), run_s=run_s,
-             stats=out.summary() if hasattr(out, "summary") else None)
+  tokens = [out.generated(row).tolist() for out in outputs for row in range(out.tokens.shape[0])]
+  sequential = sum(int(np.max(out.num_generated)) for out in outputs)
+  return Run(name=name, tokens=tokens, run_s=run_s, sequential_tokens=sequential,
+             compile_s=max(first_s - run_s / len(batches), 0.0)), outputs
 
 
-def _model(config: ml_collections.ConfigDict, mesh, tokenizer):
-  model_config = TransformerConfig.from_config(config.model)
-  if model_config.vocab_size < tokenizer.vocab_size:
-    raise ValueError(f"The model's vocab_size {model_config.vocab_size} is smaller than the "
-                     f"tokenizer's {tokenizer.vocab_size}.")
-  return transformer.create(model_config, mesh, seed=config.seed)
-
-
-def run(config: ml_collections.ConfigDict, prompts: Sequence[str],
-        draft_config: ml_collections.ConfigDict | None = None) -> SampleReport:
-  """Samples ``prompts`` autoregressively and, with a draft config, speculatively."""
-  if not prompts:
-    raise ValueError("Give at least one prompt.")
-  tokenizer = ByteTokenizer()
-  mesh = sharding.make_mesh(dict(config.mesh))
-  target = _model(config, mesh, tokenizer)
-  tokens, lengths = encode_batch(tokenizer, prompts, tokenizer.pad_id)
-  s = config.sampling
+def run(config: ml_collections.ConfigDict, workdir: str | None = None,
+        log: Callable[[str], None] = print) -> SampleReport:
+  """Prepares the pair and samples its held-out prompts both ways."""
+  s, k = config.sampling, config.speculative.num_draft_tokens
+  if s.batch_size < 1 or s.num_prompts % s.batch_size:
+    raise ValueError(f"sampling.num_prompts ({s.num_prompts}) must be a multiple of "
+                     f"sampling.batch_size ({s.batch_size}).")
+  pair = pair_lib.prepare(config, workdir, log=log)
+  tokenizer, target, draft, prompts = pair.tokenizer, pair.target, pair.draft, pair.prompts
+  lengths = np.full((s.batch_size,), prompts.shape[1], np.int32)
   common = dict(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
                 top_p=s.top_p, eos_id=tokenizer.eos_id if s.use_eos else None,
                 pad_id=tokenizer.pad_id)
   key = jax.random.key(config.seed)
 
-  def sample_autoregressive():
-    with sharding.use_mesh(mesh):
-      return autoregressive.generate(target, tokens, lengths, key, **common)
+  # Batch i samples with fold_in(key, i) in both samplers.
+  def sample_autoregressive(batch, index):
+    with sharding.use_mesh(pair.mesh):
+      return autoregressive.generate(target, batch, lengths, jax.random.fold_in(key, index),
+                                     **common)
 
-  report = SampleReport(list(prompts),
-                        _timed("autoregressive", sample_autoregressive, tokenizer, len(prompts)))
-  if draft_config is not None:
-    draft = _model(draft_config, mesh, tokenizer)
+  def sample_speculative(batch, index):
+    with sharding.use_mesh(pair.mesh):
+      return speculative.speculative_generate(
+          target, draft, batch, lengths, jax.random.fold_in(key, index), num_draft_tokens=k,
+          verifier=config.speculative.verifier, **common)
 
-    def sample_speculative():
-      with sharding.use_mesh(mesh):
-        return speculative.speculative_generate(
-            target, draft, tokens, lengths, key,
-            num_draft_tokens=config.speculative.num_draft_tokens,
-            verifier=config.speculative.verifier, **common)
+  log(f"sampling {len(prompts)} held-out prompts of {prompts.shape[1]} tokens, "
+      f"{s.max_new_tokens} new tokens each, {s.batch_size} per call")
+  ar, _ = _run_batches("autoregressive", sample_autoregressive, prompts, s.batch_size)
+  sps, outputs = _run_batches("speculative", sample_speculative, prompts, s.batch_size)
+  sps.stats = speculative.summarize(outputs)
+  cache_length = prompts.shape[1] + s.max_new_tokens + k + 1
+  costs = speedup.measure_costs(target, draft, s.batch_size, k, cache_length, pair.mesh)
+  texts = {"prompt": [tokenizer.decode(p) for p in prompts],
+           "autoregressive": [tokenizer.decode(t) for t in ar.tokens],
+           "speculative": [tokenizer.decode(t) for t in sps.tokens]}
+  return SampleReport(prompts=prompts.tolist(), texts=texts, autoregressive=ar, speculative=sps,
+                      costs=costs)
 
-    report.speculative = _timed("speculative", sample_speculative, tokenizer, len(prompts))
-  return report
 
-
-def format_report(report: SampleReport) -> str:
-  """Human-readable side-by-side report."""
-  runs = [r for r in (report.autoregressive, report.speculative) if r is not None]
+def format_report(report: SampleReport, num_samples: int = 2) -> str:
+  """Human-readable report: sample text, then the numbers."""
   lines = []
-  for row, prompt in enumerate(report.prompts):
-    lines.append(f"prompt: {prompt!r}")
-    for r in runs:
-      lines.append(f"  {r.name:>14} text:   {r.texts[row]!r}")
-      lines.append(f"  {r.name:>14} tokens: {r.tokens[row]}")
-    lines.append("")
-  for r in runs:
-    lines.append(f"{r.name:>14}: {r.ms_per_token:7.2f} ms/token, {r.tokens_per_s:9.1f} tokens/s "
-                 f"({r.run_s * 1e3:.1f} ms; compile {r.compile_s:.1f} s)")
-  if report.speculative is not None:
-    stats = report.speculative.stats
-    per_position = " ".join(f"{a:.2f}" for a in stats["acceptance_at_position"])
-    lines += [
-        f"       speedup: {report.speedup:.2f}x (autoregressive ms/token / speculative ms/token)",
-        f"    acceptance: {stats['acceptance_rate']:.3f} of draft tokens; P(token t accepted), "
-        f"t=1..{stats['num_draft_tokens']}: {per_position}",
-        f"tokens/target call: {stats['tokens_per_target_call']:.2f}; target calls "
-        f"{stats['target_calls']}, draft calls {stats['draft_calls']}; accepted-count histogram "
-        f"{stats['accepted_histogram']}",
-    ]
+  for row in range(min(num_samples, len(report.prompts))):
+    lines.append(f"--- held-out prompt {row} " + "-" * 40)
+    lines.append(report.texts["prompt"][row])
+    for name in ("autoregressive", "speculative"):
+      lines.append(f"--- {name} continuation:")
+      lines.append(report.texts[name][row])
+  lines.append("-" * 64)
+  for r in (report.autoregressive, report.speculative):
+    lines.append(f"{r.name:>14}: {r.ms_per_token:7.2f} ms/token  {r.tokens_per_s:8.1f} tokens/s  "
+                 f"({r.run_s:.2f} s for {len(r.tokens)} prompts; compile {r.compile_s:.1f} s)")
+  stats, costs = report.speculative.stats, report.costs
+  k = stats["num_draft_tokens"]
+  per_position = " ".join(f"{a:.2f}" for a in stats["acceptance_at_position"])
+  lines += [
+      f"       speedup: {report.speedup:.2f}x measured (autoregressive ms/token over speculative)",
+      f"    acceptance: {stats['acceptance_rate']:.3f} of draft tokens accepted; alpha "
+      f"{stats['alpha']:.3f}; P(token t accepted), t=1..{k}: {per_position}",
+      f"tokens/target call: {stats['tokens_per_target_call']:.2f} (K={k}); accepted-count "
+      f"histogram {stats['accepted_histogram']}",
+      f"    step costs: target {costs.target_step_s * 1e3:.3f} ms, draft "
+      f"{costs.draft_step_s * 1e3:.3f} ms (c = {costs.draft_ratio:.3f}), target scoring {k + 1} "
+      f"tokens {costs.target_score_s * 1e3:.3f} ms ({costs.score_ratio:.2f}x a step)",
+      f"     predicted: {report.predicted_speedup:.2f}x = E[tokens/call] "
+      f"{speedup.expected_tokens_per_call(stats['alpha'], k):.2f} x target step / "
+      f"({k} draft steps + scoring); efficiency (measured / predicted) "
+      f"{report.speedup / report.predicted_speedup:.2f}",
+  ]
   return "\n".join(lines)

@@ -66,14 +66,17 @@ class Tokenizer:
                        f"merges), got {vocab_size}.")
     buffer = io.BytesIO()
     spm.set_random_generator_seed(seed)
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=buffer, vocab_size=vocab_size,
-        model_type=model_type, byte_fallback=True, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=False, split_by_whitespace=False,
-        allow_whitespace_only_pieces=True, split_digits=True, user_defined_symbols=["\n"],
-        max_sentence_length=1 << 16, input_sentence_size=max_sentences,
-        shuffle_input_sentence=True, character_coverage=0.9995, pad_id=PAD_ID, unk_id=UNK_ID,
-        bos_id=BOS_ID, eos_id=EOS_ID, num_threads=os.cpu_count() or 1, minloglevel=2)
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(texts), model_writer=buffer, vocab_size=vocab_size,
+          model_type=model_type, byte_fallback=True, normalization_rule_name="identity",
+          remove_extra_whitespaces=False, add_dummy_prefix=False, split_by_whitespace=False,
+          allow_whitespace_only_pieces=True, split_digits=True, user_defined_symbols=["\n"],
+          max_sentence_length=1 << 16, input_sentence_size=max_sentences,
+          shuffle_input_sentence=True, character_coverage=0.995, pad_id=PAD_ID, unk_id=UNK_ID,
+          bos_id=BOS_ID, eos_id=EOS_ID, num_threads=os.cpu_count() or 1, minloglevel=2)
+    except RuntimeError as error:  # e.g. vocab_size below the characters the text needs.
+      raise ValueError(f"SentencePiece training failed: {error}") from error
     tokenizer = cls(buffer.getvalue(), path)
     if path is not None:
       os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -130,7 +130,7 @@ class TrainState:
 
 def params_of(model: nnx.Module) -> dict:
   """A model's parameters as a plain nested dict (what checkpoints and optax see)."""
-  return nnx.state(model, nnx.Param).to_pure_dict()
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 class Trainer:
@@ -158,8 +158,8 @@ class Trainer:
     factory = lambda rngs: transformer.Transformer(model_config, rngs=rngs)
     abstract = nnx.eval_shape(lambda: factory(nnx.Rngs(seed)))
     self.graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    self.param_shardings = sharding.state_shardings(abstract_params, mesh).to_pure_dict()
-    abstract_params = abstract_params.to_pure_dict()
+    self.param_shardings = nnx.to_pure_dict(sharding.state_shardings(abstract_params, mesh))
+    abstract_params = nnx.to_pure_dict(abstract_params)
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
     opt_shardings = optax.tree_map_params(
@@ -208,7 +208,7 @@ class Trainer:
         state.params, batch_BT, teacher_state)
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(parts, loss=loss, grad_norm=optax.global_norm(grads))
+    metrics = dict(parts, loss=loss, grad_norm=optax.tree.norm(grads))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def _eval_fn(self, params, batch_BT):
@@ -366,7 +366,7 @@ def load_params(model_config: TransformerConfig, directory: str, mesh: jax.shard
     check_meta(meta, expected_meta, store.directory)
   abstract = nnx.eval_shape(lambda: transformer.Transformer(model_config, rngs=nnx.Rngs(0)))
   graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-  shardings = sharding.state_shardings(abstract_params, mesh).to_pure_dict()
-  target = checkpoint.abstract_arrays(abstract_params.to_pure_dict(), shardings)
+  shardings = nnx.to_pure_dict(sharding.state_shardings(abstract_params, mesh))
+  target = checkpoint.abstract_arrays(nnx.to_pure_dict(abstract_params), shardings)
   restored, meta = store.restore({"params": target}, step=meta["step"])
   return nnx.merge(graphdef, restored["params"]), meta

@@ -61,26 +61,34 @@ class SpeculativeOutput(GenerationOutput):
 
   def summary(self) -> dict[str, Any]:
     """Host-side statistics over all rows."""
-    histogram = np.asarray(self.accepted_histogram).sum(0)
-    iterations = max(int(histogram.sum()), 1)
-    at_position = np.asarray(self.accepted_at_position).sum(0)
-    reached = np.concatenate([[iterations], at_position[:-1]])
-    num_draft = at_position.shape[0]
-    accepted = float((histogram * np.arange(num_draft + 1)).sum())
-    return {
-        "num_draft_tokens": num_draft,
-        "target_calls": int(self.target_calls),
-        "draft_calls": int(self.draft_calls),
-        "row_iterations": int(histogram.sum()),
-        "accepted_histogram": histogram.tolist(),
-        # P(draft token t accepted), t = 1..K, and P(accepted | t-1 accepted).
-        "acceptance_at_position": (at_position / iterations).tolist(),
-        "conditional_acceptance_at_position": (at_position / np.maximum(reached, 1)).tolist(),
-        # Fraction of draft tokens accepted, and mean tokens per target call (bonus included).
-        "acceptance_rate": accepted / (iterations * num_draft),
-        "tokens_per_target_call": accepted / iterations + 1.0,
-        "generated_per_row": np.asarray(self.num_generated).tolist(),
-    }
+    return summarize([self])
+
+
+def summarize(outputs: "list[SpeculativeOutput]") -> dict[str, Any]:
+  """Statistics over all rows of one or more speculative runs (e.g. one per prompt batch)."""
+  histogram = np.concatenate([np.asarray(o.accepted_histogram) for o in outputs]).sum(0)
+  at_position = np.concatenate([np.asarray(o.accepted_at_position) for o in outputs]).sum(0)
+  iterations = max(int(histogram.sum()), 1)
+  reached = np.concatenate([[iterations], at_position[:-1]])
+  num_draft = at_position.shape[0]
+  accepted = float((histogram * np.arange(num_draft + 1)).sum())
+  return {
+      "num_draft_tokens": num_draft,
+      "target_calls": int(sum(int(o.target_calls) for o in outputs)),
+      "draft_calls": int(sum(int(o.draft_calls) for o in outputs)),
+      "row_iterations": int(histogram.sum()),
+      "accepted_histogram": histogram.tolist(),
+      # P(draft token t accepted), t = 1..K, and P(accepted | t-1 accepted).
+      "acceptance_at_position": (at_position / iterations).tolist(),
+      "conditional_acceptance_at_position": (at_position / np.maximum(reached, 1)).tolist(),
+      # Fraction of draft tokens accepted, and mean tokens per target call (bonus included).
+      "acceptance_rate": accepted / (iterations * num_draft),
+      # alpha: P(a draft token is accepted | it was verified), pooled over positions; the
+      # i.i.d. acceptance of Leviathan et al. that predicts tokens per call.
+      "alpha": float(at_position.sum() / max(reached.sum(), 1)),
+      "tokens_per_target_call": accepted / iterations + 1.0,
+      "generated_per_row": np.concatenate([np.asarray(o.num_generated) for o in outputs]).tolist(),
+  }
 
 
 @struct.dataclass

@@ -68,6 +68,12 @@ def residual(p_BV: jax.Array, q_BV: jax.Array, weight_B: jax.Array | float = 1.0
   return jnp.where(total_B > 0, mass_BV / jnp.where(total_B > 0, total_B, 1.0), p_BV)
 
 
+def expected_acceptance(p_V: jax.Array, q_V: jax.Array) -> jax.Array:
+  """alpha = sum_x min(p(x), q(x)): the probability a token drawn from q is accepted under p
+  (over the last axis)."""
+  return jnp.minimum(p_V, q_V).sum(-1)
+
+
 def sample_from(key: jax.Array, probs_BV: jax.Array) -> jax.Array:
   """One token per row from explicit probabilities (zeros are never drawn)."""
   logits_BV = jnp.where(probs_BV > 0, jnp.log(jnp.where(probs_BV > 0, probs_BV, 1.0)), -jnp.inf)

@@ -1,0 +1,146 @@
+"""The default target/draft pair: code models trained on the Python standard library.
+
+Launch (the README's main command; trains on the first run, then loads):
+  python scripts/sample.py --config=configs/code_pair.py
+  python scripts/train.py --config=configs/code_pair.py --drafts=none,token   # both drafts + report
+  python scripts/sample.py --config=configs/code_pair.py:large --workdir=workdir/code_pair_large
+
+Arguments:
+  (none)  CPU-sized: both models train on a 2-core CPU in about three minutes.
+          The target (6 x 384) is over-sized for its training budget on
+          purpose: its decode step must cost many draft steps, as a 70B
+          target does against a 4B draft, for speculation to pay off.
+  large   a better pair for an accelerator or a long CPU run (12 x 768
+          target, 2 x 768 draft, 2048 pieces, 20k target steps).
+  test    a micro pair the test suite trains in seconds.
+
+The draft is wide and shallow (Chen et al. section 4): one layer, so a draft
+step is cheap, distilled from the target with token-level KL by default.
+"""
+
+import ml_collections
+
+VARIANTS = ("cpu", "large", "test")
+
+
+def _model(num_layers, d_model, num_heads, vocab_size):
+  m = ml_collections.ConfigDict()
+  m.vocab_size = vocab_size  # Equal to the tokenizer's pieces.
+  m.num_layers = num_layers  # Transformer blocks.
+  m.d_model = d_model  # Residual stream width.
+  m.num_heads = num_heads  # Query heads.
+  m.num_kv_heads = num_heads  # Key/value heads (equal: multi-head attention).
+  m.head_dim = None  # None: d_model // num_heads.
+  m.ffn_dim = 4 * d_model  # MLP hidden width.
+  m.mlp_activation = "gelu"  # Plain GELU MLP, as Chinchilla.
+  m.rope_theta = 10_000.0  # RoPE base frequency.
+  m.norm_eps = 1e-6  # RMSNorm epsilon.
+  m.norm_plus_one = False  # RMSNorm scale w, not 1 + w.
+  m.qkv_bias = False  # No q/k/v biases.
+  m.tie_embeddings = False  # Separate output head.
+  m.scale_embeddings = False  # No sqrt(d_model) embedding scale.
+  m.attn_logit_softcap = None  # No attention soft-cap.
+  m.final_logit_softcap = None  # No output soft-cap.
+  m.dtype = "float32"  # Activations (bfloat16 on accelerators for the large pair).
+  m.param_dtype = "float32"  # Stored parameters.
+  m.tensor_parallel = "auto"  # 'auto' (jit partitions) or 'shard_map'.
+  return m
+
+
+def _train(steps, batch_size, seq_len, learning_rate, distill_mode="none"):
+  t = ml_collections.ConfigDict()
+  t.steps = steps  # Optimizer steps.
+  t.batch_size = batch_size  # Sequences per step (global, over all data-parallel devices).
+  t.seq_len = seq_len  # Tokens per packed sequence.
+  t.learning_rate = learning_rate  # Peak AdamW learning rate.
+  t.warmup_steps = max(steps // 20, 1)  # Linear warmup, then cosine decay.
+  t.end_learning_rate_fraction = 0.1  # Final learning rate over the peak.
+  t.weight_decay = 0.1  # AdamW decay on matrices (not on norms).
+  t.grad_clip = 1.0  # Global-norm gradient clipping.
+  t.b1 = 0.9  # Adam beta1.
+  t.b2 = 0.95  # Adam beta2.
+  t.log_every = max(steps // 10, 1)  # Progress line period (steps).
+  t.eval_every = max(steps // 2, 1)  # Validation loss period (and at the end).
+  t.eval_batches = 4  # Validation batches per evaluation.
+  t.checkpoint_every = max(steps // 4, 1)  # Checkpoint period (and at the end).
+  t.keep_checkpoints = 2  # Checkpoints kept (the newest).
+  t.distill = ml_collections.ConfigDict()
+  t.distill.mode = distill_mode  # 'none' (corpus), 'token' (KL to target), 'sequence'.
+  t.distill.temperature = 1.0  # Target (and draft) temperature in the distillation loss.
+  t.distill.prefix_tokens = 16  # 'sequence': corpus tokens the target continues.
+  return t
+
+
+def get_config(arg=None):
+  variant = arg or "cpu"
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/code_pair.py: unknown variant {arg!r}; use one of {VARIANTS}.")
+  config = ml_collections.ConfigDict()
+  config.name = f"code_pair_{variant}" if variant != "cpu" else "code_pair"  # Default workdir.
+  config.seed = 0  # Init, data order and sampling seed.
+
+  config.data = ml_collections.ConfigDict()
+  config.data.corpus = ""  # '' = this Python's standard library source; else comma-separated globs.
+  config.data.validation_fraction = 0.04  # Files held out for the validation loss.
+  config.data.prompt_fraction = 0.04  # Files held out for prompts (never trained on).
+  config.data.max_train_tokens = 300_000  # Training stream cap (tokens): 2 epochs of the pair.
+  config.data.max_eval_tokens = 50_000  # Validation stream cap (tokens).
+
+  config.tokenizer = ml_collections.ConfigDict()
+  config.tokenizer.path = ""  # An existing SentencePiece .model; '' trains one into the workdir.
+  config.tokenizer.vocab_size = 1024  # Pieces (4 special + 256 bytes + merges).
+  config.tokenizer.model_type = "bpe"  # 'bpe' trains in seconds; 'unigram' is slower.
+  config.tokenizer.max_chars = 2_000_000  # Training text sampled for the tokenizer.
+
+  vocab = config.tokenizer.vocab_size
+  config.target = ml_collections.ConfigDict()
+  config.target.model = _model(num_layers=6, d_model=384, num_heads=6, vocab_size=vocab)
+  config.target.train = _train(steps=60, batch_size=16, seq_len=128, learning_rate=3e-3)
+  config.draft = ml_collections.ConfigDict()
+  config.draft.model = _model(num_layers=1, d_model=256, num_heads=4, vocab_size=vocab)
+  config.draft.train = _train(steps=80, batch_size=16, seq_len=128, learning_rate=3e-3,
+                              distill_mode="token")
+
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
+  config.mesh.fsdp = 1  # Batch for activations, parameters sharded along d_model.
+  config.mesh.tensor = 1  # Megatron tensor parallelism over heads / MLP / vocab.
+
+  config.sampling = ml_collections.ConfigDict()
+  config.sampling.num_prompts = 8  # Held-out prompts sampled (batches of batch_size rows).
+  config.sampling.batch_size = 1  # Rows per call; 1 is the paper's latency setting.
+  config.sampling.prompt_tokens = 32  # Tokens of each held-out prompt.
+  config.sampling.max_new_tokens = 64  # Tokens generated per prompt.
+  config.sampling.temperature = 1.0  # 0 is greedy; 1 samples the model as it is.
+  config.sampling.top_k = 0  # 0 keeps every token.
+  config.sampling.top_p = 1.0  # Nucleus mass, in (0, 1].
+  config.sampling.use_eos = False  # Stop a row at EOS (off: equal-length rows time fairly).
+
+  config.speculative = ml_collections.ConfigDict()
+  config.speculative.num_draft_tokens = 4  # K, draft tokens per target call (the paper's 4).
+  config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
+
+  if variant == "large":
+    config.tokenizer.vocab_size = vocab = 2048
+    config.data.max_train_tokens = 200_000_000
+    config.target.model = _model(num_layers=12, d_model=768, num_heads=12, vocab_size=vocab)
+    config.target.train = _train(steps=20_000, batch_size=64, seq_len=512, learning_rate=1e-3)
+    config.draft.model = _model(num_layers=2, d_model=768, num_heads=12, vocab_size=vocab)
+    config.draft.train = _train(steps=10_000, batch_size=64, seq_len=512, learning_rate=1e-3,
+                                distill_mode="token")
+    config.sampling.prompt_tokens = 64
+    config.sampling.max_new_tokens = 128
+  elif variant == "test":
+    config.tokenizer.vocab_size = vocab = 384
+    config.tokenizer.max_chars = 200_000
+    config.data.max_train_tokens = 40_000
+    config.data.max_eval_tokens = 4_000
+    config.target.model = _model(num_layers=2, d_model=64, num_heads=4, vocab_size=vocab)
+    config.target.train = _train(steps=8, batch_size=8, seq_len=32, learning_rate=3e-3)
+    config.draft.model = _model(num_layers=1, d_model=64, num_heads=4, vocab_size=vocab)
+    config.draft.train = _train(steps=8, batch_size=8, seq_len=32, learning_rate=3e-3,
+                                distill_mode="token")
+    config.sampling.num_prompts = 2
+    config.sampling.prompt_tokens = 8
+    config.sampling.max_new_tokens = 8
+  return config

@@ -1,0 +1,186 @@
+"""A target/draft pair from a pair config: tokenizer, data, training, cached in a workdir.
+
+``prepare(config, workdir)`` runs each stage only when its result is not in
+the workdir yet, so the first run trains and later runs load in seconds:
+
+  workdir/tokenizer.model       SentencePiece (or config.tokenizer.path)
+  workdir/target/<step>/        orbax checkpoints of the target
+  workdir/draft_<mode>/<step>/  a draft per distillation mode ('none': from scratch)
+
+An interrupted stage resumes from its newest checkpoint. Every checkpoint
+records its model config and tokenizer fingerprint; a workdir written for
+another config is refused with a clear message, never overwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from specsamp import checkpoint, data, sharding, train
+from specsamp.models import transformer
+from specsamp.models.config import TransformerConfig
+from specsamp.sampling import speculative
+from specsamp.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass
+class Corpus:
+  """Tokenized splits of the corpus."""
+
+  split: data.Split
+  train_stream: np.ndarray
+  eval_stream: np.ndarray
+
+
+@dataclasses.dataclass
+class Pair:
+  """What sampling needs: the shared tokenizer, both models, held-out prompts, the mesh."""
+
+  tokenizer: Tokenizer
+  target: Any
+  drafts: dict[str, Any]  # Distillation mode -> draft model.
+  prompts: np.ndarray  # [num_prompts, prompt_tokens] held-out prompt ids.
+  mesh: jax.sharding.Mesh
+
+  @property
+  def draft(self) -> Any:
+    """The one draft, when a single one was prepared."""
+    if len(self.drafts) != 1:
+      raise ValueError(f"{len(self.drafts)} drafts were prepared: {sorted(self.drafts)}.")
+    return next(iter(self.drafts.values()))
+
+
+def default_workdir(config: ml_collections.ConfigDict) -> str:
+  return os.path.join("workdir", config.name)
+
+
+def model_config(section: ml_collections.ConfigDict, tokenizer: Tokenizer) -> TransformerConfig:
+  config = TransformerConfig.from_config(section.model)
+  if config.vocab_size < tokenizer.vocab_size:
+    raise ValueError(f"The model's vocab_size {config.vocab_size} is smaller than the "
+                     f"tokenizer's {tokenizer.vocab_size} pieces ({tokenizer.path}).")
+  return config
+
+
+def load_tokenizer(config: ml_collections.ConfigDict, workdir: str, split: data.Split,
+                   log: Callable[[str], None]) -> Tokenizer:
+  """config.tokenizer.path when set; else the workdir's tokenizer, trained when missing."""
+  if config.tokenizer.path:
+    return Tokenizer.load(config.tokenizer.path)
+  path = os.path.join(workdir, "tokenizer.model")
+  if os.path.exists(path):
+    tokenizer = Tokenizer.load(path)
+    if tokenizer.vocab_size != config.tokenizer.vocab_size:
+      raise ValueError(f"{path} has {tokenizer.vocab_size} pieces but the config asks for "
+                       f"{config.tokenizer.vocab_size}; use another --workdir (or delete this "
+                       "one) to train a new tokenizer.")
+    return tokenizer
+  log(f"tokenizer: training {config.tokenizer.vocab_size} {config.tokenizer.model_type} pieces "
+      f"on up to {config.tokenizer.max_chars:,} characters of {len(split.train)} training files")
+  chunks = data.text_chunks(data.shuffled(split.train, config.seed), config.tokenizer.max_chars)
+  return Tokenizer.train(chunks, config.tokenizer.vocab_size, path=path,
+                         model_type=config.tokenizer.model_type, seed=config.seed)
+
+
+def load_corpus(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: data.Split
+                ) -> Corpus:
+  return Corpus(
+      split=split,
+      train_stream=data.token_stream(tokenizer, data.shuffled(split.train, config.seed),
+                                     config.data.max_train_tokens),
+      eval_stream=data.token_stream(tokenizer, split.validation, config.data.max_eval_tokens))
+
+
+def _train_model(name: str, section: ml_collections.ConfigDict, tokenizer: Tokenizer,
+                 corpus: Corpus, mesh, directory: str, seed: int, teacher=None,
+                 log: Callable[[str], None] = print):
+  model_cfg = model_config(section, tokenizer)
+  train_cfg = train.TrainConfig.from_config(section.train)
+  meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint}
+  store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints)
+  latest = store.latest_step()
+  if latest is not None and latest >= train_cfg.steps:
+    model, _ = train.load_params(model_cfg, directory, mesh, expected_meta=meta)
+    log(f"{name}: loaded step {latest} from {directory}")
+    return model
+  if latest is None:
+    log(f"{name}: training {model_cfg.num_layers} x {model_cfg.d_model} "
+        f"({sharding.count_parameters(lambda rngs: transformer.Transformer(model_cfg, rngs=rngs)) / 1e6:.1f}M "
+        f"parameters) for {train_cfg.steps} steps of {train_cfg.batch_size} x "
+        f"{train_cfg.seq_len} tokens into {directory}")
+  trainer = train.Trainer(model_cfg, train_cfg, mesh, teacher=teacher, seed=seed)
+  batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
+  eval_batches = data.Batches.pack(corpus.eval_stream, train_cfg.seq_len,
+                                   train_cfg.batch_size).first(train_cfg.eval_batches)
+  state = train.fit(trainer, batches, eval_batches, store, meta, name=name, log=log)
+  return trainer.model(state.params)
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
+            draft_modes: Sequence[str] | None = None,
+            log: Callable[[str], None] = print) -> Pair:
+  """Loads the pair from ``workdir``, training whatever is missing (see the module docstring).
+
+  Args:
+    config: a pair config (configs/code_pair.py).
+    workdir: the cache directory; default ``workdir/<config.name>``.
+    draft_modes: distillation modes of the drafts to prepare; default the
+      config's ``draft.train.distill.mode``.
+    log: where progress goes.
+  """
+  workdir = os.path.abspath(workdir or default_workdir(config))
+  os.makedirs(workdir, exist_ok=True)
+  mesh = sharding.make_mesh(dict(config.mesh))
+  split = data.split_files(data.corpus_files(config.data.corpus),
+                           config.data.validation_fraction, config.data.prompt_fraction,
+                           config.seed)
+  tokenizer = load_tokenizer(config, workdir, split, log)
+  corpus: Corpus | None = None
+
+  def needs_training(section, directory):
+    latest = checkpoint.Checkpoints(directory).latest_step()
+    return latest is None or latest < section.train.steps
+
+  def get_corpus():
+    nonlocal corpus
+    if corpus is None:
+      corpus = load_corpus(config, tokenizer, split)
+      log(f"data: {len(corpus.train_stream):,} training and {len(corpus.eval_stream):,} "
+          f"validation tokens ({len(split.train)}/{len(split.validation)}/{len(split.prompts)} "
+          "train/validation/prompt files)")
+    return corpus
+
+  target_dir = os.path.join(workdir, "target")
+  target = _train_model("target", config.target, tokenizer,
+                        get_corpus() if needs_training(config.target, target_dir) else None,
+                        mesh, target_dir, config.seed, log=log)
+  drafts = {}
+  for mode in draft_modes or [config.draft.train.distill.mode]:
+    section = ml_collections.ConfigDict(config.draft.to_dict())
+    section.train.distill.mode = mode
+    directory = os.path.join(workdir, f"draft_{mode}")
+    drafts[mode] = _train_model(
+        f"draft ({'from scratch' if mode == 'none' else mode + ' distillation'})", section,
+        tokenizer, get_corpus() if needs_training(section, directory) else None, mesh, directory,
+        config.seed + 1, teacher=target, log=log)
+  prompts = data.held_out_prompts(tokenizer, split.prompts, config.sampling.num_prompts,
+                                  config.sampling.prompt_tokens, config.seed)
+  return Pair(tokenizer=tokenizer, target=target, drafts=drafts, prompts=prompts, mesh=mesh)
+
+
+def acceptance(pair: Pair, draft: Any, *, temperature: float, num_draft_tokens: int,
+               max_new_tokens: int, seed: int = 0) -> dict[str, Any]:
+  """Speculative statistics of ``draft`` against the target on all held-out prompts at once."""
+  prompts = pair.prompts
+  with sharding.use_mesh(pair.mesh):
+    out = speculative.speculative_generate(
+        pair.target, draft, prompts, np.full((len(prompts),), prompts.shape[1], np.int32),
+        jax.random.key(seed), max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
+        temperature=temperature)
+  return out.summary()

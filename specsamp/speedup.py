@@ -1,0 +1,113 @@
+"""The speedup speculative sampling should reach, from the acceptance rate and measured costs.
+
+Leviathan et al. 2023 (Theorem 3.8), with the cost of scoring K+1 tokens
+measured instead of assumed equal to one step (on a CPU it is not):
+
+  E[tokens per target call] = (1 - alpha^(K+1)) / (1 - alpha)
+  speedup = E[tokens per target call] * t_target_step / (K * t_draft_step + t_score(K+1))
+
+``measure_costs`` times the three model calls the formula needs, each as a
+jitted chain of calls on device (every call's input depends on the previous
+call's output, so nothing is hoisted), compilation excluded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specsamp import sharding
+from specsamp.sampling import model_protocol
+
+
+def expected_tokens_per_call(alpha: float, num_draft_tokens: int) -> float:
+  """Expected tokens per target call with i.i.d. acceptance ``alpha`` (bonus token included)."""
+  if not 0 <= alpha <= 1:
+    raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+  if alpha == 1:
+    return num_draft_tokens + 1.0
+  return (1 - alpha ** (num_draft_tokens + 1)) / (1 - alpha)
+
+
+def predicted_speedup(alpha: float, num_draft_tokens: int, target_step_s: float,
+                      draft_step_s: float, target_score_s: float) -> float:
+  """Speedup over autoregressive sampling predicted from acceptance and costs."""
+  iteration_s = num_draft_tokens * draft_step_s + target_score_s
+  return expected_tokens_per_call(alpha, num_draft_tokens) * target_step_s / iteration_s
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+  """Seconds per model call at one batch size."""
+
+  target_step_s: float  # Target, one token per row.
+  draft_step_s: float  # Draft, one token per row.
+  target_score_s: float  # Target, K+1 tokens per row.
+  num_draft_tokens: int
+
+  @property
+  def draft_ratio(self) -> float:
+    """c: a draft step over a target step."""
+    return self.draft_step_s / self.target_step_s
+
+  @property
+  def score_ratio(self) -> float:
+    """Scoring K+1 tokens over scoring 1 (near 1 on accelerators at small batch)."""
+    return self.target_score_s / self.target_step_s
+
+  def predicted_speedup(self, alpha: float) -> float:
+    return predicted_speedup(alpha, self.num_draft_tokens, self.target_step_s,
+                             self.draft_step_s, self.target_score_s)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_calls"))
+def _chain(graphdef, state, tokens_BT, cache, start, num_calls):
+  """``num_calls`` calls of the model, each fed the argmax of the previous call's logits."""
+  model = model_protocol.merge_model(graphdef, state)
+  positions_BT = start + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)[None]
+  positions_BT = jnp.broadcast_to(positions_BT, tokens_BT.shape)
+
+  def body(_, carry):
+    tokens_BT, cache = carry
+    logits_BTV, cache = model(tokens_BT, positions_BT, cache)
+    return jnp.argmax(logits_BTV, axis=-1).astype(jnp.int32), cache
+
+  return jax.lax.fori_loop(0, num_calls, body, (tokens_BT, cache))[0]
+
+
+def time_calls(model, batch_size: int, num_tokens: int, cache_length: int,
+               num_calls: int = 32, repeats: int = 3) -> float:
+  """Median seconds per model call processing ``num_tokens`` per row, with a cache of
+  ``cache_length`` slots half full."""
+  graphdef, state = model_protocol.split_model(model)
+  cache = model.init_cache(batch_size, cache_length)
+  tokens_BT = jnp.ones((batch_size, num_tokens), jnp.int32)
+  start = max(cache_length // 2 - num_tokens, 0)
+  run = lambda: _chain(graphdef, state, tokens_BT, cache, start, num_calls)
+  jax.block_until_ready(run())  # Compile.
+  times = []
+  for _ in range(repeats):
+    begin = time.perf_counter()
+    jax.block_until_ready(run())
+    times.append((time.perf_counter() - begin) / num_calls)
+  return statistics.median(times)
+
+
+def measure_costs(target, draft, batch_size: int, num_draft_tokens: int, cache_length: int,
+                  mesh: jax.sharding.Mesh | None = None) -> StepCosts:
+  """Times a target step, a draft step and the target scoring K+1 tokens."""
+  def timed(model, tokens):
+    if mesh is None:
+      return time_calls(model, batch_size, tokens, cache_length)
+    with sharding.use_mesh(mesh):
+      return time_calls(model, batch_size, tokens, cache_length)
+
+  return StepCosts(target_step_s=timed(target, 1), draft_step_s=timed(draft, 1),
+                   target_score_s=timed(target, num_draft_tokens + 1),
+                   num_draft_tokens=num_draft_tokens)

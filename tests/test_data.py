@@ -1,0 +1,71 @@
+"""Corpus splits by file, step-addressed batches, held-out prompts."""
+
+import os
+
+import numpy as np
+import pytest
+
+from specsamp import data
+
+
+def test_stdlib_corpus_has_no_test_suites():
+  files = data.stdlib_files()
+  assert len(files) > 100 and all(f.endswith(".py") for f in files)
+  assert not any(f"{os.sep}test{os.sep}" in f or f"{os.sep}tests{os.sep}" in f for f in files)
+
+
+def test_split_is_deterministic_disjoint_and_stable(tmp_path):
+  for i in range(200):
+    (tmp_path / f"m{i}.py").write_text(f"x = {i}\n")
+  files = data.corpus_files(str(tmp_path / "*.py"))
+  first = data.split_files(files, 0.1, 0.1, seed=0)
+  assert first == data.split_files(list(reversed(files)), 0.1, 0.1, seed=0) or sorted(
+      first.train) == sorted(data.split_files(list(reversed(files)), 0.1, 0.1, seed=0).train)
+  parts = [set(first.train), set(first.validation), set(first.prompts)]
+  assert sum(map(len, parts)) == len(files) and len(set.union(*parts)) == len(files)
+  assert 5 < len(first.prompts) < 40 and 5 < len(first.validation) < 40
+  # A new file never moves an old one to another split.
+  (tmp_path / "new.py").write_text("y = 1\n")
+  second = data.split_files(data.corpus_files(str(tmp_path / "*.py")), 0.1, 0.1, seed=0)
+  assert set(first.prompts) <= set(second.prompts) and set(first.train) <= set(second.train)
+
+
+def test_bad_corpus_and_fractions():
+  with pytest.raises(FileNotFoundError, match="No files"):
+    data.corpus_files("/nonexistent/**/*.py")
+  with pytest.raises(ValueError, match="validation_fraction"):
+    data.split_files(["a", "b", "c"], 0.0, 0.5)
+
+
+def test_batches_are_a_pure_function_of_the_step_and_cover_each_epoch():
+  stream = np.arange(10 * 9, dtype=np.int32)
+  batches = data.Batches.pack(stream, seq_len=8, batch_size=2, seed=3)
+  assert batches.sequences.shape == (10, 9) and batches.steps_per_epoch == 5
+  np.testing.assert_array_equal(batches.at(7), data.Batches.pack(stream, 8, 2, seed=3).at(7))
+  epoch = np.concatenate([batches.at(s) for s in range(5)])
+  assert sorted(epoch[:, 0].tolist()) == sorted(batches.sequences[:, 0].tolist())
+  assert not np.array_equal(batches.at(0), batches.at(5))  # a new permutation per epoch
+  with pytest.raises(ValueError, match="fewer than one batch"):
+    data.Batches.pack(stream[:20], seq_len=8, batch_size=4)
+
+
+class _CharTokenizer:
+  def encode(self, text, add_eos=False):
+    return [ord(c) % 250 + 4 for c in text] + ([3] if add_eos else [])
+
+
+def test_held_out_prompts_come_from_the_prompt_files(tmp_path):
+  paths = []
+  for i in range(3):
+    path = tmp_path / f"p{i}.py"
+    path.write_text("".join(f"line_{i}_{j} = {j}\n" for j in range(30)))
+    paths.append(str(path))
+  prompts = data.held_out_prompts(_CharTokenizer(), paths, num_prompts=5, prompt_tokens=12)
+  assert prompts.shape == (5, 12)
+  text = "".join(p.read_text() for p in tmp_path.iterdir())
+  codes = [ord(c) % 250 + 4 for c in text]
+  joined = ",".join(map(str, codes))
+  for row in prompts:
+    assert ",".join(map(str, row)) in joined
+  with pytest.raises(ValueError, match="fewer than"):
+    data.held_out_prompts(_CharTokenizer(), paths, num_prompts=2, prompt_tokens=10_000)

@@ -1,0 +1,83 @@
+"""SentencePiece tokenizer: training, exact round trips, loading, and refusing a mismatched pair."""
+
+import os
+
+import pytest
+
+from specsamp import data
+from specsamp.tokenizer import Tokenizer, check_same
+
+TEXTS = [
+    "def f(x):\n    return x + 1\n\n\tif  x:  # tab, double spaces\n",
+    "x = 'ünïcode 漢字 🙂'\n",
+    "",
+    "   leading spaces and trailing   \n\n\n",
+    "class A:\n        def __init__(self):\n            pass\n",
+]
+
+
+@pytest.fixture(scope="module")
+def chunks():
+  files = data.shuffled(data.stdlib_files(), seed=0)[:40]
+  return list(data.text_chunks(files, max_chars=150_000))
+
+
+@pytest.fixture(scope="module")
+def trained(chunks, tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("tok") / "code.model")
+  return Tokenizer.train(chunks, vocab_size=400, path=path)
+
+
+def test_train_saves_and_loads_the_same_tokenizer(trained):
+  loaded = Tokenizer.load(trained.path)
+  assert loaded.vocab_size == trained.vocab_size == 400
+  assert loaded.fingerprint == trained.fingerprint
+  text = "import os\nprint(os.getcwd())\n"
+  assert loaded.encode(text) == trained.encode(text)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_round_trip_is_exact(trained, text):
+  assert trained.decode(trained.encode(text)) == text
+
+
+def test_code_compresses(trained, chunks):
+  text = "".join(chunks[:50])
+  # 400 pieces leave ~50 merges over the characters, yet code compresses well past bytes.
+  assert len(text.encode()) / len(trained.encode(text)) > 1.4
+
+
+def test_bos_eos_and_decode_of_special_and_padded_ids(trained):
+  ids = trained.encode("pass", add_bos=True, add_eos=True)
+  assert ids[0] == trained.bos_id and ids[-1] == trained.eos_id
+  assert trained.decode(ids) == "pass"
+  body = trained.encode("a = 1")
+  # Ids past the tokenizer (a model vocabulary padded to a multiple) and pads are dropped,
+  # and decoding stops at EOS.
+  assert trained.decode([trained.pad_id] + body + [trained.vocab_size + 3]) == "a = 1"
+  assert trained.decode(body + [trained.eos_id] + trained.encode("junk")) == "a = 1"
+  assert {trained.pad_id, trained.bos_id, trained.eos_id} == {0, 2, 3}
+
+
+def test_mismatched_tokenizers_are_refused(trained, chunks):
+  other = Tokenizer.train(chunks, vocab_size=450)
+  check_same(trained, Tokenizer.load(trained.path))
+  with pytest.raises(ValueError, match="different tokenizers.*share one tokenizer"):
+    check_same(trained, other)
+
+
+def test_load_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="No SentencePiece model"):
+    Tokenizer.load(str(tmp_path / "missing.model"))
+  (tmp_path / "tokenizer.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match="only tokenizer.json"):
+    Tokenizer.load(str(tmp_path / "tokenizer.model"))
+  corrupt = tmp_path / "corrupt.model"
+  corrupt.write_bytes(os.urandom(64))
+  with pytest.raises(ValueError, match="Not a valid SentencePiece model"):
+    Tokenizer.load(str(corrupt))
+
+
+def test_too_small_vocabulary_is_a_clear_error(chunks):
+  with pytest.raises(ValueError, match="vocab_size must be at least 300"):
+    Tokenizer.train(chunks, vocab_size=100)

@@ -1,0 +1,163 @@
+"""Training: the loss falls, an interrupted run resumes exactly, checkpoints restore on another
+mesh and fail clearly, and distillation raises the draft's acceptance."""
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from specsamp import checkpoint, data, sharding, train
+from specsamp.models import transformer
+from specsamp.sampling import verification
+from conftest import tiny_config
+
+VOCAB = 64
+MODEL = tiny_config(vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=4, num_kv_heads=4,
+                    ffn_dim=64)
+CONFIG = train.TrainConfig(steps=30, batch_size=8, seq_len=16, learning_rate=1e-2, warmup_steps=3,
+                           log_every=10, eval_every=10, checkpoint_every=7, keep_checkpoints=5)
+
+
+def _stream(n=6000, seed=0):
+  """A learnable token stream: a noisy deterministic cycle."""
+  rng = np.random.default_rng(seed)
+  base = np.arange(n) * 7 % (VOCAB - 4) + 4
+  noise = rng.random(n) < 0.1
+  return np.where(noise, rng.integers(4, VOCAB, n), base).astype(np.int32)
+
+
+BATCHES = data.Batches.pack(_stream(), CONFIG.seq_len, CONFIG.batch_size)
+EVAL = data.Batches.pack(_stream(2000, seed=1), CONFIG.seq_len, CONFIG.batch_size).first(2)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  return sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 4})
+
+
+@pytest.fixture(scope="module")
+def trainer(mesh):
+  return train.Trainer(MODEL, CONFIG, mesh)
+
+
+def _fit(trainer, directory, **kwargs):
+  return train.fit(trainer, BATCHES, EVAL, checkpoint.Checkpoints(directory, max_to_keep=5),
+                   {"model": "tiny"}, log=lambda _: None, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(trainer, tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp("ckpt") / "full")
+  return directory, _fit(trainer, directory)
+
+
+def test_loss_decreases(trainer, uninterrupted):
+  _, state = uninterrupted
+  initial = trainer.evaluate(trainer.init_state().params, EVAL)
+  final = trainer.evaluate(state.params, EVAL)
+  assert final < initial - 0.5, (initial, final)
+
+
+def test_interrupted_run_resumes_exactly(trainer, uninterrupted, tmp_path):
+  _, reference = uninterrupted
+  directory = str(tmp_path / "resumed")
+  first = _fit(trainer, directory, stop_after=17)  # between two periodic checkpoints
+  assert int(first.step) == 17 and checkpoint.Checkpoints(directory).latest_step() == 17
+  resumed = _fit(trainer, directory)
+  assert int(resumed.step) == CONFIG.steps
+  same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
+                      resumed, reference)
+  assert all(jax.tree.leaves(same)), same  # parameters AND optimizer state, bit for bit
+
+
+def test_ctrl_c_saves_the_current_step(trainer, tmp_path):
+  class Interrupting(data.Batches):
+    def at(self, step):
+      if step == 4:
+        raise KeyboardInterrupt
+      return super().at(step)
+
+  batches = Interrupting(BATCHES.sequences, BATCHES.batch_size)
+  store = checkpoint.Checkpoints(str(tmp_path / "ctrl_c"))
+  with pytest.raises(KeyboardInterrupt):
+    train.fit(trainer, batches, EVAL, store, {"model": "tiny"}, log=lambda _: None)
+  assert store.latest_step() == 4
+
+
+def test_restore_on_a_different_mesh(trainer, uninterrupted):
+  directory, state = uninterrupted
+  tokens = BATCHES.at(0)[:, :-1]
+  expected = np.asarray(trainer.model(state.params)(tokens)[0])
+  for axes in ({"data": 1, "fsdp": 1, "tensor": 1}, {"data": 4, "fsdp": 1, "tensor": 2}):
+    devices = jax.devices()[:int(np.prod(list(axes.values())))]
+    mesh = sharding.make_mesh(axes, devices)
+    model, meta = train.load_params(MODEL, directory, mesh, expected_meta={"model": "tiny"})
+    assert meta["step"] == CONFIG.steps
+    assert model.embedder.table_VD[...].sharding.mesh.shape == mesh.shape
+    with sharding.use_mesh(mesh):
+      np.testing.assert_allclose(np.asarray(model(tokens)[0]), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_missing_empty_and_corrupt_checkpoints_are_clear_errors(uninterrupted, tmp_path):
+  with pytest.raises(FileNotFoundError, match="No checkpoint directory"):
+    train.load_params(MODEL, str(tmp_path / "nowhere"), sharding.make_mesh({"data": -1}))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(FileNotFoundError, match="holds no finished checkpoint"):
+    checkpoint.Checkpoints(str(tmp_path / "empty")).read_meta()
+  directory, _ = uninterrupted
+  copy = tmp_path / "corrupt"
+  os.system(f"cp -r {directory} {copy}")
+  step_dir = copy / str(CONFIG.steps) / "params"
+  for root, _, names in os.walk(step_dir):
+    for name in names:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  with pytest.raises(checkpoint.CheckpointError, match="corrupt.*nothing was deleted"):
+    train.load_params(MODEL, str(copy), sharding.make_mesh({"data": -1}))
+  assert sorted(os.listdir(copy)) == sorted(os.listdir(directory))  # nothing removed
+
+
+def test_checkpoint_of_another_model_is_refused(uninterrupted):
+  directory, _ = uninterrupted
+  with pytest.raises(checkpoint.CheckpointError, match="different model"):
+    train.load_params(MODEL, directory, sharding.make_mesh({"data": -1}),
+                      expected_meta={"model": "something else"})
+
+
+def test_bad_train_configs():
+  with pytest.raises(ValueError, match="distill.mode"):
+    dataclasses.replace(CONFIG, distill_mode="magic")
+  with pytest.raises(ValueError, match="Unknown train config fields"):
+    train.TrainConfig.from_config(dict(steps=1, batch_size=1, seq_len=4, learning_rate=1.0,
+                                       warmup_steps=0, momentum=0.9))
+  with pytest.raises(ValueError, match="needs a teacher"):
+    train.Trainer(MODEL, dataclasses.replace(CONFIG, distill_mode="token"),
+                  sharding.make_mesh({"data": -1}))
+
+
+def _teacher_forced_alpha(target, draft, tokens):
+  p = jax.nn.softmax(target(tokens)[0], -1)
+  q = jax.nn.softmax(draft(tokens)[0], -1)
+  return float(verification.expected_acceptance(p, q).mean())
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence"])
+def test_distillation_raises_acceptance_over_an_untrained_draft(trainer, uninterrupted, mode):
+  _, target_state = uninterrupted
+  target = trainer.model(target_state.params)
+  mesh = sharding.make_mesh({"data": -1})
+  draft_model = tiny_config(vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=2,
+                            num_kv_heads=2, ffn_dim=32)
+  config = dataclasses.replace(CONFIG, steps=40, learning_rate=2e-2, distill_mode=mode,
+                               distill_prefix_tokens=4)
+  student = train.Trainer(draft_model, config, mesh, teacher=target, seed=1)
+  state = student.init_state()
+  tokens = EVAL[0][:, :-1]
+  before = _teacher_forced_alpha(target, student.model(state.params), tokens)
+  for step in range(config.steps):  # The step donates its input state.
+    state, _ = student.train_step(state, BATCHES.at(step))
+  after = _teacher_forced_alpha(target, student.model(state.params), tokens)
+  print(mode, before, after)
+  assert after > before + 0.2, (before, after)
