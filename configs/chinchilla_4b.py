@@ -5,8 +5,8 @@ target's tokenizer); about 4.0e9 parameters. Few layers mean few sequential
 steps and few tensor-parallel reductions per token (2 per layer), which is why
 the paper made the draft wide and shallow.
 
-Launch:
-  python scripts/sample.py --config=configs/chinchilla_4b.py --config.mesh.tensor=16
+A model config, like chinchilla_70b.py: a pair config takes its ``model``
+section as ``draft.model``.
 """
 
 import ml_collections

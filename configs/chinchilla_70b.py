@@ -5,9 +5,11 @@ about 65e9 parameters in this parameterisation (the paper's 70B counts its
 relative position parameters too). Sized for a TPU pod or a multi-GPU host; on
 a laptop use it only with ``jax.eval_shape`` (see tests/test_configs.py).
 
-Launch (16 chips, tensor parallel as in the paper), with the 4B draft:
-  python scripts/sample.py --config=configs/chinchilla_70b.py \
-      --draft_config=configs/chinchilla_4b.py --config.mesh.tensor=16
+Used by: tests/test_configs.py (parameter count, 16-way sharding) and the
+benchmarks' performance model. It is a model config: a pair config
+(configs/code_pair.py is the template) takes its ``model`` section as
+``target.model`` to train or sample it, e.g. on 16 chips with
+``--config.mesh.tensor=16`` as in the paper.
 """
 
 import ml_collections

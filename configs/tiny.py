@@ -1,8 +1,7 @@
-"""Tiny Transformer for tests and CPU demos (random weights until trained).
+"""Tiny Transformers of each architecture family, for the model and sampler tests.
 
-Launch:
-  python scripts/sample.py --config=configs/tiny.py --draft_config=configs/tiny.py:draft
-  python scripts/sample.py --config=configs/tiny.py:gemma --config.sampling.temperature=0.8
+tests/conftest.py builds its models from this config; the trained pair behind
+the main command is configs/code_pair.py.
 
 The optional argument is "FAMILY" or "FAMILY,draft" (or just "draft"). ",draft"
 makes the wide, shallow draft of that family: one layer instead of two, the

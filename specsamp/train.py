@@ -95,15 +95,21 @@ class TrainConfig:
     return {k: v for k, v in dataclasses.asdict(self).items() if k not in _LOGGING_FIELDS}
 
 
-def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-  schedule = optax.warmup_cosine_decay_schedule(
+def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
+  """Linear warmup to the peak, cosine decay to ``end_learning_rate_fraction`` of it."""
+  return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
-      decay_steps=config.steps, end_value=config.learning_rate * config.end_learning_rate_fraction)
+      decay_steps=max(config.steps, config.warmup_steps + 1),
+      end_value=config.learning_rate * config.end_learning_rate_fraction)
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+  """Clipping, then AdamW with decay on matrices only."""
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   return optax.chain(
       optax.clip_by_global_norm(config.grad_clip),
-      optax.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay,
-                  mask=decay_mask))
+      optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
+                  weight_decay=config.weight_decay, mask=decay_mask))
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
@@ -252,13 +258,7 @@ class Trainer:
     return nnx.merge(self.graphdef, params)
 
   def learning_rate(self, step: int) -> float:
-    return float(self.optimizer_schedule(step))
-
-  @property
-  def optimizer_schedule(self) -> Callable[[int], Any]:
-    c = self.config
-    return optax.warmup_cosine_decay_schedule(
-        0.0, c.learning_rate, c.warmup_steps, c.steps, c.learning_rate * c.end_learning_rate_fraction)
+    return float(learning_rate_schedule(self.config)(step))
 
 
 def _format_duration(seconds: float) -> str:

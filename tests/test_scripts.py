@@ -1,43 +1,76 @@
-"""scripts/sample.py end to end, with config overrides, as a user runs it."""
+"""scripts/sample.py and scripts/train.py end to end on the micro pair, as a user runs them."""
 
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_script(*args):
+def run_script(script, *args):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sample.py"), *args],
+  return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), *args],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_sample_script_with_overrides_on_a_mesh():
-  result = run_script("--config=configs/tiny.py:llama", "--config.sampling.temperature=0.8",
-                      "--config.sampling.top_p=0.95", "--config.sampling.max_new_tokens=5",
-                      "--config.mesh.data=2", "--config.mesh.tensor=4",
-                      "--config.model.tensor_parallel=shard_map",
-                      "--prompt=def main():", "--prompt=import os")
-  assert result.returncode == 0, result.stderr
-  assert result.stdout.count("prompt: ") == 2
-  assert "autoregressive tokens: [" in result.stdout
-  assert "ms/token" in result.stdout and "speculative" not in result.stdout
+@pytest.fixture(scope="module")
+def trained_workdir(tmp_path_factory):
+  """The micro pair trained once by scripts/train.py (both drafts), shared by the tests."""
+  workdir = str(tmp_path_factory.mktemp("pair") / "work")
+  result = run_script("train.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
+                      "--drafts=none,token")
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir, result.stdout
 
 
-def test_sample_script_speculative_side_by_side():
-  result = run_script("--config=configs/tiny.py", "--draft_config=configs/tiny.py:draft",
-                      "--config.sampling.temperature=1.0", "--config.sampling.max_new_tokens=6",
-                      "--config.speculative.num_draft_tokens=3",
-                      "--config.speculative.verifier=block", "--prompt=def main():")
-  assert result.returncode == 0, result.stderr
-  for needle in ("autoregressive tokens: [", "speculative tokens: [", "speedup:",
-                 "acceptance:", "t=1..3:", "tokens/target call:"):
-    assert needle in result.stdout, needle
+def test_train_script_trains_with_progress_and_reports_each_draft(trained_workdir):
+  workdir, stdout = trained_workdir
+  for needle in ("tokenizer: training", "target step", "tokens/s", "ETA", "eval",
+                 "draft (from scratch) step", "draft (token distillation) step", "Acceptance on"):
+    assert needle in stdout, needle
+  table = [line.split() for line in stdout.splitlines() if line.split()[:1] in (["none"], ["token"])]
+  assert sorted((row[0], row[1]) for row in table) == [
+      ("none", "T=1"), ("none", "greedy"), ("token", "T=1"), ("token", "greedy")]
+  assert sorted(os.listdir(workdir)) == ["draft_none", "draft_token", "target", "tokenizer.model"]
 
 
-def test_sample_script_reports_bad_overrides():
-  result = run_script("--config=configs/tiny.py", "--config.sampling.top_p=1.5",
-                      "--config.sampling.max_new_tokens=2")
+def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir):
+  workdir, _ = trained_workdir
+  result = run_script("sample.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
+                      "--config.sampling.temperature=0.8", "--config.sampling.top_p=0.95",
+                      "--config.speculative.verifier=block", "--config.mesh.data=2",
+                      "--config.mesh.tensor=4")
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = result.stdout
+  assert "target: loaded step" in out and "draft (token distillation): loaded step" in out
+  assert "training" not in out  # nothing retrained
+  for needle in ("autoregressive continuation:", "speculative continuation:", "ms/token",
+                 "speedup:", "acceptance:", "alpha", "t=1..4:", "tokens/target call:",
+                 "step costs:", "predicted:", "efficiency"):
+    assert needle in out, needle
+
+
+def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
+  workdir, _ = trained_workdir
+  copy = str(tmp_path / "copy")
+  shutil.copytree(workdir, copy)
+  other = run_script("train.py", "--config=configs/code_pair.py:test",
+                     f"--workdir={tmp_path / 'other'}", "--config.seed=5",
+                     "--config.target.train.steps=1", "--config.draft.train.steps=1")
+  assert other.returncode == 0, other.stderr[-3000:]
+  shutil.copy(tmp_path / "other" / "tokenizer.model", os.path.join(copy, "tokenizer.model"))
+  result = run_script("sample.py", "--config=configs/code_pair.py:test", f"--workdir={copy}")
+  assert result.returncode != 0
+  assert "different tokenizer" in result.stderr
+  assert sorted(os.listdir(copy)) == sorted(os.listdir(workdir))  # nothing deleted
+
+
+def test_sample_script_reports_bad_overrides(trained_workdir):
+  workdir, _ = trained_workdir
+  result = run_script("sample.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
+                      "--config.sampling.top_p=1.5")
   assert result.returncode != 0
   assert "top_p must be in (0, 1]" in result.stderr
