@@ -4,7 +4,7 @@ r"""Autoregressive vs speculative sampling on a trained target/draft pair (the m
   python scripts/sample.py --config=configs/code_pair.py --config.sampling.temperature=0.8 \
       --config.sampling.top_p=0.95 --config.speculative.num_draft_tokens=3 \
       --config.speculative.verifier=block
-  python scripts/sample.py --config=configs/code_pair.py --config.data.corpus='~/src/**/*.py' \
+  python scripts/sample.py --config=configs/code_pair.py --corpus='~/src/**/*.py' \
       --workdir=workdir/my_code
 
 The first run trains the tokenizer, the target and the distilled draft into
@@ -20,13 +20,19 @@ from ml_collections import config_flags
 from specsamp import sample_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
+_CORPUS = flags.DEFINE_string(
+    "corpus", None, "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets "
+    "config.data.corpus. Default: this Python's standard library source.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<config name>.")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  report = sample_job.run(_CONFIG.value, _WORKDIR.value)
+  config = _CONFIG.value
+  if _CORPUS.value is not None:
+    config.data.corpus = _CORPUS.value
+  report = sample_job.run(config, _WORKDIR.value)
   print(sample_job.format_report(report), flush=True)
 
 

@@ -3,7 +3,7 @@ r"""Trains a pair config's tokenizer, target and drafts (resuming), then reports
   python scripts/train.py --config=configs/code_pair.py --drafts=none,token
   python scripts/train.py --config=configs/code_pair.py:large --workdir=gs://bucket/pair \
       --config.mesh.data=4 --config.mesh.tensor=4
-  python scripts/train.py --config=configs/code_pair.py --config.data.corpus='~/src/**/*.py' \
+  python scripts/train.py --config=configs/code_pair.py --corpus='~/src/**/*.py' \
       --workdir=workdir/my_code --drafts=none,token,sequence
 
 --drafts lists distillation modes, one draft each: 'none' (trained from scratch
@@ -20,6 +20,9 @@ from ml_collections import config_flags
 from specsamp import pair
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
+_CORPUS = flags.DEFINE_string(
+    "corpus", None, "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets "
+    "config.data.corpus. Default: this Python's standard library source.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint directory; default workdir/<name>.")
 _DRAFTS = flags.DEFINE_list("drafts", None, "Distillation modes to train drafts with "
                             "(none, token, sequence); default the config's draft.train.distill.mode.")
@@ -29,6 +32,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
+  if _CORPUS.value is not None:
+    config.data.corpus = _CORPUS.value
   prepared = pair.prepare(config, _WORKDIR.value, draft_modes=_DRAFTS.value)
   k, new = config.speculative.num_draft_tokens, config.sampling.max_new_tokens
   print(f"\nAcceptance on {len(prepared.prompts)} held-out prompts (K={k}, {new} new tokens):")

@@ -98,11 +98,13 @@ def load_corpus(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: 
 
 
 def _train_model(name: str, section: ml_collections.ConfigDict, tokenizer: Tokenizer,
-                 corpus: Corpus, mesh, directory: str, seed: int, teacher=None,
-                 log: Callable[[str], None] = print):
+                 corpus: Corpus | None, mesh, directory: str, seed: int, data_config: dict,
+                 teacher=None, log: Callable[[str], None] = print):
   model_cfg = model_config(section, tokenizer)
   train_cfg = train.TrainConfig.from_config(section.train)
-  meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint}
+  # What the checkpoint must match to be reused: model, tokenizer and the data it was trained on.
+  meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint,
+          "data": data_config}
   store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints)
   latest = store.latest_step()
   if latest is not None and latest >= train_cfg.steps:
@@ -159,7 +161,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   target_dir = os.path.join(workdir, "target")
   target = _train_model("target", config.target, tokenizer,
                         get_corpus() if needs_training(config.target, target_dir) else None,
-                        mesh, target_dir, config.seed, log=log)
+                        mesh, target_dir, config.seed, config.data.to_dict(), log=log)
   drafts = {}
   for mode in draft_modes or [config.draft.train.distill.mode]:
     section = ml_collections.ConfigDict(config.draft.to_dict())
@@ -168,7 +170,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     drafts[mode] = _train_model(
         f"draft ({'from scratch' if mode == 'none' else mode + ' distillation'})", section,
         tokenizer, get_corpus() if needs_training(section, directory) else None, mesh, directory,
-        config.seed + 1, teacher=target, log=log)
+        config.seed + 1, config.data.to_dict(), teacher=target, log=log)
   prompts = data.held_out_prompts(tokenizer, split.prompts, config.sampling.num_prompts,
                                   config.sampling.prompt_tokens, config.seed)
   return Pair(tokenizer=tokenizer, target=target, drafts=drafts, prompts=prompts, mesh=mesh)

@@ -74,3 +74,13 @@ def test_sample_script_reports_bad_overrides(trained_workdir):
                       "--config.sampling.top_p=1.5")
   assert result.returncode != 0
   assert "top_p must be in (0, 1]" in result.stderr
+
+
+def test_a_workdir_trained_on_another_corpus_is_refused(trained_workdir, tmp_path):
+  workdir, _ = trained_workdir
+  for i in range(200):  # enough files for every split
+    (tmp_path / f"mine_{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 20)
+  result = run_script("sample.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
+                      f"--corpus={tmp_path}/*.py")
+  assert result.returncode != 0
+  assert "different data" in result.stderr and "Use another --workdir" in result.stderr
