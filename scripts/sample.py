@@ -14,7 +14,7 @@ measured speedup, acceptance (overall and per position), tokens per target
 call, the measured step costs and the speedup they predict.
 """
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from specsamp import sample_job
@@ -29,6 +29,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workd
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO; --verbosity=0 shows it.
+    logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   if _CORPUS.value is not None:
     config.data.corpus = _CORPUS.value
