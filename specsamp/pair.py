@@ -98,7 +98,8 @@ def load_corpus(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: 
 
 
 def _train_model(name: str, section: ml_collections.ConfigDict, tokenizer: Tokenizer,
-                 corpus: Corpus | None, mesh, directory: str, seed: int, data_config: dict,
+                 get_corpus: Callable[[], Corpus], mesh, directory: str, seed: int,
+                 data_config: dict,
                  teacher=None, log: Callable[[str], None] = print):
   model_cfg = model_config(section, tokenizer)
   train_cfg = train.TrainConfig.from_config(section.train)
@@ -117,6 +118,7 @@ def _train_model(name: str, section: ml_collections.ConfigDict, tokenizer: Token
         f"parameters) for {train_cfg.steps} steps of {train_cfg.batch_size} x "
         f"{train_cfg.seq_len} tokens into {directory}")
   trainer = train.Trainer(model_cfg, train_cfg, mesh, teacher=teacher, seed=seed)
+  corpus = get_corpus()  # Tokenized only when some stage trains.
   batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
   eval_batches = data.Batches.pack(corpus.eval_stream, train_cfg.seq_len,
                                    train_cfg.batch_size).first(train_cfg.eval_batches)
@@ -145,10 +147,6 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   tokenizer = load_tokenizer(config, workdir, split, log)
   corpus: Corpus | None = None
 
-  def needs_training(section, directory):
-    latest = checkpoint.Checkpoints(directory).latest_step()
-    return latest is None or latest < section.train.steps
-
   def get_corpus():
     nonlocal corpus
     if corpus is None:
@@ -159,9 +157,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     return corpus
 
   target_dir = os.path.join(workdir, "target")
-  target = _train_model("target", config.target, tokenizer,
-                        get_corpus() if needs_training(config.target, target_dir) else None,
-                        mesh, target_dir, config.seed, config.data.to_dict(), log=log)
+  target = _train_model("target", config.target, tokenizer, get_corpus, mesh, target_dir,
+                        config.seed, config.data.to_dict(), log=log)
   drafts = {}
   for mode in draft_modes or [config.draft.train.distill.mode]:
     section = ml_collections.ConfigDict(config.draft.to_dict())
@@ -169,8 +166,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     directory = os.path.join(workdir, f"draft_{mode}")
     drafts[mode] = _train_model(
         f"draft ({'from scratch' if mode == 'none' else mode + ' distillation'})", section,
-        tokenizer, get_corpus() if needs_training(section, directory) else None, mesh, directory,
-        config.seed + 1, config.data.to_dict(), teacher=target, log=log)
+        tokenizer, get_corpus, mesh, directory, config.seed + 1, config.data.to_dict(),
+        teacher=target, log=log)
   prompts = data.held_out_prompts(tokenizer, split.prompts, config.sampling.num_prompts,
                                   config.sampling.prompt_tokens, config.seed)
   return Pair(tokenizer=tokenizer, target=target, drafts=drafts, prompts=prompts, mesh=mesh)
