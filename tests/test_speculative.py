@@ -207,7 +207,38 @@ def test_bad_input_gives_clear_errors(target):
     speculative_generate(target, target, PROMPTS, LENGTHS, key, verifier="tree", **kwargs)
   with pytest.raises(ValueError, match="top_p"):
     speculative_generate(target, target, PROMPTS, LENGTHS, key, top_p=1.2, **kwargs)
+  with pytest.raises(ValueError, match="synthetic_acceptance is set"):
+    speculative_generate(target, target, PROMPTS, LENGTHS, key, verifier="synthetic", **kwargs)
+  with pytest.raises(ValueError, match="synthetic_acceptance is set"):
+    speculative_generate(target, target, PROMPTS, LENGTHS, key, synthetic_acceptance=0.5,
+                         **kwargs)
+  with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+    speculative_generate(target, target, PROMPTS, LENGTHS, key, verifier="synthetic",
+                         synthetic_acceptance=1.5, **kwargs)
   bad = random_bigram(target.vocab_size, 0)
   bad = bad.replace(logits_VV=jnp.full_like(bad.logits_VV, jnp.nan))  # a diverged checkpoint
   with pytest.raises(FloatingPointError, match="NaN logits"):
     speculative_generate(target, bad, PROMPTS, LENGTHS, key, **kwargs)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.6, 1.0])
+def test_synthetic_acceptance_follows_the_iid_law(rate):
+  """Benchmark mode: accepted counts are truncated-geometric with the chosen rate, whatever the
+  models are (two unrelated bigram tables here)."""
+  num_draft, rows = 3, 256
+  target, draft = random_bigram(10, seed=0), random_bigram(10, seed=1)
+  out = speculative_generate(target, draft, np.full((rows, 1), 3), np.ones(rows),
+                             jax.random.key(0), max_new_tokens=40, num_draft_tokens=num_draft,
+                             verifier="synthetic", synthetic_acceptance=rate)
+  stats = out.summary()
+  counts = np.asarray(stats["accepted_histogram"])
+  # P(n accepted) = rate^n (1 - rate) for n < K, rate^K for n = K.
+  law = np.array([rate ** n * (1 - rate) for n in range(num_draft)] + [rate ** num_draft])
+  if rate in (0.0, 1.0):
+    np.testing.assert_array_equal(counts, law * counts.sum())
+  else:
+    observed = {n: int(c) for n, c in enumerate(counts)}
+    assert g_test_p_value(observed, dict(enumerate(law))) > 1e-3, (counts, law)
+    # The iterations with K accepts are not cut short by max_new_tokens (40 = 10 x (K+1)).
+    assert abs(stats["alpha"] - rate) < 0.03
+  assert stats["generated_per_row"] == [40] * rows

@@ -134,7 +134,8 @@ def _draft(draft, cache, tokens_BW, lengths_B, key, num_draft: int, params: Samp
     "target_static", "draft_static", "max_new_tokens", "num_draft", "params", "verifier",
     "eos_id", "pad_id", "cache_length"))
 def _speculative(target_static, target_dynamic, draft_static, draft_dynamic, prompts_BL,
-                 prompt_lengths_B, rng, *, max_new_tokens: int, num_draft: int,
+                 prompt_lengths_B, rng, synthetic_acceptance, *, max_new_tokens: int,
+                 num_draft: int,
                  params: SamplingParams, verifier: str, eos_id: int | None, pad_id: int,
                  cache_length: int) -> SpeculativeOutput:
   batch, length = prompts_BL.shape
@@ -179,7 +180,11 @@ def _speculative(target_static, target_dynamic, draft_static, draft_dynamic, pro
           lengths_B[:, None] - 1 + offsets_G1, state.target_cache)
     with jax.named_scope("verify"):
       verify_key = jax.random.fold_in(key, 1)
-      if params.greedy:
+      if verifier == "synthetic":  # Benchmarks: acceptance with a fixed rate, not exact.
+        verdict = verification.synthetic_verify(
+            verify_key, draft_tokens_BG, probabilities(draft_logits_BGV, params),
+            probabilities(target_logits_BG1V, params), synthetic_acceptance)
+      elif params.greedy:
         verdict = verification.greedy_verify(draft_tokens_BG, target_logits_BG1V)
       else:
         verdict = verification.VERIFIERS[verifier](
@@ -232,8 +237,8 @@ def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: 
                          rng: jax.Array, *, max_new_tokens: int, num_draft_tokens: int,
                          temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                          verifier: str = "token", eos_id: int | None = None, pad_id: int = 0,
-                         cache_length: int | None = None, check_nan: bool = True
-                         ) -> SpeculativeOutput:
+                         cache_length: int | None = None, check_nan: bool = True,
+                         synthetic_acceptance: float | None = None) -> SpeculativeOutput:
   """Samples from ``target`` with drafts from ``draft``; the output is distributed as target's.
 
   Args:
@@ -246,11 +251,16 @@ def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: 
     num_draft_tokens: K >= 1, draft tokens proposed per iteration.
     temperature, top_k, top_p: the warping both models sample with; 0 is greedy.
     verifier: 'token' (Chen et al.) or 'block' (Sun et al.); greedy ignores it.
+      'synthetic' (benchmarks only, NOT exact): each draft token is accepted
+      with probability ``synthetic_acceptance`` whatever the models say, so
+      the loop's cost can be timed at a chosen acceptance rate.
     eos_id: a row stops after emitting this id (kept in its output).
     pad_id: fills each row after its last token.
     cache_length: KV cache slots per row; default L + max_new_tokens + K + 1.
     check_nan: raise ``FloatingPointError`` if either model produced NaN logits
       (one host check after the loop).
+    synthetic_acceptance: in [0, 1], with verifier='synthetic' only. A traced
+      value: sweeping it does not recompile.
 
   Returns:
     A ``SpeculativeOutput`` with tokens and statistics (``.summary()``).
@@ -263,15 +273,22 @@ def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: 
   if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) \
       or num_draft_tokens < 1:
     raise ValueError(f"num_draft_tokens (K) must be an int >= 1, got {num_draft_tokens!r}.")
-  if verifier not in verification.VERIFIERS:
-    raise ValueError(f"verifier must be one of {sorted(verification.VERIFIERS)}, got {verifier!r}.")
+  if verifier not in (*verification.VERIFIERS, "synthetic"):
+    raise ValueError(f"verifier must be one of {sorted(verification.VERIFIERS)} or 'synthetic', "
+                     f"got {verifier!r}.")
+  if (verifier == "synthetic") != (synthetic_acceptance is not None):
+    raise ValueError("synthetic_acceptance is set with verifier='synthetic', and only then "
+                     f"(got verifier={verifier!r}, synthetic_acceptance={synthetic_acceptance!r}).")
+  if synthetic_acceptance is not None and not 0.0 <= synthetic_acceptance <= 1.0:
+    raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance!r}.")
   params = SamplingParams(temperature, top_k, top_p)
   prompts, prompt_lengths, cache_length = check_prompts(
       prompts, prompt_lengths, max_new_tokens, cache_length, extra_slots=num_draft_tokens + 1)
   target_static, target_dynamic = model_protocol.split_model(target)
   draft_static, draft_dynamic = model_protocol.split_model(draft)
   out = _speculative(target_static, target_dynamic, draft_static, draft_dynamic, prompts,
-                     prompt_lengths, rng, max_new_tokens=int(max_new_tokens),
+                     prompt_lengths, rng, jnp.float32(synthetic_acceptance or 0.0),
+                     max_new_tokens=int(max_new_tokens),
                      num_draft=int(num_draft_tokens), params=params, verifier=verifier,
                      eos_id=None if eos_id is None else int(eos_id), pad_id=int(pad_id),
                      cache_length=cache_length)

@@ -27,6 +27,13 @@ Greedy (temperature 0): accept while x~_t == argmax p_t; emit argmax p_{n+1}.
 This is token-wise verification with one-hot p and q, and reproduces
 autoregressive greedy decoding token for token.
 
+Synthetic acceptance (for benchmarks only, NOT exact; vLLM's synthetic
+sampler does the same): accept each x~_t independently with a fixed
+probability a, n = the leading run of accepts, then emit from the residual at
+n+1 as token-wise does. The iteration does the same work as a real one, and
+n follows the i.i.d. law of Leviathan et al. exactly, so the loop's systems
+cost can be measured apart from the draft's quality.
+
 Numerics: q(x) = 0 never divides (the ratio is taken as 1 where p > 0, 0
 where p = 0); a residual with no mass (p == q) falls back to p; h_i
 with m_i = 0 is 0.
@@ -158,6 +165,16 @@ def greedy_verify(draft_tokens_BG: jax.Array, target_logits_BG1V: jax.Array) -> 
   best_BG1 = jnp.argmax(target_logits_BG1V, axis=-1).astype(jnp.int32)
   num_accepted_B = _leading_count(draft_tokens_BG == best_BG1[:, :-1])
   return Verdict(num_accepted=num_accepted_B, next_token=_at(best_BG1, num_accepted_B))
+
+
+def synthetic_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
+                     p_BG1V: jax.Array, acceptance: jax.Array | float) -> Verdict:
+  """Accepts each draft token with probability ``acceptance`` regardless of p and q; emits from
+  the residual at the first rejection (the bonus token after a full accept). Benchmarks only:
+  the output is NOT distributed as the target's."""
+  accept_key, emit_key = jax.random.split(key)
+  r_BG = jax.random.uniform(accept_key, draft_tokens_BG.shape)
+  return _emit(emit_key, _leading_count(r_BG < acceptance), p_BG1V, q_BGV)
 
 
 VERIFIERS = {"token": token_verify, "block": block_verify}
