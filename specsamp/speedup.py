@@ -6,24 +6,19 @@ measured instead of assumed equal to one step (on a CPU it is not):
   E[tokens per target call] = (1 - alpha^(K+1)) / (1 - alpha)
   speedup = E[tokens per target call] * t_target_step / (K * t_draft_step + t_score(K+1))
 
-``measure_costs`` times the three model calls the formula needs, each as a
-jitted chain of calls on device (every call's input depends on the previous
-call's output, so nothing is hoisted), compilation excluded.
+``measure_costs`` times the three model calls the formula needs with
+``timing.time_calls`` (a jitted chain of dependent calls, compilation
+excluded, median of repeats).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import statistics
-import time
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from specsamp import sharding
-from specsamp.sampling import model_protocol
+from specsamp.timing import time_calls
 
 
 def expected_tokens_per_call(alpha: float, num_draft_tokens: int) -> float:
@@ -64,39 +59,6 @@ class StepCosts:
   def predicted_speedup(self, alpha: float) -> float:
     return predicted_speedup(alpha, self.num_draft_tokens, self.target_step_s,
                              self.draft_step_s, self.target_score_s)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_calls"))
-def _chain(graphdef, state, tokens_BT, cache, start, num_calls):
-  """``num_calls`` calls of the model, each fed the argmax of the previous call's logits."""
-  model = model_protocol.merge_model(graphdef, state)
-  positions_BT = start + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)[None]
-  positions_BT = jnp.broadcast_to(positions_BT, tokens_BT.shape)
-
-  def body(_, carry):
-    tokens_BT, cache = carry
-    logits_BTV, cache = model(tokens_BT, positions_BT, cache)
-    return jnp.argmax(logits_BTV, axis=-1).astype(jnp.int32), cache
-
-  return jax.lax.fori_loop(0, num_calls, body, (tokens_BT, cache))[0]
-
-
-def time_calls(model, batch_size: int, num_tokens: int, cache_length: int,
-               num_calls: int = 32, repeats: int = 3) -> float:
-  """Median seconds per model call processing ``num_tokens`` per row, with a cache of
-  ``cache_length`` slots half full."""
-  graphdef, state = model_protocol.split_model(model)
-  cache = model.init_cache(batch_size, cache_length)
-  tokens_BT = jnp.ones((batch_size, num_tokens), jnp.int32)
-  start = max(cache_length // 2 - num_tokens, 0)
-  run = lambda: _chain(graphdef, state, tokens_BT, cache, start, num_calls)
-  jax.block_until_ready(run())  # Compile.
-  times = []
-  for _ in range(repeats):
-    begin = time.perf_counter()
-    jax.block_until_ready(run())
-    times.append((time.perf_counter() - begin) / num_calls)
-  return statistics.median(times)
 
 
 def measure_costs(target, draft, batch_size: int, num_draft_tokens: int, cache_length: int,
