@@ -1,0 +1,87 @@
+"""The benchmark sweep (scripts/benchmark.py) over the default pair.
+
+Launch:
+  python scripts/benchmark.py --config=configs/benchmark.py                # the full CPU sweep
+  python scripts/benchmark.py --config=configs/benchmark.py:quick          # K=2,4,8, batch 1
+  python scripts/benchmark.py --config=configs/benchmark.py \
+      --config.modes=nucleus --config.batch_sizes=1 --config.num_draft_tokens=1,2,3,4
+
+Arguments:
+  (none)  every K in 1..8, the three sampling modes, batch 1, 4 and 16, both
+          verifiers, the trained drafts (token distillation and from scratch)
+          and the synthetic drafter; about 25 minutes on a 2-core CPU once the
+          pair is trained. Resumable: settings already in results.json are skipped.
+  quick   K in {2, 4, 8}, batch 1, the distilled draft and synthetic: ~3 minutes.
+  test    the micro pair of configs/code_pair.py:test, for the test suite.
+"""
+
+import importlib.util
+import os
+
+import ml_collections
+
+
+def _sibling(name):
+  """Loads configs/<name>.py (config files are loaded by path, not as a package)."""
+  spec = importlib.util.spec_from_file_location(
+      f"specsamp_config_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                              f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+code_pair = _sibling("code_pair")
+
+VARIANTS = ("full", "quick", "test")
+
+
+def get_config(arg=None):
+  variant = arg or "full"
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/benchmark.py: unknown variant {arg!r}; use one of {VARIANTS}.")
+  config = ml_collections.ConfigDict()
+  config.pair = code_pair.get_config("test" if variant == "test" else None)  # The pair to time.
+  config.seed = 0  # Sampling seeds: call i uses fold_in(seed, i).
+  config.output_dir = f"benchmark_results/{variant}"  # results.json, results.csv, *.png.
+  config.resume = True  # Keep (and skip) settings already in output_dir/results.json.
+
+  config.modes = "greedy,nucleus,sample"  # greedy; T=0.8 top-p 0.95 (HumanEval); T=1.
+  config.num_draft_tokens = "1,2,3,4,5,6,7,8"  # K values.
+  config.batch_sizes = "1,4,16"  # Rows per call; each must divide num_prompts.
+  config.verifiers = "token,block"  # Greedy verifies by argmax: it runs once, as 'token'.
+  config.drafters = "token,none,synthetic"  # Draft distillation modes, and 'synthetic'.
+  config.synthetic_acceptance = 0.8  # The synthetic drafter's acceptance probability.
+
+  config.num_prompts = 16  # Held-out prompts; calls cycle through them in batches.
+  config.prompt_tokens = 32  # Tokens per prompt.
+  config.max_new_tokens = 64  # Tokens generated per row and call.
+  config.calls = 8  # Timed calls per setting (after one compile-and-warm-up call); median.
+
+  # Roofline: single calls of these models (random weights) against the memory floor.
+  config.roofline_models = ml_collections.ConfigDict()
+  config.roofline_models.target = config.pair.target.model
+  config.roofline_models.draft = config.pair.draft.model
+  config.roofline_models.large_target = code_pair.get_config("large").target.model
+  config.roofline_batch_sizes = "1,4,16"  # Batch sizes of the roofline calls.
+  config.roofline_tokens = "1,2,5,9"  # Tokens per row: a decode step, and scoring K+1.
+
+  if variant == "quick":
+    config.num_draft_tokens = "2,4,8"
+    config.batch_sizes = "1"
+    config.drafters = "token,synthetic"
+    config.roofline_batch_sizes = "1"
+    config.roofline_tokens = "1,5"
+  elif variant == "test":
+    config.modes = "sample"
+    config.num_draft_tokens = "2"
+    config.batch_sizes = "1,2"
+    config.drafters = "token,synthetic"
+    config.num_prompts = 2
+    config.prompt_tokens = 8
+    config.max_new_tokens = 8
+    config.calls = 2
+    del config.roofline_models["large_target"]
+    config.roofline_batch_sizes = "1"
+    config.roofline_tokens = "1,3"
+  return config

@@ -1,0 +1,35 @@
+r"""Benchmarks autoregressive vs speculative sampling on the default pair (configs/benchmark.py).
+
+  python scripts/benchmark.py --config=configs/benchmark.py          # full sweep, resumable
+  python scripts/benchmark.py --config=configs/benchmark.py:quick
+  python scripts/benchmark.py --config=configs/benchmark.py --config.modes=greedy \
+      --config.batch_sizes=1 --config.output_dir=benchmark_results/greedy
+
+Trains the pair first if --workdir lacks it. Writes results.json, results.csv
+and the PNG figures into config.output_dir, and prints one line per setting.
+Then run scripts/perf_model.py --results=<output_dir>/results.json.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from specsamp import benchmark, plots
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/benchmark.py", "Benchmark config.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Pair cache; default workdir/<pair name>.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO.
+    logging.set_verbosity(logging.WARNING)
+  config = _CONFIG.value
+  results = benchmark.run(config, _WORKDIR.value, log=lambda line: print(line, flush=True))
+  for path in plots.write_all(results, config.output_dir):
+    print(f"wrote {path}")
+  print(f"wrote {config.output_dir}/results.json and results.csv")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,318 @@
+"""The benchmark sweep: autoregressive vs speculative over K, modes, batch sizes, verifiers, drafters.
+
+For each setting (mode, batch size, drafter, verifier, K) the speculative
+loop runs ``calls`` times after one compile-and-warm-up call, each call on the
+next batch of held-out prompts with its own seed; the autoregressive loop runs
+the same calls. Every call ends in ``block_until_ready``; ms/token is the
+median over calls of call time / tokens per row. Alongside: the acceptance
+statistics pooled over the calls, the measured step costs
+(``speedup.measure_costs``), the speedup the formula predicts from them, and
+the efficiency = measured / predicted.
+
+Drafters: a trained draft per distillation mode ('token', 'none', ...), and
+'synthetic', the first trained draft's work with acceptance forced to a fixed
+rate (``verifier='synthetic'``), which isolates the loop's systems cost.
+
+A roofline section times single calls of each model in
+``config.roofline_models`` (trained or not: only shapes matter) against the
+memory-bandwidth floor measured on this machine, for the performance model.
+
+Results go to ``<output_dir>/results.json`` (all records, merged across runs
+with ``resume``: a setting already there is skipped, and every finished setting
+is saved at once, so an interrupted sweep loses nothing) and ``results.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from specsamp import pair as pair_lib
+from specsamp import perf_model, sharding, speedup, timing
+from specsamp.models import transformer
+from specsamp.models.config import TransformerConfig
+from specsamp.sampling import autoregressive, speculative
+
+# The paper's settings: greedy (XSum), T=0.8 with top-p 0.95 (HumanEval), and plain T=1.
+MODES = {
+    "greedy": {"temperature": 0.0, "top_p": 1.0},
+    "nucleus": {"temperature": 0.8, "top_p": 0.95},
+    "sample": {"temperature": 1.0, "top_p": 1.0},
+}
+SYNTHETIC = "synthetic"
+CSV_COLUMNS = (
+    "mode", "temperature", "top_p", "batch_size", "drafter", "verifier", "num_draft_tokens",
+    "synthetic_acceptance", "ms_per_token", "tokens_per_s", "ar_ms_per_token", "ar_tokens_per_s",
+    "speedup", "acceptance_rate", "alpha", "tokens_per_call", "tokens_per_call_se",
+    "acceptance_at_position", "target_step_ms", "draft_step_ms", "score_ms", "predicted_speedup",
+    "efficiency", "calls", "compile_s")
+
+
+def parse_list(value: Any, kind: Callable = str) -> list:
+  """'1,2,4' (or a tuple or a single value) -> [1, 2, 4]."""
+  if isinstance(value, (list, tuple)):
+    return [kind(v) for v in value]
+  return [kind(v.strip()) for v in str(value).split(",") if v.strip()]
+
+
+def setting_key(record: dict) -> str:
+  return "/".join(str(record[k]) for k in ("mode", "batch_size", "drafter", "verifier",
+                                            "num_draft_tokens"))
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  modes = parse_list(config.modes)
+  unknown = sorted(set(modes) - set(MODES))
+  if unknown:
+    raise ValueError(f"Unknown modes {unknown}; use some of {sorted(MODES)}.")
+  for k in parse_list(config.num_draft_tokens, int):
+    if k < 1:
+      raise ValueError(f"num_draft_tokens must all be >= 1, got {k}.")
+  for b in parse_list(config.batch_sizes, int):
+    if b < 1 or config.num_prompts % b:
+      raise ValueError(f"Every batch size must divide num_prompts={config.num_prompts}; got {b}.")
+  if not set(parse_list(config.verifiers)) <= {"token", "block"}:
+    raise ValueError(f"verifiers must be 'token' and/or 'block', got {config.verifiers!r}.")
+  if not 0 <= config.synthetic_acceptance <= 1:
+    raise ValueError(f"synthetic_acceptance must be in [0, 1], got {config.synthetic_acceptance}.")
+  if config.calls < 1:
+    raise ValueError(f"calls must be >= 1, got {config.calls}.")
+
+
+@dataclasses.dataclass
+class Timed:
+  ms_per_token: float
+  tokens_per_s: float
+  compile_s: float
+  outputs: list
+
+
+def time_sampler(sample: Callable[[np.ndarray, int], Any], batches: list[np.ndarray],
+                 calls: int) -> Timed:
+  """Times ``sample(batch, seed)`` over ``calls`` calls cycling through ``batches``."""
+  start = time.perf_counter()
+  jax.block_until_ready(sample(batches[0], 10_000))  # Compile and warm up (untimed seed).
+  compile_s = time.perf_counter() - start
+  per_token, outputs, tokens, seconds = [], [], 0, 0.0
+  for call in range(calls):
+    batch = batches[call % len(batches)]
+    start = time.perf_counter()
+    out = jax.block_until_ready(sample(batch, call))
+    elapsed = time.perf_counter() - start
+    outputs.append(out)
+    per_token.append(elapsed / max(int(np.max(out.num_generated)), 1))
+    tokens += int(np.sum(out.num_generated))
+    seconds += elapsed
+  return Timed(ms_per_token=1e3 * statistics.median(per_token), tokens_per_s=tokens / seconds,
+               compile_s=max(compile_s - seconds / calls, 0.0), outputs=outputs)
+
+
+def tokens_per_call_se(histogram: list[int]) -> float:
+  """Standard error of the mean tokens per target call, from the accepted-count histogram."""
+  counts = np.asarray(histogram, np.float64)
+  total = counts.sum()
+  if total < 2:
+    return float("nan")
+  values = np.arange(len(counts))
+  mean = (counts * values).sum() / total
+  variance = (counts * (values - mean) ** 2).sum() / (total - 1)
+  return float(math.sqrt(variance / total))
+
+
+class Store:
+  """results.json: the config fingerprint, the machine, and one record per setting."""
+
+  def __init__(self, output_dir: str, fingerprint: str, resume: bool):
+    self.path = os.path.join(output_dir, "results.json")
+    os.makedirs(output_dir, exist_ok=True)
+    self.data = {"fingerprint": fingerprint, "machine": {}, "records": {}, "roofline": {}}
+    if os.path.exists(self.path) and resume:
+      with open(self.path) as f:
+        saved = json.load(f)
+      if saved.get("fingerprint") != fingerprint:
+        raise ValueError(f"{self.path} holds results of another pair or prompt setup; use "
+                         "another --config.output_dir, or --config.resume=False to replace it.")
+      self.data = saved
+
+  def save(self) -> None:
+    temporary = self.path + ".tmp"
+    with open(temporary, "w") as f:
+      json.dump(self.data, f, indent=1)
+    os.replace(temporary, self.path)  # Never a half-written file.
+
+  def write_csv(self) -> str:
+    path = os.path.join(os.path.dirname(self.path), "results.csv")
+    with open(path, "w", newline="") as f:
+      writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+      writer.writeheader()
+      for record in self.data["records"].values():
+        row = dict(record)
+        row["acceptance_at_position"] = " ".join(f"{a:.4f}" for a in
+                                                 record["acceptance_at_position"])
+        writer.writerow(row)
+    return path
+
+
+def fingerprint(config: ml_collections.ConfigDict) -> str:
+  """What makes records comparable: the pair, the prompts and the generation length."""
+  identity = {"pair": config.pair.to_dict(), "num_prompts": config.num_prompts,
+              "prompt_tokens": config.prompt_tokens, "max_new_tokens": config.max_new_tokens}
+  return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def measure_machine() -> dict:
+  bandwidth = timing.measure_memory_bandwidth()
+  flops = timing.measure_matmul_flops()
+  return {"backend": jax.default_backend(), "devices": len(jax.devices()),
+          "device_kind": jax.devices()[0].device_kind, "processor": platform.processor(),
+          "cpu_count": os.cpu_count(), "memory_bandwidth": bandwidth, "matmul_flops": flops}
+
+
+def roofline(config: ml_collections.ConfigDict, machine: dict, log: Callable[[str], None],
+             done: dict) -> dict:
+  """Single-call times of each model in ``config.roofline_models`` (random weights), against the
+  memory-bandwidth floor and the roofline model; entries already in ``done`` are skipped."""
+  hardware = perf_model.cpu_hardware(machine["memory_bandwidth"], machine["matmul_flops"]) \
+      if machine["backend"] == "cpu" else None
+  results = {}
+  cache_length = config.prompt_tokens + config.max_new_tokens + 9
+  for name, model_config in config.roofline_models.items():
+    model_cfg = TransformerConfig.from_config(model_config)
+    model = None
+    for batch in parse_list(config.roofline_batch_sizes, int):
+      for tokens in parse_list(config.roofline_tokens, int):
+        if f"{name}/{batch}/{tokens}" in done:
+          continue
+        model = model or transformer.create(model_cfg, seed=0)
+        seconds = timing.time_calls(model, batch, tokens, cache_length)
+        record = {"model": name, "batch_size": batch, "num_tokens": tokens,
+                  "cache_length": cache_length, "measured_ms": seconds * 1e3,
+                  "config": dataclasses.asdict(model_cfg)}
+        if hardware is not None:
+          call = perf_model.call_cost(model_cfg, hardware, perf_model.Mesh(), batch, tokens,
+                                      cache_length)
+          record.update(bytes=call.weight_bytes + call.kv_bytes, flops=call.flops,
+                        floor_ms=call.memory_s * 1e3, compute_ms=call.compute_s * 1e3,
+                        bound=call.bound, fraction_of_floor=call.memory_s / seconds)
+        results[f"{name}/{batch}/{tokens}"] = record
+        log(f"roofline {name} batch {batch} x {tokens} tokens: {seconds * 1e3:.3f} ms"
+            + (f" (memory floor {record['floor_ms']:.3f} ms: {record['fraction_of_floor']:.0%})"
+               if hardware else ""))
+  return results
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | None = None,
+        log: Callable[[str], None] = print) -> dict:
+  """Runs the sweep (resuming), writes results.json and results.csv; returns the results."""
+  check_config(config)
+  store = Store(config.output_dir, fingerprint(config), config.resume)
+  log(f"measuring this machine (memory bandwidth, matmul FLOP/s)")
+  store.data["machine"] = machine = measure_machine()
+  log(f"  {machine['memory_bandwidth'] / 1e9:.1f} GB/s, {machine['matmul_flops'] / 1e9:.0f} GFLOP/s"
+      f" ({machine['backend']}, {machine['devices']} devices)")
+  if config.roofline_models:
+    store.data["roofline"].update(roofline(config, machine, log, store.data["roofline"]))
+    store.save()
+
+  pair_config = ml_collections.ConfigDict(config.pair.to_dict())
+  pair_config.sampling.num_prompts = config.num_prompts
+  pair_config.sampling.prompt_tokens = config.prompt_tokens
+  drafters = parse_list(config.drafters)
+  model_drafters = [d for d in drafters if d != SYNTHETIC]
+  if not model_drafters:
+    model_drafters_to_load = [pair_config.draft.train.distill.mode]
+  else:
+    model_drafters_to_load = model_drafters
+  pair = pair_lib.prepare(pair_config, workdir, draft_modes=model_drafters_to_load, log=log)
+  prompts = pair.prompts
+  max_new = config.max_new_tokens
+  cache_slots = prompts.shape[1] + max_new + max(parse_list(config.num_draft_tokens, int)) + 1
+  key = jax.random.key(config.seed)
+
+  def with_mesh(fn):
+    def wrapped(*args, **kwargs):
+      with sharding.use_mesh(pair.mesh):
+        return fn(*args, **kwargs)
+    return wrapped
+
+  costs: dict[tuple, float] = {}
+
+  def cost(kind: str, model, batch: int, tokens: int, name: str) -> float:
+    if (kind, name, batch, tokens) not in costs:
+      costs[(kind, name, batch, tokens)] = with_mesh(timing.time_calls)(
+          model, batch, tokens, cache_slots)
+    return costs[(kind, name, batch, tokens)]
+
+  for mode in parse_list(config.modes):
+    warp = MODES[mode]
+    for batch_size in parse_list(config.batch_sizes, int):
+      batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+      lengths = np.full((batch_size,), prompts.shape[1], np.int32)
+      common = dict(max_new_tokens=max_new, temperature=warp["temperature"], top_p=warp["top_p"],
+                    pad_id=pair.tokenizer.pad_id)
+      ar = None
+      for drafter in drafters:
+        verifiers = [SYNTHETIC] if drafter == SYNTHETIC else (
+            ["token"] if warp["temperature"] == 0 else parse_list(config.verifiers))
+        draft_name = model_drafters_to_load[0] if drafter == SYNTHETIC else drafter
+        draft = pair.drafts[draft_name]
+        for verifier in verifiers:
+          for k in parse_list(config.num_draft_tokens, int):
+            record = {"mode": mode, **warp, "batch_size": batch_size, "drafter": drafter,
+                      "verifier": verifier, "num_draft_tokens": k}
+            if setting_key(record) in store.data["records"]:
+              continue
+            if ar is None:
+              ar = time_sampler(with_mesh(lambda b, seed: autoregressive.generate(
+                  pair.target, b, lengths, jax.random.fold_in(key, seed), **common)),
+                  batches, config.calls)
+            extra = {}
+            if verifier == SYNTHETIC:
+              extra = {"synthetic_acceptance": config.synthetic_acceptance}
+            timed = time_sampler(with_mesh(
+                lambda b, seed: speculative.speculative_generate(
+                    pair.target, draft, b, lengths, jax.random.fold_in(key, seed),
+                    num_draft_tokens=k, verifier=verifier, cache_length=cache_slots,
+                    **common, **extra)), batches, config.calls)
+            stats = speculative.summarize(timed.outputs)
+            step_costs = speedup.StepCosts(
+                target_step_s=cost("target", pair.target, batch_size, 1, "target"),
+                draft_step_s=cost("draft", draft, batch_size, 1, draft_name),
+                target_score_s=cost("target", pair.target, batch_size, k + 1, "target"),
+                num_draft_tokens=k)
+            predicted = step_costs.predicted_speedup(stats["alpha"])
+            measured = ar.ms_per_token / timed.ms_per_token
+            record.update(
+                synthetic_acceptance=extra.get("synthetic_acceptance", ""),
+                ms_per_token=timed.ms_per_token, tokens_per_s=timed.tokens_per_s,
+                ar_ms_per_token=ar.ms_per_token, ar_tokens_per_s=ar.tokens_per_s,
+                speedup=measured, acceptance_rate=stats["acceptance_rate"],
+                alpha=stats["alpha"], tokens_per_call=stats["tokens_per_target_call"],
+                tokens_per_call_se=tokens_per_call_se(stats["accepted_histogram"]),
+                acceptance_at_position=stats["acceptance_at_position"],
+                accepted_histogram=stats["accepted_histogram"],
+                target_step_ms=step_costs.target_step_s * 1e3,
+                draft_step_ms=step_costs.draft_step_s * 1e3,
+                score_ms=step_costs.target_score_s * 1e3, predicted_speedup=predicted,
+                efficiency=measured / predicted, calls=config.calls, compile_s=timed.compile_s)
+            store.data["records"][setting_key(record)] = record
+            store.save()
+            log(f"{mode:>7} b={batch_size:<2} {drafter:>9}/{verifier:<9} K={k}: "
+                f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
+                f"{measured:4.2f}x, predicted {predicted:4.2f}x, efficiency "
+                f"{measured / predicted:4.2f}; alpha {stats['alpha']:.3f}, "
+                f"{stats['tokens_per_target_call']:.2f} tokens/call")
+  store.write_csv()
+  return store.data
