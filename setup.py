@@ -24,6 +24,8 @@ setuptools.setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy"],
+        # Benchmarks draw their figures with matplotlib; the tests draw them too.
+        "bench": ["matplotlib"],
+        "test": ["pytest>=8", "scipy", "matplotlib"],
     },
 )
