@@ -84,3 +84,35 @@ def test_a_workdir_trained_on_another_corpus_is_refused(trained_workdir, tmp_pat
                       f"--corpus={tmp_path}/*.py")
   assert result.returncode != 0
   assert "different data" in result.stderr and "Use another --workdir" in result.stderr
+
+
+def test_benchmark_script_sweeps_resumes_and_feeds_the_performance_model(trained_workdir,
+                                                                         tmp_path):
+  workdir, _ = trained_workdir
+  output = str(tmp_path / "bench")
+  args = ["--config=configs/benchmark.py:test", f"--workdir={workdir}",
+          f"--config.output_dir={output}"]
+  result = run_script("benchmark.py", *args)
+  assert result.returncode == 0, result.stderr[-3000:]
+  setting_lines = [line for line in result.stdout.splitlines() if "ms/token (AR" in line]
+  # Mode 'sample', batch 1 and 2, K=2: token and block verification of the distilled draft, and
+  # the synthetic drafter.
+  assert len(setting_lines) == 6, result.stdout
+  assert all("efficiency" in line for line in setting_lines)
+  with open(os.path.join(output, "results.csv")) as f:
+    header, *rows = f.read().splitlines()
+  assert header.split(",")[:3] == ["mode", "temperature", "top_p"] and len(rows) == 6
+  assert {"speedup_vs_k.png", "acceptance_per_position.png", "ms_per_token.png",
+          "results.json"} <= set(os.listdir(output))
+  # A second run finds every setting done and times nothing again.
+  again = run_script("benchmark.py", *args)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "ms/token (AR" not in again.stdout
+  # Another generation length is another setup: refused, and the results are kept.
+  refused = run_script("benchmark.py", *args, "--config.max_new_tokens=4")
+  assert refused.returncode != 0 and "another pair or prompt setup" in refused.stderr
+  model = run_script("perf_model.py", f"--results={output}/results.json")
+  assert model.returncode == 0, model.stderr[-3000:]
+  for needle in ("The paper's setting", "Calibrated on", "memory-bandwidth floor",
+                 "Recommended K", "HumanEval nucleus"):
+    assert needle in model.stdout, needle

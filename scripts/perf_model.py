@@ -1,0 +1,75 @@
+r"""The analytic performance model: the paper's check, this machine's calibration, a K advisor.
+
+  python scripts/perf_model.py                        # the paper's 70B/4B on 16 TPU v4
+  python scripts/perf_model.py --results=benchmark_results/full/results.json   # + this CPU
+  python scripts/perf_model.py --hardware=h100 --target=configs/chinchilla_70b.py \
+      --draft=configs/chinchilla_4b.py --tensor=8 --alpha=0.8    # recommend K elsewhere
+
+Prints Markdown tables (docs/benchmarks.md quotes them). The model and its
+assumptions: specsamp/perf_model.py.
+"""
+
+import json
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from specsamp import perf_model, perf_report
+from specsamp.models.config import TransformerConfig
+
+_TARGET = config_flags.DEFINE_config_file("target", "configs/chinchilla_70b.py", "Target config.")
+_DRAFT = config_flags.DEFINE_config_file("draft", "configs/chinchilla_4b.py", "Draft config.")
+_RESULTS = flags.DEFINE_string("results", None, "A benchmark results.json to calibrate on.")
+_HARDWARE = flags.DEFINE_enum("hardware", None, sorted(perf_model.PRESETS),
+                              "Recommend K for the target/draft on this hardware.")
+_TENSOR = flags.DEFINE_integer("tensor", 1, "Tensor-parallel chips (with --hardware).")
+_BATCH = flags.DEFINE_integer("batch_size", 1, "Rows per call (with --hardware).")
+_ALPHA = flags.DEFINE_float("alpha", 0.8, "Measured acceptance (with --hardware).")
+_CACHE = flags.DEFINE_integer("cache_length", 1024, "KV cache slots (with --hardware).")
+_ETA = flags.DEFINE_float("eta", None, "Roofline efficiency; default: the paper calibration's.")
+_TAU = flags.DEFINE_float("tau_ms", None, "Per-call overhead; default: the paper calibration's.")
+_JSON = flags.DEFINE_string("json", None, "Also write everything printed as JSON here.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  target = TransformerConfig.from_config(_TARGET.value.model)
+  draft = TransformerConfig.from_config(_DRAFT.value.model)
+  output = {}
+  if _HARDWARE.value is None:
+    check = output["paper"] = perf_model.paper_check(target, draft)
+    print("## The paper's setting\n")
+    print(perf_report.format_paper_check(check))
+  else:
+    fit = perf_model.paper_check(target, draft)["fit"]
+    efficiency = perf_model.Efficiency(eta=_ETA.value or fit["eta"],
+                                       tau_s=(_TAU.value if _TAU.value is not None
+                                              else fit["tau_ms"]) / 1e3)
+    choices = perf_model.speedup_by_k(
+        target, draft, _ALPHA.value, perf_model.PRESETS[_HARDWARE.value],
+        perf_model.Mesh(tensor=_TENSOR.value), efficiency, batch_size=_BATCH.value,
+        cache_length=_CACHE.value)
+    best = max(choices, key=lambda c: c.predicted_speedup)
+    output["recommendation"] = [vars(c) for c in choices]
+    print(f"## {perf_model.PRESETS[_HARDWARE.value].name} x {_TENSOR.value}, batch "
+          f"{_BATCH.value}, alpha {_ALPHA.value} (eta {efficiency.eta:.3f}, tau "
+          f"{efficiency.tau_s * 1e3:.3f} ms)\n")
+    print(perf_model.format_table(
+        [{"K": c.num_draft_tokens, "speedup": c.predicted_speedup,
+          "target_ms": c.target_step_s * 1e3, "draft_ms": c.draft_step_s * 1e3,
+          "score_ms": c.score_s * 1e3} for c in choices],
+        ["K", "speedup", "target_ms", "draft_ms", "score_ms"]))
+    print(f"\nRecommended K = {best.num_draft_tokens}: {best.predicted_speedup:.2f}x predicted.")
+  if _RESULTS.value:
+    with open(_RESULTS.value) as f:
+      report = output["cpu"] = perf_report.cpu_report(json.load(f))
+    print(f"\n## This machine ({_RESULTS.value})\n")
+    print(perf_report.format_cpu_report(report))
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(output, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,91 @@
+"""Benchmark plumbing without a trained pair: config checks, statistics, the store, timing, plots."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from test_configs import load_config
+from specsamp import benchmark, plots
+
+
+def test_parse_list():
+  assert benchmark.parse_list("1, 2,4", int) == [1, 2, 4]
+  assert benchmark.parse_list((1, 2), int) == [1, 2]
+  assert benchmark.parse_list("token") == ["token"]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("modes", "greedy,beam", "Unknown modes"),
+    ("num_draft_tokens", "0,2", "num_draft_tokens"),
+    ("batch_sizes", "1,3", "divide num_prompts"),
+    ("verifiers", "token,tree", "verifiers"),
+    ("synthetic_acceptance", 1.5, "synthetic_acceptance"),
+    ("calls", 0, "calls"),
+])
+def test_bad_configs_are_refused(field, value, message):
+  config = load_config("benchmark", "test")
+  config[field] = value
+  with pytest.raises(ValueError, match=message):
+    benchmark.check_config(config)
+
+
+def test_tokens_per_call_standard_error():
+  histogram = [3, 1, 0, 6]  # Accepted counts 0..3.
+  values = np.repeat(np.arange(4), histogram).astype(float)
+  expected = values.std(ddof=1) / np.sqrt(len(values))
+  assert np.isclose(benchmark.tokens_per_call_se(histogram), expected)
+  assert np.isnan(benchmark.tokens_per_call_se([1, 0]))
+
+
+def test_store_resumes_and_refuses_another_setup(tmp_path):
+  store = benchmark.Store(str(tmp_path), "abc", resume=True)
+  store.data["records"]["x"] = {"mode": "greedy"}
+  store.save()
+  assert benchmark.Store(str(tmp_path), "abc", resume=True).data["records"] == {
+      "x": {"mode": "greedy"}}
+  assert benchmark.Store(str(tmp_path), "abc", resume=False).data["records"] == {}
+  with pytest.raises(ValueError, match="another pair or prompt setup"):
+    benchmark.Store(str(tmp_path), "other", resume=True)
+  assert json.load(open(tmp_path / "results.json"))["records"]  # Nothing was lost.
+
+
+class _FakeOutput:
+  def __init__(self, generated):
+    self.num_generated = np.array(generated)
+
+
+def test_time_sampler_counts_tokens_and_excludes_the_warm_up():
+  seeds = []
+
+  def sample(batch, seed):
+    seeds.append(seed)
+    return _FakeOutput([4] * len(batch))
+
+  timed = benchmark.time_sampler(sample, [np.zeros((2, 3)), np.ones((2, 3))], calls=3)
+  assert seeds == [10_000, 0, 1, 2]  # Warm-up on its own seed, then one per call.
+  assert len(timed.outputs) == 3 and timed.ms_per_token > 0 and timed.tokens_per_s > 0
+
+
+def _record(mode, drafter, verifier, k, batch=1):
+  speedup = 1 + 0.1 * k
+  return {"mode": mode, "temperature": 0.0 if mode == "greedy" else 1.0, "top_p": 1.0,
+          "batch_size": batch, "drafter": drafter, "verifier": verifier, "num_draft_tokens": k,
+          "speedup": speedup, "predicted_speedup": speedup * 1.1, "alpha": 0.8,
+          "acceptance_at_position": [0.8 ** (t + 1) for t in range(k)], "ms_per_token": 1 / speedup,
+          "ar_ms_per_token": 1.0}
+
+
+def test_plots_are_written(tmp_path):
+  records = [_record(m, d, v, k) for m in ("greedy", "sample") for d, v in
+             (("token", "token"), ("synthetic", "synthetic")) for k in (1, 2, 4)]
+  records += [_record("sample", "token", "block", k) for k in (1, 2, 4)]
+  results = {"records": {str(i): r for i, r in enumerate(records)}}
+  paths = plots.write_all(results, str(tmp_path))
+  assert [os.path.basename(p) for p in paths] == [
+      "speedup_vs_k.png", "acceptance_per_position.png", "ms_per_token.png"]
+  for path in paths:
+    with open(path, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert plots.write_all({"records": {}}, str(tmp_path)) == []
