@@ -5,8 +5,9 @@ r"""Benchmarks autoregressive vs speculative sampling on the default pair (confi
   python scripts/benchmark.py --config=configs/benchmark.py --config.modes=greedy \
       --config.batch_sizes=1 --config.output_dir=benchmark_results/greedy
 
-Trains the pair first if --workdir lacks it. Writes results.json, results.csv
-and the PNG figures into config.output_dir, and prints one line per setting.
+Trains the pair first if --workdir lacks it. Writes results.json, results.csv,
+summary.md (Markdown tables) and the PNG figures into config.output_dir, and
+prints one line per setting.
 Then run scripts/perf_model.py --results=<output_dir>/results.json.
 """
 
@@ -26,6 +27,10 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   results = benchmark.run(config, _WORKDIR.value, log=lambda line: print(line, flush=True))
+  summary = benchmark.summary_tables(results)
+  with open(f"{config.output_dir}/summary.md", "w") as f:
+    f.write(summary)
+  print(summary)
   for path in plots.write_all(results, config.output_dir):
     print(f"wrote {path}")
   print(f"wrote {config.output_dir}/results.json and results.csv")

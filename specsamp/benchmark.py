@@ -316,3 +316,65 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
                 f"{stats['tokens_per_target_call']:.2f} tokens/call")
   store.write_csv()
   return store.data
+
+
+def _pooled_tokens_per_call(group: list[dict]) -> tuple[float, float]:
+  histogram = np.sum([np.asarray(r["accepted_histogram"]) for r in group], axis=0)
+  mean = float((histogram * np.arange(len(histogram))).sum() / max(histogram.sum(), 1)) + 1
+  return mean, tokens_per_call_se(histogram.tolist())
+
+
+def summary_tables(results: dict) -> str:
+  """Markdown tables of a results.json: per-K detail at batch 1, the best K per setting,
+  block vs token-wise verification, and the synthetic drafter."""
+  from specsamp.perf_model import format_table  # One table formatter for all reports.
+  records = list(results["records"].values())
+  out = []
+  detail = [r for r in records if r["batch_size"] == min(x["batch_size"] for x in records)
+            and r["drafter"] != SYNTHETIC and r["verifier"] == "token"]
+  for mode in [m for m in MODES if any(r["mode"] == m for r in detail)]:
+    for drafter in sorted({r["drafter"] for r in detail}):
+      rows = sorted((r for r in detail if r["mode"] == mode and r["drafter"] == drafter),
+                    key=lambda r: r["num_draft_tokens"])
+      if rows:
+        out += [f"**{mode}** (T={rows[0]['temperature']}, top-p {rows[0]['top_p']}), draft "
+                f"'{drafter}', token-wise, batch {rows[0]['batch_size']}:", "",
+                format_table(rows, ["num_draft_tokens", "ms_per_token", "ar_ms_per_token",
+                                    "speedup", "predicted_speedup", "efficiency", "alpha",
+                                    "tokens_per_call", "draft_step_ms", "score_ms"]), ""]
+  best = []
+  groups: dict[tuple, list] = {}
+  for r in records:
+    groups.setdefault((r["mode"], r["batch_size"], r["drafter"], r["verifier"]), []).append(r)
+  for (mode, batch, drafter, verifier), group in sorted(groups.items()):
+    top = max(group, key=lambda r: r["speedup"])
+    best.append({"mode": mode, "batch": batch, "drafter": drafter, "verifier": verifier,
+                 "best_k": top["num_draft_tokens"], "speedup": top["speedup"],
+                 "predicted": top["predicted_speedup"], "efficiency": top["efficiency"],
+                 "ms_per_token": top["ms_per_token"], "ar_ms_per_token": top["ar_ms_per_token"],
+                 "tokens_per_s": top["tokens_per_s"], "ar_tokens_per_s": top["ar_tokens_per_s"]})
+  out += ["Best K per setting:", "", format_table(best, list(best[0])), ""] if best else []
+  comparison = []
+  sampled = [r for r in records if r["verifier"] in ("token", "block") and r["temperature"] > 0]
+  for (mode, drafter, k) in sorted({(r["mode"], r["drafter"], r["num_draft_tokens"])
+                                    for r in sampled}):
+    pools = {v: [r for r in sampled if (r["mode"], r["drafter"], r["num_draft_tokens"], r["verifier"])
+                 == (mode, drafter, k, v)] for v in ("token", "block")}
+    if pools["token"] and pools["block"]:
+      (token, token_se), (block, block_se) = (_pooled_tokens_per_call(pools[v])
+                                              for v in ("token", "block"))
+      comparison.append({"mode": mode, "drafter": drafter, "K": k, "token_wise": token,
+                         "token_se": token_se, "block": block, "block_se": block_se,
+                         "gain": block / token - 1})
+  if comparison:
+    out += ["Tokens per target call, block vs token-wise verification (pooled over batch sizes; "
+            "se = standard error):", "", format_table(comparison, list(comparison[0])), ""]
+  synthetic = sorted((r for r in records if r["drafter"] == SYNTHETIC),
+                     key=lambda r: (r["mode"], r["batch_size"], r["num_draft_tokens"]))
+  if synthetic:
+    out += [f"Synthetic drafter (acceptance forced to {synthetic[0]['synthetic_acceptance']}): "
+            "the loop's own efficiency:", "",
+            format_table(synthetic, ["mode", "batch_size", "num_draft_tokens", "alpha",
+                                     "tokens_per_call", "speedup", "predicted_speedup",
+                                     "efficiency"]), ""]
+  return "\n".join(out)
