@@ -9,8 +9,10 @@ Launch:
 Arguments:
   (none)  every K in 1..8, the three sampling modes, batch 1, 4 and 16, both
           verifiers, the trained drafts (token distillation and from scratch)
-          and the synthetic drafter; about 25 minutes on a 2-core CPU once the
-          pair is trained. Resumable: settings already in results.json are skipped.
+          and the synthetic drafter: about 300 settings, over an hour on a
+          2-core CPU (batch 16 dominates). Resumable: settings already in
+          results.json are skipped, so it runs in pieces (docs/benchmarks.md
+          gives the pieces its tables were measured with).
   quick   K in {2, 4, 8}, batch 1, the distilled draft and synthetic: ~3 minutes.
   test    the micro pair of configs/code_pair.py:test, for the test suite.
 """
