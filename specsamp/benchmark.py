@@ -199,7 +199,9 @@ def roofline(config: ml_collections.ConfigDict, machine: dict, log: Callable[[st
         seconds = timing.time_calls(model, batch, tokens, cache_length)
         record = {"model": name, "batch_size": batch, "num_tokens": tokens,
                   "cache_length": cache_length, "measured_ms": seconds * 1e3,
-                  "config": dataclasses.asdict(model_cfg)}
+                  "config": dataclasses.asdict(model_cfg),
+                  "memory_bandwidth": machine["memory_bandwidth"],
+                  "matmul_flops": machine["matmul_flops"]}
         if hardware is not None:
           call = perf_model.call_cost(model_cfg, hardware, perf_model.Mesh(), batch, tokens,
                                       cache_length)
@@ -219,7 +221,10 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
   check_config(config)
   store = Store(config.output_dir, fingerprint(config), config.resume)
   log(f"measuring this machine (memory bandwidth, matmul FLOP/s)")
-  store.data["machine"] = machine = measure_machine()
+  machine = measure_machine()
+  # Each run measures the machine again (a shared CPU varies); all measurements are kept.
+  store.data["machine"] = {**machine, "history": store.data["machine"].get("history", [])
+                           + [{k: machine[k] for k in ("memory_bandwidth", "matmul_flops")}]}
   log(f"  {machine['memory_bandwidth'] / 1e9:.1f} GB/s, {machine['matmul_flops'] / 1e9:.0f} GFLOP/s"
       f" ({machine['backend']}, {machine['devices']} devices)")
   if config.roofline_models:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
 from specsamp import perf_model
@@ -30,7 +31,10 @@ def _observations(results: dict, hardware: perf_model.Hardware) -> list[perf_mod
 
 
 def cpu_report(results: dict) -> dict:
-  machine = results["machine"]
+  # The machine as measured when the roofline calls were timed (a shared CPU drifts).
+  entries = list(results["roofline"].values())
+  machine = {k: statistics.median(e.get(k, results["machine"][k]) for e in entries)
+             for k in ("memory_bandwidth", "matmul_flops")} if entries else results["machine"]
   hardware = perf_model.cpu_hardware(machine["memory_bandwidth"], machine["matmul_flops"])
   observations = _observations(results, hardware)
   if len(observations) < 2:
