@@ -86,7 +86,7 @@ def test_speculative_is_one_while_loop_on_device(target, drafts):
   t_static, t_dynamic = model_protocol.split_model(target)
   d_static, d_dynamic = model_protocol.split_model(drafts["unrelated"])
   jaxpr = jax.make_jaxpr(lambda t, d, p, l, k: speculative._speculative(
-      t_static, t, d_static, d, p, l, k, max_new_tokens=8, num_draft=3,
+      t_static, t, d_static, d, p, l, k, jnp.float32(0), max_new_tokens=8, num_draft=3,
       params=warping.SamplingParams(0.8), verifier="block", eos_id=2, pad_id=0,
       cache_length=20))(t_dynamic, d_dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS),
                         jax.random.key(0))
