@@ -235,12 +235,10 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
   pair_config.sampling.num_prompts = config.num_prompts
   pair_config.sampling.prompt_tokens = config.prompt_tokens
   drafters = parse_list(config.drafters)
-  model_drafters = [d for d in drafters if d != SYNTHETIC]
-  if not model_drafters:
-    model_drafters_to_load = [pair_config.draft.train.distill.mode]
-  else:
-    model_drafters_to_load = model_drafters
-  pair = pair_lib.prepare(pair_config, workdir, draft_modes=model_drafters_to_load, log=log)
+  # The trained drafts to time; 'synthetic' alone drafts with the config's default draft.
+  model_drafters = [d for d in drafters if d != SYNTHETIC] or [
+      pair_config.draft.train.distill.mode]
+  pair = pair_lib.prepare(pair_config, workdir, draft_modes=model_drafters, log=log)
   prompts = pair.prompts
   max_new = config.max_new_tokens
   cache_slots = prompts.shape[1] + max_new + max(parse_list(config.num_draft_tokens, int)) + 1
@@ -252,13 +250,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
         return fn(*args, **kwargs)
     return wrapped
 
-  costs: dict[tuple, float] = {}
+  costs: dict[tuple, float] = {}  # (model name, batch, tokens per row) -> seconds per call.
 
-  def cost(kind: str, model, batch: int, tokens: int, name: str) -> float:
-    if (kind, name, batch, tokens) not in costs:
-      costs[(kind, name, batch, tokens)] = with_mesh(timing.time_calls)(
-          model, batch, tokens, cache_slots)
-    return costs[(kind, name, batch, tokens)]
+  def cost(name: str, model, batch: int, tokens: int) -> float:
+    if (name, batch, tokens) not in costs:
+      costs[(name, batch, tokens)] = with_mesh(timing.time_calls)(model, batch, tokens,
+                                                                  cache_slots)
+    return costs[(name, batch, tokens)]
 
   for mode in parse_list(config.modes):
     warp = MODES[mode]
@@ -271,7 +269,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
       for drafter in drafters:
         verifiers = [SYNTHETIC] if drafter == SYNTHETIC else (
             ["token"] if warp["temperature"] == 0 else parse_list(config.verifiers))
-        draft_name = model_drafters_to_load[0] if drafter == SYNTHETIC else drafter
+        draft_name = model_drafters[0] if drafter == SYNTHETIC else drafter
         draft = pair.drafts[draft_name]
         for verifier in verifiers:
           for k in parse_list(config.num_draft_tokens, int):
@@ -293,9 +291,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
                     **common, **extra)), batches, config.calls)
             stats = speculative.summarize(timed.outputs)
             step_costs = speedup.StepCosts(
-                target_step_s=cost("target", pair.target, batch_size, 1, "target"),
-                draft_step_s=cost("draft", draft, batch_size, 1, draft_name),
-                target_score_s=cost("target", pair.target, batch_size, k + 1, "target"),
+                target_step_s=cost("target", pair.target, batch_size, 1),
+                draft_step_s=cost(f"draft_{draft_name}", draft, batch_size, 1),
+                target_score_s=cost("target", pair.target, batch_size, k + 1),
                 num_draft_tokens=k)
             predicted = step_costs.predicted_speedup(stats["alpha"])
             measured = ar.ms_per_token / timed.ms_per_token
@@ -332,7 +330,7 @@ def _pooled_tokens_per_call(group: list[dict]) -> tuple[float, float]:
 def summary_tables(results: dict) -> str:
   """Markdown tables of a results.json: per-K detail at batch 1, the best K per setting,
   block vs token-wise verification, and the synthetic drafter."""
-  from specsamp.perf_model import format_table  # One table formatter for all reports.
+  format_table = perf_model.format_table
   records = list(results["records"].values())
   out = []
   detail = [r for r in records if r["batch_size"] == min(x["batch_size"] for x in records)

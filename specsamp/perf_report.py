@@ -55,12 +55,12 @@ def cpu_report(results: dict) -> dict:
     if r["drafter"] != "synthetic" and r["verifier"] in ("token",) and r["batch_size"] == 1:
       groups[(r["mode"], r["drafter"])].append(r)
   if "target" in configs and "draft" in configs:
+    cache = next(iter(results["roofline"].values()))["cache_length"]
     for (mode, drafter), group in sorted(groups.items()):
       group.sort(key=lambda r: r["num_draft_tokens"])
       # alpha pooled over the sweep's K values, weighted by verified draft tokens.
       alpha = sum(r["alpha"] * r["num_draft_tokens"] for r in group) / sum(
           r["num_draft_tokens"] for r in group)
-      cache = next(iter(results["roofline"].values()))["cache_length"]
       by_k = perf_model.speedup_by_k(configs["target"], configs["draft"], alpha, hardware,
                                      perf_model.Mesh(), fit.efficiency, batch_size=1,
                                      cache_length=cache, max_k=max(r["num_draft_tokens"]
