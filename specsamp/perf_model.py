@@ -124,7 +124,7 @@ def parameter_counts(config: TransformerConfig) -> dict[str, int]:
   n, k, v = config.num_heads, config.num_kv_heads, config.vocab_size
   attention = d * n * h * 2 + d * k * h * 2
   mlp = d * f * (3 if config.gated_mlp else 2)
-  small = 2 * d + (n * h + 2 * k * h if config.qkv_bias else 0)
+  small = (4 if config.post_norms else 2) * d + (n * h + 2 * k * h if config.qkv_bias else 0)
   return {"matmul_per_layer": attention + mlp, "small_per_layer": small,
           "embedding": v * d, "head": 0 if config.tie_embeddings else d * v,
           "final_norm": d}

@@ -17,14 +17,15 @@ from flax import nnx
 from specsamp import sharding
 from specsamp.models import kv_cache
 from specsamp.models.config import TransformerConfig
-from specsamp.models.layers import apply_rope, make_param, softcap
+from specsamp.models.layers import apply_rope, make_param, rope_frequencies, softcap
 
 _MASKED = -1e30
 
 
 def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, positions_BT: jax.Array,
-           logit_cap: float | None = None) -> jax.Array:
-  """Causal attention of T queries over S cache slots; slot s is visible iff s <= position.
+           logit_cap: float | None = None, window: int | None = None) -> jax.Array:
+  """Causal attention of T queries over S cache slots; slot s is visible iff s <= position
+  (and, with a sliding ``window``, s > position - window).
 
   Query head n uses key/value head n // R (R = N // K), so MHA, GQA and MQA
   share one einsum and the cache is never repeated to N heads.
@@ -35,7 +36,10 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, positions_BT
   logits_BKRTS = jnp.einsum("BTKRH,BSKH->BKRTS", q_BTKRH, k_BSKH,
                             preferred_element_type=jnp.float32)
   logits_BKRTS = softcap(logits_BKRTS, logit_cap)
-  visible_BTS = jnp.arange(k_BSKH.shape[1])[None, None, :] <= positions_BT[:, :, None]
+  slots_S = jnp.arange(k_BSKH.shape[1])
+  visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
+  if window is not None:
+    visible_BTS = visible_BTS & (slots_S[None, None, :] > positions_BT[:, :, None] - window)
   logits_BKRTS = jnp.where(visible_BTS[:, None, None], logits_BKRTS, _MASKED)
   probs_BKRTS = jax.nn.softmax(logits_BKRTS, axis=-1).astype(v_BSKH.dtype)
   out_BTKRH = jnp.einsum("BKRTS,BSKH->BTKRH", probs_BKRTS, v_BSKH)
@@ -44,8 +48,8 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, positions_BT
 
 def attention_forward(x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.Array,
                       values_BSKH: jax.Array, weights: dict[str, jax.Array], *,
-                      config: TransformerConfig, kv_head_offset: jax.Array | None = None
-                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                      config: TransformerConfig, window: int | None = None,
+                      kv_head_offset: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Attention on arrays: returns (out_BTD, keys_BSKH, values_BSKH) with the cache updated.
 
   Under tensor parallelism the weights hold a slice of the heads and out_BTD is
@@ -56,7 +60,8 @@ def attention_forward(x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.
     positions_BT: absolute position of each input token.
     keys_BSKH, values_BSKH: this layer's cache.
     weights: q_DNH, k_DKH, v_DKH, o_NHD and, with qkv_bias, q_NH, k_KH, v_KH.
-    config: the model config (RoPE theta, soft-cap).
+    config: the model config (RoPE, query scale, soft-cap).
+    window: this layer's sliding window (None: the whole cache).
     kv_head_offset: set when each device holds ALL K kv heads but only a slice
       of the query heads (tensor parallelism wider than K): the one kv head its
       query heads share is selected at this index.
@@ -69,10 +74,12 @@ def attention_forward(x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.
       out = out + weights[bias_name].astype(dtype)
     return out
 
-  q_BTNH = apply_rope(project("q_DNH", "q_NH"), positions_BT, config.rope_theta)
-  k_BTKH = apply_rope(project("k_DKH", "k_KH"), positions_BT, config.rope_theta)
+  inv_freq = rope_frequencies(config)
+  q_BTNH = apply_rope(project("q_DNH", "q_NH"), positions_BT, inv_freq)
+  k_BTKH = apply_rope(project("k_DKH", "k_KH"), positions_BT, inv_freq)
   v_BTKH = project("v_DKH", "v_KH")
-  q_BTNH = q_BTNH * jnp.asarray(q_BTNH.shape[-1] ** -0.5, dtype)
+  query_scalar = config.query_pre_attn_scalar or q_BTNH.shape[-1]
+  q_BTNH = q_BTNH * jnp.asarray(query_scalar ** -0.5, dtype)
   q_BTNH = sharding.constrain(q_BTNH, ("act_batch", "act_length", "act_heads", "act_head_dim"))
 
   keys_BSKH = kv_cache.write(keys_BSKH, k_BTKH, positions_BT)
@@ -84,7 +91,7 @@ def attention_forward(x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.
   if kv_head_offset is not None:
     read_k = jax.lax.dynamic_slice_in_dim(keys_BSKH, kv_head_offset, 1, axis=2)
     read_v = jax.lax.dynamic_slice_in_dim(values_BSKH, kv_head_offset, 1, axis=2)
-  out_BTNH = attend(q_BTNH, read_k, read_v, positions_BT, config.attn_logit_softcap)
+  out_BTNH = attend(q_BTNH, read_k, read_v, positions_BT, config.attn_logit_softcap, window)
   out_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTNH, weights["o_NHD"].astype(dtype))
   return out_BTD, keys_BSKH, values_BSKH
 

@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-MLP_ACTIVATIONS = ("gelu", "relu", "swiglu", "geglu")
+MLP_ACTIVATIONS = ("gelu", "relu", "relu2", "swiglu", "geglu")
+ROPE_SCALINGS = ("none", "linear", "llama3")
 TENSOR_PARALLEL_MODES = ("auto", "shard_map")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -37,7 +38,10 @@ class TransformerConfig:
     num_kv_heads: K, key/value heads; must divide num_heads (GQA/MQA when < N).
     head_dim: H; None means d_model // num_heads (Gemma sets it independently).
     ffn_dim: F, hidden width of the MLP.
-    mlp_activation: 'gelu' or 'relu' (plain MLP), 'swiglu' or 'geglu' (gated).
+    mlp_activation: 'gelu', 'relu' or 'relu2' (relu squared) for a plain MLP,
+      'swiglu' or 'geglu' for a gated one.
+    gelu_approximate: GELU by its tanh approximation (Gemma's
+      'gelu_pytorch_tanh', the default) or exactly with erf ('gelu').
     rope_theta: base of the rotary position embedding frequencies.
     norm_eps: epsilon of RMSNorm.
     norm_plus_one: scale RMSNorm by (1 + w) with w initialised at 0 (Gemma).
@@ -46,6 +50,20 @@ class TransformerConfig:
     scale_embeddings: multiply input embeddings by sqrt(d_model) (Gemma).
     attn_logit_softcap: if set, attention logits -> cap * tanh(logits / cap).
     final_logit_softcap: if set, output logits -> cap * tanh(logits / cap).
+    query_pre_attn_scalar: queries are scaled by this ** -0.5; None means
+      head_dim ** -0.5 (Gemma 2 sets it).
+    post_norms: RMSNorm also the outputs of attention and MLP before the
+      residual add ("sandwich" norms, Gemma 2).
+    sliding_window: if set, a query at position p attends only to positions
+      (p - sliding_window, p] in the layers that use it.
+    sliding_window_pattern: which layers use the window: 1 means every layer
+      (Mistral); P > 1 means layer i does iff (i + 1) % P != 0 (Gemma 2: P=2,
+      even layers local, odd layers global).
+    rope_scaling: 'none', 'linear' (positions / rope_scaling_factor) or
+      'llama3' (Llama 3.1+: low frequencies divided by the factor, high ones
+      kept, a smooth ramp between).
+    rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
+    rope_original_max_position: the scaling's parameters (as in HF configs).
     dtype: dtype of activations ('float32' on CPU, 'bfloat16' on accelerators).
     param_dtype: dtype parameters are stored in.
     tensor_parallel: 'auto' lets jit partition attention and MLP from the
@@ -61,6 +79,7 @@ class TransformerConfig:
   ffn_dim: int
   head_dim: int | None = None
   mlp_activation: str = "swiglu"
+  gelu_approximate: bool = True
   rope_theta: float = 10_000.0
   norm_eps: float = 1e-6
   norm_plus_one: bool = False
@@ -69,6 +88,15 @@ class TransformerConfig:
   scale_embeddings: bool = False
   attn_logit_softcap: float | None = None
   final_logit_softcap: float | None = None
+  query_pre_attn_scalar: float | None = None
+  post_norms: bool = False
+  sliding_window: int | None = None
+  sliding_window_pattern: int = 1
+  rope_scaling: str = "none"
+  rope_scaling_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_position: int = 8192
   dtype: str = "float32"
   param_dtype: str = "float32"
   tensor_parallel: str = "auto"
@@ -96,14 +124,35 @@ class TransformerConfig:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in DTYPES:
         raise ValueError(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}.")
-    for name in ("attn_logit_softcap", "final_logit_softcap"):
-      cap = getattr(self, name)
-      if cap is not None and cap <= 0:
-        raise ValueError(f"{name} must be positive or None, got {cap}.")
+    for name in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar"):
+      value = getattr(self, name)
+      if value is not None and value <= 0:
+        raise ValueError(f"{name} must be positive or None, got {value}.")
+    if self.sliding_window is not None and (
+        not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+      raise ValueError(f"sliding_window must be a positive int or None, got {self.sliding_window!r}.")
+    if not isinstance(self.sliding_window_pattern, int) or self.sliding_window_pattern < 1:
+      raise ValueError(
+          f"sliding_window_pattern must be an int >= 1, got {self.sliding_window_pattern!r}.")
+    if self.rope_scaling not in ROPE_SCALINGS:
+      raise ValueError(f"rope_scaling must be one of {ROPE_SCALINGS}, got {self.rope_scaling!r}.")
+    if self.rope_scaling_factor <= 0 or self.rope_high_freq_factor <= self.rope_low_freq_factor \
+        and self.rope_scaling == "llama3":
+      raise ValueError(
+          f"rope scaling needs factor > 0 and (for llama3) high_freq_factor > low_freq_factor; got "
+          f"factor={self.rope_scaling_factor}, low={self.rope_low_freq_factor}, "
+          f"high={self.rope_high_freq_factor}.")
 
   @property
   def resolved_head_dim(self) -> int:
     return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+  def layer_window(self, layer: int) -> int | None:
+    """The sliding window of ``layer`` (None: it attends to the whole cache)."""
+    if self.sliding_window is None:
+      return None
+    pattern = self.sliding_window_pattern
+    return self.sliding_window if pattern == 1 or (layer + 1) % pattern else None
 
   @property
   def gated_mlp(self) -> bool:

@@ -7,6 +7,7 @@ inside ``shard_map`` (see ``tensor_parallel.py``).
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -81,22 +82,23 @@ class OutputHead(nnx.Module):
     return jnp.einsum("BTD,DV->BTV", x_BTD, self.w_DV[...].astype(x_BTD.dtype))
 
 
-_ACTIVATIONS = {
-    "gelu": jax.nn.gelu,
-    "relu": jax.nn.relu,
-    "swiglu": jax.nn.silu,
-    "geglu": jax.nn.gelu,
-}
+def activation_fn(config: TransformerConfig):
+  """The MLP's nonlinearity (of the gate branch when gated)."""
+  if config.mlp_activation in ("gelu", "geglu"):
+    return functools.partial(jax.nn.gelu, approximate=config.gelu_approximate)
+  return {"relu": jax.nn.relu, "relu2": lambda x: jnp.square(jax.nn.relu(x)),
+          "swiglu": jax.nn.silu}[config.mlp_activation]
 
 
-def mlp_forward(x_BTD: jax.Array, weights: dict[str, jax.Array], activation: str) -> jax.Array:
+def mlp_forward(x_BTD: jax.Array, weights: dict[str, jax.Array], config: TransformerConfig
+                ) -> jax.Array:
   """MLP on arrays: down(act(gate(x)) * up(x)) when gated, down(act(up(x))) otherwise.
 
   Under tensor parallelism each device holds an F-slice of the weights; the
   result is then a partial sum that the caller reduces once.
   """
   dtype = x_BTD.dtype
-  act = _ACTIVATIONS[activation]
+  act = activation_fn(config)
   up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, weights["up_DF"].astype(dtype))
   if "gate_DF" in weights:
     gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, weights["gate_DF"].astype(dtype))
@@ -124,11 +126,29 @@ class MLP(nnx.Module):
     return {name: getattr(self, name) for name in names}
 
 
-def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
+def rope_frequencies(config: TransformerConfig) -> jax.Array:
+  """The H/2 inverse frequencies of RoPE, with the config's scaling applied (float32)."""
+  head_dim = config.resolved_head_dim
+  exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+  inv_freq = 1.0 / (config.rope_theta ** exponents)
+  factor = config.rope_scaling_factor
+  if config.rope_scaling == "linear":
+    inv_freq = inv_freq / factor
+  elif config.rope_scaling == "llama3":
+    # Wavelengths beyond original/low are slowed by the factor, those below
+    # original/high kept, and the band between interpolated smoothly.
+    wavelength = 2 * jnp.pi / inv_freq
+    original = config.rope_original_max_position
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    inv_freq = jnp.where(wavelength > original / low, inv_freq / factor,
+                         jnp.where(wavelength < original / high, inv_freq, blended))
+  return inv_freq
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) -> jax.Array:
   """Rotary position embedding, half-split layout (as Llama/Gemma checkpoints use)."""
-  head_dim = x_BTNH.shape[-1]
-  half = head_dim // 2
-  inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / head_dim)
   angles_BTH = positions_BT.astype(jnp.float32)[..., None] * inv_freq
   sin, cos = jnp.sin(angles_BTH)[:, :, None, :], jnp.cos(angles_BTH)[:, :, None, :]
   x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)

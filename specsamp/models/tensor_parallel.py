@@ -60,14 +60,15 @@ def _values_and_specs(params: dict[str, nnx.Param]):
 
 
 def attention_block(attn: Attention, x_BTD: jax.Array, positions_BT: jax.Array,
-                    keys_BSKH: jax.Array, values_BSKH: jax.Array
+                    keys_BSKH: jax.Array, values_BSKH: jax.Array, window: int | None = None
                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Runs attention (and its cache update) in the config's tensor-parallel mode."""
   config = attn.config
   tp = _tensor_parallel_size(config)
   weights, weight_specs = _values_and_specs(attn.weights())
   if tp is None:
-    return attention_forward(x_BTD, positions_BT, keys_BSKH, values_BSKH, weights, config=config)
+    return attention_forward(x_BTD, positions_BT, keys_BSKH, values_BSKH, weights, config=config,
+                             window=window)
 
   num_heads, num_kv_heads = config.num_heads, config.num_kv_heads
   _check_divides(tp, "num_heads", num_heads)
@@ -82,7 +83,7 @@ def attention_block(attn: Attention, x_BTD: jax.Array, positions_BT: jax.Array,
     if not kv_sharded:  # every device holds all K kv heads; pick its query heads' one.
       offset = jax.lax.axis_index(TENSOR_AXIS) * (num_heads // tp) // (num_heads // num_kv_heads)
     out, keys, values = attention_forward(x, positions, keys, values, local_weights,
-                                          config=config, kv_head_offset=offset)
+                                          config=config, window=window, kv_head_offset=offset)
     return jax.lax.psum(out, TENSOR_AXIS), keys, values
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
@@ -99,11 +100,11 @@ def mlp_block(mlp: MLP, x_BTD: jax.Array) -> jax.Array:
   tp = _tensor_parallel_size(config)
   weights, weight_specs = _values_and_specs(mlp.weights())
   if tp is None:
-    return mlp_forward(x_BTD, weights, config.mlp_activation)
+    return mlp_forward(x_BTD, weights, config)
   _check_divides(tp, "ffn_dim", config.ffn_dim)
 
   def body(x, local_weights):
-    return jax.lax.psum(mlp_forward(x, local_weights, config.mlp_activation), TENSOR_AXIS)
+    return jax.lax.psum(mlp_forward(x, local_weights, config), TENSOR_AXIS)
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
   return jax.shard_map(body, in_specs=(x_spec, weight_specs), out_specs=x_spec)(x_BTD, weights)

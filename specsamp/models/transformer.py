@@ -37,22 +37,33 @@ def create(config: TransformerConfig, mesh: jax.sharding.Mesh | None = None,
 
 
 class Block(nnx.Module):
-  """Pre-norm Transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm Transformer block: x + attn(norm(x)), then x + mlp(norm(x)); with
+  ``post_norms`` (Gemma 2) each branch output is normed again before the add."""
 
-  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+  def __init__(self, config: TransformerConfig, layer: int, *, rngs: nnx.Rngs):
+    self.window = config.layer_window(layer)
     self.attn_norm = RMSNorm(config, rngs=rngs)
     self.attn = Attention(config, rngs=rngs)
     self.mlp_norm = RMSNorm(config, rngs=rngs)
     self.mlp = MLP(config, rngs=rngs)
+    if config.post_norms:
+      self.attn_post_norm = RMSNorm(config, rngs=rngs)
+      self.mlp_post_norm = RMSNorm(config, rngs=rngs)
+    self.post_norms = config.post_norms
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.Array,
                values_BSKH: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     with jax.named_scope("attention"):
       h_BTD, keys_BSKH, values_BSKH = tensor_parallel.attention_block(
-          self.attn, self.attn_norm(x_BTD), positions_BT, keys_BSKH, values_BSKH)
+          self.attn, self.attn_norm(x_BTD), positions_BT, keys_BSKH, values_BSKH, self.window)
+      if self.post_norms:
+        h_BTD = self.attn_post_norm(h_BTD)
     x_BTD = sharding.constrain(x_BTD + h_BTD, _RESIDUAL_AXES)
     with jax.named_scope("mlp"):
-      x_BTD = x_BTD + tensor_parallel.mlp_block(self.mlp, self.mlp_norm(x_BTD))
+      h_BTD = tensor_parallel.mlp_block(self.mlp, self.mlp_norm(x_BTD))
+      if self.post_norms:
+        h_BTD = self.mlp_post_norm(h_BTD)
+      x_BTD = x_BTD + h_BTD
     return sharding.constrain(x_BTD, _RESIDUAL_AXES), keys_BSKH, values_BSKH
 
 
@@ -62,7 +73,7 @@ class Transformer(nnx.Module):
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
     self.embedder = Embedder(config, rngs=rngs)
-    self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+    self.blocks = nnx.List([Block(config, layer, rngs=rngs) for layer in range(config.num_layers)])
     self.final_norm = RMSNorm(config, rngs=rngs)
     if not config.tie_embeddings:
       self.head = OutputHead(config, rngs=rngs)
