@@ -136,3 +136,218 @@ def test_speculative_greedy_matches_assisted_generation(kind, saved, imported):
   # The draft is a noisy copy: some proposals are accepted and some rejected, so both
   # branches of verification ran.
   assert histogram[1:].sum() > 0 and histogram[:-1].sum() > 0, histogram
+
+
+def read_all(directory) -> dict[str, np.ndarray]:
+  tensors = safetensors_io.Checkpoint(str(directory))
+  return {name: np.asarray(tensors.tensor(name)) for name in tensors.keys()}
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gemma2"])
+def test_export_round_trip_is_bit_exact_and_loads_in_transformers(kind, saved, imported, tmp_path):
+  import transformers
+  target_dir = saved(kind)[1]
+  model = imported(kind)
+  files = hf.export_model(model, str(tmp_path / "out"), max_shard_bytes=20_000)
+  assert len(files) > 1 and (tmp_path / "out" / safetensors_io.INDEX_FILE).exists()
+  original, exported = read_all(target_dir), read_all(tmp_path / "out")
+  assert set(exported) == set(original) - {"lm_head.weight"}
+  for name, value in exported.items():
+    np.testing.assert_array_equal(value, original[name], err_msg=name)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+      str(tmp_path / "out"), attn_implementation="eager").eval()
+  np.testing.assert_array_equal(torch_logits(reloaded, TOKENS), torch_logits(saved(kind)[0], TOKENS))
+  with pytest.raises(FileExistsError, match="already holds a model"):
+    hf.export_model(model, str(tmp_path / "out"))
+
+
+def test_sharded_checkpoint_imports_onto_a_tensor_parallel_mesh(saved, tmp_path):
+  """Shards + index in, parameters placed shard by shard on a data x tensor mesh."""
+  torch_model = saved("llama")[0]
+  torch_model.save_pretrained(tmp_path, max_shard_size="30KB")
+  assert (tmp_path / safetensors_io.INDEX_FILE).exists()
+  mesh = sharding.make_mesh({"data": 4, "tensor": 2})
+  model, _ = hf.import_model(str(tmp_path), mesh)
+  q = model.blocks[0].attn.q_DNH[...]
+  assert q.sharding.spec == jax.sharding.PartitionSpec(None, "tensor", None)
+  assert q.addressable_shards[0].data.shape == (32, 2, 8)
+  with sharding.use_mesh(mesh):
+    logits, _ = jax.jit(lambda m, t: m(t))(model, jnp.asarray(TOKENS))
+  assert relative_error(logits, torch_logits(torch_model, TOKENS)) < 1e-4
+
+
+def test_transforms_are_views_so_a_shard_reads_only_its_bytes(saved):
+  """Each HF -> specsamp layout change is a numpy view of the memory map (no copy)."""
+  tensors = safetensors_io.Checkpoint(saved("qwen2")[1])
+  config = architectures.from_hf(architectures.read_config(saved("qwen2")[1]))
+  mapped = tensors.files[safetensors_io.SINGLE_FILE]._map
+  for entry in weights.entries(config):
+    stored = tensors.tensor(entry.hf_name)
+    assert np.shares_memory(entry.to_ours(stored), mapped), entry.hf_name
+    np.testing.assert_array_equal(entry.to_hf(np.asarray(entry.to_ours(stored))), stored)
+
+
+def test_safetensors_format_matches_the_reference_library(tmp_path):
+  import ml_dtypes
+  rng = np.random.default_rng(0)
+  tensors = {"a": rng.normal(size=(3, 5)).astype(np.float32),
+             "b": rng.normal(size=(7,)).astype(np.float16),
+             "c": rng.integers(0, 9, size=(2, 2, 2)).astype(np.int64),
+             "d": rng.normal(size=(4, 3)).astype(ml_dtypes.bfloat16)}
+  safetensors_io.write_file(str(tmp_path / "ours.safetensors"), tensors)
+  theirs = safetensors.numpy.load_file(str(tmp_path / "ours.safetensors"))
+  for name in "abc":
+    np.testing.assert_array_equal(theirs[name], tensors[name])
+  reference = {name: tensors[name] for name in "abc"}
+  safetensors.numpy.save_file(reference, str(tmp_path / "theirs.safetensors"))
+  read = safetensors_io.SafetensorsFile(str(tmp_path / "theirs.safetensors"))
+  for name in "abc":
+    np.testing.assert_array_equal(read.tensor(name), tensors[name])
+  ours = safetensors_io.SafetensorsFile(str(tmp_path / "ours.safetensors"))
+  np.testing.assert_array_equal(ours.tensor("d").view(np.uint16), tensors["d"].view(np.uint16))
+
+
+def test_bfloat16_checkpoint_imports_bit_exact(saved, tmp_path):
+  torch_model = hf_models.build("llama").to(torch.bfloat16)
+  torch_model.save_pretrained(tmp_path)
+  model, _ = hf.import_model(str(tmp_path))
+  assert model.config.param_dtype == "bfloat16" and model.config.dtype == "bfloat16"
+  table = model.embedder.table_VD[...]
+  assert table.dtype == jnp.bfloat16
+  expected = torch_model.model.embed_tokens.weight.view(torch.int16).numpy()
+  np.testing.assert_array_equal(np.asarray(table).view(np.int16), expected)
+  upcast, _ = hf.import_model(str(tmp_path), param_dtype="float32")
+  assert upcast.embedder.table_VD[...].dtype == jnp.float32
+
+
+def test_orbax_checkpoint_round_trip(tmp_path):
+  from specsamp.tokenizer import Tokenizer
+  texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(400)]
+  tokenizer = Tokenizer.train(texts, 300)
+  torch_model = hf_models.build("mistral", vocab_size=320)
+  torch_model.save_pretrained(tmp_path / "hf")
+  (tmp_path / "hf" / "tokenizer.model").write_bytes(tokenizer.model_proto)
+  config = hf.import_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "ckpt"))
+  assert config.vocab_size == 320 and config.sliding_window == 4
+  assert (tmp_path / "ckpt" / "tokenizer.model").read_bytes() == tokenizer.model_proto
+  mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+  model, meta = hf.load_checkpoint(str(tmp_path / "ckpt"), mesh)
+  assert meta["source"]["model_type"] == "mistral" and meta["tokenizer"] == tokenizer.fingerprint
+  with sharding.use_mesh(mesh):
+    logits, _ = jax.jit(lambda m, t: m(t))(model, jnp.asarray(TOKENS))
+  assert relative_error(logits, torch_logits(torch_model, TOKENS)) < 1e-4
+  with pytest.raises(FileExistsError, match="already holds a checkpoint"):
+    hf.import_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "ckpt"))
+  assert checkpoint.Checkpoints(str(tmp_path / "ckpt")).all_steps() == [0]
+  # A tokenizer with more pieces than the model has embeddings is refused.
+  hf_models.build("mistral").save_pretrained(tmp_path / "small")
+  (tmp_path / "small" / "tokenizer.model").write_bytes(tokenizer.model_proto)
+  with pytest.raises(ValueError, match="tokenizer has 300 pieces but the model only 97"):
+    hf.import_to_checkpoint(str(tmp_path / "small"), str(tmp_path / "ckpt2"))
+
+
+# ---- Errors ---------------------------------------------------------------------------------
+
+
+def write_config(directory, **fields):
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(fields, f)
+
+
+def copy_with_config(source: str, destination, **changes):
+  import shutil
+  shutil.copytree(source, destination)
+  config = architectures.read_config(source)
+  config.update(changes)
+  write_config(destination, **config)
+  return str(destination)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(model_type="gpt2", architectures=["GPT2LMHeadModel"]), "model_type 'gpt2'.*not supported"),
+    (dict(model_type="qwen3"), "model_type 'qwen3'.*llama, mistral, qwen2"),
+    (dict(quantization_config={"quant_method": "gptq"}), "quantized \\(gptq\\)"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "'yarn'"),
+    (dict(mlp_bias=True), "mlp_bias"),
+    (dict(hidden_act="tanh"), "hidden activation 'tanh'"),
+])
+def test_unsupported_architectures_are_refused(changes, message, saved, tmp_path):
+  directory = copy_with_config(saved("llama")[1], tmp_path / "m", **changes)
+  with pytest.raises(architectures.UnsupportedArchitecture, match=message):
+    hf.import_model(directory)
+
+
+def test_tensor_layout_errors(saved, tmp_path):
+  source = saved("llama")[1]
+  # A config that disagrees with the tensors: a missing tensor, and a shape mismatch.
+  deeper = copy_with_config(source, tmp_path / "deeper", num_hidden_layers=4)
+  with pytest.raises(architectures.UnsupportedArchitecture, match="lacks 9 tensors"):
+    hf.import_model(deeper)
+  wider = copy_with_config(source, tmp_path / "wider", intermediate_size=64)
+  with pytest.raises(ValueError, match="gate_proj.weight has shape \\(48, 32\\).*\\(64, 32\\)"):
+    hf.import_model(wider)
+  # Tensors the architecture has no place for (e.g. Qwen3's q/k norms).
+  extra = tmp_path / "extra"
+  tensors = read_all(source)
+  tensors["model.layers.0.self_attn.q_norm.weight"] = np.ones(8, np.float32)
+  os.makedirs(extra)
+  safetensors_io.write_file(str(extra / "model.safetensors"), tensors)
+  write_config(extra, **architectures.read_config(source))
+  with pytest.raises(architectures.UnsupportedArchitecture, match="q_norm"):
+    hf.import_model(str(extra))
+  with pytest.raises(FileNotFoundError, match="No config.json"):
+    hf.import_model(str(tmp_path / "nowhere"))
+  write_config(tmp_path / "bin", **architectures.read_config(source))
+  (tmp_path / "bin" / "pytorch_model.bin").write_bytes(b"")
+  with pytest.raises(FileNotFoundError, match="No model.safetensors.*pytorch_model.bin"):
+    hf.import_model(str(tmp_path / "bin"))
+
+
+def test_dtype_problems(saved, tmp_path):
+  source = saved("llama")[1]
+  config = architectures.read_config(source)
+  tensors = read_all(source)
+  big = dict(tensors)
+  big["model.norm.weight"] = np.full(32, 1e6, np.float32)
+  os.makedirs(tmp_path / "big")
+  safetensors_io.write_file(str(tmp_path / "big" / "model.safetensors"), big)
+  write_config(tmp_path / "big", **config)
+  with pytest.raises(ValueError, match="model.norm.weight' overflows float16.*bfloat16"):
+    hf.import_model(str(tmp_path / "big"), param_dtype="float16")
+  hf.import_model(str(tmp_path / "big"), param_dtype="bfloat16")  # Fits there.
+  nan = dict(tensors)
+  nan["model.norm.weight"] = np.full(32, np.nan, np.float32)
+  os.makedirs(tmp_path / "nan")
+  safetensors_io.write_file(str(tmp_path / "nan" / "model.safetensors"), nan)
+  write_config(tmp_path / "nan", **config)
+  with pytest.raises(ValueError, match="NaN or inf"):
+    hf.import_model(str(tmp_path / "nan"))
+  ints = dict(tensors)
+  ints["model.norm.weight"] = np.ones(32, np.int8)
+  os.makedirs(tmp_path / "int")
+  safetensors_io.write_file(str(tmp_path / "int" / "model.safetensors"), ints)
+  write_config(tmp_path / "int", **config)
+  with pytest.raises(ValueError, match="stored as int8, not a float"):
+    hf.import_model(str(tmp_path / "int"))
+  with pytest.raises(ValueError, match="param_dtype must be one of"):
+    hf.import_model(source, param_dtype="int8")
+
+
+def test_tokenizer_and_vocabulary_mismatches(saved, imported, tmp_path):
+  (tmp_path / "tokenizer.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match="only tokenizer.json"):
+    hf.load_tokenizer(str(tmp_path))
+  other = hf_models.build("qwen2", vocab_size=101)
+  other.save_pretrained(tmp_path / "q2")
+  with pytest.raises(ValueError, match="vocabulary has 97 entries and the draft's 101"):
+    convert.check_pair(imported("qwen2"), hf.import_model(str(tmp_path / "q2"))[0])
+
+
+def test_export_refuses_configs_no_hf_architecture_expresses(tiny_model, tmp_path):
+  from conftest import tiny_config
+  from specsamp.models import transformer as transformer_lib
+  odd = transformer_lib.create(tiny_config(norm_plus_one=True, scale_embeddings=False))
+  with pytest.raises(architectures.UnsupportedArchitecture, match="scale_embeddings"):
+    hf.export_model(odd, str(tmp_path / "odd"))
+  assert not (tmp_path / "odd").exists()

@@ -237,7 +237,8 @@ def to_hf(config: TransformerConfig, *, dtype: str | None = None,
     if model_type == "qwen2":
       hf["use_sliding_window"] = True
   if model_type == "gemma2":
-    hf.update(query_pre_attn_scalar=config.query_pre_attn_scalar,
+    scalar = config.query_pre_attn_scalar
+    hf.update(query_pre_attn_scalar=int(scalar) if float(scalar).is_integer() else scalar,
               attn_logit_softcapping=config.attn_logit_softcap,
               final_logit_softcapping=config.final_logit_softcap)
   hf.update({key: value for key, value in (special_ids or {}).items() if value is not None})

@@ -46,7 +46,8 @@ def _cast(name: str, shard: np.ndarray, dtype: jnp.dtype) -> np.ndarray:
   if not jnp.issubdtype(shard.dtype, jnp.floating):
     raise ValueError(f"Tensor {name!r} is stored as {shard.dtype}, not a float: quantized or "
                      "corrupt weights, which specsamp does not import.")
-  out = np.asarray(shard, dtype=dtype)
+  with np.errstate(over="ignore"):  # Overflow is reported below, with the tensor's name.
+    out = np.asarray(shard, dtype=dtype)
   if not np.isfinite(out).all():
     if not np.isfinite(np.asarray(shard, np.float32)).all():
       raise ValueError(f"Tensor {name!r} of the checkpoint holds NaN or inf values.")
