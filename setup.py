@@ -27,5 +27,10 @@ setuptools.setup(
         # Benchmarks draw their figures with matplotlib; the tests draw them too.
         "bench": ["matplotlib"],
         "test": ["pytest>=8", "scipy", "matplotlib"],
+        # Hugging Face parity tests and scripts/compare_hf.py. specsamp's own import and
+        # export need none of these (it reads and writes safetensors itself). torch is
+        # pinned to a release with a CPU wheel: an open range makes pip fetch the newest
+        # build with several GB of CUDA libraries.
+        "hf": ["torch==2.13.0", "transformers>=5.0", "safetensors"],
     },
 )

@@ -267,9 +267,16 @@ def _format_duration(seconds: float) -> str:
 
 
 def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: str) -> None:
-  """Refuses a checkpoint written for another model, tokenizer or training run."""
+  """Refuses a checkpoint written for another model, tokenizer or training run.
+
+  A saved model config is read with today's defaults for fields added since it was
+  written, so a checkpoint stays usable when TransformerConfig grows a field.
+  """
   for key, want in expected.items():
-    if meta.get(key) != want:
+    saved = meta.get(key)
+    if key == "model" and isinstance(saved, Mapping):
+      saved = dataclasses.asdict(TransformerConfig.from_config(saved))
+    if saved != want:
       raise checkpoint.CheckpointError(
           f"The checkpoint in {directory} was written with a different {key}:\n  saved:     "
           f"{meta.get(key)}\n  requested: {want}\nUse another --workdir, or delete this directory "

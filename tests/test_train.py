@@ -161,3 +161,17 @@ def test_distillation_raises_acceptance_over_an_untrained_draft(trainer, uninter
   after = _teacher_forced_alpha(target, student.model(state.params), tokens)
   print(mode, before, after)
   assert after > before + 0.2, (before, after)
+
+
+def test_checkpoint_meta_written_before_a_config_field_existed_still_matches():
+  """A model config saved without fields added later (here: the HF-import fields) is read
+  with their defaults; a real difference is still refused."""
+  import dataclasses as dc
+  from specsamp import checkpoint as checkpoint_lib
+  config = tiny_config()
+  current = dc.asdict(config)
+  older = {k: v for k, v in current.items() if k not in ("post_norms", "sliding_window",
+                                                         "gelu_approximate", "rope_scaling")}
+  train.check_meta({"model": older}, {"model": current}, "/tmp/x")
+  with pytest.raises(checkpoint_lib.CheckpointError, match="different model"):
+    train.check_meta({"model": dict(older, num_layers=7)}, {"model": current}, "/tmp/x")

@@ -162,11 +162,12 @@ def from_hf(hf: Mapping[str, Any], *, param_dtype: str | None = None, dtype: str
   num_heads = int(hf["num_attention_heads"])
   num_layers = int(hf["num_hidden_layers"])
   gemma = model_type in _GEMMA
+  head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // num_heads)
   fields: dict[str, Any] = dict(
       vocab_size=int(hf["vocab_size"]), num_layers=num_layers, d_model=int(hf["hidden_size"]),
       num_heads=num_heads, num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
       ffn_dim=int(hf["intermediate_size"]),
-      head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // num_heads),
+      head_dim=head_dim if head_dim != int(hf["hidden_size"]) // num_heads else None,
       mlp_activation=activation, gelu_approximate=approximate,
       norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       norm_plus_one=gemma, scale_embeddings=gemma, qkv_bias=model_type == "qwen2",
@@ -175,7 +176,7 @@ def from_hf(hf: Mapping[str, Any], *, param_dtype: str | None = None, dtype: str
       **_rope(hf), **_window(hf, model_type, num_layers))
   if model_type == "gemma2":
     fields.update(post_norms=True,
-                  query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or fields["head_dim"]),
+                  query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or head_dim),
                   attn_logit_softcap=hf.get("attn_logit_softcapping"),
                   final_logit_softcap=hf.get("final_logit_softcapping"))
   return TransformerConfig(**fields)
