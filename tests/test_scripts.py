@@ -116,3 +116,60 @@ def test_benchmark_script_sweeps_resumes_and_feeds_the_performance_model(trained
   for needle in ("The paper's setting", "Calibrated on", "memory-bandwidth floor",
                  "Recommended K", "HumanEval nucleus"):
     assert needle in model.stdout, needle
+
+
+def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, tmp_path):
+  """The default-pair family (plain GELU MLP) exports as HF 'arcee', loads in transformers with
+  the same logits, and imports back to identical parameters."""
+  import jax
+  import numpy as np
+  import torch
+  import transformers
+  from specsamp.hf import convert
+
+  workdir, _ = trained_workdir
+  hf_dir, back = str(tmp_path / "hf"), str(tmp_path / "back")
+  result = run_script("export_hf.py", f"--checkpoint={workdir}/target", f"--output={hf_dir}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "+ tokenizer.model" in result.stdout
+  assert sorted(os.listdir(hf_dir)) == ["config.json", "generation_config.json",
+                                        "model.safetensors", "tokenizer.model"]
+  ours, _ = convert.load_checkpoint(f"{workdir}/target")
+  tokens = np.random.default_rng(0).integers(4, ours.vocab_size, size=(2, 10))
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+  assert hf_model.config.model_type == "arcee"
+  with torch.no_grad():
+    reference = hf_model(torch.as_tensor(tokens)).logits.numpy()
+  logits = np.asarray(ours(jax.numpy.asarray(tokens))[0])
+  assert np.abs(logits - reference).max() < 1e-4 * np.abs(reference).max()
+
+  result = run_script("import_hf.py", f"--hf_dir={hf_dir}", f"--output={back}",
+                      "--mesh_data=2", "--mesh_tensor=4")
+  assert result.returncode == 0, result.stderr[-3000:]
+  again, meta = convert.load_checkpoint(back)
+  assert again.config == ours.config and meta["source"]["model_type"] == "arcee"
+  for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(again)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  refused = run_script("import_hf.py", f"--hf_dir={hf_dir}", f"--output={back}")
+  assert refused.returncode != 0 and "already holds a checkpoint" in refused.stderr
+
+
+def test_compare_hf_script_times_both_libraries(trained_workdir, tmp_path):
+  import json
+  workdir, _ = trained_workdir
+  output = str(tmp_path / "compare.json")
+  result = run_script("compare_hf.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
+                      f"--output={output}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  for needle in ("greedy (greedy):", "nucleus (temperature 0.8, top-p 0.95):",
+                 "hf assisted (K=4)", "hf assisted (hf defaults)", "specsamp speculative (K=4)",
+                 "specsamp speculative / hf assisted (same K):",
+                 "greedy outputs identical across all five: True"):
+    assert needle in result.stdout, needle
+  results = json.load(open(output))
+  assert results["hf_defaults"]["num_assistant_tokens"] == 20
+  for mode in ("greedy", "nucleus"):
+    entry = results["modes"][mode]
+    assert entry["ratio_vs_hf_assisted"] > 0
+    assert entry["specsamp speculative (K=4)"]["tokens"] == 2 * 8
+    assert 1.0 <= entry["hf assisted (K=4)"]["tokens_per_target_call"] <= 5.0
