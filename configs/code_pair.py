@@ -94,9 +94,13 @@ def get_config(arg=None):
 
   vocab = config.tokenizer.vocab_size
   config.target = ml_collections.ConfigDict()
+  # A specsamp checkpoint (e.g. from scripts/import_hf.py) to load instead of training; its
+  # own metadata then gives the model, and `model` / `train` below are not used.
+  config.target.checkpoint = ""
   config.target.model = _model(num_layers=6, d_model=384, num_heads=6, vocab_size=vocab)
   config.target.train = _train(steps=60, batch_size=16, seq_len=128, learning_rate=3e-3)
   config.draft = ml_collections.ConfigDict()
+  config.draft.checkpoint = ""  # As target.checkpoint.
   config.draft.model = _model(num_layers=1, d_model=256, num_heads=4, vocab_size=vocab)
   config.draft.train = _train(steps=80, batch_size=16, seq_len=128, learning_rate=3e-3,
                               distill_mode="token")

@@ -7,6 +7,11 @@ the workdir yet, so the first run trains and later runs load in seconds:
   workdir/target/<step>/        orbax checkpoints of the target
   workdir/draft_<mode>/<step>/  a draft per distillation mode ('none': from scratch)
 
+A section with ``checkpoint`` set (e.g. a Hugging Face model imported by
+scripts/import_hf.py) is loaded from there instead, with the model config its
+metadata holds; the tokenizer is then ``tokenizer.path`` or the
+tokenizer.model beside the target's checkpoint.
+
 An interrupted stage resumes from its newest checkpoint. Every checkpoint
 records its model config and tokenizer fingerprint; a workdir written for
 another config is refused with a clear message, never overwritten.
@@ -70,9 +75,16 @@ def model_config(section: ml_collections.ConfigDict, tokenizer: Tokenizer) -> Tr
 
 def load_tokenizer(config: ml_collections.ConfigDict, workdir: str, split: data.Split,
                    log: Callable[[str], None]) -> Tokenizer:
-  """config.tokenizer.path when set; else the workdir's tokenizer, trained when missing."""
+  """config.tokenizer.path when set; else the one beside a target checkpoint; else the
+  workdir's tokenizer, trained when missing."""
   if config.tokenizer.path:
-    return Tokenizer.load(config.tokenizer.path)
+    return Tokenizer.load(os.path.expanduser(config.tokenizer.path))
+  if config.target.get("checkpoint"):
+    path = os.path.join(os.path.expanduser(config.target.checkpoint), "tokenizer.model")
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"target.checkpoint {config.target.checkpoint} has no "
+                              "tokenizer.model beside it; set --config.tokenizer.path.")
+    return Tokenizer.load(path)
   path = os.path.join(workdir, "tokenizer.model")
   if os.path.exists(path):
     tokenizer = Tokenizer.load(path)
@@ -97,10 +109,26 @@ def load_corpus(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: 
       eval_stream=data.token_stream(tokenizer, split.validation, config.data.max_eval_tokens))
 
 
+def _load_checkpoint(name: str, path: str, tokenizer: Tokenizer, mesh,
+                     log: Callable[[str], None]):
+  """A model from a checkpoint given in the config, checked against the tokenizer."""
+  model, meta = train.load_model(os.path.expanduser(path), mesh)
+  if meta.get("tokenizer") not in (None, tokenizer.fingerprint):
+    raise ValueError(f"The {name} checkpoint {path} was made with tokenizer {meta['tokenizer']}, "
+                     f"not {tokenizer.path} ({tokenizer.fingerprint}).")
+  if model.vocab_size < tokenizer.vocab_size:
+    raise ValueError(f"The {name} checkpoint {path} has {model.vocab_size} embeddings, fewer than "
+                     f"the tokenizer's {tokenizer.vocab_size} pieces.")
+  log(f"{name}: loaded {model.config.num_layers} layers x {model.config.d_model} from {path}")
+  return model
+
+
 def _train_model(name: str, section: ml_collections.ConfigDict, tokenizer: Tokenizer,
                  get_corpus: Callable[[], Corpus], mesh, directory: str, seed: int,
                  data_config: dict,
                  teacher=None, log: Callable[[str], None] = print):
+  if section.get("checkpoint"):
+    return _load_checkpoint(name, section.checkpoint, tokenizer, mesh, log)
   model_cfg = model_config(section, tokenizer)
   train_cfg = train.TrainConfig.from_config(section.train)
   # What the checkpoint must match to be reused: model, tokenizer and the data it was trained on.
@@ -160,7 +188,12 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   target = _train_model("target", config.target, tokenizer, get_corpus, mesh, target_dir,
                         config.seed, config.data.to_dict(), log=log)
   drafts = {}
-  for mode in draft_modes or [config.draft.train.distill.mode]:
+  if config.draft.get("checkpoint"):
+    drafts["checkpoint"] = _load_checkpoint("draft", config.draft.checkpoint, tokenizer, mesh, log)
+    if drafts["checkpoint"].vocab_size != target.vocab_size:
+      raise ValueError(f"The draft has {drafts['checkpoint'].vocab_size} embeddings and the "
+                       f"target {target.vocab_size}: speculative sampling needs one vocabulary.")
+  for mode in [] if drafts else (draft_modes or [config.draft.train.distill.mode]):
     section = ml_collections.ConfigDict(config.draft.to_dict())
     section.train.distill.mode = mode
     directory = os.path.join(workdir, f"draft_{mode}")

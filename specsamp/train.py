@@ -377,3 +377,14 @@ def load_params(model_config: TransformerConfig, directory: str, mesh: jax.shard
   target = checkpoint.abstract_arrays(nnx.to_pure_dict(abstract_params), shardings)
   restored, meta = store.restore({"params": target}, step=meta["step"])
   return nnx.merge(graphdef, restored["params"]), meta
+
+
+def load_model(directory: str, mesh: jax.sharding.Mesh, step: int | None = None
+               ) -> tuple[transformer.Transformer, dict]:
+  """A model whose config is read from its checkpoint's metadata (trained, or imported from
+  Hugging Face), restored onto ``mesh``; returns it and the metadata."""
+  meta = checkpoint.Checkpoints(directory).read_meta(step)
+  if "model" not in meta:
+    raise checkpoint.CheckpointError(f"{directory} has no model config in its metadata.")
+  config = TransformerConfig.from_config(meta["model"])
+  return load_params(config, directory, mesh, step=meta["step"])

@@ -153,6 +153,18 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   refused = run_script("import_hf.py", f"--hf_dir={hf_dir}", f"--output={back}")
   assert refused.returncode != 0 and "already holds a checkpoint" in refused.stderr
 
+  # The imported pair drives the main job through the config's checkpoint fields.
+  draft_hf, draft_back = str(tmp_path / "draft_hf"), str(tmp_path / "draft_back")
+  assert run_script("export_hf.py", f"--checkpoint={workdir}/draft_token",
+                    f"--output={draft_hf}").returncode == 0
+  assert run_script("import_hf.py", f"--hf_dir={draft_hf}", f"--output={draft_back}").returncode == 0
+  result = run_script("sample.py", "--config=configs/code_pair.py:test",
+                      f"--workdir={tmp_path / 'imported_pair'}", f"--config.target.checkpoint={back}",
+                      f"--config.draft.checkpoint={draft_back}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"target: loaded 2 layers x 64 from {back}" in result.stdout
+  assert "training" not in result.stdout and "speedup:" in result.stdout
+
 
 def test_compare_hf_script_times_both_libraries(trained_workdir, tmp_path):
   import json

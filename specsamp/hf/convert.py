@@ -154,13 +154,9 @@ def import_to_checkpoint(hf_dir: str, output_dir: str, mesh: jax.sharding.Mesh |
 
 def load_checkpoint(directory: str, mesh: jax.sharding.Mesh | None = None,
                     step: int | None = None) -> tuple[transformer.Transformer, dict[str, Any]]:
-  """A model saved by ``import_to_checkpoint`` (or by training), its config read from the
-  checkpoint's metadata, restored onto ``mesh``; returns (model, meta)."""
-  meta = checkpoint.Checkpoints(directory).read_meta(step)
-  if "model" not in meta:
-    raise checkpoint.CheckpointError(f"{directory} has no model config in its metadata.")
-  config = TransformerConfig.from_config(meta["model"])
-  return train.load_params(config, directory, mesh or default_mesh(), step=meta["step"])
+  """A model saved by ``import_to_checkpoint`` (or by training) restored onto ``mesh``
+  (default: all devices on 'data'); returns (model, meta)."""
+  return train.load_model(directory, mesh or default_mesh(), step)
 
 
 def _to_host(array: jax.Array) -> np.ndarray:
