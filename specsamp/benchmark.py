@@ -235,6 +235,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
   pair_config.sampling.num_prompts = config.num_prompts
   pair_config.sampling.prompt_tokens = config.prompt_tokens
   drafters = parse_list(config.drafters)
+  if pair_config.draft.get("checkpoint"):  # A loaded draft (e.g. imported) replaces trained ones.
+    drafters = ["checkpoint"] + [d for d in drafters if d == SYNTHETIC]
   # The trained drafts to time; 'synthetic' alone drafts with the config's default draft.
   model_drafters = [d for d in drafters if d != SYNTHETIC] or [
       pair_config.draft.train.distill.mode]

@@ -175,7 +175,7 @@ def test_compare_hf_script_times_both_libraries(trained_workdir, tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   for needle in ("greedy (greedy):", "nucleus (temperature 0.8, top-p 0.95):",
                  "hf assisted (K=4)", "hf assisted (hf defaults)", "specsamp speculative (K=4)",
-                 "specsamp speculative / hf assisted (same K):",
+                 "specsamp speculative / hf assisted (same K):", "at equal tokens per verification:",
                  "greedy outputs identical across all five: True"):
     assert needle in result.stdout, needle
   results = json.load(open(output))

@@ -38,7 +38,7 @@ def default_mesh() -> jax.sharding.Mesh:
 
 def load_tokenizer(hf_dir: str) -> Tokenizer:
   """The SentencePiece tokenizer.model of an HF directory (clear error for tokenizer.json only)."""
-  return Tokenizer.load(os.path.join(hf_dir, TOKENIZER_FILE))
+  return Tokenizer.load(os.path.join(os.path.expanduser(hf_dir), TOKENIZER_FILE))
 
 
 def _cast(name: str, shard: np.ndarray, dtype: jnp.dtype) -> np.ndarray:
@@ -82,6 +82,7 @@ def import_model(hf_dir: str, mesh: jax.sharding.Mesh | None = None, *,
   Returns:
     (model, the HF config dict).
   """
+  hf_dir = os.path.expanduser(hf_dir)
   hf_config = architectures.read_config(hf_dir)
   config = architectures.from_hf(hf_config, param_dtype=param_dtype, dtype=dtype,
                                  tensor_parallel=tensor_parallel)
@@ -130,7 +131,8 @@ def import_to_checkpoint(hf_dir: str, output_dir: str, mesh: jax.sharding.Mesh |
   """Imports ``hf_dir`` and saves it as an orbax checkpoint (step 0) in ``output_dir``,
   with the model config, tokenizer fingerprint and source in its metadata. Refuses a
   directory that already holds a checkpoint (nothing saved is overwritten)."""
-  store = checkpoint.Checkpoints(output_dir, max_to_keep=None)
+  hf_dir = os.path.expanduser(hf_dir)
+  store = checkpoint.Checkpoints(os.path.expanduser(output_dir), max_to_keep=None)
   if store.latest_step() is not None:
     raise FileExistsError(f"{store.directory} already holds a checkpoint (steps "
                           f"{store.all_steps()}); choose another output directory.")
