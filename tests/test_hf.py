@@ -271,11 +271,18 @@ def copy_with_config(source: str, destination, **changes):
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "'yarn'"),
     (dict(mlp_bias=True), "mlp_bias"),
     (dict(hidden_act="tanh"), "hidden activation 'tanh'"),
+    (dict(attention_bias=True), "attention_bias=true"),
 ])
 def test_unsupported_architectures_are_refused(changes, message, saved, tmp_path):
   directory = copy_with_config(saved("llama")[1], tmp_path / "m", **changes)
   with pytest.raises(architectures.UnsupportedArchitecture, match=message):
     hf.import_model(directory)
+
+
+def test_gemma_legacy_gelu_means_the_tanh_approximation(saved, imported, tmp_path):
+  """Released Gemma 1 configs say hidden_act='gelu' and mean tanh GELU, as transformers reads it."""
+  directory = copy_with_config(saved("gemma")[1], tmp_path / "legacy", hidden_act="gelu")
+  assert hf.import_model(directory)[0].config == imported("gemma").config
 
 
 def test_tensor_layout_errors(saved, tmp_path):

@@ -141,8 +141,12 @@ def from_hf(hf: Mapping[str, Any], *, param_dtype: str | None = None, dtype: str
           "attention_bias=true (biases on every projection)")
   _refuse(bool(hf.get("use_bidirectional_attention")), model_type,
           "use_bidirectional_attention=true")
-  act_name = (hf.get("hidden_activation") or hf.get("hidden_act")) if model_type in _GEMMA \
-      else hf.get("hidden_act", "silu")
+  if model_type == "gemma2":
+    act_name = hf.get("hidden_activation") or hf.get("hidden_act")
+  else:
+    act_name = hf.get("hidden_act", "silu")
+    if model_type == "gemma" and act_name == "gelu":
+      act_name = "gelu_pytorch_tanh"  # Gemma's legacy value; transformers maps it so too.
   if act_name not in _ACTIVATIONS:
     raise UnsupportedArchitecture(f"{model_type} with hidden activation {act_name!r} is not "
                                   f"supported (known: {sorted(_ACTIVATIONS)}).")
