@@ -17,23 +17,11 @@ Arguments:
   test    the micro pair of configs/code_pair.py:test, for the test suite.
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
+from specsamp import config_files
 
-def _sibling(name):
-  """Loads configs/<name>.py (config files are loaded by path, not as a package)."""
-  spec = importlib.util.spec_from_file_location(
-      f"specsamp_config_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                              f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-code_pair = _sibling("code_pair")
+code_pair = config_files.sibling(__file__, "code_pair")
 
 VARIANTS = ("full", "quick", "test")
 

@@ -1,21 +1,17 @@
 """Configs: the paper's pair counts its parameters without allocating; tiny families build."""
 
-import importlib.util
 import os
 
 import pytest
 
-from specsamp import sharding
+from specsamp import config_files, sharding
 from specsamp.models import Transformer, TransformerConfig
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 def load_config(name, arg=None):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(CONFIGS, f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return config_files.load_module(os.path.join(CONFIGS, f"{name}.py")).get_config(arg)
 
 
 @pytest.mark.parametrize("name,expected", [("chinchilla_70b", 70e9), ("chinchilla_4b", 4e9)])

@@ -185,3 +185,26 @@ def test_compare_hf_script_times_both_libraries(trained_workdir, tmp_path):
     assert entry["ratio_vs_hf_assisted"] > 0
     assert entry["specsamp speculative (K=4)"]["tokens"] == 2 * 8
     assert 1.0 <= entry["hf assisted (K=4)"]["tokens_per_target_call"] <= 5.0
+
+
+def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_path):
+  import json
+  workdir, _ = trained_workdir
+  output = str(tmp_path / "drafters")
+  result = run_script("benchmark_drafters.py", "--config=configs/drafters.py:test",
+                      f"--workdir={workdir}", f"--config.output_dir={output}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = json.load(open(os.path.join(output, "results.json")))["records"]
+  # 2 tasks x greedy x 3 drafters x 2 schedules x K=2.
+  assert len(records) == 12
+  assert {r["drafter"] for r in records.values()} == {"model", "lookup", "self1"}
+  assert {r["task"] for r in records.values()} == {"continue", "grounded"}
+  for r in records.values():
+    assert r["speedup"] > 0 and 1.0 <= r["tokens_per_call"] <= 3.0
+    assert 0.0 <= r["mean_draft_length"] <= 2.0
+  lookup = [r for r in records.values() if r["drafter"] == "lookup"]
+  assert all(r["draft_calls_per_call"] == 0 for r in lookup)
+  assert "| task | mode | drafter |" in open(os.path.join(output, "summary.md")).read()
+  again = run_script("benchmark_drafters.py", "--config=configs/drafters.py:test",
+                     f"--workdir={workdir}", f"--config.output_dir={output}")
+  assert again.returncode == 0 and "K=2:" not in again.stdout  # Resumed: nothing re-timed.

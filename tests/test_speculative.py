@@ -1,19 +1,18 @@
 """Speculative sampling: greedy identity, exact distributions, statistics, sharding, errors."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import exact
 from bigram import random_bigram
 from conftest import perturbed, tiny_config
 from stat_tests import count_rows, g_test_p_value
 from specsamp import sharding
 from specsamp.models import transformer
-from specsamp.sampling import generate, model_protocol, speculative, speculative_generate, \
-    verification, warping
+from specsamp.sampling import drafters, generate, model_protocol, speculative, \
+    speculative_generate, verification, warping
 
 PROMPTS = np.array([[5, 9, 14, 3, 22, 7, 40], [8, 8, 31, 0, 0, 0, 0], [60, 2, 17, 90, 11, 0, 0],
                     [1, 0, 0, 0, 0, 0, 0]])
@@ -83,48 +82,38 @@ def test_eos_and_max_new_tokens_stop_rows_independently(target, drafts):
 
 
 def test_speculative_is_one_while_loop_on_device(target, drafts):
+  """The whole generation is ONE top-level while_loop (the draft's own loop nests inside it):
+  no host round trip per iteration."""
   t_static, t_dynamic = model_protocol.split_model(target)
-  d_static, d_dynamic = model_protocol.split_model(drafts["unrelated"])
+  d_static, d_dynamic = drafters.ModelDrafter(drafts["unrelated"]).split()
   jaxpr = jax.make_jaxpr(lambda t, d, p, l, k: speculative._speculative(
       t_static, t, d_static, d, p, l, k, jnp.float32(0), max_new_tokens=8, num_draft=3,
-      params=warping.SamplingParams(0.8), verifier="block", eos_id=2, pad_id=0,
-      cache_length=20))(t_dynamic, d_dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS),
-                        jax.random.key(0))
-  assert str(jaxpr).count(" while[") == 1
+      params=warping.SamplingParams(0.8), verifier="block", schedule="heuristic", eos_id=2,
+      pad_id=0, cache_length=20))(t_dynamic, d_dynamic, jnp.asarray(PROMPTS),
+                                  jnp.asarray(LENGTHS), jax.random.key(0))
+  inner = jaxpr.jaxpr.eqns[0].params["jaxpr"].jaxpr  # Inside jit.
+  assert [eqn.primitive.name for eqn in inner.eqns].count("while") == 1
 
 
 # --- Exact distribution: enumerate every 3-token continuation of the target. -------------------
 
-VOCAB, NEW_TOKENS, ROWS = 8, 3, 24_000
 EXACT_PROMPT = np.array([3, 6])
 
 
 @pytest.fixture(scope="module")
 def small_pair():
-  config = tiny_config(vocab_size=VOCAB, d_model=32, num_heads=4, num_kv_heads=2, ffn_dim=64)
-  target = transformer.create(config, seed=10)
-  return target, perturbed(target, 0.6, seed=11)
+  return exact.small_pair()
 
 
 def _exact_target_distribution(model, params):
-  """P(x1 x2 x3 | prompt) from the warped target, by full forward passes over all prefixes."""
-  probs = {}
-  for depth in range(NEW_TOKENS):
-    prefixes = list(itertools.product(range(VOCAB), repeat=depth))
-    seqs = np.array([list(EXACT_PROMPT) + list(p) for p in prefixes])
-    logits, _ = model(jnp.asarray(seqs))
-    step = np.asarray(warping.probabilities(logits[:, -1], params), np.float64)
-    for prefix, dist in zip(prefixes, step):
-      probs[prefix] = dist
-  return {seq: np.prod([probs[seq[:t]][seq[t]] for t in range(NEW_TOKENS)])
-          for seq in itertools.product(range(VOCAB), repeat=NEW_TOKENS)}
+  return exact.target_distribution(model, EXACT_PROMPT, params)
 
 
 def _sampled(small_pair, params, num_draft, verifier, seed=0):
   target, draft = small_pair
-  prompts = np.tile(EXACT_PROMPT, (ROWS, 1))
-  out = speculative_generate(target, draft, prompts, np.full(ROWS, len(EXACT_PROMPT)),
-                             jax.random.key(seed), max_new_tokens=NEW_TOKENS,
+  prompts = np.tile(EXACT_PROMPT, (exact.ROWS, 1))
+  out = speculative_generate(target, draft, prompts, np.full(exact.ROWS, len(EXACT_PROMPT)),
+                             jax.random.key(seed), max_new_tokens=exact.NEW_TOKENS,
                              num_draft_tokens=num_draft, temperature=params.temperature,
                              top_k=params.top_k, top_p=params.top_p, verifier=verifier)
   return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT):])), out.summary()
@@ -144,9 +133,9 @@ def test_samples_follow_the_exact_target_distribution(small_pair, params, num_dr
   assert g_test_p_value(observed, _exact_target_distribution(small_pair[0], params)) > 1e-3
 
 
-def _resample_from_p(key, draft_tokens_BG, q_BGV, p_BG1V):
+def _resample_from_p(key, draft_tokens_BG, q_BGV, p_BG1V, num_proposed_B=None):
   """A WRONG verifier: token-wise acceptance, but resampling from p, not the residual."""
-  verdict = verification.token_verify(key, draft_tokens_BG, q_BGV, p_BG1V)
+  verdict = verification.token_verify(key, draft_tokens_BG, q_BGV, p_BG1V, num_proposed_B)
   p_BV = jnp.take_along_axis(p_BG1V, verdict.num_accepted[:, None, None], axis=1)[:, 0]
   return verdict.replace(next_token=verification.sample_from(jax.random.fold_in(key, 9), p_BV))
 

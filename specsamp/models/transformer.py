@@ -82,14 +82,16 @@ class Transformer(nnx.Module):
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
-  def init_cache(self, batch_size: int, max_length: int) -> KVCache:
-    """An empty cache of ``max_length`` slots per row."""
+  def init_cache(self, batch_size: int, max_length: int, num_layers: int | None = None
+                 ) -> KVCache:
+    """An empty cache of ``max_length`` slots per row (for the first ``num_layers`` blocks)."""
     config = self.config
-    return KVCache.create(config.num_layers, batch_size, max_length, config.num_kv_heads,
-                          config.resolved_head_dim, config.activation_dtype)
+    return KVCache.create(num_layers or config.num_layers, batch_size, max_length,
+                          config.num_kv_heads, config.resolved_head_dim, config.activation_dtype)
 
   def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None,
-               cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+               cache: KVCache | None = None, *, num_layers: int | None = None
+               ) -> tuple[jax.Array, KVCache | None]:
     """Processes T >= 1 tokens per row; returns float32 logits and the updated cache.
 
     Args:
@@ -98,13 +100,18 @@ class Transformer(nnx.Module):
         (or 0..T-1 without a cache).
       cache: the KV cache; None runs a plain forward pass over the T tokens and
         returns None in its place.
+      num_layers: run only the first L blocks, then the final norm and head
+        (early exit, for self-speculative drafting); the cache then holds L layers.
     """
+    num_layers = self.config.num_layers if num_layers is None else num_layers
+    if not 1 <= num_layers <= self.config.num_layers:
+      raise ValueError(f"num_layers must be in [1, {self.config.num_layers}], got {num_layers}.")
     if tokens_BT.ndim != 2:
       raise ValueError(f"tokens must be [batch, length], got shape {tokens_BT.shape}.")
     batch, length = tokens_BT.shape
     had_cache = cache is not None
     if cache is None:
-      cache = self.init_cache(batch, length)
+      cache = self.init_cache(batch, length, num_layers)
     if cache.batch_size != batch:
       raise ValueError(f"Cache holds {cache.batch_size} rows but tokens have {batch}.")
     if positions_BT is None:
@@ -115,7 +122,7 @@ class Transformer(nnx.Module):
 
     x_BTD = self.embedder.encode(tokens_BT)
     keys, values = [], []
-    for index, block in enumerate(self.blocks):
+    for index, block in enumerate(list(self.blocks)[:num_layers]):
       with jax.named_scope(f"layer_{index}"):
         x_BTD, k, v = block(x_BTD, positions_BT, cache.keys[index], cache.values[index])
       keys.append(k)
@@ -128,3 +135,31 @@ class Transformer(nnx.Module):
       logits_BTV = sharding.constrain(logits_BTV, ("act_batch", "act_length", "act_vocab"))
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), lengths=positions_BT[:, -1] + 1)
     return logits_BTV, (new_cache if had_cache else None)
+
+
+class EarlyExit(nnx.Module):
+  """The first ``num_layers`` blocks of a Transformer, then its final norm and head: a draft
+  model that shares every parameter with its target (self-speculative decoding, as in
+  LayerSkip / Draft & Verify). It follows the decode protocol with its own L-layer cache."""
+
+  def __init__(self, model: Transformer, num_layers: int):
+    if not 1 <= num_layers < model.config.num_layers:
+      raise ValueError(f"An early exit needs 1 <= num_layers < {model.config.num_layers} (the "
+                       f"target's depth), got {num_layers}.")
+    self.model = model
+    self.num_layers = num_layers
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  @property
+  def config(self) -> TransformerConfig:
+    return self.model.config.replace(num_layers=self.num_layers)
+
+  def init_cache(self, batch_size: int, max_length: int) -> KVCache:
+    return self.model.init_cache(batch_size, max_length, self.num_layers)
+
+  def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None,
+               cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+    return self.model(tokens_BT, positions_BT, cache, num_layers=self.num_layers)

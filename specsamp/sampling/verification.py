@@ -34,6 +34,13 @@ n+1 as token-wise does. The iteration does the same work as a real one, and
 n follows the i.i.d. law of Leviathan et al. exactly, so the loop's systems
 cost can be measured apart from the draft's quality.
 
+Shorter proposals (adaptive draft length, a lookup that found fewer tokens):
+with ``num_proposed`` = k < K for a row, only x~_1..x~_k are verified. This is
+the same algorithm on a block of length k, in static shapes: q_t := 0 for
+t > k, so the residual after x~_k is p_{k+1} (the bonus token), and nothing
+beyond k can be accepted (token-wise: forced rejection; block: h_i := 0 for
+i > k, and h_k = w_k follows from q_{k+1} = 0).
+
 Numerics: q(x) = 0 never divides (the ratio is taken as 1 where p > 0, 0
 where p = 0); a residual with no mass (p == q) falls back to p; h_i
 with m_i = 0 is 0.
@@ -103,6 +110,14 @@ def _pad_q(q_BGV: jax.Array) -> jax.Array:
   return jnp.concatenate([q_BGV, jnp.zeros_like(q_BGV[:, :1])], axis=1)
 
 
+def mask_unproposed(q_BGV: jax.Array, num_proposed_B: jax.Array | None
+                    ) -> tuple[jax.Array, jax.Array]:
+  """(q with rows zeroed past each row's proposal, the [B, G] proposed mask)."""
+  proposed_BG = jnp.ones(q_BGV.shape[:2], bool) if num_proposed_B is None else (
+      jnp.arange(q_BGV.shape[1])[None, :] < num_proposed_B[:, None])
+  return jnp.where(proposed_BG[..., None], q_BGV, 0.0), proposed_BG
+
+
 def _emit(key: jax.Array, num_accepted_B, p_BG1V, q_BGV, weight_B=1.0) -> Verdict:
   q_BG1V = _pad_q(q_BGV)
   index = num_accepted_B[:, None, None]
@@ -119,11 +134,13 @@ def acceptance_probabilities(draft_tokens_BG: jax.Array, q_BGV: jax.Array,
 
 
 def token_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
-                 p_BG1V: jax.Array) -> Verdict:
-  """Chen et al. Algorithm 2: accept each x~_t w.p. min(1, p/q), resample at the first rejection."""
+                 p_BG1V: jax.Array, num_proposed_B: jax.Array | None = None) -> Verdict:
+  """Chen et al. Algorithm 2: accept each x~_t w.p. min(1, p/q), resample at the first rejection.
+  ``num_proposed_B``: verify only each row's first k tokens (default all K)."""
+  q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
   accept_key, emit_key = jax.random.split(key)
   r_BG = jax.random.uniform(accept_key, draft_tokens_BG.shape)
-  accepted_BG = r_BG < acceptance_probabilities(draft_tokens_BG, q_BGV, p_BG1V)
+  accepted_BG = (r_BG < acceptance_probabilities(draft_tokens_BG, q_BGV, p_BG1V)) & proposed_BG
   return _emit(emit_key, _leading_count(accepted_BG), p_BG1V, q_BGV)
 
 
@@ -149,32 +166,40 @@ def block_stop_probabilities(weights_BG1: jax.Array, q_BGV: jax.Array, p_BG1V: j
 
 
 def block_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
-                 p_BG1V: jax.Array) -> Verdict:
-  """Sun et al. 2024 block verification: tau = max{i : eta_i <= h_i}, residual weighted by w_tau."""
+                 p_BG1V: jax.Array, num_proposed_B: jax.Array | None = None) -> Verdict:
+  """Sun et al. 2024 block verification: tau = max{i : eta_i <= h_i}, residual weighted by w_tau.
+  ``num_proposed_B``: verify only each row's first k tokens (default all K)."""
+  q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
   stop_key, emit_key = jax.random.split(key)
   weights_BG1 = block_weights(draft_tokens_BG, q_BGV, p_BG1V)
-  h_BG = block_stop_probabilities(weights_BG1, q_BGV, p_BG1V)
+  h_BG = jnp.where(proposed_BG, block_stop_probabilities(weights_BG1, q_BGV, p_BG1V), 0.0)
   eta_BG = jax.random.uniform(stop_key, h_BG.shape)
   lengths_G = jnp.arange(1, h_BG.shape[1] + 1)
   tau_B = jnp.max(jnp.where(eta_BG <= h_BG, lengths_G, 0), axis=1)
   return _emit(emit_key, tau_B, p_BG1V, q_BGV, _at(weights_BG1, tau_B))
 
 
-def greedy_verify(draft_tokens_BG: jax.Array, target_logits_BG1V: jax.Array) -> Verdict:
+def greedy_verify(draft_tokens_BG: jax.Array, target_logits_BG1V: jax.Array,
+                  num_proposed_B: jax.Array | None = None) -> Verdict:
   """Accept while the draft token is the target's argmax; emit the argmax after them."""
   best_BG1 = jnp.argmax(target_logits_BG1V, axis=-1).astype(jnp.int32)
-  num_accepted_B = _leading_count(draft_tokens_BG == best_BG1[:, :-1])
+  matches_BG = draft_tokens_BG == best_BG1[:, :-1]
+  if num_proposed_B is not None:
+    matches_BG &= jnp.arange(matches_BG.shape[1])[None, :] < num_proposed_B[:, None]
+  num_accepted_B = _leading_count(matches_BG)
   return Verdict(num_accepted=num_accepted_B, next_token=_at(best_BG1, num_accepted_B))
 
 
 def synthetic_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
-                     p_BG1V: jax.Array, acceptance: jax.Array | float) -> Verdict:
+                     p_BG1V: jax.Array, acceptance: jax.Array | float,
+                     num_proposed_B: jax.Array | None = None) -> Verdict:
   """Accepts each draft token with probability ``acceptance`` regardless of p and q; emits from
   the residual at the first rejection (the bonus token after a full accept). Benchmarks only:
   the output is NOT distributed as the target's."""
+  q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
   accept_key, emit_key = jax.random.split(key)
   r_BG = jax.random.uniform(accept_key, draft_tokens_BG.shape)
-  return _emit(emit_key, _leading_count(r_BG < acceptance), p_BG1V, q_BGV)
+  return _emit(emit_key, _leading_count((r_BG < acceptance) & proposed_BG), p_BG1V, q_BGV)
 
 
 VERIFIERS = {"token": token_verify, "block": block_verify}

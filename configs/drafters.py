@@ -1,0 +1,53 @@
+"""Drafters and draft-length schedules compared (scripts/benchmark_drafters.py).
+
+  python scripts/benchmark_drafters.py --config=configs/drafters.py
+  python scripts/benchmark_drafters.py --config=configs/drafters.py:test   # the test suite's
+
+Variants: '' (the default pair), test (the micro pair, for the tests).
+"""
+
+import ml_collections
+
+from specsamp import config_files
+
+VARIANTS = ("full", "test")
+
+
+def get_config(arg=None):
+  variant = arg or "full"
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/drafters.py: unknown variant {arg!r}; use one of {VARIANTS}.")
+  config = ml_collections.ConfigDict()
+  code_pair = config_files.sibling(__file__, "code_pair")
+  config.pair = code_pair.get_config("test" if variant == "test" else None)
+  config.seed = 0  # Call i samples with fold_in(seed, i).
+  config.output_dir = f"benchmark_results/drafters_{variant}"  # results.json, summary.md.
+  config.resume = True  # Skip settings already in output_dir/results.json.
+
+  config.tasks = "continue,grounded"  # Held-out code; code that repeats what the prompt holds.
+  config.modes = "greedy,sample"  # Greedy, and T=1 (the default pair's main setting).
+  # model: the trained draft; model_confident: with a confidence stop; lookup: prompt lookup;
+  # selfL: the target's first L layers (the default target has 6).
+  config.drafters = "model,model_confident,lookup,self2,self4"
+  config.schedules = "fixed,heuristic"  # Draft length: K always, or HF's +2/-1 rule.
+  config.num_draft_tokens = "2,4,6"  # K (the most, for the heuristic schedule).
+  config.confidence_threshold = 0.4  # model_confident's stop (HF's default).
+  config.lookup_max_ngram = 3  # Prompt lookup tries 3-, 2-, then 1-grams.
+
+  config.num_prompts = 8  # Held-out prompts (batch 1, one per call).
+  config.prompt_tokens = 64  # Tokens per prompt.
+  config.repeat_tokens = 8  # grounded: how much of the window's start is repeated.
+  config.max_new_tokens = 64  # Tokens generated per call.
+  config.calls = 8  # Timed calls per setting (after one untimed warm-up); median.
+
+  if variant == "test":
+    config.modes = "greedy"
+    config.drafters = "model,lookup,self1"
+    config.schedules = "fixed,heuristic"
+    config.num_draft_tokens = "2"
+    config.num_prompts = 2
+    config.prompt_tokens = 16
+    config.repeat_tokens = 4
+    config.max_new_tokens = 8
+    config.calls = 2
+  return config

@@ -1,0 +1,32 @@
+r"""Drafters (trained draft, confidence stop, prompt lookup, self-speculative) and fixed vs
+adaptive draft length, on held-out code and on an input-grounded task.
+
+  python scripts/benchmark_drafters.py --config=configs/drafters.py
+  python scripts/benchmark_drafters.py --config=configs/drafters.py \
+      --config.tasks=grounded --config.drafters=lookup,model --config.num_draft_tokens=4,8
+
+Prepares (or loads) the pair, then for each setting times autoregressive and
+speculative sampling at batch 1 and prints speedup, tokens per target call,
+mean draft length and acceptance; writes results.json (resumable) and
+summary.md to --config.output_dir.
+"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from specsamp import drafter_benchmark
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/drafters.py", "Comparison config.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<pair name>.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  drafter_benchmark.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,167 @@
+"""Drafters and draft-length schedules compared: scripts/benchmark_drafters.py.
+
+On the pair of ``config.pair`` (trained or loaded), for each task, sampling
+mode, drafter, schedule and K: ms/token and tokens/s of speculative sampling
+against autoregressive sampling of the same prompts, the speedup, tokens per
+target call, mean draft length, acceptance and draft calls per target call.
+
+Tasks:
+  continue   held-out code windows (the main job's prompts): the draft must
+             predict new text.
+  grounded   input-grounded: each prompt is a held-out window W followed by
+             W's beginning again, so the continuation repeats code that is in
+             the prompt (copying or lightly editing code, as in code editing and
+             retrieval-grounded answers); where prompt lookup shines.
+
+Drafters (names in ``config.drafters``):
+  model            the pair's trained draft (token-distilled by default)
+  model_confident  the same with HF's confidence stop (``confidence_threshold``)
+  lookup           prompt lookup, n-grams ``lookup_max_ngram``..1
+  selfL            self-speculative: the target's first L layers, e.g. self2
+
+Timing as in ``benchmark.py``: compile and warm-up excluded, median over
+``calls`` calls. Results go to ``output_dir``/results.json (resumable per
+setting) and a Markdown table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import numpy as np
+
+from specsamp import data, sharding
+from specsamp import pair as pair_lib
+from specsamp.benchmark import MODES, Store, parse_list, time_sampler
+from specsamp.sampling import autoregressive, drafters, speculative
+
+TASKS = ("continue", "grounded")
+
+
+def grounded_prompts(prompts: np.ndarray, repeat_tokens: int) -> np.ndarray:
+  """Each window W of ``prompts`` as W[:L - r] + W[:r] (L the prompt length, r =
+  ``repeat_tokens``): the code, then its beginning again, to be continued by copying."""
+  length = prompts.shape[1]
+  if not 0 < repeat_tokens < length // 2:
+    raise ValueError(f"repeat_tokens must be in (0, {length // 2}), got {repeat_tokens}.")
+  return np.concatenate([prompts[:, :length - repeat_tokens], prompts[:, :repeat_tokens]], axis=1)
+
+
+def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters.Drafter:
+  if name == "model":
+    return drafters.ModelDrafter(pair.draft)
+  if name == "model_confident":
+    return drafters.ModelDrafter(pair.draft, confidence_threshold=config.confidence_threshold)
+  if name == "lookup":
+    return drafters.PromptLookupDrafter(max_ngram=config.lookup_max_ngram)
+  if name.startswith("self") and name[4:].isdigit():
+    return drafters.self_speculative(pair.target, int(name[4:]))
+  raise ValueError(f"Unknown drafter {name!r}: use model, model_confident, lookup or selfL "
+                   "(L = layers of the target, e.g. self2).")
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  unknown = sorted(set(parse_list(config.tasks)) - set(TASKS))
+  if unknown:
+    raise ValueError(f"Unknown tasks {unknown}; use some of {TASKS}.")
+  unknown = sorted(set(parse_list(config.modes)) - set(MODES))
+  if unknown:
+    raise ValueError(f"Unknown modes {unknown}; use some of {sorted(MODES)}.")
+  unknown = sorted(set(parse_list(config.schedules)) - set(speculative.SCHEDULES))
+  if unknown:
+    raise ValueError(f"Unknown schedules {unknown}; use some of {speculative.SCHEDULES}.")
+  if min(parse_list(config.num_draft_tokens, int)) < 1 or config.calls < 1:
+    raise ValueError("num_draft_tokens and calls must be >= 1.")
+
+
+def _fingerprint(config: ml_collections.ConfigDict) -> str:
+  identity = {k: config[k] for k in ("num_prompts", "prompt_tokens", "max_new_tokens",
+                                     "repeat_tokens")}
+  identity["pair"] = config.pair.to_dict()
+  return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | None = None,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+  """Runs the comparison (resuming), writes results.json and summary.md; returns the results."""
+  check_config(config)
+  store = Store(config.output_dir, _fingerprint(config), config.resume)
+  pair_config = ml_collections.ConfigDict(config.pair.to_dict())
+  pair_config.sampling.num_prompts = config.num_prompts
+  pair_config.sampling.prompt_tokens = config.prompt_tokens
+  pair = pair_lib.prepare(pair_config, workdir, log=log)
+  names = parse_list(config.drafters)
+  built = {name: make_drafter(name, pair, config) for name in names}
+  tasks = {"continue": pair.prompts,
+           "grounded": grounded_prompts(pair.prompts, config.repeat_tokens)}
+  key = jax.random.key(config.seed)
+  max_k = max(parse_list(config.num_draft_tokens, int))
+  cache_slots = config.prompt_tokens + config.max_new_tokens + max_k + 1
+  lengths = np.full((1,), config.prompt_tokens, np.int32)
+
+  def sampler(fn):
+    def sample(batch, seed):
+      with sharding.use_mesh(pair.mesh):
+        return fn(batch, jax.random.fold_in(key, seed))
+    return sample
+
+  for task in parse_list(config.tasks):
+    batches = [row[None] for row in tasks[task]]  # Batch 1: the latency setting.
+    for mode in parse_list(config.modes):
+      warp = dict(MODES[mode], max_new_tokens=config.max_new_tokens, pad_id=pair.tokenizer.pad_id)
+      ar = None
+      for name in names:
+        for schedule in parse_list(config.schedules):
+          for k in parse_list(config.num_draft_tokens, int):
+            record = {"task": task, "mode": mode, "drafter": name, "schedule": schedule,
+                      "num_draft_tokens": k}
+            record_key = "/".join(str(v) for v in record.values())
+            if record_key in store.data["records"]:
+              continue
+            if ar is None:
+              ar = time_sampler(sampler(lambda b, rng: autoregressive.generate(
+                  pair.target, b, lengths, rng, **warp)), batches, config.calls)
+            timed = time_sampler(sampler(lambda b, rng: speculative.speculative_generate(
+                pair.target, built[name], b, lengths, rng, num_draft_tokens=k,
+                schedule=schedule, cache_length=cache_slots, **warp)), batches, config.calls)
+            stats = speculative.summarize(timed.outputs)
+            record.update(
+                ms_per_token=timed.ms_per_token, tokens_per_s=timed.tokens_per_s,
+                ar_ms_per_token=ar.ms_per_token, speedup=ar.ms_per_token / timed.ms_per_token,
+                tokens_per_call=stats["tokens_per_target_call"],
+                mean_draft_length=stats["mean_draft_length"],
+                acceptance_rate=stats["acceptance_rate"], alpha=stats["alpha"],
+                draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1))
+            store.data["records"][record_key] = record
+            store.save()
+            log(f"{task:>9} {mode:>7} {name:>15} {schedule:>9} K={k}: "
+                f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
+                f"{record['speedup']:4.2f}x, {stats['tokens_per_target_call']:.2f} tokens/call, "
+                f"draft length {stats['mean_draft_length']:.2f}, acceptance "
+                f"{stats['acceptance_rate']:.3f}")
+  summary = summary_table(store.data["records"])
+  with open(os.path.join(config.output_dir, "summary.md"), "w") as f:
+    f.write(summary + "\n")
+  log(summary)
+  return store.data
+
+
+def summary_table(records: dict[str, dict]) -> str:
+  """Per task and mode, each drafter's best setting: Markdown."""
+  best: dict[tuple, dict] = {}
+  for record in records.values():
+    group = (record["task"], record["mode"], record["drafter"], record["schedule"])
+    if group not in best or record["speedup"] > best[group]["speedup"]:
+      best[group] = record
+  lines = ["| task | mode | drafter | schedule | best K | speedup | tokens / call | "
+           "draft length | acceptance |", "|---|---|---|---|---|---|---|---|---|"]
+  for (task, mode, name, schedule), r in sorted(best.items()):
+    lines.append(f"| {task} | {mode} | {name} | {schedule} | {r['num_draft_tokens']} | "
+                 f"{r['speedup']:.2f}x | {r['tokens_per_call']:.2f} | "
+                 f"{r['mean_draft_length']:.2f} | {r['acceptance_rate']:.3f} |")
+  return "\n".join(lines)

@@ -1,0 +1,252 @@
+r"""Where draft tokens come from: the drafter interface and its implementations.
+
+The speculative loop (``speculative.py``) asks a drafter for up to K proposed
+tokens per row and the distributions they were drawn from; it never looks
+inside. A drafter is exact whatever it proposes, as long as it reports the
+distribution q_t that x~_t was actually drawn from (a deterministic proposal
+has one-hot q) and decides how many tokens to propose from its own draws and
+the past only, never from the target's scores of this block.
+
+  ModelDrafter(model)          a separate draft model (Chen et al.), or
+  ModelDrafter(EarlyExit(target, L))
+                               self-speculative: the target's first L layers,
+                               its final norm and head, sharing its weights
+  PromptLookupDrafter(n)       no model: the continuation of the most recent
+                               earlier occurrence of the row's last n tokens
+                               in its own context (prompt lookup decoding)
+
+Interface (all inside jit; ``Drafter.split``/``merge`` cross the boundary):
+
+  init(prompts_BL, prompt_lengths_B, cache_length) -> (state, nan_B)
+  propose(state, tokens_BW, lengths_B, key, num_draft, limit_B, params, vocab_size)
+      -> (Proposal, state)
+  rollback(state, lengths_B) -> state
+  model_calls_per_prefill: 1 for a model, 0 for lookup
+
+``limit_B`` is each row's draft length this iteration (K, or what the
+adaptive schedule allows, see ``speculative.py``); a drafter may propose fewer
+(``Proposal.num_proposed``), e.g. when a lookup finds no match, or when a
+draft model's confidence drops below ``confidence_threshold``.
+
+A row with n tokens keeps positions 0..n-2 in a model drafter's cache (the
+last token is fed by the next proposal), as in the target's cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specsamp.sampling import model_protocol
+from specsamp.sampling.autoregressive import prefill
+from specsamp.sampling.verification import sample_from
+from specsamp.sampling.warping import SamplingParams, probabilities
+
+
+@struct.dataclass
+class Proposal:
+  """Up to G = K proposed tokens per row.
+
+  Attributes:
+    tokens: [B, G] int32; entries past ``num_proposed`` are valid ids, never verified.
+    probs: [B, G, V] the warped distributions the tokens were drawn from (one-hot for a
+      deterministic drafter).
+    num_proposed: [B] int32 in 0..G.
+    model_calls: scalar int32, draft model calls made.
+    nan: [B] bool, the drafter produced NaN for the row.
+  """
+
+  tokens: jax.Array
+  probs: jax.Array
+  num_proposed: jax.Array
+  model_calls: jax.Array
+  nan: jax.Array
+
+
+def _has_nan(x: jax.Array) -> jax.Array:
+  return jnp.any(jnp.isnan(x), axis=tuple(range(1, x.ndim)))
+
+
+class Drafter:
+  """Base class. Subclasses are frozen dataclasses; a field named ``model`` holds the arrays
+  (any decode-protocol model, or None), every other field is static and hashable."""
+
+  model_calls_per_prefill = 0
+
+  def split(self) -> tuple[Any, Any]:
+    """(static, dynamic): the hashable structure, and the arrays to pass into jit."""
+    model = getattr(self, "model", None)
+    settings = tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
+                     if f.name != "model")
+    model_static, model_dynamic = (None, None) if model is None else model_protocol.split_model(
+        model)
+    return (type(self), settings, model_static), model_dynamic
+
+  @staticmethod
+  def merge(static: Any, dynamic: Any) -> "Drafter":
+    cls, settings, model_static = static
+    fields = dict(settings)
+    if model_static is not None:
+      fields["model"] = model_protocol.merge_model(model_static, dynamic)
+    return cls(**fields)
+
+  def check(self, target: Any) -> None:
+    """Raises a clear error if this drafter cannot draft for ``target``."""
+
+  def init(self, prompts_BL, prompt_lengths_B, cache_length: int):
+    raise NotImplementedError
+
+  def propose(self, state, tokens_BW, lengths_B, key, num_draft: int, limit_B,
+              params: SamplingParams, vocab_size: int):
+    raise NotImplementedError
+
+  def rollback(self, state, lengths_B):
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter(Drafter):
+  """Drafts with a model that follows the decode protocol, sampling from its warped q.
+
+  Attributes:
+    model: the draft model (a small model, or ``EarlyExit(target, L)``).
+    confidence_threshold: stop a row's draft after a token whose probability under the
+      draft's softmax is below this (HF's assistant_confidence_threshold); 0 never stops early.
+      Rows that stopped ride along until every row has, so the draft model runs only as
+      many steps as the longest row needs.
+  """
+
+  model: Any
+  confidence_threshold: float = 0.0
+  model_calls_per_prefill = 1
+
+  def check(self, target: Any) -> None:
+    model_protocol.check_model(self.model, "draft")
+    if target.vocab_size != self.model.vocab_size:
+      raise ValueError(f"The draft's vocabulary ({self.model.vocab_size}) differs from the "
+                       f"target's ({target.vocab_size}); speculative sampling needs one shared "
+                       "vocabulary.")
+    if not 0.0 <= self.confidence_threshold < 1.0:
+      raise ValueError(f"confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
+
+  def init(self, prompts_BL, prompt_lengths_B, cache_length: int):
+    batch = prompts_BL.shape[0]
+    logits, cache = prefill(self.model, prompts_BL, prompt_lengths_B,
+                            self.model.init_cache(batch, cache_length))
+    return cache.replace(lengths=prompt_lengths_B - 1), _has_nan(logits)
+
+  def propose(self, cache, tokens_BW, lengths_B, key, num_draft: int, limit_B,
+              params: SamplingParams, vocab_size: int):
+    batch = tokens_BW.shape[0]
+    rows_B = jnp.arange(batch)
+    # The first call takes the tokens at n-2 and n-1: re-feeding n-2 rewrites the same cache
+    # entry, and after a full accept it is the draft's own last token, which it has not seen.
+    positions_B2 = jnp.stack([jnp.maximum(lengths_B - 2, 0), lengths_B - 1], axis=1)
+    logits_B2V, cache = self.model(tokens_BW[rows_B[:, None], positions_B2], positions_B2, cache)
+    tokens_BG = jnp.zeros((batch, num_draft), jnp.int32)
+    probs_BGV = jnp.zeros((batch, num_draft, vocab_size), jnp.float32)
+
+    def draw(t, logits_BV, tokens_BG, probs_BGV, active_B, count_B):
+      """Samples token t from q_t for every row; counts it for the rows still drafting."""
+      q_BV = probabilities(logits_BV, params)  # Warped once: sampled from and verified with.
+      token_B = sample_from(jax.random.fold_in(key, t), q_BV)
+      confident_B = jnp.ones((batch,), bool)
+      if self.confidence_threshold > 0:  # The draft's own (unwarped) probability of its token.
+        own_B = jax.nn.softmax(logits_BV, axis=-1)[rows_B, token_B]
+        confident_B = own_B >= self.confidence_threshold
+      count_B = count_B + active_B
+      active_B = active_B & (t + 1 < limit_B) & confident_B
+      return (tokens_BG.at[:, t].set(token_B), probs_BGV.at[:, t].set(q_BV), active_B, count_B,
+              _has_nan(logits_BV))
+
+    active_B = limit_B > 0
+    tokens_BG, probs_BGV, active_B, count_B, nan_B = draw(
+        0, logits_B2V[:, -1], tokens_BG, probs_BGV, active_B, jnp.zeros((batch,), jnp.int32))
+
+    def cond(carry):
+      t, active_B = carry[0], carry[4]
+      return (t < num_draft) & jnp.any(active_B)
+
+    def body(carry):
+      t, cache, tokens_BG, probs_BGV, active_B, count_B, nan_B = carry
+      logits_B1V, cache = self.model(tokens_BG[:, t - 1][:, None], (lengths_B + t - 1)[:, None],
+                                     cache)
+      tokens_BG, probs_BGV, active_B, count_B, step_nan_B = draw(
+          t, logits_B1V[:, 0], tokens_BG, probs_BGV, active_B, count_B)
+      return t + 1, cache, tokens_BG, probs_BGV, active_B, count_B, nan_B | step_nan_B
+
+    steps, cache, tokens_BG, probs_BGV, _, count_B, nan_B = jax.lax.while_loop(
+        cond, body, (jnp.int32(1), cache, tokens_BG, probs_BGV, active_B, count_B, nan_B))
+    return Proposal(tokens=tokens_BG, probs=probs_BGV, num_proposed=count_B,
+                    model_calls=steps, nan=nan_B), cache
+
+  def rollback(self, cache, lengths_B):
+    return cache.replace(lengths=lengths_B - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLookupDrafter(Drafter):
+  """Prompt lookup (n-gram) drafting: no model, no cache.
+
+  For each row, find the most recent earlier occurrence of its last n tokens in its own
+  context (prompt and generated so far), trying n = max_ngram down to min_ngram, and
+  propose the tokens that followed it (as many as are known, up to the row's limit). The
+  proposal is deterministic, so q is one-hot and verification accepts x~_t with
+  probability p_t(x~_t); a row with no match proposes nothing and takes one target token.
+  """
+
+  max_ngram: int = 3
+  min_ngram: int = 1
+
+  def check(self, target: Any) -> None:
+    if not 1 <= self.min_ngram <= self.max_ngram:
+      raise ValueError(f"Prompt lookup needs 1 <= min_ngram <= max_ngram, got "
+                       f"{self.min_ngram}, {self.max_ngram}.")
+
+  def init(self, prompts_BL, prompt_lengths_B, cache_length: int):
+    return (), jnp.zeros(prompts_BL.shape[:1], bool)
+
+  def propose(self, state, tokens_BW, lengths_B, key, num_draft: int, limit_B,
+              params: SamplingParams, vocab_size: int):
+    batch, width = tokens_BW.shape
+    rows_B = jnp.arange(batch)
+    starts_W = jnp.arange(width)
+    best_start_B = jnp.full((batch,), -1, jnp.int32)  # Where the continuation begins.
+    for n in range(self.min_ngram, self.max_ngram + 1):  # Longer n-grams override shorter.
+      match_BW = jnp.ones((batch, width), bool)
+      for i in range(n):
+        suffix_B = tokens_BW[rows_B, jnp.maximum(lengths_B - n + i, 0)]
+        shifted_BW = jnp.pad(tokens_BW[:, i:], ((0, 0), (0, i)), constant_values=-1)
+        match_BW &= shifted_BW == suffix_B[:, None]
+      # A window at j is an EARLIER occurrence with a known continuation: j + n <= length - 1.
+      valid_BW = (starts_W[None, :] + n <= lengths_B[:, None] - 1) & (lengths_B[:, None] >= n)
+      last_j_B = jnp.max(jnp.where(match_BW & valid_BW, starts_W[None, :], -1), axis=1)
+      best_start_B = jnp.where(last_j_B >= 0, last_j_B + n, best_start_B)
+    found_B = best_start_B >= 0
+    available_B = jnp.where(found_B, lengths_B - best_start_B, 0)
+    count_B = jnp.clip(jnp.minimum(available_B, limit_B), 0, num_draft).astype(jnp.int32)
+    offsets_G = jnp.arange(num_draft)
+    source_BG = jnp.clip(best_start_B[:, None] + offsets_G[None, :], 0, width - 1)
+    tokens_BG = jnp.where(offsets_G[None, :] < count_B[:, None], tokens_BW[rows_B[:, None], source_BG],
+                          0).astype(jnp.int32)
+    probs_BGV = jax.nn.one_hot(tokens_BG, vocab_size, dtype=jnp.float32)
+    return Proposal(tokens=tokens_BG, probs=probs_BGV, num_proposed=count_B,
+                    model_calls=jnp.int32(0), nan=jnp.zeros((batch,), bool)), state
+
+
+def self_speculative(target: Any, num_layers: int, **options: Any) -> ModelDrafter:
+  """A drafter from the target's first ``num_layers`` layers (its weights, no copy)."""
+  from specsamp.models.transformer import EarlyExit
+  return ModelDrafter(EarlyExit(target, num_layers), **options)
+
+
+def as_drafter(draft: Any) -> Drafter:
+  """A Drafter as is; a decode-protocol model becomes a ModelDrafter."""
+  if isinstance(draft, Drafter):
+    return draft
+  model_protocol.check_model(draft, "draft")
+  return ModelDrafter(draft)

@@ -1,0 +1,173 @@
+"""Drafters (prompt lookup, self-speculative, a draft model with a confidence stop) and the
+adaptive draft-length schedule: exact distributions, greedy identity, proposals, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import exact
+from conftest import perturbed, tiny_config
+from stat_tests import count_rows, g_test_p_value
+from specsamp.models import transformer
+from specsamp.models.transformer import EarlyExit
+from specsamp.sampling import generate, speculative, speculative_generate, warping
+from specsamp.sampling.drafters import ModelDrafter, PromptLookupDrafter, self_speculative
+
+# A prompt whose last token occurred before, so prompt lookup proposes from the first step.
+EXACT_PROMPT = np.array([3, 6, 3])
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+  return exact.small_pair()
+
+
+def drafter_named(name, small_pair):
+  target, draft = small_pair
+  return {"lookup": PromptLookupDrafter(max_ngram=2),
+          "self": self_speculative(target, 1),
+          "model": ModelDrafter(draft),
+          "confidence": ModelDrafter(draft, confidence_threshold=0.3)}[name]
+
+
+EXACT_CASES = [  # (drafter, schedule, verifier, params, K): each drafter, each schedule, both
+    ("lookup", "fixed", "token", warping.SamplingParams(1.0), 3),          # verifiers, warps.
+    ("lookup", "heuristic", "block", warping.SamplingParams(1.0, top_p=0.8), 3),
+    ("self", "heuristic", "token", warping.SamplingParams(0.7), 3),
+    ("model", "heuristic", "block", warping.SamplingParams(1.0), 3),
+    ("confidence", "fixed", "token", warping.SamplingParams(1.0), 3),
+]
+
+
+def _sample(target, drafter, params, num_draft, verifier, schedule):
+  out = speculative_generate(
+      target, drafter, np.tile(EXACT_PROMPT, (exact.ROWS, 1)),
+      np.full(exact.ROWS, len(EXACT_PROMPT)), jax.random.key(0), max_new_tokens=exact.NEW_TOKENS,
+      num_draft_tokens=num_draft, temperature=params.temperature, top_p=params.top_p,
+      verifier=verifier, schedule=schedule)
+  return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT):])), out.summary()
+
+
+@pytest.mark.parametrize("name, schedule, verifier, params, num_draft", EXACT_CASES)
+def test_samples_follow_the_exact_target_distribution(small_pair, name, schedule, verifier,
+                                                      params, num_draft):
+  target = small_pair[0]
+  observed, stats = _sample(target, drafter_named(name, small_pair), params, num_draft, verifier,
+                            schedule)
+  assert 0.05 < stats["acceptance_rate"] < 0.98, stats  # accepting and rejecting both happen
+  assert g_test_p_value(observed, exact.target_distribution(target, EXACT_PROMPT, params)) > 1e-3
+  if schedule == "heuristic" or name == "confidence":
+    assert stats["mean_draft_length"] < num_draft  # the draft length did adapt
+
+
+class _MisreportingLookup(PromptLookupDrafter):
+  """A WRONG drafter: proposes by lookup but reports a uniform q instead of its one-hot q."""
+
+  def propose(self, *args):
+    proposal, state = super().propose(*args)
+    return proposal.replace(probs=jnp.full_like(proposal.probs, 1.0 / proposal.probs.shape[-1])
+                            ), state
+
+
+def test_the_exactness_test_rejects_a_drafter_that_misreports_q(small_pair):
+  params = warping.SamplingParams(1.0)
+  observed, _ = _sample(small_pair[0], _MisreportingLookup(max_ngram=2), params, 3, "token",
+                        "fixed")
+  assert g_test_p_value(observed,
+                        exact.target_distribution(small_pair[0], EXACT_PROMPT, params)) < 1e-6
+
+
+PROMPTS = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0], [60, 2, 17, 90, 60, 2, 0],
+                    [1, 0, 0, 0, 0, 0, 0]])
+LENGTHS = np.array([7, 3, 6, 1])
+
+
+@pytest.fixture(scope="module")
+def target():
+  return transformer.create(tiny_config(), seed=0)
+
+
+@pytest.mark.parametrize("name, schedule", [
+    ("lookup", "heuristic"), ("self", "fixed"), ("close", "heuristic"),
+    ("confidence", "heuristic")])
+def test_greedy_speculative_equals_greedy_autoregressive(target, name, schedule):
+  close = perturbed(target, 0.1, seed=4)
+  drafter = {"lookup": PromptLookupDrafter(), "self": self_speculative(target, 1),
+             "close": close, "confidence": ModelDrafter(close, confidence_threshold=0.5)}[name]
+  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=17, temperature=0)
+  out = speculative_generate(target, drafter, PROMPTS, LENGTHS, jax.random.key(1),
+                             max_new_tokens=17, num_draft_tokens=4, temperature=0,
+                             schedule=schedule)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+  stats = out.summary()
+  assert stats["tokens_per_target_call"] > 1.0  # drafts were accepted, not only rejected
+
+
+def test_prompt_lookup_proposes_the_most_recent_continuation():
+  tokens = jnp.array([[1, 2, 3, 9, 1, 2, 0, 0],    # "1 2" seen at 0: propose 3 9 1
+                      [5, 7, 5, 8, 5, 0, 0, 0],    # "5" last seen at 2: propose 8 5 (all known)
+                      [4, 6, 2, 0, 0, 0, 0, 0],    # no earlier "2": nothing
+                      [1, 2, 3, 9, 1, 2, 0, 0]])   # as row 0, limited to 1 token
+  lengths = jnp.array([6, 5, 3, 6])
+  proposal, _ = PromptLookupDrafter(max_ngram=3).propose(
+      (), tokens, lengths, jax.random.key(0), 3, jnp.array([3, 3, 3, 1]),
+      warping.SamplingParams(1.0), 10)
+  np.testing.assert_array_equal(proposal.num_proposed, [3, 2, 0, 1])
+  np.testing.assert_array_equal(proposal.tokens[0], [3, 9, 1])
+  np.testing.assert_array_equal(proposal.tokens[1, :2], [8, 5])
+  np.testing.assert_array_equal(proposal.tokens[3, :1], [3])
+  np.testing.assert_array_equal(proposal.probs.sum(-1), np.ones((4, 3)))  # one-hot q
+  assert int(proposal.model_calls) == 0
+
+
+def test_the_heuristic_schedule_is_hfs_rule():
+  limit = jnp.array([4, 4, 2, 1, 3])
+  proposed = jnp.array([4, 4, 2, 1, 0])
+  accepted = jnp.array([4, 1, 2, 0, 0])
+  np.testing.assert_array_equal(
+      speculative.next_draft_limit("heuristic", limit, proposed, accepted, 5), [5, 3, 4, 1, 2])
+  np.testing.assert_array_equal(
+      speculative.next_draft_limit("fixed", limit, proposed, accepted, 5), limit)
+
+
+def test_early_exit_is_the_first_layers_with_the_targets_head(target):
+  tokens = jnp.array([[5, 9, 14, 3, 22]])
+  early = EarlyExit(target, 1)
+  assert early.init_cache(1, 8).keys.__len__() == 1
+  logits, _ = early(tokens)
+  shallow = transformer.Transformer(target.config.replace(num_layers=1),
+                                    rngs=__import__("flax").nnx.Rngs(0))
+  shallow.embedder, shallow.final_norm, shallow.head = target.embedder, target.final_norm, \
+      target.head
+  shallow.blocks[0] = target.blocks[0]
+  np.testing.assert_allclose(logits, shallow(tokens)[0], rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="1 <= num_layers < 2"):
+    EarlyExit(target, 2)
+
+
+def test_confidence_stop_saves_draft_calls(target):
+  close = perturbed(target, 0.3, seed=4)
+  runs = {}
+  for threshold in (0.0, 0.9):
+    runs[threshold] = speculative_generate(
+        target, ModelDrafter(close, confidence_threshold=threshold), PROMPTS, LENGTHS,
+        jax.random.key(1), max_new_tokens=17, num_draft_tokens=6, temperature=1.0).summary()
+  assert runs[0.9]["draft_calls"] < runs[0.0]["draft_calls"]
+  assert runs[0.9]["mean_draft_length"] < runs[0.0]["mean_draft_length"] == 6
+
+
+def test_drafter_errors(target):
+  common = dict(max_new_tokens=4, num_draft_tokens=2)
+  with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+    speculative_generate(target, PromptLookupDrafter(max_ngram=1, min_ngram=2), PROMPTS, LENGTHS,
+                         jax.random.key(0), **common)
+  with pytest.raises(ValueError, match="confidence_threshold must be in"):
+    speculative_generate(target, ModelDrafter(target, confidence_threshold=1.5), PROMPTS,
+                         LENGTHS, jax.random.key(0), **common)
+  with pytest.raises(ValueError, match="schedule must be one of"):
+    speculative_generate(target, PromptLookupDrafter(), PROMPTS, LENGTHS, jax.random.key(0),
+                         schedule="adaptive", **common)
+  other = transformer.create(tiny_config(vocab_size=50), seed=0)
+  with pytest.raises(ValueError, match="vocabulary"):
+    speculative_generate(target, other, PROMPTS, LENGTHS, jax.random.key(0), **common)
