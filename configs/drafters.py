@@ -42,7 +42,7 @@ def get_config(arg=None):
 
   if variant == "test":
     config.modes = "greedy"
-    config.drafters = "model,lookup,self1"
+    config.drafters = "model,lookup"
     config.schedules = "fixed,heuristic"
     config.num_draft_tokens = "2"
     config.num_prompts = 2

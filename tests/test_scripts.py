@@ -55,13 +55,13 @@ def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir):
 
 def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
+  from specsamp.tokenizer import Tokenizer
   copy = str(tmp_path / "copy")
   shutil.copytree(workdir, copy)
-  other = run_script("train.py", "--config=configs/code_pair.py:test",
-                     f"--workdir={tmp_path / 'other'}", "--config.seed=5",
-                     "--config.target.train.steps=1", "--config.draft.train.steps=1")
-  assert other.returncode == 0, other.stderr[-3000:]
-  shutil.copy(tmp_path / "other" / "tokenizer.model", os.path.join(copy, "tokenizer.model"))
+  import argparse, inspect  # Two stdlib files: another tokenizer of the same size.
+  other = Tokenizer.train([line for m in (argparse, inspect) for line in open(m.__file__)], 384)
+  with open(os.path.join(copy, "tokenizer.model"), "wb") as f:
+    f.write(other.model_proto)
   result = run_script("sample.py", "--config=configs/code_pair.py:test", f"--workdir={copy}")
   assert result.returncode != 0
   assert "different tokenizer" in result.stderr
@@ -195,9 +195,9 @@ def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_
                       f"--workdir={workdir}", f"--config.output_dir={output}")
   assert result.returncode == 0, result.stderr[-3000:]
   records = json.load(open(os.path.join(output, "results.json")))["records"]
-  # 2 tasks x greedy x 3 drafters x 2 schedules x K=2.
-  assert len(records) == 12
-  assert {r["drafter"] for r in records.values()} == {"model", "lookup", "self1"}
+  # 2 tasks x greedy x 2 drafters x 2 schedules x K=2.
+  assert len(records) == 8
+  assert {r["drafter"] for r in records.values()} == {"model", "lookup"}
   assert {r["task"] for r in records.values()} == {"continue", "grounded"}
   for r in records.values():
     assert r["speedup"] > 0 and 1.0 <= r["tokens_per_call"] <= 3.0
