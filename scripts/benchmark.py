@@ -11,20 +11,17 @@ prints one line per setting.
 Then run scripts/perf_model.py --results=<output_dir>/results.json.
 """
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import benchmark, plots
+from specsamp import benchmark, cli, plots
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/benchmark.py", "Benchmark config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Pair cache; default workdir/<pair name>.")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO.
-    logging.set_verbosity(logging.WARNING)
+  cli.start(argv)
   config = _CONFIG.value
   results = benchmark.run(config, _WORKDIR.value, log=lambda line: print(line, flush=True))
   summary = benchmark.summary_tables(results)

@@ -11,20 +11,17 @@ mean draft length and acceptance; writes results.json (resumable) and
 summary.md to --config.output_dir.
 """
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import drafter_benchmark
+from specsamp import cli, drafter_benchmark
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/drafters.py", "Comparison config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<pair name>.")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.start(argv)
   drafter_benchmark.run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -15,10 +15,10 @@ numbers to --output as JSON.
 import json
 import os
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import pair as pair_lib
+from specsamp import cli, pair as pair_lib
 from specsamp.hf import compare
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
@@ -31,10 +31,7 @@ _OUTPUT = flags.DEFINE_string("output", None, "JSON results; default <workdir>/c
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.start(argv)
   unknown = sorted(set(_MODES.value) - set(compare.MODES))
   if unknown:
     raise app.UsageError(f"Unknown --modes {unknown}; choose from {sorted(compare.MODES)}.")

@@ -12,8 +12,9 @@ specsamp's own Chinchilla-style models (plain GELU MLP) export as 'arcee'.
 
 import os
 
-from absl import app, flags, logging
+from absl import app, flags
 
+from specsamp import cli
 from specsamp.hf import convert
 from specsamp.tokenizer import Tokenizer
 
@@ -38,10 +39,7 @@ def _find_tokenizer(checkpoint: str) -> str | None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.start(argv)
   checkpoint = os.path.expanduser(_CHECKPOINT.value)
   model, meta = convert.load_checkpoint(checkpoint, step=_STEP.value)
   tokenizer_path = _find_tokenizer(checkpoint)

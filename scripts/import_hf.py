@@ -15,9 +15,9 @@ Supported: llama (Llama 2/3/3.1+, SmolLM), mistral, qwen2, arcee, gemma, gemma2.
 
 import os
 
-from absl import app, flags, logging
+from absl import app, flags
 
-from specsamp import sharding
+from specsamp import cli, sharding
 from specsamp.hf import convert
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "Hugging Face model directory.", required=True)
@@ -32,10 +32,7 @@ _TENSOR = flags.DEFINE_integer("mesh_tensor", 1, "Tensor-parallel axis.")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.start(argv)
   mesh = sharding.make_mesh({"data": _DATA.value, "fsdp": _FSDP.value, "tensor": _TENSOR.value})
   config = convert.import_to_checkpoint(
       os.path.expanduser(_HF_DIR.value), os.path.expanduser(_OUTPUT.value), mesh,

@@ -14,7 +14,7 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import perf_model, perf_report
+from specsamp import cli, perf_model, perf_report
 from specsamp.models.config import TransformerConfig
 
 _TARGET = config_flags.DEFINE_config_file("target", "configs/chinchilla_70b.py", "Target config.")
@@ -32,8 +32,7 @@ _JSON = flags.DEFINE_string("json", None, "Also write everything printed as JSON
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  cli.start(argv)
   target = TransformerConfig.from_config(_TARGET.value.model)
   draft = TransformerConfig.from_config(_DRAFT.value.model)
   output = {}

@@ -14,10 +14,10 @@ measured speedup, acceptance (overall and per position), tokens per target
 call, the measured step costs and the speedup they predict.
 """
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import sample_job
+from specsamp import cli, sample_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
 _CORPUS = flags.DEFINE_string(
@@ -27,10 +27,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workd
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO; --verbosity=0 shows it.
-    logging.set_verbosity(logging.WARNING)
+  cli.start(argv)
   config = _CONFIG.value
   if _CORPUS.value is not None:
     config.data.corpus = _CORPUS.value

@@ -14,10 +14,10 @@ acceptance against the target on the held-out prompts is printed, greedy and at
 temperature 1.
 """
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import pair
+from specsamp import cli, pair
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
 _CORPUS = flags.DEFINE_string(
@@ -29,10 +29,7 @@ _DRAFTS = flags.DEFINE_list("drafts", None, "Distillation modes to train drafts 
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO; --verbosity=0 shows it.
-    logging.set_verbosity(logging.WARNING)
+  cli.start(argv)
   config = _CONFIG.value
   if _CORPUS.value is not None:
     config.data.corpus = _CORPUS.value
