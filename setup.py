@@ -26,7 +26,8 @@ setuptools.setup(
     extras_require={
         # Benchmarks draw their figures with matplotlib; the tests draw them too.
         "bench": ["matplotlib"],
-        "test": ["pytest>=8", "scipy", "matplotlib"],
+        # The tests also execute notebooks/speculative_sampling.ipynb (nbclient + a kernel).
+        "test": ["pytest>=8", "scipy", "matplotlib", "nbclient", "nbformat", "ipykernel"],
         # Hugging Face parity tests and scripts/compare_hf.py. specsamp's own import and
         # export need none of these (it reads and writes safetensors itself). torch is
         # pinned to a release with a CPU wheel: an open range makes pip fetch the newest

@@ -65,7 +65,7 @@ def get_config(arg=None):
   elif variant == "test":
     config.modes = "sample"
     config.num_draft_tokens = "2"
-    config.batch_sizes = "1,2"
+    config.batch_sizes = "1"
     config.drafters = "token,synthetic"
     config.num_prompts = 2
     config.prompt_tokens = 8

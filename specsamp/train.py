@@ -35,7 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from specsamp import checkpoint, sharding
 from specsamp.data import Batches
 from specsamp.models import transformer
-from specsamp.models.config import TransformerConfig
+from specsamp.models.config import EXECUTION_FIELDS, TransformerConfig
 from specsamp.sampling import autoregressive
 
 DISTILL_MODES = ("none", "token", "sequence")
@@ -226,7 +226,12 @@ class Trainer:
       return self._init()
 
   def place(self, batch: np.ndarray) -> jax.Array:
-    return jax.device_put(np.asarray(batch, np.int32), self._batch_sharding)
+    """The global batch on the mesh. Each process hands over only the rows of its own
+    devices (on a multi-host slice, every host builds the same step-addressed batch and
+    transfers its share)."""
+    batch = np.asarray(batch, np.int32)
+    return jax.make_array_from_callback(batch.shape, self._batch_sharding,
+                                        lambda index: batch[index])
 
   def _sequence_batch(self, batch: np.ndarray, step: int) -> np.ndarray:
     """Corpus prefixes continued by the teacher (sequence-level distillation)."""
@@ -270,12 +275,15 @@ def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: 
   """Refuses a checkpoint written for another model, tokenizer or training run.
 
   A saved model config is read with today's defaults for fields added since it was
-  written, so a checkpoint stays usable when TransformerConfig grows a field.
+  written, so a checkpoint stays usable when TransformerConfig grows a field; how the model
+  runs (``EXECUTION_FIELDS``: activation dtype, tensor-parallel mode) may differ.
   """
   for key, want in expected.items():
     saved = meta.get(key)
-    if key == "model" and isinstance(saved, Mapping):
+    if key == "model" and isinstance(saved, Mapping) and isinstance(want, Mapping):
       saved = dataclasses.asdict(TransformerConfig.from_config(saved))
+      saved, want = ({k: v for k, v in config.items() if k not in EXECUTION_FIELDS}
+                     for config in (saved, want))
     if saved != want:
       raise checkpoint.CheckpointError(
           f"The checkpoint in {directory} was written with a different {key}:\n  saved:     "

@@ -59,6 +59,8 @@ def test_samples_follow_the_exact_target_distribution(small_pair, name, schedule
   assert g_test_p_value(observed, exact.target_distribution(target, EXACT_PROMPT, params)) > 1e-3
   if schedule == "heuristic" or name == "confidence":
     assert stats["mean_draft_length"] < num_draft  # the draft length did adapt
+  if name == "confidence":  # ... and the draft model ran fewer steps than K per iteration.
+    assert stats["draft_calls"] < 1 + (stats["target_calls"] - 1) * num_draft
 
 
 class _MisreportingLookup(PromptLookupDrafter):
@@ -144,17 +146,6 @@ def test_early_exit_is_the_first_layers_with_the_targets_head(target):
   np.testing.assert_allclose(logits, shallow(tokens)[0], rtol=1e-6, atol=1e-6)
   with pytest.raises(ValueError, match="1 <= num_layers < 2"):
     EarlyExit(target, 2)
-
-
-def test_confidence_stop_saves_draft_calls(target):
-  close = perturbed(target, 0.3, seed=4)
-  runs = {}
-  for threshold in (0.0, 0.9):
-    runs[threshold] = speculative_generate(
-        target, ModelDrafter(close, confidence_threshold=threshold), PROMPTS, LENGTHS,
-        jax.random.key(1), max_new_tokens=17, num_draft_tokens=6, temperature=1.0).summary()
-  assert runs[0.9]["draft_calls"] < runs[0.0]["draft_calls"]
-  assert runs[0.9]["mean_draft_length"] < runs[0.0]["mean_draft_length"] == 6
 
 
 def test_drafter_errors(target):

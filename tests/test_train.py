@@ -173,5 +173,8 @@ def test_checkpoint_meta_written_before_a_config_field_existed_still_matches():
   older = {k: v for k, v in current.items() if k not in ("post_norms", "sliding_window",
                                                          "gelu_approximate", "rope_scaling")}
   train.check_meta({"model": older}, {"model": current}, "/tmp/x")
+  # How the model runs may change; what it computes may not.
+  train.check_meta({"model": dict(older, dtype="bfloat16", tensor_parallel="shard_map")},
+                   {"model": current}, "/tmp/x")
   with pytest.raises(checkpoint_lib.CheckpointError, match="different model"):
     train.check_meta({"model": dict(older, num_layers=7)}, {"model": current}, "/tmp/x")

@@ -20,6 +20,9 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+# How a model runs, not what it computes from its weights: a checkpoint trained with one value
+# loads with another (checkpoint identity checks leave these out).
+EXECUTION_FIELDS = ("dtype", "tensor_parallel")
 MLP_ACTIVATIONS = ("gelu", "relu", "relu2", "swiglu", "geglu")
 ROPE_SCALINGS = ("none", "linear", "llama3")
 TENSOR_PARALLEL_MODES = ("auto", "shard_map")
