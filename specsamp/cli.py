@@ -35,6 +35,8 @@ def initialize_distributed(mode: str, coordinator_address: str | None = None,
   """Joins the processes of a multi-host job (a no-op for 'off')."""
   if mode == "off":
     return
+  # CPU processes (tests, or a CPU cluster) reduce across hosts with gloo; accelerators ignore it.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if mode == "auto":
     jax.distributed.initialize()
     return

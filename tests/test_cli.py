@@ -17,3 +17,43 @@ def test_manual_distributed_needs_its_three_flags():
   with pytest.raises(app.UsageError, match="--process_id=2 must be in \\[0, 2\\)"):
     cli.initialize_distributed("manual", "localhost:1234", 2, 2)
   cli.initialize_distributed("off")  # One process: nothing to do.
+
+
+_WORKER = r"""
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, numpy as np
+from specsamp import cli, sharding
+cli.initialize_distributed("manual", sys.argv[1], 2, int(sys.argv[2]))
+mesh = sharding.make_mesh({"data": -1})
+batch = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)  # Every host builds the same batch ...
+spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+rows = []
+global_batch = jax.make_array_from_callback(  # ... and hands over only its devices' rows.
+    batch.shape, spec, lambda index: rows.append(index) or batch[index])
+total = jax.jit(lambda x: x.sum(), out_shardings=jax.sharding.NamedSharding(
+    mesh, jax.sharding.PartitionSpec()))(global_batch)
+print(jax.process_index(), jax.device_count(), len(rows), int(total.addressable_data(0)))
+"""
+
+
+def test_two_processes_join_one_mesh(tmp_path):
+  """--distributed=manual for real: two CPU processes of 2 devices form one 4-device mesh, each
+  places only its own rows of a global batch, and a jitted reduction sees all of it."""
+  import socket
+  import subprocess
+  import sys
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  script = tmp_path / "worker.py"
+  script.write_text(_WORKER)
+  env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
+  workers = [subprocess.Popen([sys.executable, str(script), f"localhost:{port}", str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(2)]
+  results = [worker.communicate(timeout=120) for worker in workers]
+  for worker, (out, err) in zip(workers, results):
+    assert worker.returncode == 0, err[-2000:]
+  lines = sorted(out.strip().splitlines()[-1] for out, _ in results)
+  assert lines == ["0 4 2 276", "1 4 2 276"]  # 4 devices, 2 local shards each, sum of 0..23.
