@@ -72,11 +72,15 @@ def setting_key(record: dict) -> str:
                                             "num_draft_tokens"))
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
-  modes = parse_list(config.modes)
-  unknown = sorted(set(modes) - set(MODES))
+def check_choices(what: str, value: Any, known) -> None:
+  """Refuses entries of the list ``value`` that are not in ``known``."""
+  unknown = sorted(set(parse_list(value)) - set(known))
   if unknown:
-    raise ValueError(f"Unknown modes {unknown}; use some of {sorted(MODES)}.")
+    raise ValueError(f"Unknown {what} {unknown}; use some of {sorted(known)}.")
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  check_choices("modes", config.modes, MODES)
   for k in parse_list(config.num_draft_tokens, int):
     if k < 1:
       raise ValueError(f"num_draft_tokens must all be >= 1, got {k}.")
@@ -165,10 +169,12 @@ class Store:
     return path
 
 
-def fingerprint(config: ml_collections.ConfigDict) -> str:
-  """What makes records comparable: the pair, the prompts and the generation length."""
+def fingerprint(config: ml_collections.ConfigDict, extra_fields: tuple[str, ...] = ()) -> str:
+  """What makes records comparable: the pair, the prompts and the generation length (and
+  ``extra_fields`` of the config)."""
   identity = {"pair": config.pair.to_dict(), "num_prompts": config.num_prompts,
-              "prompt_tokens": config.prompt_tokens, "max_new_tokens": config.max_new_tokens}
+              "prompt_tokens": config.prompt_tokens, "max_new_tokens": config.max_new_tokens,
+              **{name: config[name] for name in extra_fields}}
   return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -215,12 +221,20 @@ def roofline(config: ml_collections.ConfigDict, machine: dict, log: Callable[[st
   return results
 
 
+def pair_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The pair to time, sampling the benchmark's number and length of prompts."""
+  pair = ml_collections.ConfigDict(config.pair.to_dict())
+  pair.sampling.num_prompts = config.num_prompts
+  pair.sampling.prompt_tokens = config.prompt_tokens
+  return pair
+
+
 def run(config: ml_collections.ConfigDict, workdir: str | None = None,
         log: Callable[[str], None] = print) -> dict:
   """Runs the sweep (resuming), writes results.json and results.csv; returns the results."""
   check_config(config)
   store = Store(config.output_dir, fingerprint(config), config.resume)
-  log(f"measuring this machine (memory bandwidth, matmul FLOP/s)")
+  log("measuring this machine (memory bandwidth, matmul FLOP/s)")
   machine = measure_machine()
   # Each run measures the machine again (a shared CPU varies); all measurements are kept.
   store.data["machine"] = {**machine, "history": store.data["machine"].get("history", [])
@@ -231,16 +245,14 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
     store.data["roofline"].update(roofline(config, machine, log, store.data["roofline"]))
     store.save()
 
-  pair_config = ml_collections.ConfigDict(config.pair.to_dict())
-  pair_config.sampling.num_prompts = config.num_prompts
-  pair_config.sampling.prompt_tokens = config.prompt_tokens
+  pair_section = pair_config(config)
   drafters = parse_list(config.drafters)
-  if pair_config.draft.get("checkpoint"):  # A loaded draft (e.g. imported) replaces trained ones.
+  if pair_section.draft.get("checkpoint"):  # A loaded draft (e.g. imported) replaces trained ones.
     drafters = ["checkpoint"] + [d for d in drafters if d == SYNTHETIC]
   # The trained drafts to time; 'synthetic' alone drafts with the config's default draft.
   model_drafters = [d for d in drafters if d != SYNTHETIC] or [
-      pair_config.draft.train.distill.mode]
-  pair = pair_lib.prepare(pair_config, workdir, draft_modes=model_drafters, log=log)
+      pair_section.draft.train.distill.mode]
+  pair = pair_lib.prepare(pair_section, workdir, draft_modes=model_drafters, log=log)
   prompts = pair.prompts
   max_new = config.max_new_tokens
   cache_slots = prompts.shape[1] + max_new + max(parse_list(config.num_draft_tokens, int)) + 1

@@ -26,8 +26,6 @@ setting) and a Markdown table.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from typing import Any, Callable
 
@@ -35,9 +33,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from specsamp import data, sharding
+from specsamp import sharding
 from specsamp import pair as pair_lib
-from specsamp.benchmark import MODES, Store, parse_list, time_sampler
+from specsamp.benchmark import (MODES, Store, check_choices, fingerprint, pair_config,
+                                parse_list, time_sampler)
 from specsamp.sampling import autoregressive, drafters, speculative
 
 TASKS = ("continue", "grounded")
@@ -66,35 +65,19 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  unknown = sorted(set(parse_list(config.tasks)) - set(TASKS))
-  if unknown:
-    raise ValueError(f"Unknown tasks {unknown}; use some of {TASKS}.")
-  unknown = sorted(set(parse_list(config.modes)) - set(MODES))
-  if unknown:
-    raise ValueError(f"Unknown modes {unknown}; use some of {sorted(MODES)}.")
-  unknown = sorted(set(parse_list(config.schedules)) - set(speculative.SCHEDULES))
-  if unknown:
-    raise ValueError(f"Unknown schedules {unknown}; use some of {speculative.SCHEDULES}.")
+  check_choices("tasks", config.tasks, TASKS)
+  check_choices("modes", config.modes, MODES)
+  check_choices("schedules", config.schedules, speculative.SCHEDULES)
   if min(parse_list(config.num_draft_tokens, int)) < 1 or config.calls < 1:
     raise ValueError("num_draft_tokens and calls must be >= 1.")
-
-
-def _fingerprint(config: ml_collections.ConfigDict) -> str:
-  identity = {k: config[k] for k in ("num_prompts", "prompt_tokens", "max_new_tokens",
-                                     "repeat_tokens")}
-  identity["pair"] = config.pair.to_dict()
-  return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None = None,
         log: Callable[[str], None] = print) -> dict[str, Any]:
   """Runs the comparison (resuming), writes results.json and summary.md; returns the results."""
   check_config(config)
-  store = Store(config.output_dir, _fingerprint(config), config.resume)
-  pair_config = ml_collections.ConfigDict(config.pair.to_dict())
-  pair_config.sampling.num_prompts = config.num_prompts
-  pair_config.sampling.prompt_tokens = config.prompt_tokens
-  pair = pair_lib.prepare(pair_config, workdir, log=log)
+  store = Store(config.output_dir, fingerprint(config, ("repeat_tokens",)), config.resume)
+  pair = pair_lib.prepare(pair_config(config), workdir, log=log)
   names = parse_list(config.drafters)
   built = {name: make_drafter(name, pair, config) for name in names}
   tasks = {"continue": pair.prompts,

@@ -30,7 +30,7 @@ import numpy as np
 from specsamp import checkpoint, data, sharding, train
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
-from specsamp.sampling import speculative
+from specsamp.sampling import model_protocol, speculative
 from specsamp.tokenizer import Tokenizer
 
 
@@ -190,9 +190,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   drafts = {}
   if config.draft.get("checkpoint"):
     drafts["checkpoint"] = _load_checkpoint("draft", config.draft.checkpoint, tokenizer, mesh, log)
-    if drafts["checkpoint"].vocab_size != target.vocab_size:
-      raise ValueError(f"The draft has {drafts['checkpoint'].vocab_size} embeddings and the "
-                       f"target {target.vocab_size}: speculative sampling needs one vocabulary.")
+    model_protocol.check_same_vocabulary(target, drafts["checkpoint"])
   for mode in [] if drafts else (draft_modes or [config.draft.train.distill.mode]):
     section = ml_collections.ConfigDict(config.draft.to_dict())
     section.train.distill.mode = mode

@@ -26,6 +26,8 @@ from specsamp import checkpoint, sharding, train
 from specsamp.hf import architectures, safetensors_io, weights
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
+from specsamp import tokenizer as tokenizer_lib
+from specsamp.sampling import model_protocol
 from specsamp.tokenizer import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -216,11 +218,6 @@ def check_pair(target: Any, draft: Any, target_tokenizer: Tokenizer | None = Non
                draft_tokenizer: Tokenizer | None = None) -> None:
   """Refuses a target/draft pair that cannot speculate together: different vocab sizes, or
   tokenizers (when both are known) that map text to different ids."""
-  if target.vocab_size != draft.vocab_size:
-    raise ValueError(
-        f"The target's vocabulary has {target.vocab_size} entries and the draft's "
-        f"{draft.vocab_size}. Speculative sampling compares token ids, so the two models must "
-        "share one vocabulary (same tokenizer, same embedding size).")
+  model_protocol.check_same_vocabulary(target, draft)
   if target_tokenizer is not None and draft_tokenizer is not None:
-    from specsamp import tokenizer as tokenizer_lib
     tokenizer_lib.check_same(target_tokenizer, draft_tokenizer)

@@ -67,10 +67,6 @@ class Proposal:
   nan: jax.Array
 
 
-def _has_nan(x: jax.Array) -> jax.Array:
-  return jnp.any(jnp.isnan(x), axis=tuple(range(1, x.ndim)))
-
-
 class Drafter:
   """Base class. Subclasses are frozen dataclasses; a field named ``model`` holds the arrays
   (any decode-protocol model, or None), every other field is static and hashable."""
@@ -126,10 +122,7 @@ class ModelDrafter(Drafter):
 
   def check(self, target: Any) -> None:
     model_protocol.check_model(self.model, "draft")
-    if target.vocab_size != self.model.vocab_size:
-      raise ValueError(f"The draft's vocabulary ({self.model.vocab_size}) differs from the "
-                       f"target's ({target.vocab_size}); speculative sampling needs one shared "
-                       "vocabulary.")
+    model_protocol.check_same_vocabulary(target, self.model)
     if not 0.0 <= self.confidence_threshold < 1.0:
       raise ValueError(f"confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
 
@@ -137,7 +130,7 @@ class ModelDrafter(Drafter):
     batch = prompts_BL.shape[0]
     logits, cache = prefill(self.model, prompts_BL, prompt_lengths_B,
                             self.model.init_cache(batch, cache_length))
-    return cache.replace(lengths=prompt_lengths_B - 1), _has_nan(logits)
+    return cache.replace(lengths=prompt_lengths_B - 1), model_protocol.has_nan(logits)
 
   def propose(self, cache, tokens_BW, lengths_B, key, num_draft: int, limit_B,
               params: SamplingParams, vocab_size: int):
@@ -161,7 +154,7 @@ class ModelDrafter(Drafter):
       count_B = count_B + active_B
       active_B = active_B & (t + 1 < limit_B) & confident_B
       return (tokens_BG.at[:, t].set(token_B), probs_BGV.at[:, t].set(q_BV), active_B, count_B,
-              _has_nan(logits_BV))
+              model_protocol.has_nan(logits_BV))
 
     active_B = limit_B > 0
     tokens_BG, probs_BGV, active_B, count_B, nan_B = draw(

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 
@@ -42,6 +43,20 @@ def check_model(model: Any, role: str = "model") -> None:
   if missing:
     raise TypeError(f"The {role} ({type(model).__name__}) does not follow specsamp's decode "
                     f"protocol: missing {missing}. See specsamp.sampling.model_protocol.")
+
+
+def check_same_vocabulary(target: Any, draft: Any) -> None:
+  """Raises a clear error unless draft and target share one vocabulary size."""
+  if target.vocab_size != draft.vocab_size:
+    raise ValueError(
+        f"The draft's vocabulary ({draft.vocab_size}) differs from the target's "
+        f"({target.vocab_size}); speculative sampling compares token ids, so both models need "
+        "one shared vocabulary (same tokenizer, same embedding size).")
+
+
+def has_nan(logits: jax.Array) -> jax.Array:
+  """[B] bool: row b of ``logits`` (any shape [B, ...]) holds a NaN."""
+  return jnp.any(jnp.isnan(logits), axis=tuple(range(1, logits.ndim)))
 
 
 def split_model(model: Any) -> tuple[Any, Any]:

@@ -127,10 +127,6 @@ class _LoopState:
 SCHEDULES = ("fixed", "heuristic")
 
 
-def _has_nan(logits: jax.Array) -> jax.Array:
-  return jnp.any(jnp.isnan(logits), axis=tuple(range(1, logits.ndim)))
-
-
 def next_draft_limit(schedule: str, limit_B: jax.Array, proposed_B: jax.Array,
                      accepted_B: jax.Array, num_draft: int) -> jax.Array:
   """k_b for the next iteration. 'heuristic' (HF's): +2 after a fully accepted non-empty
@@ -172,7 +168,7 @@ def _speculative(target_static, target_dynamic, drafter_static, drafter_dynamic,
       at_position=jnp.zeros((batch, num_draft), jnp.int32),
       verified=jnp.zeros((batch, num_draft), jnp.int32),
       proposed=jnp.zeros((batch,), jnp.int32),
-      nan_logits=_has_nan(target_logits) | drafter_nan)
+      nan_logits=model_protocol.has_nan(target_logits) | drafter_nan)
 
   def cond(state: _LoopState) -> jax.Array:
     return ~jnp.all(state.done)
@@ -241,7 +237,8 @@ def _speculative(target_static, target_dynamic, drafter_static, drafter_dynamic,
         verified=state.verified + active_i32[:, None] * (
             (positions_G < proposed_B[:, None]) & (positions_G <= accepted_B[:, None])),
         proposed=state.proposed + active_i32 * proposed_B,
-        nan_logits=state.nan_logits | (active_B & (_has_nan(target_logits_BG1V) | proposal.nan)))
+        nan_logits=state.nan_logits | (active_B & (model_protocol.has_nan(target_logits_BG1V)
+                                                   | proposal.nan)))
 
   state = jax.lax.while_loop(cond, body, state)
   width = length + max_new_tokens
