@@ -6,6 +6,7 @@ r"""Autoregressive vs speculative sampling on a trained target/draft pair (the m
       --config.speculative.verifier=block
   python scripts/sample.py --config=configs/code_pair.py --corpus='~/src/**/*.py' \
       --workdir=workdir/my_code
+  python scripts/sample.py --config=configs/code_pair.py --output=report.json
 
 The first run trains the tokenizer, the target and the distilled draft into
 --workdir (default workdir/<config name>), with progress; later runs load them.
@@ -14,6 +15,9 @@ measured speedup, acceptance (overall and per position), tokens per target
 call, the measured step costs and the speedup they predict.
 """
 
+import json
+
+import jax
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -24,6 +28,8 @@ _CORPUS = flags.DEFINE_string(
     "corpus", None, "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets "
     "config.data.corpus. Default: this Python's standard library source.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<config name>.")
+_OUTPUT = flags.DEFINE_string("output", None, "Also write the report (prompts, generated ids, "
+                              "texts, statistics, timings) as JSON to this file (process 0).")
 
 
 def main(argv):
@@ -33,6 +39,9 @@ def main(argv):
     config.data.corpus = _CORPUS.value
   report = sample_job.run(config, _WORKDIR.value)
   print(sample_job.format_report(report), flush=True)
+  if _OUTPUT.value and jax.process_index() == 0:
+    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
+      json.dump(sample_job.report_json(report), f, indent=1)
 
 
 if __name__ == "__main__":

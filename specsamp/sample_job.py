@@ -118,6 +118,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
                       costs=costs)
 
 
+def report_json(report: SampleReport) -> dict[str, Any]:
+  """The report as JSON-ready data: prompts, texts, generated ids and statistics per sampler,
+  step costs, and the measured and predicted speedups."""
+  return {**dataclasses.asdict(report), "speedup": report.speedup,
+          "predicted_speedup": report.predicted_speedup}
+
+
 def format_report(report: SampleReport, num_samples: int = 2) -> str:
   """Human-readable report: sample text, then the numbers."""
   lines = []

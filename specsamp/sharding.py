@@ -156,6 +156,17 @@ def constrain(x: jax.Array, logical_axes: LogicalAxes) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, sizes))
 
 
+def replicated(tree: Any) -> Any:
+  """Every array of ``tree`` replicated on the ambient mesh (a no-op without one).
+
+  The samplers return tokens and statistics this way: on a multi-host mesh an array
+  sharded over 'data' is not fully addressable, and a host could not read it.
+  """
+  if not current_axis_sizes():
+    return tree
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, PartitionSpec()), tree)
+
+
 def logical_axes_of(variable: nnx.Variable) -> tuple[str | None, ...]:
   """The logical axis names a parameter was created with."""
   axes = variable.get_metadata().get("out_sharding")

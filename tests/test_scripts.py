@@ -219,3 +219,35 @@ def test_notebook_runs_end_to_end(trained_workdir, monkeypatch):
                  "tokens per target call"):
     assert needle in text, needle
   assert any("image/png" in out.get("data", {}) for out in outputs)  # the figure
+
+
+def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
+  """2 processes x 4 CPU devices (jax.distributed over gloo), batch 8 sharded over 'data':
+  the sample job and its statistics run on every host, and the tokens equal a one-process
+  8-device run's."""
+  import json
+  import socket
+  workdir, _ = trained_workdir
+  flags = ["--config=configs/code_pair.py:test", f"--workdir={workdir}", "--config.mesh.data=8",
+           "--config.sampling.num_prompts=8", "--config.sampling.batch_size=8",
+           "--config.sampling.max_new_tokens=12"]
+  single = run_script("sample.py", *flags, f"--output={tmp_path / 'single.json'}")
+  assert single.returncode == 0, single.stderr[-3000:]
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  workers = [subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "scripts", "sample.py"), *flags,
+       "--distributed=manual", f"--coordinator_address=localhost:{port}", "--num_processes=2",
+       f"--process_id={i}", f"--output={tmp_path / 'multi.json'}"],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  results = [worker.communicate(timeout=300) for worker in workers]
+  for worker, (out, err) in zip(workers, results):
+    assert worker.returncode == 0, err[-3000:]
+    assert "of 8 devices" in out and "tokens/target call:" in out
+  one, two = (json.loads((tmp_path / name).read_text()) for name in ("single.json", "multi.json"))
+  for sampler in ("autoregressive", "speculative"):
+    assert two[sampler]["tokens"] == one[sampler]["tokens"]
+  assert two["speculative"]["stats"] == one["speculative"]["stats"]

@@ -54,13 +54,15 @@ def test_parameters_are_born_sharded():
   assert q.addressable_shards[0].data.shape == (32, 2, 16)
 
 
-@pytest.mark.parametrize("family,mode", [("chinchilla", "auto"), ("chinchilla", "shard_map"),
-                                         ("llama", "shard_map"), ("gemma", "shard_map")])
-def test_sharded_run_equals_one_device(family, mode):
-  """data 2 x tensor 4 on 8 devices: same logits and greedy tokens as 1 device."""
+@pytest.mark.parametrize("family,mode,batch_axis", [
+    ("chinchilla", "auto", "data"), ("chinchilla", "shard_map", "data"),
+    ("llama", "shard_map", "data"), ("gemma", "shard_map", "data"),
+    ("llama", "shard_map", "fsdp")])
+def test_sharded_run_equals_one_device(family, mode, batch_axis):
+  """{data or fsdp} 2 x tensor 4 on 8 devices: same logits and greedy tokens as 1 device."""
   config = tiny_config(family, tensor_parallel=mode)
   single = transformer.create(config, seed=5)
-  mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+  mesh = sharding.make_mesh({batch_axis: 2, "tensor": 4})
   sharded = transformer.create(config, mesh, seed=5)
   tokens = jnp.asarray(PROMPTS)
   expected_logits, _ = single(tokens)
@@ -93,3 +95,36 @@ def test_shard_map_refuses_heads_the_tensor_axis_does_not_divide():
   model = transformer.create(config, mesh)
   with sharding.use_mesh(mesh), pytest.raises(ValueError, match="num_heads=6"):
     model(jnp.asarray(PROMPTS))
+
+
+def _per_layer_all_gathers(mesh) -> dict:
+  """Result shapes of the all-gathers one more layer adds to a cached forward pass."""
+  import collections
+  import re
+
+  def gathers(num_layers):
+    config = tiny_config(num_layers=num_layers, tensor_parallel="shard_map")
+    model = transformer.create(config, mesh)
+    with sharding.use_mesh(mesh):
+      cache = jax.jit(lambda: model.init_cache(len(PROMPTS), 16))()
+      positions = jnp.broadcast_to(jnp.arange(len(PROMPTS[0])), jnp.asarray(PROMPTS).shape)
+      text = jax.jit(lambda m, t, c: m(t, positions, c)).lower(
+          model, jnp.asarray(PROMPTS), cache).compile().as_text()
+    return collections.Counter(re.findall(r"= (\S+?)\{[^}]*\} all-gather\(", text))
+
+  one, three = gathers(1), gathers(3)
+  return {shape: (three[shape] - one[shape]) / 2 for shape in three if three[shape] != one[shape]}
+
+
+def test_shard_map_with_fsdp_gathers_weights_never_the_batch():
+  """{fsdp: 2, tensor: 4}: activations and the KV cache stay split over fsdp inside the
+  shard_map blocks (each device computes its own rows); only weights are all-gathered, and
+  the two psums per layer remain."""
+  mesh = sharding.make_mesh({"fsdp": 2, "tensor": 4})
+  per_layer = _per_layer_all_gathers(mesh)
+  batch = len(PROMPTS)
+  assert per_layer, "fsdp shards the weights: each layer must gather them"
+  batch_shaped = {shape: n for shape, n in per_layer.items()
+                  if shape.split("[")[1].split(",")[0] == str(batch)}
+  assert not batch_shaped, f"per-layer all-gathers of full-batch arrays: {batch_shaped}"
+  assert _all_reduces(3, mesh) - _all_reduces(1, mesh) == 2 * 2

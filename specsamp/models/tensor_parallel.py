@@ -9,9 +9,12 @@ activation constraints of the rules table.
 N/tp query heads (and K/tp kv heads, or all K when tp > K) and F/tp MLP
 columns; the only communication per layer is ONE ``psum`` over 'tensor' after
 the attention output projection and ONE after the MLP down projection. The
-in/out specs come from the same rules table ('fsdp' is left out: parameters
-enter whole along d_model, jit inserts the all-gathers). Without an active mesh
-the block runs on one device exactly as in 'auto' mode.
+in/out specs come from the same rules table. Activations, positions and the KV
+cache keep their batch sharding over 'data' and 'fsdp', so each device
+computes and caches only its own rows; 'fsdp' is left out of the WEIGHT specs
+only (parameters enter whole along d_model, jit inserts their all-gathers,
+ZeRO-3 style). Without an active mesh the block runs on one device exactly as
+in 'auto' mode.
 """
 
 from __future__ import annotations
@@ -50,12 +53,16 @@ def _check_divides(tp: int, what: str, size: int):
 
 
 def _spec(logical_axes: Sequence[str | None], array: jax.Array) -> jax.sharding.PartitionSpec:
-  return sharding.logical_to_spec(logical_axes, array.shape, exclude=_FSDP)
+  """An activation's or the cache's spec: batch over data and fsdp, heads over tensor."""
+  return sharding.logical_to_spec(logical_axes, array.shape)
 
 
 def _values_and_specs(params: dict[str, nnx.Param]):
+  """Weights and their specs without 'fsdp': gathered along d_model before the block."""
   values = {name: param[...] for name, param in params.items()}
-  specs = {name: _spec(sharding.logical_axes_of(param), values[name]) for name, param in params.items()}
+  specs = {name: sharding.logical_to_spec(sharding.logical_axes_of(param), values[name].shape,
+                                          exclude=_FSDP)
+           for name, param in params.items()}
   return values, specs
 
 

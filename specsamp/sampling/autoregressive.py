@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specsamp import sharding
 from specsamp.sampling import model_protocol
 from specsamp.sampling.warping import SamplingParams, sample
 
@@ -154,8 +155,9 @@ def _generate(static, dynamic, prompts_BL, prompt_lengths_B, rng, *, max_new_tok
                       cache=cache)
 
   state = jax.lax.while_loop(cond, body, state)
-  return GenerationOutput(tokens=state.tokens, lengths=state.lengths,
-                          num_generated=state.lengths - prompt_lengths_B, model_calls=state.step)
+  return sharding.replicated(GenerationOutput(
+      tokens=state.tokens, lengths=state.lengths, num_generated=state.lengths - prompt_lengths_B,
+      model_calls=state.step))
 
 
 def generate(model: Any, prompts: Any, prompt_lengths: Any, rng: jax.Array, *,

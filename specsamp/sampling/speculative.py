@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specsamp import sharding
 from specsamp.sampling import drafters, model_protocol, verification
 from specsamp.sampling.autoregressive import GenerationOutput, check_prompts, initial_tokens, \
     prefill
@@ -51,12 +52,18 @@ class SpeculativeOutput(GenerationOutput):
   model_calls, which counts TARGET calls, prefill included):
     draft_calls: scalar, draft model calls (prefill included).
     iterations: [B] draft-score-verify iterations in which the row was active.
-    accepted_histogram: [B, K+1] count of iterations that accepted 0..K drafts.
-    accepted_at_position: [B, K] iterations in which draft token t was accepted.
+    accepted_histogram: [B, K+1] count of iterations that appended 0..K draft tokens.
+    accepted_at_position: [B, K] iterations in which draft token t was accepted and appended.
     verified_at_position: [B, K] iterations in which draft token t was proposed and
-      reached (every earlier one accepted): the denominators of acceptance.
-    proposed: [B] draft tokens proposed in all.
+      reached (every earlier one accepted), before any EOS: the denominators of acceptance.
+    proposed: [B] draft tokens proposed in all (a block cut by EOS counts its tokens up to
+      the EOS).
     nan_logits: [B] bool, a model produced NaN logits for the row.
+
+  Every statistic counts what was appended to the rows: tokens a row discards after its
+  EOS are not counted as accepted, so ``tokens_per_target_call`` is what the rows
+  received per iteration (see ``_count_appended``). Fully replicated, like the tokens:
+  any host of a multi-host mesh can read them.
   """
 
   draft_calls: jax.Array
@@ -85,6 +92,8 @@ def summarize(outputs: "list[SpeculativeOutput]") -> dict[str, Any]:
   num_draft = at_position.shape[0]
   accepted = float((histogram * np.arange(num_draft + 1)).sum())
   proposed = float(pooled("proposed"))
+  # Every active row-iteration appends at least one token; together they are all generated.
+  generated = float(sum(np.asarray(o.num_generated).sum() for o in outputs))
   return {
       "num_draft_tokens": num_draft,
       "target_calls": int(sum(int(o.target_calls) for o in outputs)),
@@ -101,7 +110,7 @@ def summarize(outputs: "list[SpeculativeOutput]") -> dict[str, Any]:
       # alpha: P(a draft token is accepted | it was verified), pooled over positions; the
       # i.i.d. acceptance of Leviathan et al. that predicts tokens per call.
       "alpha": float(at_position.sum() / max(reached.sum(), 1)),
-      "tokens_per_target_call": accepted / iterations + 1.0,
+      "tokens_per_target_call": generated / iterations,
       "generated_per_row": np.concatenate([np.asarray(o.num_generated) for o in outputs]).tolist(),
   }
 
@@ -122,6 +131,30 @@ class _LoopState:
   verified: jax.Array
   proposed: jax.Array
   nan_logits: jax.Array
+
+
+def _count_appended(active_B, proposed_B, accepted_B, count_B, num_draft: int) -> dict:
+  """One iteration's statistics, counting what was APPENDED to each row.
+
+  The verifier accepted n = ``accepted_B`` of k = ``proposed_B`` drafts, and c =
+  ``count_B`` <= n + 1 tokens were appended (fewer when EOS came inside the accepted
+  drafts; max_new_tokens never cuts, the draft limit sees to that). A cut block counts
+  as a proposal of its c tokens, all accepted: tokens discarded after EOS are neither
+  accepted nor proposed, and tokens per target call is what the rows received.
+  """
+  active_i32 = active_B.astype(jnp.int32)
+  positions_G = jnp.arange(num_draft)[None, :]
+  kept_B = jnp.minimum(accepted_B, count_B)  # Draft tokens appended.
+  cut_B = count_B <= accepted_B
+  realised_proposed_B = jnp.where(cut_B, count_B, proposed_B)
+  return {
+      "iterations": active_i32,
+      "histogram": active_i32[:, None] * jax.nn.one_hot(kept_B, num_draft + 1, dtype=jnp.int32),
+      "at_position": active_i32[:, None] * (positions_G < kept_B[:, None]),
+      "verified": active_i32[:, None] * ((positions_G < realised_proposed_B[:, None])
+                                         & (positions_G <= accepted_B[:, None])),
+      "proposed": active_i32 * realised_proposed_B,
+  }
 
 
 SCHEDULES = ("fixed", "heuristic")
@@ -180,11 +213,15 @@ def _speculative(target_static, target_dynamic, drafter_static, drafter_dynamic,
     lengths_B = state.lengths
     active_B = ~state.done
     with jax.named_scope("draft"):
+      # Never draft past max_new_tokens: with r tokens left, r - 1 drafts and the emitted
+      # token fill the row. The limit depends on the past only, so it keeps exactness.
+      remaining_B = max_new_tokens - (lengths_B - prompt_lengths_B)
+      limit_B = jnp.where(active_B, jnp.minimum(state.draft_limit, remaining_B - 1), 0)
       proposal, drafter_state = drafter.propose(
           state.drafter_state, state.tokens, lengths_B, jax.random.fold_in(key, 0), num_draft,
-          jnp.where(active_B, state.draft_limit, 0), params, target.vocab_size)
+          limit_B, params, target.vocab_size)
       draft_tokens_BG, q_BGV = proposal.tokens, proposal.probs
-      proposed_B = jnp.minimum(proposal.num_proposed, state.draft_limit)
+      proposed_B = jnp.minimum(proposal.num_proposed, limit_B)
     with jax.named_scope("score"):
       last_B = state.tokens[rows_B, lengths_B - 1]
       target_logits_BG1V, target_cache = target(
@@ -207,7 +244,7 @@ def _speculative(target_static, target_dynamic, drafter_static, drafter_dynamic,
       emitted_BG1 = jnp.where(offsets_G1 < accepted_B[:, None],
                               jnp.concatenate([draft_tokens_BG, draft_tokens_BG[:, :1]], axis=1),
                               verdict.next_token[:, None])
-      count_B = jnp.minimum(accepted_B + 1, max_new_tokens - (lengths_B - prompt_lengths_B))
+      count_B = jnp.minimum(accepted_B + 1, remaining_B)  # The draft limit makes this a no-op.
       if eos_id is not None:
         is_eos_BG1 = (emitted_BG1 == eos_id) & (offsets_G1 < count_B[:, None])
         first_eos_B = jnp.argmax(is_eos_BG1, axis=1)
@@ -221,8 +258,8 @@ def _speculative(target_static, target_dynamic, drafter_static, drafter_dynamic,
       done_B = state.done | (new_lengths_B - prompt_lengths_B >= max_new_tokens)
       if eos_id is not None:
         done_B = done_B | jnp.any(keep_BG1 & (emitted_BG1 == eos_id), axis=1)
-    active_i32 = active_B.astype(jnp.int32)
-    positions_G = offsets_G1[None, :-1]
+    with jax.named_scope("statistics"):
+      stats = _count_appended(active_B, proposed_B, accepted_B, count_B, num_draft)
     return _LoopState(
         step=state.step + 1, tokens=tokens_BW, lengths=new_lengths_B, done=done_B,
         target_cache=target_cache.replace(lengths=new_lengths_B - 1),
@@ -230,25 +267,23 @@ def _speculative(target_static, target_dynamic, drafter_static, drafter_dynamic,
         draft_limit=next_draft_limit(schedule, state.draft_limit, proposed_B, accepted_B,
                                      num_draft),
         draft_calls=state.draft_calls + proposal.model_calls,
-        iterations=state.iterations + active_i32,
-        histogram=state.histogram + active_i32[:, None] * jax.nn.one_hot(
-            accepted_B, num_draft + 1, dtype=jnp.int32),
-        at_position=state.at_position + active_i32[:, None] * (positions_G < accepted_B[:, None]),
-        verified=state.verified + active_i32[:, None] * (
-            (positions_G < proposed_B[:, None]) & (positions_G <= accepted_B[:, None])),
-        proposed=state.proposed + active_i32 * proposed_B,
+        iterations=state.iterations + stats["iterations"],
+        histogram=state.histogram + stats["histogram"],
+        at_position=state.at_position + stats["at_position"],
+        verified=state.verified + stats["verified"],
+        proposed=state.proposed + stats["proposed"],
         nan_logits=state.nan_logits | (active_B & (model_protocol.has_nan(target_logits_BG1V)
                                                    | proposal.nan)))
 
   state = jax.lax.while_loop(cond, body, state)
   width = length + max_new_tokens
-  return SpeculativeOutput(
+  return sharding.replicated(SpeculativeOutput(
       tokens=state.tokens[:, :width], lengths=state.lengths,
       num_generated=state.lengths - prompt_lengths_B, model_calls=state.step + 1,
       draft_calls=state.draft_calls, iterations=state.iterations,
       accepted_histogram=state.histogram, accepted_at_position=state.at_position,
       verified_at_position=state.verified, proposed=state.proposed,
-      nan_logits=state.nan_logits)
+      nan_logits=state.nan_logits))
 
 
 def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: Any,

@@ -10,7 +10,7 @@ is q_t and ``p_BGV1[:, t-1]`` is p_t (G = K draft tokens, G+1 target rows).
 Token-wise (Chen et al. Algorithm 2):
   for t = 1..K:
     r ~ U[0, 1)
-    if r < min(1, p_t(x~_t) / q_t(x~_t)): accept x~_t
+    if r < min(1, p_t(x~_t) / q_t(x~_t)): accept x~_t          (strict: a = 0 never accepts)
     else: emit x ~ norm(max(0, p_t - q_t)) and stop
   if all K accepted: emit x ~ p_{K+1}                          (the bonus token)
 
@@ -20,7 +20,7 @@ expectation than token-wise, and is exact too:
   w_0 = 1;  w_i = min(1, w_{i-1} p_i(x~_i) / q_i(x~_i))         i = 1..K
   h_i = m_i / (m_i + 1 - w_i),  m_i = sum_x max(0, w_i p_{i+1}(x) - q_{i+1}(x))   i < K
   h_K = w_K
-  eta_i ~ U[0, 1);  tau = max{i : eta_i <= h_i}  (0 if none)
+  eta_i ~ U[0, 1);  tau = max{i : eta_i < h_i}  (0 if none; strict, so h_i = 0 never stops at i)
   accept x~_1..x~_tau; emit x ~ norm(max(0, w_tau p_{tau+1} - q_{tau+1}))  (q_{K+1} := 0)
 
 Greedy (temperature 0): accept while x~_t == argmax p_t; emit argmax p_{n+1}.
@@ -41,6 +41,12 @@ t > k, so the residual after x~_k is p_{k+1} (the bonus token), and nothing
 beyond k can be accepted (token-wise: forced rejection; block: h_i := 0 for
 i > k, and h_k = w_k follows from q_{k+1} = 0).
 
+Random draws (``draws.py``): every coin r < a compares 64 random bits with
+a 2^64 in integers, so P(accept) = a to within 2^-64 (float32 uniforms would
+round every a up to a multiple of 2^-23), and every token is drawn by an
+exponential race from 64-bit draws, so tokens keep their probability down to
+~1e-19 (and p(x) = 0 is never drawn).
+
 Numerics: q(x) = 0 never divides (the ratio is taken as 1 where p > 0, 0
 where p = 0); a residual with no mass (p == q) falls back to p; h_i
 with m_i = 0 is 0.
@@ -51,6 +57,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from specsamp.sampling import draws
 
 
 @struct.dataclass
@@ -89,9 +97,8 @@ def expected_acceptance(p_V: jax.Array, q_V: jax.Array) -> jax.Array:
 
 
 def sample_from(key: jax.Array, probs_BV: jax.Array) -> jax.Array:
-  """One token per row from explicit probabilities (zeros are never drawn)."""
-  logits_BV = jnp.where(probs_BV > 0, jnp.log(jnp.where(probs_BV > 0, probs_BV, 1.0)), -jnp.inf)
-  return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
+  """One token per row from explicit probabilities (zeros are never drawn; 64-bit draws)."""
+  return draws.categorical(key, probs_BV)
 
 
 def _clipped_ratio(numerator: jax.Array, q: jax.Array) -> jax.Array:
@@ -139,8 +146,8 @@ def token_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
   ``num_proposed_B``: verify only each row's first k tokens (default all K)."""
   q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
   accept_key, emit_key = jax.random.split(key)
-  r_BG = jax.random.uniform(accept_key, draft_tokens_BG.shape)
-  accepted_BG = (r_BG < acceptance_probabilities(draft_tokens_BG, q_BGV, p_BG1V)) & proposed_BG
+  accepted_BG = draws.bernoulli(
+      accept_key, acceptance_probabilities(draft_tokens_BG, q_BGV, p_BG1V)) & proposed_BG
   return _emit(emit_key, _leading_count(accepted_BG), p_BG1V, q_BGV)
 
 
@@ -167,15 +174,17 @@ def block_stop_probabilities(weights_BG1: jax.Array, q_BGV: jax.Array, p_BG1V: j
 
 def block_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
                  p_BG1V: jax.Array, num_proposed_B: jax.Array | None = None) -> Verdict:
-  """Sun et al. 2024 block verification: tau = max{i : eta_i <= h_i}, residual weighted by w_tau.
+  """Sun et al. 2024 block verification: tau = max{i : eta_i < h_i}, residual weighted by w_tau.
   ``num_proposed_B``: verify only each row's first k tokens (default all K)."""
   q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
   stop_key, emit_key = jax.random.split(key)
   weights_BG1 = block_weights(draft_tokens_BG, q_BGV, p_BG1V)
   h_BG = jnp.where(proposed_BG, block_stop_probabilities(weights_BG1, q_BGV, p_BG1V), 0.0)
-  eta_BG = jax.random.uniform(stop_key, h_BG.shape)
   lengths_G = jnp.arange(1, h_BG.shape[1] + 1)
-  tau_B = jnp.max(jnp.where(eta_BG <= h_BG, lengths_G, 0), axis=1)
+  # eta_i < h_i, strictly: a stop probability of 0 (a token outside p's support, a position
+  # past the proposal) is never taken, whatever eta is drawn.
+  stop_BG = draws.bernoulli(stop_key, h_BG) & proposed_BG
+  tau_B = jnp.max(jnp.where(stop_BG, lengths_G, 0), axis=1)
   return _emit(emit_key, tau_B, p_BG1V, q_BGV, _at(weights_BG1, tau_B))
 
 
@@ -198,8 +207,9 @@ def synthetic_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Arra
   the output is NOT distributed as the target's."""
   q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
   accept_key, emit_key = jax.random.split(key)
-  r_BG = jax.random.uniform(accept_key, draft_tokens_BG.shape)
-  return _emit(emit_key, _leading_count((r_BG < acceptance) & proposed_BG), p_BG1V, q_BGV)
+  accepted_BG = draws.bernoulli(
+      accept_key, jnp.broadcast_to(jnp.asarray(acceptance, jnp.float32), draft_tokens_BG.shape))
+  return _emit(emit_key, _leading_count(accepted_BG & proposed_BG), p_BG1V, q_BGV)
 
 
 VERIFIERS = {"token": token_verify, "block": block_verify}

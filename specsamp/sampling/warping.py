@@ -18,6 +18,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from specsamp.sampling import draws
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -84,7 +86,8 @@ def probabilities(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
 
 
 def sample(key: jax.Array, logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
-  """One token per row from the warped distribution (argmax when greedy)."""
+  """One token per row from the warped distribution (argmax when greedy), drawn from 64 random
+  bits (``draws.categorical``), so even a token of probability 1e-12 keeps its rate."""
   if params.greedy:
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(key, warp_logits(logits_BV, params), axis=-1).astype(jnp.int32)
+  return draws.categorical(key, probabilities(logits_BV, params))

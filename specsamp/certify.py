@@ -1,0 +1,472 @@
+r"""The exactness certificate: speculative samples against the exactly enumerated target.
+
+For a small target (vocabulary 8), every continuation of NEW_TOKENS tokens has a
+probability we can compute exactly: the product of the warped target's
+conditionals, from forward passes over every prefix (float64 products). The
+certificate draws ``n`` continuations with the speculative loop for each case,
+counts them, and runs a G-test of the counts against that distribution:
+
+  G = 2 sum_cells O log(O / E),  cells expected < 5 times pooled into one,
+  pass  <=>  G < threshold = chi2.isf(level, cells - 1).
+
+A case is one choice of verifier (token, block) x drafter (a draft model, prompt
+lookup, self-speculative, a draft model with a confidence stop) x draft-length
+schedule (fixed, heuristic) x warping (T = 1, T = 0.7, top-k, top-p, all three)
+x batch (1 row; 16 ragged rows of prompt lengths 1..6, whose cells are
+(row, continuation)) x mesh (1 device; 2 data x 4 tensor with the target and
+draft tensor-parallel under shard_map). Batch-1 runs are vmapped over keys:
+each instance is a batch-1 loop with its own key.
+
+Each family of cases has PLANTED BUGS that the same test must reject (G far
+above its threshold), showing that it has the power to see a real fault:
+  residual_from_p    resample from p instead of norm(max(0, w p - q))  (verifiers)
+  unweighted_block   block verification's residual without the weight w  (block)
+  coarse_le          8-bit uniform draws compared with r <= a (the old zero-draw
+                     acceptance, made frequent enough to see)  (random draws)
+  bits8              every draw from 8 random bits  (random draws, coins and tokens)
+  misreported_q      prompt lookup reports a uniform q for its one-hot proposal  (drafters)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import math
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+from scipy import stats
+
+from specsamp import sharding
+from specsamp.models import TransformerConfig, transformer
+from specsamp.sampling import draws, drafters, speculative, verification, warping
+
+VOCAB = 8
+NEW_TOKENS = 4
+NUM_DRAFT = 3
+WARPINGS = {
+    "T=1": warping.SamplingParams(1.0),
+    "T=0.7": warping.SamplingParams(0.7),
+    "top-k=3": warping.SamplingParams(1.0, top_k=3),
+    "top-p=0.8": warping.SamplingParams(1.0, top_p=0.8),
+    "T=0.7,k=4,p=0.9": warping.SamplingParams(0.7, top_k=4, top_p=0.9),
+}
+VERIFIERS = ("token", "block")
+DRAFTERS = ("model", "lookup", "self_speculative", "confidence_stop")
+SCHEDULES = ("fixed", "heuristic")
+BATCHES = ("1", "ragged16")
+MESHES = ("1", "2x4")
+BUGS = ("residual_from_p", "unweighted_block", "coarse_le", "bits8", "misreported_q")
+# Batch-1 prompt: its last token occurred before, so prompt lookup proposes from the start.
+PROMPT = (3, 6, 1, 3)
+RAGGED_ROWS = 16
+PROMPT_WIDTH = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One sampler configuration (and optionally a planted bug that must be rejected)."""
+
+  model: str
+  verifier: str
+  drafter: str
+  schedule: str
+  warping: str
+  batch: str
+  mesh: str
+  bug: str | None = None
+
+  @property
+  def name(self) -> str:
+    parts = [self.model, self.verifier, self.drafter, self.schedule, self.warping,
+             f"batch={self.batch}", f"mesh={self.mesh}"]
+    return " ".join(parts) + (f" BUG={self.bug}" if self.bug else "")
+
+
+def all_cases(scope: str = "full") -> list[Case]:
+  """The cases of a certificate, then the planted bugs (``bug_cases``).
+
+  'full' (140 cases):
+    trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
+      schedule x warping x batch (1, ragged 16): 120 cases;
+    transformer, 1 device: every verifier x drafter (all four, self-speculative
+      included) x schedule, warpings in rotation, batches alternating: 16 cases;
+    transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
+      ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
+      warpings in rotation: 4 cases.
+  'quick' (8 cases): each verifier x drafter once on the trigram (schedules, warpings
+    and batches in rotation), self-speculative on the transformer, and a model drafter on
+    the 2x4 mesh.
+  The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
+  covering set above rather than the full product.
+  """
+  if scope not in ("full", "quick"):
+    raise ValueError(f"scope must be 'full' or 'quick', got {scope!r}.")
+  warpings = list(WARPINGS)
+  table_drafters = [d for d in DRAFTERS if d != "self_speculative"]
+  if scope == "full":
+    cases = [Case("trigram", v, d, s, w, b, "1") for b in BATCHES for v in VERIFIERS
+             for d in table_drafters for s in SCHEDULES for w in warpings]
+    cases += [Case("transformer", v, d, s, warpings[i % len(warpings)], BATCHES[i % 2], "1")
+              for i, (v, d, s) in enumerate(itertools.product(VERIFIERS, DRAFTERS, SCHEDULES))]
+    cases += [Case("transformer", VERIFIERS[i % 2], d, SCHEDULES[i // 2 % 2],
+                   warpings[(i + 2) % len(warpings)], "ragged16", "2x4")
+              for i, d in enumerate(DRAFTERS)]
+  else:
+    cases = [Case("trigram", v, d, SCHEDULES[i % 2], warpings[i % len(warpings)],
+                  BATCHES[i // 2 % 2], "1")
+             for i, (v, d) in enumerate(itertools.product(VERIFIERS, table_drafters))]
+    cases += [Case("transformer", "block", "self_speculative", "heuristic", "T=0.7",
+                   "ragged16", "1"),
+              Case("transformer", "token", "model", "fixed", "top-p=0.8", "ragged16", "2x4")]
+  return cases + bug_cases()
+
+
+def bug_cases() -> list[Case]:
+  """One planted bug per family, each in a setting where the fault has room to show."""
+  return [
+      Case("trigram", "token", "model", "fixed", "T=1", "1", "1", bug="residual_from_p"),
+      Case("trigram", "block", "model", "fixed", "top-k=3", "1", "1", bug="unweighted_block"),
+      Case("trigram", "block", "model", "fixed", "top-p=0.8", "1", "1", bug="coarse_le"),
+      Case("trigram", "token", "model", "fixed", "T=0.7", "1", "1", bug="bits8"),
+      Case("trigram", "token", "lookup", "fixed", "T=1", "1", "1", bug="misreported_q"),
+  ]
+
+
+# --- Models and prompts. ------------------------------------------------------------------------
+
+
+@struct.dataclass
+class TokenCache:
+  """The tokens a Trigram has been fed, by position: its KV cache."""
+
+  tokens: jax.Array  # [B, S]
+  lengths: jax.Array  # [B]
+
+
+@struct.dataclass
+class Trigram:
+  """A decode-protocol model whose next-token logits depend on the last TWO tokens:
+  ``logits_PVV[previous, current]`` (previous = V at position 0). The token before the ones
+  fed is read from the cache, so a loop that left a rejected draft token there, or fed a
+  row at the wrong position, samples from the wrong distribution and fails the test; yet it
+  costs a table lookup, so 10^6 sequences take seconds."""
+
+  logits_PVV: jax.Array  # [V + 1, V, V]
+
+  @property
+  def vocab_size(self) -> int:
+    return self.logits_PVV.shape[1]
+
+  def init_cache(self, batch_size: int, max_length: int) -> TokenCache:
+    return TokenCache(tokens=jnp.zeros((batch_size, max_length), jnp.int32),
+                      lengths=jnp.zeros((batch_size,), jnp.int32))
+
+  def __call__(self, tokens_BT, positions_BT, cache):
+    rows_B1 = jnp.arange(tokens_BT.shape[0])[:, None]
+    fed_BS = cache.tokens.at[rows_B1, positions_BT].set(tokens_BT)
+    previous_BT = jnp.where(positions_BT > 0, fed_BS[rows_B1, jnp.maximum(positions_BT - 1, 0)],
+                            self.vocab_size)
+    return (self.logits_PVV[previous_BT, tokens_BT],
+            cache.replace(tokens=fed_BS, lengths=positions_BT[:, -1] + 1))
+
+
+def model_config(num_layers: int = 2, tensor_parallel: str = "auto") -> TransformerConfig:
+  """The certificate's tiny Transformer: vocabulary 8, 2 layers, grouped-query attention."""
+  return TransformerConfig(vocab_size=VOCAB, num_layers=num_layers, d_model=32, num_heads=4,
+                           num_kv_heads=2, ffn_dim=64, dtype="float32", param_dtype="float32",
+                           tensor_parallel=tensor_parallel)
+
+
+def _noisy_copy(model: Any, scale: float, seed: int) -> Any:
+  """``model`` with Gaussian noise of ``scale`` x each tensor's std: a draft that agrees with
+  the target often but not always. Keeps each parameter's sharding."""
+  if isinstance(model, Trigram):
+    noise = jax.random.normal(jax.random.key(seed), model.logits_PVV.shape)
+    return Trigram(model.logits_PVV + scale * jnp.std(model.logits_PVV) * noise)
+  graphdef, state = nnx.split(model)
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [jax.device_put(x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype),
+                          x.sharding) for x, k in zip(leaves, keys)]
+  return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
+
+
+@dataclasses.dataclass
+class Setup:
+  """Target, draft and mesh for one (model, mesh) choice."""
+
+  target: Any
+  draft: Any
+  mesh: jax.sharding.Mesh | None
+
+  def drafter(self, name: str) -> drafters.Drafter:
+    if name == "model":
+      return drafters.ModelDrafter(self.draft)
+    if name == "lookup":
+      return drafters.PromptLookupDrafter(max_ngram=2)
+    if name == "self_speculative":
+      return drafters.self_speculative(self.target, 1)
+    if name == "confidence_stop":
+      return drafters.ModelDrafter(self.draft, confidence_threshold=0.3)
+    raise ValueError(f"Unknown drafter {name!r}; known: {DRAFTERS}.")
+
+  def context(self) -> contextlib.AbstractContextManager:
+    return sharding.use_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+
+def make_setup(model: str, mesh_name: str) -> Setup:
+  """A trigram table pair (one device), or a tiny Transformer pair on one device or on a
+  2 data x 4 tensor mesh (shard_map blocks), with the same weights either way."""
+  if model == "trigram":
+    if mesh_name != "1":
+      raise ValueError("The trigram pair runs on one device.")
+    target = Trigram(1.5 * jax.random.normal(jax.random.key(10), (VOCAB + 1, VOCAB, VOCAB)))
+    return Setup(target, _noisy_copy(target, 0.5, seed=11), None)
+  if model != "transformer":
+    raise ValueError(f"Unknown model {model!r}: 'trigram' or 'transformer'.")
+  if mesh_name == "1":
+    target = transformer.create(model_config(), seed=10)
+    return Setup(target, _noisy_copy(target, 0.6, seed=11), None)
+  if len(jax.devices()) < 8:
+    raise ValueError(f"The 2x4 mesh needs 8 devices, found {len(jax.devices())}; on a CPU set "
+                     "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts.")
+  mesh = sharding.make_mesh({"data": 2, "tensor": 4}, jax.devices()[:8])
+  target = transformer.create(model_config(tensor_parallel="shard_map"), mesh, seed=10)
+  return Setup(target, _noisy_copy(target, 0.6, seed=11), mesh)
+
+
+def prompts(batch: str) -> tuple[np.ndarray, np.ndarray]:
+  """(prompts [B, L], lengths [B]): the batch-1 prompt, or 16 ragged rows of lengths 1..6."""
+  if batch == "1":
+    return np.asarray([PROMPT], np.int32), np.asarray([len(PROMPT)], np.int32)
+  rng = np.random.default_rng(0)
+  lengths = np.asarray([1 + i % PROMPT_WIDTH for i in range(RAGGED_ROWS)], np.int32)
+  rows = rng.integers(0, VOCAB, (RAGGED_ROWS, PROMPT_WIDTH)).astype(np.int32)
+  rows[np.arange(PROMPT_WIDTH)[None, :] >= lengths[:, None]] = 0
+  return rows, lengths
+
+
+# --- The exact distribution. -----------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("params", "count"))
+def _last_distributions(model: Any, tokens_BT: jax.Array, params: warping.SamplingParams,
+                        count: int) -> jax.Array:
+  """[B, count, V]: the warped next-token distributions at each row's last ``count``
+  positions, through the decode protocol (one causal pass gives every prefix's)."""
+  batch, length = tokens_BT.shape
+  positions_BT = jnp.broadcast_to(jnp.arange(length), (batch, length))
+  logits_BTV, _ = model(tokens_BT, positions_BT, model.init_cache(batch, length))
+  return warping.probabilities(logits_BTV[:, length - count:], params)
+
+
+def exact_distribution(target: Any, prompt: tuple[int, ...], params: warping.SamplingParams
+                       ) -> np.ndarray:
+  """P(x_1..x_N | prompt) under the warped target, [V^N] in lexicographic order (float64).
+
+  One forward pass over the V^(N-1) sequences prompt + x_1..x_{N-1} gives every factor
+  p(x_t | prompt, x_<t) of the chain rule at positions L-1..L+N-2.
+  """
+  prefixes = np.asarray(list(itertools.product(range(VOCAB), repeat=NEW_TOKENS - 1)), np.int32)
+  seqs = np.concatenate([np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes],
+                        axis=1)
+  step = np.asarray(_last_distributions(target, jnp.asarray(seqs), params, NEW_TOKENS),
+                    np.float64)
+  step /= step.sum(-1, keepdims=True)
+  rows = np.arange(len(prefixes))
+  probs = np.ones(len(prefixes))
+  for t in range(NEW_TOKENS - 1):
+    probs *= step[rows, t, prefixes[:, t]]
+  return (probs[:, None] * step[:, -1]).reshape(-1)
+
+
+def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any]:
+  """G-test of ``counts`` against ``probs`` (same shape, flattened); small cells pooled.
+
+  A count in a cell of probability 0 fails outright (G = inf).
+  """
+  counts, probs = counts.reshape(-1).astype(np.float64), probs.reshape(-1)
+  probs = probs / probs.sum()
+  n = counts.sum()
+  expected = probs * n
+  big = expected >= 5
+  if np.any(counts[probs <= 0] > 0):
+    cells = int(big.sum()) + 1
+    return {"G": math.inf, "cells": cells, "threshold": float(stats.chi2.isf(level, cells - 1)),
+            "impossible": int(counts[probs <= 0].sum())}
+  observed_cells = np.append(counts[big], counts[~big & (probs > 0)].sum())
+  expected_cells = np.append(expected[big], expected[~big & (probs > 0)].sum())
+  keep = expected_cells > 0
+  observed_cells, expected_cells = observed_cells[keep], expected_cells[keep]
+  nonzero = observed_cells > 0
+  g = 2.0 * np.sum(observed_cells[nonzero] * np.log(observed_cells[nonzero]
+                                                    / expected_cells[nonzero]))
+  dof = len(observed_cells) - 1
+  return {"G": float(g), "cells": len(observed_cells), "threshold": float(stats.chi2.isf(level, dof)),
+          "impossible": 0}
+
+
+# --- Sampling. ----------------------------------------------------------------------------------
+
+
+def _sampler(setup: Setup, case: Case, prompts_BL: np.ndarray, lengths_B: np.ndarray
+             ) -> Callable[[jax.Array], jax.Array]:
+  """keys [I] -> continuations [I, B, NEW_TOKENS]: I independent runs of the loop."""
+  params = WARPINGS[case.warping]
+  drafter = setup.drafter(case.drafter)
+  rows_B = jnp.arange(len(lengths_B))
+  offsets = jnp.arange(NEW_TOKENS)
+
+  def one(key):
+    out = speculative.speculative_generate(
+        setup.target, drafter, prompts_BL, lengths_B, key, max_new_tokens=NEW_TOKENS,
+        num_draft_tokens=NUM_DRAFT, temperature=params.temperature, top_k=params.top_k,
+        top_p=params.top_p, verifier=case.verifier, schedule=case.schedule, check_nan=False)
+    return out.tokens[rows_B[:, None], jnp.asarray(lengths_B)[:, None] + offsets[None, :]]
+
+  return jax.jit(jax.vmap(one))
+
+
+def _codes(continuations: np.ndarray) -> np.ndarray:
+  """Lexicographic index of each continuation in 0..V^N-1."""
+  return continuations.astype(np.int64) @ (VOCAB ** np.arange(NEW_TOKENS - 1, -1, -1))
+
+
+def draw_counts(setup: Setup, case: Case, num_samples: int, seed: int = 0,
+                chunk_rows: int = 1 << 16) -> np.ndarray:
+  """[B, V^N] counts of ``num_samples`` continuations (over all rows) drawn by the loop."""
+  prompts_BL, lengths_B = prompts(case.batch)
+  rows = len(lengths_B)
+  runs = -(-num_samples // rows)
+  per_chunk = max(chunk_rows // rows, 1)
+  counts = np.zeros((rows, VOCAB**NEW_TOKENS), np.int64)
+  with setup.context():
+    sample = _sampler(setup, case, prompts_BL, lengths_B)
+    keys = jax.random.split(jax.random.key(seed), runs)
+    for start in range(0, runs, per_chunk):
+      chunk = keys[start:start + per_chunk]
+      if len(chunk) < per_chunk:  # One compiled shape: pad the last chunk, drop the extra.
+        chunk = jnp.concatenate([chunk, keys[:per_chunk - len(chunk)]])
+      codes = _codes(np.asarray(sample(chunk)))[:min(per_chunk, runs - start)]
+      for row in range(rows):
+        counts[row] += np.bincount(codes[:, row], minlength=VOCAB**NEW_TOKENS)
+  return counts
+
+
+# --- Planted bugs. ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def planted(bug: str | None) -> Iterator[None]:
+  """Temporarily breaks the sampler as ``bug`` names (None: as it is); clears jit caches on
+  the way in and out, so no compiled program outlives its patch."""
+  if bug is None:
+    yield
+    return
+  saved = []
+
+  def patch(module, name, value):
+    saved.append((module, name, getattr(module, name)))
+    setattr(module, name, value)
+
+  if bug == "residual_from_p":
+    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: p_BV)
+  elif bug == "unweighted_block":
+    original = verification.residual
+    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: original(p_BV, q_BV))
+  elif bug == "coarse_le":
+    patch(draws, "bernoulli_from_words", lambda words, a: (
+        (words[0] >> 24).astype(jnp.float32) / 256.0 <= jnp.asarray(a, jnp.float32)))
+  elif bug == "bits8":
+    patch(draws, "random_words", lambda key, shape: jax.random.bits(
+        key, (2, *shape), jnp.uint32) & jnp.asarray([[0xFF000000], [0]], jnp.uint32).reshape(
+            (2,) + (1,) * len(shape)))
+  elif bug == "misreported_q":
+    original_propose = drafters.PromptLookupDrafter.propose
+
+    def propose(self, *args, **kwargs):
+      proposal, state = original_propose(self, *args, **kwargs)
+      return proposal.replace(probs=jnp.full_like(proposal.probs, 1.0 / VOCAB)), state
+
+    patch(drafters.PromptLookupDrafter, "propose", propose)
+  else:
+    raise ValueError(f"Unknown planted bug {bug!r}; known: {BUGS}.")
+  jax.clear_caches()
+  try:
+    yield
+  finally:
+    for module, name, value in reversed(saved):
+      setattr(module, name, value)
+    jax.clear_caches()
+
+
+# --- The certificate. ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Result:
+  case: Case
+  n: int
+  G: float
+  cells: int
+  threshold: float
+  impossible: int
+  seconds: float
+
+  @property
+  def rejected(self) -> bool:
+    return not self.G < self.threshold
+
+  @property
+  def passed(self) -> bool:
+    """A real case passes when not rejected; a planted bug when rejected."""
+    return self.rejected if self.case.bug else not self.rejected
+
+
+def certify(cases: list[Case], num_samples: int, level: float, seed: int = 0,
+            log: Callable[[str], None] = print) -> list[Result]:
+  """Runs every case; ``level`` is each G-test's false-rejection probability."""
+  setups: dict[str, Setup] = {}
+  exact: dict[tuple[str, ...], np.ndarray] = {}
+  results = []
+  for index, case in enumerate(cases):
+    start = time.perf_counter()
+    if (case.model, case.mesh) not in setups:
+      setups[case.model, case.mesh] = make_setup(case.model, case.mesh)
+    setup = setups[case.model, case.mesh]
+    key = (case.model, case.mesh, case.batch, case.warping)
+    prompts_BL, lengths_B = prompts(case.batch)
+    if key not in exact:
+      with setup.context():
+        exact[key] = np.stack([exact_distribution(setup.target, tuple(row[:n]),
+                                                  WARPINGS[case.warping])
+                               for row, n in zip(prompts_BL.tolist(), lengths_B.tolist())])
+    with planted(case.bug):
+      counts = draw_counts(setup, case, num_samples, seed=seed + index)
+    # Rows are sampled equally often: each row's exact distribution, weighted 1/B.
+    test = g_test(counts, exact[key] / len(lengths_B), level)
+    result = Result(case=case, n=int(counts.sum()), seconds=time.perf_counter() - start, **test)
+    results.append(result)
+    log(f"[{index + 1}/{len(cases)}] {case.name}: G={result.G:.1f} threshold="
+        f"{result.threshold:.1f} -> {'PASS' if result.passed else 'FAIL'} ({result.seconds:.1f} s)")
+  return results
+
+
+def format_table(results: list[Result], level: float) -> str:
+  """The certificate as a Markdown table (case, n, G, cells, threshold, verdict)."""
+  lines = [f"| case | n | G | cells | threshold (level {level:g}) | result |",
+           "|---|---|---|---|---|---|"]
+  for r in results:
+    verdict = ("rejected, as it must be" if r.rejected else "NOT REJECTED") if r.case.bug else (
+        "pass" if r.passed else "FAIL")
+    g = "inf (impossible token drawn)" if math.isinf(r.G) else f"{r.G:.1f}"
+    lines.append(f"| {r.case.name} | {r.n:,} | {g} | {r.cells} | {r.threshold:.1f} | "
+                 f"{verdict} |")
+  return "\n".join(lines)

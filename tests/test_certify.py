@@ -1,0 +1,60 @@
+"""The exactness certificate, reduced to 10^5 sequences per case (scripts/certify.py draws 10^6
+over every case): every real case passes its G-test and every planted bug is rejected."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specsamp import certify
+from specsamp.sampling import warping
+
+
+def test_g_test_accepts_the_expected_counts_and_fails_an_impossible_draw():
+  probs = np.array([0.5, 0.3, 0.2, 0.0])
+  assert certify.g_test(np.array([500, 300, 200, 0]), probs, 1e-4)["G"] < 1e-9
+  impossible = certify.g_test(np.array([500, 300, 199, 1]), probs, 1e-4)
+  assert impossible["G"] == np.inf and impossible["impossible"] == 1
+  shifted = certify.g_test(np.array([580, 220, 200, 0]), probs, 1e-4)
+  assert shifted["G"] > shifted["threshold"]
+
+
+def test_exact_distribution_is_the_chain_rule_of_the_target():
+  setup = certify.make_setup("trigram", "1")
+  params = warping.SamplingParams(0.7, top_k=4)
+  probs = certify.exact_distribution(setup.target, certify.PROMPT, params)
+  assert probs.shape == (certify.VOCAB**certify.NEW_TOKENS,)
+  np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-9)
+  # One continuation by hand: the trigram's table, warped, along x = 5 0 7 2.
+  context, expected = list(certify.PROMPT), 1.0
+  for token in (5, 0, 7, 2):
+    logits = setup.target.logits_PVV[context[-2], context[-1]]
+    expected *= float(warping.probabilities(logits[None], params)[0, token])
+    context.append(token)
+  code = int(np.dot([5, 0, 7, 2], certify.VOCAB ** np.arange(3, -1, -1)))
+  np.testing.assert_allclose(probs[code], expected, rtol=1e-5)
+
+
+def test_the_trigram_reads_the_token_before_from_its_cache():
+  """A stale cache entry changes its output: a loop that fails to roll back is caught."""
+  model = certify.make_setup("trigram", "1").target
+  cache = model.init_cache(1, 8)
+  _, cache = model(jnp.array([[1, 2, 3]]), jnp.array([[0, 1, 2]]), cache)
+  clean, _ = model(jnp.array([[4]]), jnp.array([[3]]), cache)
+  _, stale = model(jnp.array([[6]]), jnp.array([[2]]), cache)  # overwrote position 2
+  dirty, _ = model(jnp.array([[4]]), jnp.array([[3]]), stale)
+  np.testing.assert_array_equal(clean[0, 0], model.logits_PVV[3, 4])
+  np.testing.assert_array_equal(dirty[0, 0], model.logits_PVV[6, 4])
+
+
+def test_quick_certificate_passes_and_rejects_every_planted_bug():
+  cases = certify.all_cases("quick")
+  assert {c.verifier for c in cases} == set(certify.VERIFIERS)
+  assert {c.drafter for c in cases} == set(certify.DRAFTERS)
+  assert {c.schedule for c in cases} == set(certify.SCHEDULES)
+  assert {c.warping for c in cases} == set(certify.WARPINGS)
+  assert {(c.batch, c.mesh) for c in cases} >= {("1", "1"), ("ragged16", "1"), ("ragged16", "2x4")}
+  assert {c.bug for c in cases} == {None, *certify.BUGS}
+  results = certify.certify(cases, 100_000, level=1e-4, log=lambda line: None)
+  failed = [(r.case.name, r.G, r.threshold) for r in results if not r.passed]
+  assert not failed, failed
+  assert all(r.n >= 100_000 for r in results)
