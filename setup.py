@@ -24,8 +24,9 @@ setuptools.setup(
         "numpy",
     ],
     extras_require={
-        # Benchmarks draw their figures with matplotlib; the tests draw them too.
-        "bench": ["matplotlib"],
+        # Benchmarks draw their figures with matplotlib; the exactness certificate
+        # (scripts/certify.py) takes its chi-square quantiles from scipy; the tests use both.
+        "bench": ["matplotlib", "scipy"],
         # The tests also execute notebooks/speculative_sampling.ipynb (nbclient + a kernel).
         "test": ["pytest>=8", "scipy", "matplotlib", "nbclient", "nbformat", "ipykernel"],
         # Hugging Face parity tests and scripts/compare_hf.py. specsamp's own import and

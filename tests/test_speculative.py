@@ -58,12 +58,14 @@ def test_rows_accept_their_own_counts(target, drafts):
   assert stats["generated_per_row"] == [24] * 4
   assert stats["row_iterations"] == int(np.asarray(out.iterations).sum()) == histogram.sum()
   assert stats["target_calls"] == 1 + int(np.asarray(out.iterations).max())
-  assert stats["draft_calls"] == 1 + 4 * (stats["target_calls"] - 1)
+  # K draft steps per iteration, fewer in the last ones (drafts stop at max_new_tokens).
+  iterations = stats["target_calls"] - 1
+  assert 1 + 4 * (iterations - 1) < stats["draft_calls"] <= 1 + 4 * iterations
   position = stats["acceptance_at_position"]
   assert all(a >= b for a, b in zip(position, position[1:]))  # P(n >= t) falls with t
   assert 0 < stats["acceptance_rate"] < 1
   np.testing.assert_allclose(stats["tokens_per_target_call"],
-                             1 + stats["acceptance_rate"] * 4)
+                             1 + stats["acceptance_rate"] * stats["mean_draft_length"])
 
 
 def test_eos_and_max_new_tokens_stop_rows_independently(target, drafts):
@@ -258,6 +260,7 @@ def test_synthetic_acceptance_follows_the_iid_law(rate):
   else:
     observed = {n: int(c) for n, c in enumerate(counts)}
     assert g_test_p_value(observed, dict(enumerate(law))) > 1e-3, (counts, law)
-    # The iterations with K accepts are not cut short by max_new_tokens (40 = 10 x (K+1)).
+    # (Each row's last iteration or two draft fewer than K tokens, to end at max_new_tokens:
+    # a small censoring of the law, well inside the test's power at 256 rows.)
     assert abs(stats["alpha"] - rate) < 0.03
   assert stats["generated_per_row"] == [40] * rows
