@@ -19,7 +19,7 @@ Arguments:
 
 import ml_collections
 
-from specsamp import config_files
+from specsamp.experiments import config_files
 
 code_pair = config_files.sibling(__file__, "code_pair")
 

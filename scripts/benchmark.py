@@ -14,7 +14,7 @@ Then run scripts/perf_model.py --results=<output_dir>/results.json.
 from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import benchmark, cli, plots
+from specsamp.experiments import benchmark, cli, plots
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/benchmark.py", "Benchmark config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Pair cache; default workdir/<pair name>.")

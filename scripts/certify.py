@@ -5,7 +5,7 @@ r"""The exactness certificate: G-tests of speculative samples against exact enum
   python scripts/certify.py --output=docs/certificate.md
 
 Runs on a CPU with 8 simulated devices (for the 2x4 mesh cases); see
-specsamp/certify.py for the cases, the planted bugs and the test. Exits 1 if
+specsamp/experiments/certify.py for the cases, the planted bugs and the test. Exits 1 if
 any real case is rejected or any planted bug is not.
 """
 
@@ -18,7 +18,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 
 from absl import app, flags  # noqa: E402
 
-from specsamp import certify, cli  # noqa: E402
+from specsamp.experiments import certify, cli  # noqa: E402
 
 _SCOPE = flags.DEFINE_enum("scope", "full", ["full", "quick"], "Which cases (see certify.all_cases).")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1_000_000, "Sequences drawn per case.")

@@ -18,12 +18,12 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import cli, pair as pair_lib
-from specsamp.hf import compare
+from specsamp.experiments import cli, pair as pair_lib
+from specsamp.experiments import compare_hf
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<config name>.")
-_MODES = flags.DEFINE_list("modes", ["greedy", "nucleus"], f"Any of {sorted(compare.MODES)}.")
+_MODES = flags.DEFINE_list("modes", ["greedy", "nucleus"], f"Any of {sorted(compare_hf.MODES)}.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Default: config.sampling.max_new_tokens.")
 _K = flags.DEFINE_integer("num_draft_tokens", None,
                           "K; default config.speculative.num_draft_tokens.")
@@ -32,13 +32,13 @@ _OUTPUT = flags.DEFINE_string("output", None, "JSON results; default <workdir>/c
 
 def main(argv):
   cli.start(argv)
-  unknown = sorted(set(_MODES.value) - set(compare.MODES))
+  unknown = sorted(set(_MODES.value) - set(compare_hf.MODES))
   if unknown:
-    raise app.UsageError(f"Unknown --modes {unknown}; choose from {sorted(compare.MODES)}.")
+    raise app.UsageError(f"Unknown --modes {unknown}; choose from {sorted(compare_hf.MODES)}.")
   config = _CONFIG.value
   workdir = os.path.abspath(_WORKDIR.value or pair_lib.default_workdir(config))
   pair = pair_lib.prepare(config, workdir)
-  results = compare.run(
+  results = compare_hf.run(
       pair, pair.draft,
       num_draft_tokens=_K.value or config.speculative.num_draft_tokens,
       max_new_tokens=_MAX_NEW.value or config.sampling.max_new_tokens, modes=_MODES.value,

@@ -14,9 +14,9 @@ import os
 
 from absl import app, flags
 
-from specsamp import cli
+from specsamp.experiments import cli
 from specsamp.hf import convert
-from specsamp.tokenizer import Tokenizer
+from specsamp.training.tokenizer import Tokenizer
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "specsamp checkpoint directory.",
                                   required=True)

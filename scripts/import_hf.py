@@ -17,7 +17,8 @@ import os
 
 from absl import app, flags
 
-from specsamp import cli, sharding
+from specsamp.experiments import cli
+from specsamp import sharding
 from specsamp.hf import convert
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "Hugging Face model directory.", required=True)

@@ -6,7 +6,7 @@ r"""The analytic performance model: the paper's check, this machine's calibratio
       --draft=configs/chinchilla_4b.py --tensor=8 --alpha=0.8    # recommend K elsewhere
 
 Prints Markdown tables (docs/benchmarks.md quotes them). The model and its
-assumptions: specsamp/perf_model.py.
+assumptions: specsamp/experiments/perf_model.py.
 """
 
 import json
@@ -14,7 +14,7 @@ import json
 from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import cli, perf_model, perf_report
+from specsamp.experiments import cli, perf_model, perf_report
 from specsamp.models.config import TransformerConfig
 
 _TARGET = config_flags.DEFINE_config_file("target", "configs/chinchilla_70b.py", "Target config.")

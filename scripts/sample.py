@@ -21,7 +21,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import cli, sample_job
+from specsamp.experiments import cli, sample_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
 _CORPUS = flags.DEFINE_string(

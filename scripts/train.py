@@ -17,7 +17,7 @@ temperature 1.
 from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp import cli, pair
+from specsamp.experiments import cli, pair
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
 _CORPUS = flags.DEFINE_string(
@@ -34,12 +34,12 @@ def main(argv):
   if _CORPUS.value is not None:
     config.data.corpus = _CORPUS.value
   prepared = pair.prepare(config, _WORKDIR.value, draft_modes=_DRAFTS.value)
-  k, new = config.speculative.num_draft_tokens, config.sampling.max_new_tokens
-  print(f"\nAcceptance on {len(prepared.prompts)} held-out prompts (K={k}, {new} new tokens):")
+  num_draft_tokens, new = config.speculative.num_draft_tokens, config.sampling.max_new_tokens
+  print(f"\nAcceptance on {len(prepared.prompts)} held-out prompts (K={num_draft_tokens}, {new} new tokens):")
   print(f"{'draft':>10} {'sampling':>12} {'accepted':>9} {'alpha':>7} {'tokens/call':>12}")
   for mode, draft in prepared.drafts.items():
     for temperature in (0.0, 1.0):
-      stats = pair.acceptance(prepared, draft, temperature=temperature, num_draft_tokens=k,
+      stats = pair.acceptance(prepared, draft, temperature=temperature, num_draft_tokens=num_draft_tokens,
                               max_new_tokens=new, seed=config.seed)
       label = "greedy" if temperature == 0 else f"T={temperature:g}"
       print(f"{mode:>10} {label:>12} {stats['acceptance_rate']:9.3f} {stats['alpha']:7.3f} "

@@ -20,14 +20,14 @@ def small_pair():
   return target, perturbed(target, 0.6, seed=11)
 
 
-def target_distribution(model, prompt, params) -> dict:
+def target_distribution(model, prompt, sampling) -> dict:
   """P(x1 x2 x3 | prompt) under the warped target, by forward passes over every prefix."""
   probs = {}
   for depth in range(NEW_TOKENS):
     prefixes = list(itertools.product(range(VOCAB), repeat=depth))
     seqs = np.array([list(prompt) + list(p) for p in prefixes])
     logits, _ = model(jnp.asarray(seqs))
-    step = np.asarray(warping.probabilities(logits[:, -1], params), np.float64)
+    step = np.asarray(warping.probabilities(logits[:, -1], sampling), np.float64)
     for prefix, dist in zip(prefixes, step):
       probs[prefix] = dist
   return {seq: np.prod([probs[seq[:t]][seq[t]] for t in range(NEW_TOKENS)])

@@ -52,10 +52,11 @@ def test_eos_stops_each_row_independently(tiny_model):
 def test_generation_is_one_while_loop_on_device(tiny_model):
   from specsamp.sampling import model_protocol
   static, dynamic = model_protocol.split_model(tiny_model)
-  jaxpr = jax.make_jaxpr(lambda d, p, l, k: autoregressive._generate(
-      static, d, p, l, k, max_new_tokens=4, params=warping.SamplingParams(0.8), eos_id=2,
-      pad_id=0, cache_length=12))(dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS),
-                                  jax.random.key(0))
+  loop = autoregressive.AutoregressiveLoop(
+      model_static=static, max_new_tokens=4, sampling=warping.SamplingConfig(0.8), eos_id=2,
+      pad_id=0, cache_length=12)
+  jaxpr = jax.make_jaxpr(loop)(dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS),
+                               jax.random.key(0))
   assert str(jaxpr).count(" while[") == 1
 
 
@@ -71,16 +72,16 @@ def test_bigram_greedy_chain():
     np.testing.assert_array_equal(out.generated(row), chain)
 
 
-@pytest.mark.parametrize("params", [warping.SamplingParams(1.0), warping.SamplingParams(0.7, 3, 0.9)])
-def test_bigram_samples_follow_the_exact_sequence_distribution(params):
+@pytest.mark.parametrize("sampling", [warping.SamplingConfig(1.0), warping.SamplingConfig(0.7, 3, 0.9)])
+def test_bigram_samples_follow_the_exact_sequence_distribution(sampling):
   """Exact enumeration over all 3-token continuations, G-test at a fixed seed."""
   vocab, new, rows = 5, 3, 40_000
   model = random_bigram(vocab, seed=1)
   prompts = np.full((rows, 1), 2)
   out = generate(model, prompts, np.ones(rows), jax.random.key(2), max_new_tokens=new,
-                 temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
   seqs = np.asarray(out.tokens[:, 1:1 + new])
-  step = np.asarray(warping.probabilities(model.logits_VV, params), np.float64)
+  step = np.asarray(warping.probabilities(model.logits_VV, sampling), np.float64)
   expected = {seq: step[2, seq[0]] * step[seq[0], seq[1]] * step[seq[1], seq[2]]
               for seq in itertools.product(range(vocab), repeat=new)}
   assert g_test_p_value(count_rows(seqs), expected) > 1e-3

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from test_configs import load_config
-from specsamp import benchmark, plots
+from specsamp.experiments import benchmark, plots
 
 
 def test_parse_list():

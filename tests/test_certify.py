@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specsamp import certify
+from specsamp.experiments import certify
 from specsamp.sampling import warping
 
 
@@ -20,15 +20,15 @@ def test_g_test_accepts_the_expected_counts_and_fails_an_impossible_draw():
 
 def test_exact_distribution_is_the_chain_rule_of_the_target():
   setup = certify.make_setup("trigram", "1")
-  params = warping.SamplingParams(0.7, top_k=4)
-  probs = certify.exact_distribution(setup.target, certify.PROMPT, params)
+  sampling = warping.SamplingConfig(0.7, top_k=4)
+  probs = certify.exact_distribution(setup.target, certify.PROMPT, sampling)
   assert probs.shape == (certify.VOCAB**certify.NEW_TOKENS,)
   np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-9)
   # One continuation by hand: the trigram's table, warped, along x = 5 0 7 2.
   context, expected = list(certify.PROMPT), 1.0
   for token in (5, 0, 7, 2):
     logits = setup.target.logits_PVV[context[-2], context[-1]]
-    expected *= float(warping.probabilities(logits[None], params)[0, token])
+    expected *= float(warping.probabilities(logits[None], sampling)[0, token])
     context.append(token)
   code = int(np.dot([5, 0, 7, 2], certify.VOCAB ** np.arange(3, -1, -1)))
   np.testing.assert_allclose(probs[code], expected, rtol=1e-5)

@@ -3,7 +3,7 @@
 import pytest
 from absl import app
 
-from specsamp import cli
+from specsamp.experiments import cli
 
 
 def test_stray_arguments_are_refused():
@@ -23,7 +23,8 @@ _WORKER = r"""
 import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, numpy as np
-from specsamp import cli, sharding
+from specsamp.experiments import cli
+from specsamp import sharding
 cli.initialize_distributed("manual", sys.argv[1], 2, int(sys.argv[2]))
 mesh = sharding.make_mesh({"data": -1})
 batch = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)  # Every host builds the same batch ...

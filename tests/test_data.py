@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from specsamp import data
+from specsamp.training import data
 
 
 def test_stdlib_corpus_has_no_test_suites():

@@ -34,33 +34,33 @@ def drafter_named(name, small_pair):
 # Exactness of every drafter x schedule x verifier x warping is certified by
 # tests/test_certify.py (10^5 sequences per case) and scripts/certify.py (10^6); these two
 # also check that the draft length adapts.
-EXACT_CASES = [  # (drafter, schedule, verifier, params, K)
-    ("self", "heuristic", "token", warping.SamplingParams(0.7), 3),
-    ("confidence", "fixed", "token", warping.SamplingParams(1.0), 3),
+EXACT_CASES = [  # (drafter, schedule, verifier, sampling, K)
+    ("self", "heuristic", "token", warping.SamplingConfig(0.7), 3),
+    ("confidence", "fixed", "token", warping.SamplingConfig(1.0), 3),
 ]
 
 
-def _sample(target, drafter, params, num_draft, verifier, schedule):
+def _sample(target, drafter, sampling, num_draft_tokens, verifier, schedule):
   out = speculative_generate(
       target, drafter, np.tile(EXACT_PROMPT, (exact.ROWS, 1)),
       np.full(exact.ROWS, len(EXACT_PROMPT)), jax.random.key(0), max_new_tokens=exact.NEW_TOKENS,
-      num_draft_tokens=num_draft, temperature=params.temperature, top_p=params.top_p,
+      num_draft_tokens=num_draft_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
       verifier=verifier, schedule=schedule)
   return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT):])), out.summary()
 
 
-@pytest.mark.parametrize("name, schedule, verifier, params, num_draft", EXACT_CASES)
+@pytest.mark.parametrize("name, schedule, verifier, sampling, num_draft_tokens", EXACT_CASES)
 def test_samples_follow_the_exact_target_distribution(small_pair, name, schedule, verifier,
-                                                      params, num_draft):
+                                                      sampling, num_draft_tokens):
   target = small_pair[0]
-  observed, stats = _sample(target, drafter_named(name, small_pair), params, num_draft, verifier,
+  observed, stats = _sample(target, drafter_named(name, small_pair), sampling, num_draft_tokens, verifier,
                             schedule)
   assert 0.05 < stats["acceptance_rate"] < 0.98, stats  # accepting and rejecting both happen
-  assert g_test_p_value(observed, exact.target_distribution(target, EXACT_PROMPT, params)) > 1e-3
+  assert g_test_p_value(observed, exact.target_distribution(target, EXACT_PROMPT, sampling)) > 1e-3
   if schedule == "heuristic" or name == "confidence":
-    assert stats["mean_draft_length"] < num_draft  # the draft length did adapt
+    assert stats["mean_draft_length"] < num_draft_tokens  # the draft length did adapt
   if name == "confidence":  # ... and the draft model ran fewer steps than K per iteration.
-    assert stats["draft_calls"] < 1 + (stats["target_calls"] - 1) * num_draft
+    assert stats["draft_calls"] < 1 + (stats["target_calls"] - 1) * num_draft_tokens
 
 
 PROMPTS = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0], [60, 2, 17, 90, 60, 2, 0],
@@ -97,7 +97,7 @@ def test_prompt_lookup_proposes_the_most_recent_continuation():
   lengths = jnp.array([6, 5, 3, 6])
   proposal, _ = PromptLookupDrafter(max_ngram=3).propose(
       (), tokens, lengths, jax.random.key(0), 3, jnp.array([3, 3, 3, 1]),
-      warping.SamplingParams(1.0), 10)
+      warping.SamplingConfig(1.0), 10)
   np.testing.assert_array_equal(proposal.num_proposed, [3, 2, 0, 1])
   np.testing.assert_array_equal(proposal.tokens[0], [3, 9, 1])
   np.testing.assert_array_equal(proposal.tokens[1, :2], [8, 5])

@@ -89,9 +89,9 @@ def test_categorical_follows_its_probabilities():
 def test_warping_samples_with_the_same_race():
   logits = jnp.array([[2.0, 1.0, -30.0, 0.5]])
   got = warping.sample(jax.random.key(3), jnp.broadcast_to(logits, (50_000, 4)),
-                       warping.SamplingParams(1.0, top_k=3))
+                       warping.SamplingConfig(1.0, top_k=3))
   counts = np.bincount(np.asarray(got), minlength=4)
-  expected = np.asarray(warping.probabilities(logits, warping.SamplingParams(1.0, top_k=3)),
+  expected = np.asarray(warping.probabilities(logits, warping.SamplingConfig(1.0, top_k=3)),
                         np.float64)[0]
   expected /= expected.sum()
   assert counts[2] == 0  # outside the top 3
@@ -109,11 +109,11 @@ def zero_draws(monkeypatch):
   monkeypatch.setattr(draws, "random_words", lambda key, shape: jnp.zeros((2, *shape), jnp.uint32))
 
 
-def _block(p_first, num_draft=3, vocab=4):
+def _block(p_first, num_draft_tokens=3, vocab=4):
   """A draft block whose first token has target probability ``p_first`` (draft q uniform)."""
-  tokens = jnp.zeros((1, num_draft), jnp.int32)
-  q = jnp.full((1, num_draft, vocab), 1.0 / vocab)
-  p = jnp.full((1, num_draft + 1, vocab), 1.0 / vocab)
+  tokens = jnp.zeros((1, num_draft_tokens), jnp.int32)
+  q = jnp.full((1, num_draft_tokens, vocab), 1.0 / vocab)
+  p = jnp.full((1, num_draft_tokens + 1, vocab), 1.0 / vocab)
   p = p.at[0, 0].set(jnp.array([p_first, 1.0 - p_first, 0.0, 0.0]))
   return tokens, q, p
 
@@ -130,14 +130,14 @@ def test_block_verification_accepts_nothing_past_the_proposal_at_r_zero(zero_dra
   tokens, q, p = _block(0.25)
   for num_proposed in (0, 1, 2):
     for verify in (verification.block_verify, verification.token_verify,
-                   lambda *args: verification.synthetic_verify(*args[:4], 1.0, args[4])):
+                   verification.synthetic_verifier(1.0)):
       verdict = verify(jax.random.key(0), tokens, q, p, jnp.array([num_proposed]))
       assert int(verdict.num_accepted[0]) <= num_proposed
 
 
 def test_synthetic_verification_of_rate_zero_accepts_nothing_at_r_zero(zero_draws):
   tokens, q, p = _block(0.25)
-  verdict = verification.synthetic_verify(jax.random.key(0), tokens, q, p, 0.0)
+  verdict = verification.synthetic_verifier(0.0)(jax.random.key(0), tokens, q, p)
   assert int(verdict.num_accepted[0]) == 0
 
 

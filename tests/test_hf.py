@@ -13,7 +13,8 @@ import torch
 from flax import nnx
 
 import hf_models
-from specsamp import checkpoint, hf, sharding, train
+from specsamp.training import checkpoint, train
+from specsamp import hf, sharding
 from specsamp.hf import architectures, convert, safetensors_io, weights
 from specsamp.models import transformer
 from specsamp.sampling import autoregressive, speculative
@@ -221,7 +222,7 @@ def test_bfloat16_checkpoint_imports_bit_exact(saved, tmp_path):
 
 
 def test_orbax_checkpoint_round_trip(tmp_path):
-  from specsamp.tokenizer import Tokenizer
+  from specsamp.training.tokenizer import Tokenizer
   texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(400)]
   tokenizer = Tokenizer.train(texts, 300)
   torch_model = hf_models.build("mistral", vocab_size=320)

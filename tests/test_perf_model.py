@@ -6,7 +6,8 @@ import pytest
 
 from conftest import tiny_config
 from test_configs import load_config
-from specsamp import perf_model, sharding, speedup
+from specsamp.experiments import perf_model, speedup
+from specsamp import sharding
 from specsamp.models import Transformer, TransformerConfig
 
 CPU = perf_model.cpu_hardware(memory_bandwidth=20e9, peak_flops=100e9)
@@ -83,7 +84,7 @@ def test_recommend_picks_the_best_draft_and_k():
   small = tiny_config(num_layers=1, d_model=512, ffn_dim=2048, num_heads=8, num_kv_heads=8,
                       head_dim=64)
   eff = perf_model.Efficiency(eta=0.8, tau_s=1e-5)
-  common = dict(batch_size=1, cache_length=128, max_k=12)
+  common = dict(batch_size=1, cache_length=128, max_num_draft_tokens=12)
   choices = perf_model.speedup_by_k(target, small, 0.9, CPU, perf_model.Mesh(), eff,
                                     name="small", **common)
   best = perf_model.recommend(target, {"small": (small, 0.9), "target": (target, 1.0)}, CPU,

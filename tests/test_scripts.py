@@ -55,7 +55,7 @@ def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir):
 
 def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
-  from specsamp.tokenizer import Tokenizer
+  from specsamp.training.tokenizer import Tokenizer
   copy = str(tmp_path / "copy")
   shutil.copytree(workdir, copy)
   import argparse, inspect  # Two stdlib files: another tokenizer of the same size.
@@ -186,7 +186,7 @@ def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_
   import json
   workdir, _ = trained_workdir
   output = str(tmp_path / "drafters")
-  result = run_script("benchmark_drafters.py", "--config=configs/drafters.py:test",
+  result = run_script("benchmark_drafters.py", "--config=configs/benchmark_drafters.py:test",
                       f"--workdir={workdir}", f"--config.output_dir={output}")
   assert result.returncode == 0, result.stderr[-3000:]
   records = json.load(open(os.path.join(output, "results.json")))["records"]

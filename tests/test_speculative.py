@@ -32,19 +32,19 @@ def drafts(target):
 
 
 @pytest.mark.parametrize("draft_name", ["same", "unrelated", "close"])
-@pytest.mark.parametrize("num_draft", [1, 3, 8])
-def test_greedy_speculative_equals_greedy_autoregressive(target, drafts, draft_name, num_draft):
+@pytest.mark.parametrize("num_draft_tokens", [1, 3, 8])
+def test_greedy_speculative_equals_greedy_autoregressive(target, drafts, draft_name, num_draft_tokens):
   """(Greedy verifies by argmax whatever the verifier argument says: one path to test.)"""
   ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=17, temperature=0)
   out = speculative_generate(target, drafts[draft_name], PROMPTS, LENGTHS, jax.random.key(0),
-                             max_new_tokens=17, num_draft_tokens=num_draft, temperature=0)
+                             max_new_tokens=17, num_draft_tokens=num_draft_tokens, temperature=0)
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   np.testing.assert_array_equal(out.lengths, ar.lengths)
   stats = out.summary()
   if draft_name == "same":
     assert stats["acceptance_rate"] == 1.0
     # Every block is accepted whole; the last one is shortened to end at max_new_tokens.
-    assert stats["tokens_per_target_call"] == 17 / -(-17 // (num_draft + 1))
+    assert stats["tokens_per_target_call"] == 17 / -(-17 // (num_draft_tokens + 1))
   if draft_name == "unrelated":
     assert stats["acceptance_rate"] < 0.2
 
@@ -73,9 +73,9 @@ def test_eos_and_max_new_tokens_stop_rows_independently(target, drafts):
   eos = int(free.generated(0)[4])
   ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=15, temperature=0,
                 eos_id=eos, pad_id=-1)
-  for num_draft in (2, 5):
+  for num_draft_tokens in (2, 5):
     out = speculative_generate(target, drafts["close"], PROMPTS, LENGTHS, jax.random.key(0),
-                               max_new_tokens=15, num_draft_tokens=num_draft, temperature=0,
+                               max_new_tokens=15, num_draft_tokens=num_draft_tokens, temperature=0,
                                eos_id=eos, pad_id=-1)
     np.testing.assert_array_equal(out.tokens, ar.tokens)
     np.testing.assert_array_equal(out.num_generated, ar.num_generated)
@@ -87,11 +87,12 @@ def test_speculative_is_one_while_loop_on_device(target, drafts):
   no host round trip per iteration."""
   t_static, t_dynamic = model_protocol.split_model(target)
   d_static, d_dynamic = drafters.ModelDrafter(drafts["unrelated"]).split()
-  jaxpr = jax.make_jaxpr(lambda t, d, p, l, k: speculative._speculative(
-      t_static, t, d_static, d, p, l, k, jnp.float32(0), max_new_tokens=8, num_draft=3,
-      params=warping.SamplingParams(0.8), verifier="block", schedule="heuristic", eos_id=2,
-      pad_id=0, cache_length=20))(t_dynamic, d_dynamic, jnp.asarray(PROMPTS),
-                                  jnp.asarray(LENGTHS), jax.random.key(0))
+  loop = speculative.SpeculativeLoop(
+      target_static=t_static, drafter_static=d_static, max_new_tokens=8, num_draft_tokens=3,
+      sampling=warping.SamplingConfig(0.8), verifier="block", schedule="heuristic", eos_id=2,
+      pad_id=0, cache_length=20)
+  jaxpr = jax.make_jaxpr(lambda t, d, p, l, k: loop(t, d, p, l, k, jnp.float32(0)))(
+      t_dynamic, d_dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS), jax.random.key(0))
   inner = jaxpr.jaxpr.eqns[0].params["jaxpr"].jaxpr  # Inside jit.
   assert [eqn.primitive.name for eqn in inner.eqns].count("while") == 1
 
@@ -106,38 +107,38 @@ def small_pair():
   return exact.small_pair()
 
 
-def _exact_target_distribution(model, params):
-  return exact.target_distribution(model, EXACT_PROMPT, params)
+def _exact_target_distribution(model, sampling):
+  return exact.target_distribution(model, EXACT_PROMPT, sampling)
 
 
-def _sampled(small_pair, params, num_draft, verifier, seed=0):
+def _sampled(small_pair, sampling, num_draft_tokens, verifier, seed=0):
   target, draft = small_pair
   prompts = np.tile(EXACT_PROMPT, (exact.ROWS, 1))
   out = speculative_generate(target, draft, prompts, np.full(exact.ROWS, len(EXACT_PROMPT)),
                              jax.random.key(seed), max_new_tokens=exact.NEW_TOKENS,
-                             num_draft_tokens=num_draft, temperature=params.temperature,
-                             top_k=params.top_k, top_p=params.top_p, verifier=verifier)
+                             num_draft_tokens=num_draft_tokens, temperature=sampling.temperature,
+                             top_k=sampling.top_k, top_p=sampling.top_p, verifier=verifier)
   return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT):])), out.summary()
 
 
 # Every verifier x drafter x schedule x warping is certified by tests/test_certify.py (10^5
 # sequences per case, with planted bugs that must be rejected) and scripts/certify.py (10^6).
-EXACT_CASES = [  # (params, K, verifier) on the Transformer pair.
-    (warping.SamplingParams(1.0), 4, "token"),
-    (warping.SamplingParams(1.0, top_p=0.8), 4, "block")]
+EXACT_CASES = [  # (sampling, K, verifier) on the Transformer pair.
+    (warping.SamplingConfig(1.0), 4, "token"),
+    (warping.SamplingConfig(1.0, top_p=0.8), 4, "block")]
 
 
-@pytest.mark.parametrize("params,num_draft,verifier", EXACT_CASES)
-def test_samples_follow_the_exact_target_distribution(small_pair, params, num_draft, verifier):
-  observed, stats = _sampled(small_pair, params, num_draft, verifier)
+@pytest.mark.parametrize("sampling,num_draft_tokens,verifier", EXACT_CASES)
+def test_samples_follow_the_exact_target_distribution(small_pair, sampling, num_draft_tokens, verifier):
+  observed, stats = _sampled(small_pair, sampling, num_draft_tokens, verifier)
   assert 0.2 < stats["acceptance_rate"] < 0.95  # both accepting and rejecting are exercised
-  assert g_test_p_value(observed, _exact_target_distribution(small_pair[0], params)) > 1e-3
+  assert g_test_p_value(observed, _exact_target_distribution(small_pair[0], sampling)) > 1e-3
 
 
 def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
-  params = warping.SamplingParams(1.0)
-  _, token_stats = _sampled(small_pair, params, 4, "token")
-  _, block_stats = _sampled(small_pair, params, 4, "block")
+  sampling = warping.SamplingConfig(1.0)
+  _, token_stats = _sampled(small_pair, sampling, 4, "token")
+  _, block_stats = _sampled(small_pair, sampling, 4, "block")
   assert block_stats["tokens_per_target_call"] > token_stats["tokens_per_target_call"]
 
 
@@ -246,15 +247,15 @@ def test_bad_input_gives_clear_errors(target):
 def test_synthetic_acceptance_follows_the_iid_law(rate):
   """Benchmark mode: accepted counts are truncated-geometric with the chosen rate, whatever the
   models are (two unrelated bigram tables here)."""
-  num_draft, rows = 3, 256
+  num_draft_tokens, rows = 3, 256
   target, draft = random_bigram(10, seed=0), random_bigram(10, seed=1)
   out = speculative_generate(target, draft, np.full((rows, 1), 3), np.ones(rows),
-                             jax.random.key(0), max_new_tokens=40, num_draft_tokens=num_draft,
+                             jax.random.key(0), max_new_tokens=40, num_draft_tokens=num_draft_tokens,
                              verifier="synthetic", synthetic_acceptance=rate)
   stats = out.summary()
   counts = np.asarray(stats["accepted_histogram"])
   # P(n accepted) = rate^n (1 - rate) for n < K, rate^K for n = K.
-  law = np.array([rate ** n * (1 - rate) for n in range(num_draft)] + [rate ** num_draft])
+  law = np.array([rate ** n * (1 - rate) for n in range(num_draft_tokens)] + [rate ** num_draft_tokens])
   if rate in (0.0, 1.0):
     np.testing.assert_array_equal(counts, law * counts.sum())
   else:

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from specsamp import data
-from specsamp.tokenizer import Tokenizer, check_same
+from specsamp.training import data
+from specsamp.training.tokenizer import Tokenizer, check_same
 
 TEXTS = [
     "def f(x):\n    return x + 1\n\n\tif  x:  # tab, double spaces\n",

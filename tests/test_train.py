@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from specsamp import checkpoint, data, sharding, train
+from specsamp.training import checkpoint, data, train
+from specsamp import sharding
 from specsamp.models import transformer
 from specsamp.sampling import verification
 from conftest import tiny_config

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsamp.sampling import verification
+from specsamp.sampling import verification, warping
 
 
 def _random_dists(rng, shape, sparsity=0.3):
@@ -17,11 +17,11 @@ def _random_dists(rng, shape, sparsity=0.3):
   return x / x.sum(-1, keepdims=True)
 
 
-def _case(seed, batch=64, num_draft=4, vocab=7):
+def _case(seed, batch=64, num_draft_tokens=4, vocab=7):
   rng = np.random.default_rng(seed)
-  q = _random_dists(rng, (batch, num_draft, vocab))
-  p = _random_dists(rng, (batch, num_draft + 1, vocab))
-  tokens = np.array([[rng.choice(vocab, p=q[b, t]) for t in range(num_draft)] for b in range(batch)])
+  q = _random_dists(rng, (batch, num_draft_tokens, vocab))
+  p = _random_dists(rng, (batch, num_draft_tokens + 1, vocab))
+  tokens = np.array([[rng.choice(vocab, p=q[b, t]) for t in range(num_draft_tokens)] for b in range(batch)])
   return tokens, q, p
 
 
@@ -55,14 +55,14 @@ def test_residual_matches_float64_and_falls_back_to_p():
 
 def _block_reference(tokens, q, p):
   """float64 NumPy block verification quantities: w_0..w_K and h_1..h_K."""
-  batch, num_draft = tokens.shape
-  w = np.ones((batch, num_draft + 1))
-  h = np.zeros((batch, num_draft))
+  batch, num_draft_tokens = tokens.shape
+  w = np.ones((batch, num_draft_tokens + 1))
+  h = np.zeros((batch, num_draft_tokens))
   for b in range(batch):
-    for i in range(1, num_draft + 1):
+    for i in range(1, num_draft_tokens + 1):
       x = tokens[b, i - 1]
       w[b, i] = min(1.0, w[b, i - 1] * p[b, i - 1, x] / q[b, i - 1, x])
-    for i in range(1, num_draft):
+    for i in range(1, num_draft_tokens):
       m = np.maximum(w[b, i] * p[b, i] - q[b, i], 0.0).sum()
       h[b, i - 1] = m / (m + 1.0 - w[b, i]) if m > 0 else 0.0
     h[b, -1] = w[b, -1]
@@ -79,7 +79,7 @@ def test_block_weights_and_stop_probabilities_match_float64():
                              rtol=1e-4, atol=1e-6)
 
 
-def _enumerated(seed, vocab=4, num_draft=3):
+def _enumerated(seed, vocab=4, num_draft_tokens=3):
   """Every draft block with its probability, and context-dependent p and q for it."""
   rng = np.random.default_rng(seed)
   tables = {}
@@ -91,10 +91,10 @@ def _enumerated(seed, vocab=4, num_draft=3):
         tables[kind, context] = 0.5 * tables[kind, context] + 0.5 * dist("q", context)
     return tables[kind, context]
 
-  drafts = np.array(list(itertools.product(range(vocab), repeat=num_draft)))
-  q = np.array([[dist("q", tuple(d[:t])) for t in range(num_draft)] for d in drafts])
-  p = np.array([[dist("p", tuple(d[:t])) for t in range(num_draft + 1)] for d in drafts])
-  prob = np.prod([q[np.arange(len(drafts)), t, drafts[:, t]] for t in range(num_draft)], axis=0)
+  drafts = np.array(list(itertools.product(range(vocab), repeat=num_draft_tokens)))
+  q = np.array([[dist("q", tuple(d[:t])) for t in range(num_draft_tokens)] for d in drafts])
+  p = np.array([[dist("p", tuple(d[:t])) for t in range(num_draft_tokens + 1)] for d in drafts])
+  prob = np.prod([q[np.arange(len(drafts)), t, drafts[:, t]] for t in range(num_draft_tokens)], axis=0)
   return drafts, q, p, prob
 
 
@@ -107,30 +107,31 @@ def test_block_accepts_at_least_as_many_tokens_as_token_wise(seed):
   token_expected = (prob * np.cumprod(a, axis=1).sum(1)).sum()
   h = np.asarray(verification.block_stop_probabilities(
       verification.block_weights(d, q32, p32), q32, p32), np.float64)
-  num_draft = drafts.shape[1]
+  num_draft_tokens = drafts.shape[1]
   # P(tau = i) = h_i * prod_{j > i} (1 - h_j)
   later_miss = np.concatenate([np.cumprod((1 - h)[:, ::-1], axis=1)[:, ::-1][:, 1:],
                                np.ones((len(h), 1))], axis=1)
-  block_expected = (prob * (h * later_miss * np.arange(1, num_draft + 1)).sum(1)).sum()
+  block_expected = (prob * (h * later_miss * np.arange(1, num_draft_tokens + 1)).sum(1)).sum()
   assert block_expected >= token_expected - 1e-6
   assert token_expected > 0.3  # a non-trivial case
 
 
 def test_token_and_block_reduce_to_greedy_on_one_hot_distributions():
   rng = np.random.default_rng(3)
-  batch, num_draft, vocab = 32, 4, 5
-  target_logits = jnp.asarray(rng.normal(size=(batch, num_draft + 1, vocab)), jnp.float32)
+  batch, num_draft_tokens, vocab = 32, 4, 5
+  target_logits = jnp.asarray(rng.normal(size=(batch, num_draft_tokens + 1, vocab)), jnp.float32)
   best = np.argmax(np.asarray(target_logits), -1)
   # Drafts agree with the target's argmax on a random prefix, then differ.
   tokens = best[:, :-1].copy()
   for b in range(batch):
-    cut = rng.integers(0, num_draft + 1)
-    if cut < num_draft:
+    cut = rng.integers(0, num_draft_tokens + 1)
+    if cut < num_draft_tokens:
       tokens[b, cut] = (tokens[b, cut] + 1) % vocab
   tokens = jnp.asarray(tokens)
-  greedy = verification.greedy_verify(tokens, target_logits)
   q = jax.nn.one_hot(tokens, vocab)
-  p = jax.nn.one_hot(best, vocab)
+  p = warping.probabilities(target_logits, warping.SamplingConfig(temperature=0))
+  np.testing.assert_array_equal(p, jax.nn.one_hot(best, vocab))
+  greedy = verification.greedy_verify(jax.random.key(0), tokens, q, p)
   for verify in (verification.token_verify, verification.block_verify):
     verdict = verify(jax.random.key(0), tokens, q, p)
     np.testing.assert_array_equal(verdict.num_accepted, greedy.num_accepted)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsamp.sampling import SamplingParams, probabilities, sample, warp_logits
+from specsamp.sampling import SamplingConfig, probabilities, sample, warp_logits
 
 
 def _logits(seed=0, batch=4, vocab=50):
@@ -36,16 +36,16 @@ def _reference(logits, temperature=1.0, top_k=0, top_p=1.0):
 @pytest.mark.parametrize("top_k", [1, 3, 17])
 def test_top_k_keeps_exactly_k_even_with_ties(top_k):
   logits = jnp.round(_logits(1))  # many ties
-  kept = np.isfinite(warp_logits(logits, SamplingParams(1.0, top_k, 1.0)))
+  kept = np.isfinite(warp_logits(logits, SamplingConfig(1.0, top_k, 1.0)))
   np.testing.assert_array_equal(kept.sum(-1), top_k)
-  np.testing.assert_allclose(probabilities(logits, SamplingParams(1.0, top_k, 1.0)),
+  np.testing.assert_allclose(probabilities(logits, SamplingConfig(1.0, top_k, 1.0)),
                              _reference(logits, top_k=top_k), atol=1e-6)
 
 
 @pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999, 1.0])
 def test_top_p_keeps_smallest_set_with_mass_at_least_p(top_p):
   logits = _logits(2)
-  probs = np.asarray(probabilities(logits, SamplingParams(1.0, 0, top_p)))
+  probs = np.asarray(probabilities(logits, SamplingConfig(1.0, 0, top_p)))
   np.testing.assert_allclose(probs, _reference(logits, top_p=top_p), atol=1e-6)
   full = np.asarray(jax.nn.softmax(logits), np.float64)
   for row in range(len(probs)):
@@ -57,26 +57,26 @@ def test_top_p_keeps_smallest_set_with_mass_at_least_p(top_p):
 
 def test_temperature_top_k_top_p_compose():
   logits = _logits(3)
-  params = SamplingParams(0.7, 10, 0.8)
-  np.testing.assert_allclose(probabilities(logits, params),
+  sampling = SamplingConfig(0.7, 10, 0.8)
+  np.testing.assert_allclose(probabilities(logits, sampling),
                              _reference(logits, 0.7, 10, 0.8), atol=1e-6)
 
 
 def test_temperature_to_zero_is_argmax():
   logits = _logits(4)
   argmax = np.argmax(np.asarray(logits), -1)
-  np.testing.assert_allclose(probabilities(logits, SamplingParams(0.0)),
+  np.testing.assert_allclose(probabilities(logits, SamplingConfig(0.0)),
                              np.eye(logits.shape[-1])[argmax])
-  near_zero = probabilities(logits, SamplingParams(1e-3))
+  near_zero = probabilities(logits, SamplingConfig(1e-3))
   np.testing.assert_array_equal(np.argmax(near_zero, -1), argmax)
   assert np.all(np.max(near_zero, -1) > 0.999)
-  np.testing.assert_array_equal(sample(jax.random.key(0), logits, SamplingParams(0.0)), argmax)
+  np.testing.assert_array_equal(sample(jax.random.key(0), logits, SamplingConfig(0.0)), argmax)
 
 
 def test_sample_follows_the_warped_distribution():
   logits = jnp.tile(_logits(5, batch=1, vocab=6), (20000, 1))
-  params = SamplingParams(0.9, 4, 0.9)
-  tokens = np.asarray(sample(jax.random.key(1), logits, params))
+  sampling = SamplingConfig(0.9, 4, 0.9)
+  tokens = np.asarray(sample(jax.random.key(1), logits, sampling))
   counts = np.bincount(tokens, minlength=6) / len(tokens)
   expected = _reference(logits[:1], 0.9, 4, 0.9)[0]
   assert np.all(counts[expected == 0] == 0)
@@ -90,4 +90,4 @@ def test_sample_follows_the_warped_distribution():
 ])
 def test_invalid_sampling_params_are_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
-    SamplingParams(**kwargs)
+    SamplingConfig(**kwargs)

@@ -22,13 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specsamp import checkpoint, sharding, train
+from specsamp.training import checkpoint, train
+from specsamp import sharding
 from specsamp.hf import architectures, safetensors_io, weights
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
-from specsamp import tokenizer as tokenizer_lib
+from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.sampling import model_protocol
-from specsamp.tokenizer import Tokenizer
+from specsamp.training.tokenizer import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
 

@@ -10,7 +10,7 @@
 from specsamp.sampling.autoregressive import GenerationOutput, generate
 from specsamp.sampling.model_protocol import DecodeModel
 from specsamp.sampling.speculative import SpeculativeOutput, speculative_generate
-from specsamp.sampling.warping import SamplingParams, probabilities, sample, warp_logits
+from specsamp.sampling.warping import SamplingConfig, probabilities, sample, warp_logits
 
-__all__ = ["GenerationOutput", "generate", "DecodeModel", "SamplingParams", "probabilities",
+__all__ = ["GenerationOutput", "generate", "DecodeModel", "SamplingConfig", "probabilities",
            "sample", "warp_logits", "SpeculativeOutput", "speculative_generate"]

@@ -12,6 +12,7 @@ exits when every row is done: no host synchronisation per token.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -22,7 +23,7 @@ from flax import struct
 
 from specsamp import sharding
 from specsamp.sampling import model_protocol
-from specsamp.sampling.warping import SamplingParams, sample
+from specsamp.sampling.warping import SamplingConfig, sample
 
 
 @struct.dataclass
@@ -62,10 +63,10 @@ def check_prompts(prompts: Any, prompt_lengths: Any, max_new_tokens: int,
   """Validates a batch of right-padded prompts; returns them as int32 and the cache length.
 
   Args:
-    prompts: [B, L] token ids, row b valid up to prompt_lengths[b].
-    prompt_lengths: [B] lengths, 1 <= length <= L.
+    prompts: [B, T] token ids, row b valid up to prompt_lengths[b].
+    prompt_lengths: [B] lengths, 1 <= length <= T.
     max_new_tokens: tokens to generate per row (>= 1).
-    cache_length: slots per row; None picks L + max_new_tokens + extra_slots.
+    cache_length: slots per row; None picks T + max_new_tokens + extra_slots.
     extra_slots: slots a sampler needs beyond prompt + new tokens (drafts).
   """
   prompts = jnp.asarray(prompts, jnp.int32)
@@ -92,72 +93,92 @@ def check_prompts(prompts: Any, prompt_lengths: Any, max_new_tokens: int,
   return prompts, prompt_lengths, int(cache_length)
 
 
-def prefill(model: Any, prompts_BL: jax.Array, prompt_lengths_B: jax.Array, cache: Any
+def prefill(model: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array, cache: Any
             ) -> tuple[jax.Array, Any]:
   """Runs the padded prompts through the model; returns each row's last logits and the cache.
 
   Padding tokens write cache slots at or beyond their row's length; those are
   masked until the row's real tokens overwrite them.
   """
-  batch, length = prompts_BL.shape
-  positions_BL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  logits_BLV, cache = model(prompts_BL, positions_BL, cache)
-  last_BV = jnp.take_along_axis(logits_BLV, (prompt_lengths_B - 1)[:, None, None], axis=1)[:, 0]
+  batch, length = prompts_BT.shape
+  positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  logits_BTV, cache = model(prompts_BT, positions_BT, cache)
+  last_BV = jnp.take_along_axis(logits_BTV, (prompt_lengths_B - 1)[:, None, None], axis=1)[:, 0]
   return last_BV, cache.replace(lengths=prompt_lengths_B)
 
 
-def initial_tokens(prompts_BL: jax.Array, prompt_lengths_B: jax.Array, width: int, pad_id: int
+def initial_tokens(prompts_BT: jax.Array, prompt_lengths_B: jax.Array, width: int, pad_id: int
                    ) -> jax.Array:
   """The [B, width] token buffer: each row's prompt, then pad_id."""
-  batch, length = prompts_BL.shape
-  valid_BL = jnp.arange(length)[None, :] < prompt_lengths_B[:, None]
+  batch, length = prompts_BT.shape
+  valid_BT = jnp.arange(length)[None, :] < prompt_lengths_B[:, None]
   tokens = jnp.full((batch, width), pad_id, jnp.int32)
-  return tokens.at[:, :length].set(jnp.where(valid_BL, prompts_BL, pad_id))
+  return tokens.at[:, :length].set(jnp.where(valid_BT, prompts_BT, pad_id))
 
 
-@functools.partial(jax.jit, static_argnames=("static", "max_new_tokens", "params", "eos_id",
-                                             "pad_id", "cache_length"))
-def _generate(static, dynamic, prompts_BL, prompt_lengths_B, rng, *, max_new_tokens: int,
-              params: SamplingParams, eos_id: int | None, pad_id: int, cache_length: int
-              ) -> GenerationOutput:
-  batch, length = prompts_BL.shape
-  rows_B = jnp.arange(batch)
-  model = model_protocol.merge_model(static, dynamic)
-  with jax.named_scope("prefill"):
-    cache = model.init_cache(batch, cache_length)
-    last_logits_BV, cache = prefill(model, prompts_BL, prompt_lengths_B, cache)
-  first_B = sample(jax.random.fold_in(rng, 0), last_logits_BV, params)
-  tokens_BW = initial_tokens(prompts_BL, prompt_lengths_B, length + max_new_tokens, pad_id)
-  tokens_BW = tokens_BW.at[rows_B, prompt_lengths_B].set(first_B)
-  done_B = jnp.full((batch,), max_new_tokens == 1)
-  if eos_id is not None:
-    done_B = done_B | (first_B == eos_id)
-  state = _LoopState(step=jnp.int32(1), tokens=tokens_BW, lengths=prompt_lengths_B + 1,
-                     done=done_B, cache=cache)
+@dataclasses.dataclass(frozen=True)
+class AutoregressiveLoop:
+  """The autoregressive loop's static settings, hashable; calling it runs the jitted loop.
 
-  def cond(state: _LoopState) -> jax.Array:
-    return (state.step < max_new_tokens) & ~jnp.all(state.done)
+  Attributes:
+    model_static: the model's structure (``model_protocol.split_model``).
+    max_new_tokens: tokens generated per row at most.
+    sampling: the warping sampled from.
+    eos_id: a row ends after emitting this id (None: never).
+    pad_id: fills each row after its last token.
+    cache_length: KV cache slots per row.
+  """
 
-  def body(state: _LoopState) -> _LoopState:
-    model = model_protocol.merge_model(static, dynamic)
-    positions_B = state.lengths - 1
-    last_B = state.tokens[rows_B, positions_B]
-    logits_B1V, cache = model(last_B[:, None], positions_B[:, None], state.cache)
-    next_B = sample(jax.random.fold_in(rng, state.step), logits_B1V[:, 0], params)
-    active_B = ~state.done
-    tokens_BW = state.tokens.at[rows_B, state.lengths].set(
-        jnp.where(active_B, next_B, pad_id), mode="drop")
-    lengths_B = state.lengths + active_B
-    done_B = state.done | (lengths_B - prompt_lengths_B >= max_new_tokens)
-    if eos_id is not None:
-      done_B = done_B | (active_B & (next_B == eos_id))
-    return _LoopState(step=state.step + 1, tokens=tokens_BW, lengths=lengths_B, done=done_B,
-                      cache=cache)
+  model_static: Any
+  max_new_tokens: int
+  sampling: SamplingConfig
+  eos_id: int | None
+  pad_id: int
+  cache_length: int
 
-  state = jax.lax.while_loop(cond, body, state)
-  return sharding.replicated(GenerationOutput(
-      tokens=state.tokens, lengths=state.lengths, num_generated=state.lengths - prompt_lengths_B,
-      model_calls=state.step))
+  @functools.partial(jax.jit, static_argnums=0)
+  def __call__(self, model_dynamic: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array,
+               rng: jax.Array) -> GenerationOutput:
+    """Runs the loop on right-padded prompts; token t is drawn with ``fold_in(rng, t)``."""
+    batch, prompt_width = prompts_BT.shape
+    rows_B = jnp.arange(batch)
+    model = model_protocol.merge_model(self.model_static, model_dynamic)
+    with jax.named_scope("prefill"):
+      cache = model.init_cache(batch, self.cache_length)
+      last_logits_BV, cache = prefill(model, prompts_BT, prompt_lengths_B, cache)
+    first_B = sample(jax.random.fold_in(rng, 0), last_logits_BV, self.sampling)
+    tokens_BW = initial_tokens(prompts_BT, prompt_lengths_B, prompt_width + self.max_new_tokens,
+                               self.pad_id)
+    tokens_BW = tokens_BW.at[rows_B, prompt_lengths_B].set(first_B)
+    done_B = jnp.full((batch,), self.max_new_tokens == 1)
+    if self.eos_id is not None:
+      done_B = done_B | (first_B == self.eos_id)
+    state = _LoopState(step=jnp.int32(1), tokens=tokens_BW, lengths=prompt_lengths_B + 1,
+                       done=done_B, cache=cache)
+
+    def cond(state: _LoopState) -> jax.Array:
+      return (state.step < self.max_new_tokens) & ~jnp.all(state.done)
+
+    def body(state: _LoopState) -> _LoopState:
+      model = model_protocol.merge_model(self.model_static, model_dynamic)
+      positions_B = state.lengths - 1
+      last_B = state.tokens[rows_B, positions_B]
+      logits_B1V, cache = model(last_B[:, None], positions_B[:, None], state.cache)
+      next_B = sample(jax.random.fold_in(rng, state.step), logits_B1V[:, 0], self.sampling)
+      active_B = ~state.done
+      tokens_BW = state.tokens.at[rows_B, state.lengths].set(
+          jnp.where(active_B, next_B, self.pad_id), mode="drop")
+      lengths_B = state.lengths + active_B
+      done_B = state.done | (lengths_B - prompt_lengths_B >= self.max_new_tokens)
+      if self.eos_id is not None:
+        done_B = done_B | (active_B & (next_B == self.eos_id))
+      return _LoopState(step=state.step + 1, tokens=tokens_BW, lengths=lengths_B, done=done_B,
+                        cache=cache)
+
+    state = jax.lax.while_loop(cond, body, state)
+    return sharding.replicated(GenerationOutput(
+        tokens=state.tokens, lengths=state.lengths,
+        num_generated=state.lengths - prompt_lengths_B, model_calls=state.step))
 
 
 def generate(model: Any, prompts: Any, prompt_lengths: Any, rng: jax.Array, *,
@@ -168,24 +189,25 @@ def generate(model: Any, prompts: Any, prompt_lengths: Any, rng: jax.Array, *,
 
   Args:
     model: any model following the decode protocol (``model_protocol``).
-    prompts: [B, L] int token ids, right-padded; row b valid up to prompt_lengths[b].
-    prompt_lengths: [B] ints in [1, L].
+    prompts: [B, T] int token ids, right-padded; row b valid up to prompt_lengths[b].
+    prompt_lengths: [B] ints in [1, T].
     rng: a JAX random key; step t uses ``fold_in(rng, t)``.
     max_new_tokens: tokens generated per row at most.
-    temperature, top_k, top_p: the warping (see ``warping.SamplingParams``); 0 is greedy.
+    temperature, top_k, top_p: the warping (see ``warping.SamplingConfig``); 0 is greedy.
     eos_id: a row stops after emitting this id (kept in its output).
     pad_id: fills each row after its last token.
-    cache_length: KV cache slots per row; default L + max_new_tokens.
+    cache_length: KV cache slots per row; default T + max_new_tokens.
 
   Returns:
     A ``GenerationOutput``. Compiled once per (model structure, shapes, options)
     and reused.
   """
   model_protocol.check_model(model)
-  params = SamplingParams(temperature, top_k, top_p)
+  sampling = SamplingConfig(temperature, top_k, top_p)
   prompts, prompt_lengths, cache_length = check_prompts(prompts, prompt_lengths, max_new_tokens,
                                                         cache_length)
   static, dynamic = model_protocol.split_model(model)
-  return _generate(static, dynamic, prompts, prompt_lengths, rng, max_new_tokens=int(max_new_tokens),
-                   params=params, eos_id=None if eos_id is None else int(eos_id),
-                   pad_id=int(pad_id), cache_length=cache_length)
+  loop = AutoregressiveLoop(model_static=static, max_new_tokens=int(max_new_tokens),
+                            sampling=sampling, eos_id=None if eos_id is None else int(eos_id),
+                            pad_id=int(pad_id), cache_length=cache_length)
+  return loop(dynamic, prompts, prompt_lengths, rng)

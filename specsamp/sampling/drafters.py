@@ -17,8 +17,8 @@ the past only, never from the target's scores of this block.
 
 Interface (all inside jit; ``Drafter.split``/``merge`` cross the boundary):
 
-  init(prompts_BL, prompt_lengths_B, cache_length) -> (state, nan_B)
-  propose(state, tokens_BW, lengths_B, key, num_draft, limit_B, params, vocab_size)
+  init(prompts_BT, prompt_lengths_B, cache_length) -> (state, nan_B)
+  propose(state, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size)
       -> (Proposal, state)
   rollback(state, lengths_B) -> state
   model_calls_per_prefill: 1 for a model, 0 for lookup
@@ -44,7 +44,7 @@ from flax import struct
 from specsamp.sampling import model_protocol
 from specsamp.sampling.autoregressive import prefill
 from specsamp.sampling.verification import sample_from
-from specsamp.sampling.warping import SamplingParams, probabilities
+from specsamp.sampling.warping import SamplingConfig, probabilities
 
 
 @struct.dataclass
@@ -93,11 +93,11 @@ class Drafter:
   def check(self, target: Any) -> None:
     """Raises a clear error if this drafter cannot draft for ``target``."""
 
-  def init(self, prompts_BL, prompt_lengths_B, cache_length: int):
+  def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
     raise NotImplementedError
 
-  def propose(self, state, tokens_BW, lengths_B, key, num_draft: int, limit_B,
-              params: SamplingParams, vocab_size: int):
+  def propose(self, state, tokens_BW, lengths_B, key, num_draft_tokens: int, limit_B,
+              sampling: SamplingConfig, vocab_size: int):
     raise NotImplementedError
 
   def rollback(self, state, lengths_B):
@@ -126,26 +126,26 @@ class ModelDrafter(Drafter):
     if not 0.0 <= self.confidence_threshold < 1.0:
       raise ValueError(f"confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
 
-  def init(self, prompts_BL, prompt_lengths_B, cache_length: int):
-    batch = prompts_BL.shape[0]
-    logits, cache = prefill(self.model, prompts_BL, prompt_lengths_B,
+  def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
+    batch = prompts_BT.shape[0]
+    logits, cache = prefill(self.model, prompts_BT, prompt_lengths_B,
                             self.model.init_cache(batch, cache_length))
     return cache.replace(lengths=prompt_lengths_B - 1), model_protocol.has_nan(logits)
 
-  def propose(self, cache, tokens_BW, lengths_B, key, num_draft: int, limit_B,
-              params: SamplingParams, vocab_size: int):
+  def propose(self, cache, tokens_BW, lengths_B, key, num_draft_tokens: int, limit_B,
+              sampling: SamplingConfig, vocab_size: int):
     batch = tokens_BW.shape[0]
     rows_B = jnp.arange(batch)
     # The first call takes the tokens at n-2 and n-1: re-feeding n-2 rewrites the same cache
     # entry, and after a full accept it is the draft's own last token, which it has not seen.
     positions_B2 = jnp.stack([jnp.maximum(lengths_B - 2, 0), lengths_B - 1], axis=1)
     logits_B2V, cache = self.model(tokens_BW[rows_B[:, None], positions_B2], positions_B2, cache)
-    tokens_BG = jnp.zeros((batch, num_draft), jnp.int32)
-    probs_BGV = jnp.zeros((batch, num_draft, vocab_size), jnp.float32)
+    tokens_BG = jnp.zeros((batch, num_draft_tokens), jnp.int32)
+    probs_BGV = jnp.zeros((batch, num_draft_tokens, vocab_size), jnp.float32)
 
     def draw(t, logits_BV, tokens_BG, probs_BGV, active_B, count_B):
       """Samples token t from q_t for every row; counts it for the rows still drafting."""
-      q_BV = probabilities(logits_BV, params)  # Warped once: sampled from and verified with.
+      q_BV = probabilities(logits_BV, sampling)  # Warped once: sampled from and verified with.
       token_B = sample_from(jax.random.fold_in(key, t), q_BV)
       confident_B = jnp.ones((batch,), bool)
       if self.confidence_threshold > 0:  # The draft's own (unwarped) probability of its token.
@@ -162,7 +162,7 @@ class ModelDrafter(Drafter):
 
     def cond(carry):
       t, active_B = carry[0], carry[4]
-      return (t < num_draft) & jnp.any(active_B)
+      return (t < num_draft_tokens) & jnp.any(active_B)
 
     def body(carry):
       t, cache, tokens_BG, probs_BGV, active_B, count_B, nan_B = carry
@@ -200,11 +200,11 @@ class PromptLookupDrafter(Drafter):
       raise ValueError(f"Prompt lookup needs 1 <= min_ngram <= max_ngram, got "
                        f"{self.min_ngram}, {self.max_ngram}.")
 
-  def init(self, prompts_BL, prompt_lengths_B, cache_length: int):
-    return (), jnp.zeros(prompts_BL.shape[:1], bool)
+  def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
+    return (), jnp.zeros(prompts_BT.shape[:1], bool)
 
-  def propose(self, state, tokens_BW, lengths_B, key, num_draft: int, limit_B,
-              params: SamplingParams, vocab_size: int):
+  def propose(self, state, tokens_BW, lengths_B, key, num_draft_tokens: int, limit_B,
+              sampling: SamplingConfig, vocab_size: int):
     batch, width = tokens_BW.shape
     rows_B = jnp.arange(batch)
     starts_W = jnp.arange(width)
@@ -221,8 +221,8 @@ class PromptLookupDrafter(Drafter):
       best_start_B = jnp.where(last_j_B >= 0, last_j_B + n, best_start_B)
     found_B = best_start_B >= 0
     available_B = jnp.where(found_B, lengths_B - best_start_B, 0)
-    count_B = jnp.clip(jnp.minimum(available_B, limit_B), 0, num_draft).astype(jnp.int32)
-    offsets_G = jnp.arange(num_draft)
+    count_B = jnp.clip(jnp.minimum(available_B, limit_B), 0, num_draft_tokens).astype(jnp.int32)
+    offsets_G = jnp.arange(num_draft_tokens)
     source_BG = jnp.clip(best_start_B[:, None] + offsets_G[None, :], 0, width - 1)
     tokens_BG = jnp.where(offsets_G[None, :] < count_B[:, None], tokens_BW[rows_B[:, None], source_BG],
                           0).astype(jnp.int32)

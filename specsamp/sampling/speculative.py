@@ -29,6 +29,7 @@ k_b depends only on the past, so every schedule is exact.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -41,7 +42,7 @@ from specsamp import sharding
 from specsamp.sampling import drafters, model_protocol, verification
 from specsamp.sampling.autoregressive import GenerationOutput, check_prompts, initial_tokens, \
     prefill
-from specsamp.sampling.warping import SamplingParams, probabilities
+from specsamp.sampling.warping import SamplingConfig, probabilities
 
 
 @struct.dataclass
@@ -62,7 +63,7 @@ class SpeculativeOutput(GenerationOutput):
 
   Every statistic counts what was appended to the rows: tokens a row discards after its
   EOS are not counted as accepted, so ``tokens_per_target_call`` is what the rows
-  received per iteration (see ``_count_appended``). Fully replicated, like the tokens:
+  received per iteration (see ``count_appended``). Fully replicated, like the tokens:
   any host of a multi-host mesh can read them.
   """
 
@@ -89,13 +90,13 @@ def summarize(outputs: "list[SpeculativeOutput]") -> dict[str, Any]:
   histogram, at_position = pooled("accepted_histogram"), pooled("accepted_at_position")
   reached = pooled("verified_at_position")
   iterations = max(int(histogram.sum()), 1)
-  num_draft = at_position.shape[0]
-  accepted = float((histogram * np.arange(num_draft + 1)).sum())
+  num_draft_tokens = at_position.shape[0]
+  accepted = float((histogram * np.arange(num_draft_tokens + 1)).sum())
   proposed = float(pooled("proposed"))
   # Every active row-iteration appends at least one token; together they are all generated.
   generated = float(sum(np.asarray(o.num_generated).sum() for o in outputs))
   return {
-      "num_draft_tokens": num_draft,
+      "num_draft_tokens": num_draft_tokens,
       "target_calls": int(sum(int(o.target_calls) for o in outputs)),
       "draft_calls": int(sum(int(o.draft_calls) for o in outputs)),
       "row_iterations": int(histogram.sum()),
@@ -117,8 +118,10 @@ def summarize(outputs: "list[SpeculativeOutput]") -> dict[str, Any]:
 
 @struct.dataclass
 class _LoopState:
+  """The while_loop's carry. Statistics carry the names they have in SpeculativeOutput."""
+
   step: jax.Array
-  tokens: jax.Array
+  tokens: jax.Array  # [B, W]
   lengths: jax.Array
   done: jax.Array
   target_cache: Any
@@ -126,15 +129,19 @@ class _LoopState:
   draft_limit: jax.Array  # [B] k_b, the schedule's draft length for the next iteration.
   draft_calls: jax.Array
   iterations: jax.Array
-  histogram: jax.Array
-  at_position: jax.Array
-  verified: jax.Array
+  accepted_histogram: jax.Array
+  accepted_at_position: jax.Array
+  verified_at_position: jax.Array
   proposed: jax.Array
   nan_logits: jax.Array
 
 
-def _count_appended(active_B, proposed_B, accepted_B, count_B, num_draft: int) -> dict:
-  """One iteration's statistics, counting what was APPENDED to each row.
+STATISTICS = ("iterations", "accepted_histogram", "accepted_at_position", "verified_at_position",
+              "proposed")
+
+
+def count_appended(active_B, proposed_B, accepted_B, count_B, num_draft_tokens: int) -> dict:
+  """One iteration's statistics (the fields of STATISTICS), counting what was APPENDED.
 
   The verifier accepted n = ``accepted_B`` of k = ``proposed_B`` drafts, and c =
   ``count_B`` <= n + 1 tokens were appended (fewer when EOS came inside the accepted
@@ -143,147 +150,191 @@ def _count_appended(active_B, proposed_B, accepted_B, count_B, num_draft: int) -
   accepted nor proposed, and tokens per target call is what the rows received.
   """
   active_i32 = active_B.astype(jnp.int32)
-  positions_G = jnp.arange(num_draft)[None, :]
+  positions_G = jnp.arange(num_draft_tokens)[None, :]
   kept_B = jnp.minimum(accepted_B, count_B)  # Draft tokens appended.
   cut_B = count_B <= accepted_B
   realised_proposed_B = jnp.where(cut_B, count_B, proposed_B)
   return {
       "iterations": active_i32,
-      "histogram": active_i32[:, None] * jax.nn.one_hot(kept_B, num_draft + 1, dtype=jnp.int32),
-      "at_position": active_i32[:, None] * (positions_G < kept_B[:, None]),
-      "verified": active_i32[:, None] * ((positions_G < realised_proposed_B[:, None])
-                                         & (positions_G <= accepted_B[:, None])),
+      "accepted_histogram": active_i32[:, None] * jax.nn.one_hot(
+          kept_B, num_draft_tokens + 1, dtype=jnp.int32),
+      "accepted_at_position": active_i32[:, None] * (positions_G < kept_B[:, None]),
+      "verified_at_position": active_i32[:, None] * (
+          (positions_G < realised_proposed_B[:, None]) & (positions_G <= accepted_B[:, None])),
       "proposed": active_i32 * realised_proposed_B,
   }
 
 
+def append(tokens_BW: jax.Array, lengths_B: jax.Array, active_B: jax.Array,
+           draft_tokens_BG: jax.Array, verdict: verification.Verdict, limit_B: jax.Array,
+           eos_id: int | None, pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Writes each active row's accepted drafts and its emitted token after its last token.
+
+  Args:
+    tokens_BW: the token buffer; every slot at or past a row's length holds ``pad_id``.
+    lengths_B: tokens per row so far.
+    active_B: rows still generating (the others append nothing).
+    draft_tokens_BG: this iteration's proposals.
+    verdict: n accepted and the emitted token, per row.
+    limit_B: the most tokens a row may take (what max_new_tokens leaves it).
+    eos_id: a row ends after emitting this id (None: never).
+    pad_id: written past each row's appended tokens.
+
+  Returns:
+    (tokens_BW, count_B, ended_B): the buffer, the tokens appended per row (0 for an inactive
+    row; cut after the first EOS), and whether the row emitted EOS.
+  """
+  rows_B = jnp.arange(tokens_BW.shape[0])
+  offsets_G1 = jnp.arange(draft_tokens_BG.shape[1] + 1)
+  accepted_B = verdict.num_accepted
+  emitted_BG1 = jnp.where(offsets_G1 < accepted_B[:, None],
+                          jnp.concatenate([draft_tokens_BG, draft_tokens_BG[:, :1]], axis=1),
+                          verdict.next_token[:, None])
+  count_B = jnp.minimum(accepted_B + 1, limit_B)
+  ended_B = jnp.zeros_like(active_B)
+  if eos_id is not None:
+    is_eos_BG1 = (emitted_BG1 == eos_id) & (offsets_G1 < count_B[:, None])
+    ended_B = jnp.any(is_eos_BG1, axis=1)
+    count_B = jnp.where(ended_B, jnp.argmax(is_eos_BG1, axis=1) + 1, count_B)
+  count_B = jnp.where(active_B, count_B, 0)
+  keep_BG1 = offsets_G1 < count_B[:, None]
+  tokens_BW = tokens_BW.at[rows_B[:, None], lengths_B[:, None] + offsets_G1].set(
+      jnp.where(keep_BG1, emitted_BG1, pad_id))
+  return tokens_BW, count_B, ended_B & active_B
+
+
 SCHEDULES = ("fixed", "heuristic")
+EXACT_VERIFIERS = ("token", "block")  # A user's choice; temperature 0 verifies by argmax.
 
 
 def next_draft_limit(schedule: str, limit_B: jax.Array, proposed_B: jax.Array,
-                     accepted_B: jax.Array, num_draft: int) -> jax.Array:
+                     accepted_B: jax.Array, num_draft_tokens: int) -> jax.Array:
   """k_b for the next iteration. 'heuristic' (HF's): +2 after a fully accepted non-empty
   draft, -1 otherwise, within [1, K]."""
   if schedule == "fixed":
     return limit_B
   full_B = (accepted_B == proposed_B) & (proposed_B > 0)
-  return jnp.clip(jnp.where(full_B, limit_B + 2, limit_B - 1), 1, num_draft).astype(jnp.int32)
+  return jnp.clip(jnp.where(full_B, limit_B + 2, limit_B - 1), 1, num_draft_tokens).astype(
+      jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "target_static", "drafter_static", "max_new_tokens", "num_draft", "params", "verifier",
-    "schedule", "eos_id", "pad_id", "cache_length"))
-def _speculative(target_static, target_dynamic, drafter_static, drafter_dynamic, prompts_BL,
-                 prompt_lengths_B, rng, synthetic_acceptance, *, max_new_tokens: int,
-                 num_draft: int, params: SamplingParams, verifier: str, schedule: str,
-                 eos_id: int | None, pad_id: int, cache_length: int) -> SpeculativeOutput:
-  batch, length = prompts_BL.shape
-  rows_B = jnp.arange(batch)
-  offsets_G1 = jnp.arange(num_draft + 1)
-  target = model_protocol.merge_model(target_static, target_dynamic)
-  drafter = drafters.Drafter.merge(drafter_static, drafter_dynamic)
-  with jax.named_scope("prefill"):
-    # Both take the prompt; the last prompt token is fed by the first iteration.
-    target_logits, target_cache = prefill(target, prompts_BL, prompt_lengths_B,
-                                          target.init_cache(batch, cache_length))
-    drafter_state, drafter_nan = drafter.init(prompts_BL, prompt_lengths_B, cache_length)
-  state = _LoopState(
-      step=jnp.int32(0),
-      tokens=initial_tokens(prompts_BL, prompt_lengths_B, length + max_new_tokens + num_draft + 1,
-                            pad_id),
-      lengths=prompt_lengths_B, done=jnp.zeros((batch,), bool),
-      target_cache=target_cache.replace(lengths=prompt_lengths_B - 1),
-      drafter_state=drafter_state,
-      draft_limit=jnp.full((batch,), num_draft, jnp.int32),
-      draft_calls=jnp.int32(drafter.model_calls_per_prefill),
-      iterations=jnp.zeros((batch,), jnp.int32),
-      histogram=jnp.zeros((batch, num_draft + 1), jnp.int32),
-      at_position=jnp.zeros((batch, num_draft), jnp.int32),
-      verified=jnp.zeros((batch, num_draft), jnp.int32),
-      proposed=jnp.zeros((batch,), jnp.int32),
-      nan_logits=model_protocol.has_nan(target_logits) | drafter_nan)
+@dataclasses.dataclass(frozen=True)
+class SpeculativeLoop:
+  """The speculative loop's static settings, hashable; calling it runs the jitted loop.
 
-  def cond(state: _LoopState) -> jax.Array:
-    return ~jnp.all(state.done)
+  One compiled program per distinct loop (settings and model structures) and shapes, as
+  gemma's SamplerLoop: the loop object itself is jit's static argument.
 
-  def body(state: _LoopState) -> _LoopState:
-    target = model_protocol.merge_model(target_static, target_dynamic)
-    drafter = drafters.Drafter.merge(drafter_static, drafter_dynamic)
-    key = jax.random.fold_in(rng, state.step)
-    lengths_B = state.lengths
-    active_B = ~state.done
-    with jax.named_scope("draft"):
+  Attributes:
+    target_static: the target's structure (``model_protocol.split_model``).
+    drafter_static: the drafter's structure (``Drafter.split``).
+    max_new_tokens: tokens generated per row at most.
+    num_draft_tokens: K, the most draft tokens proposed per iteration.
+    sampling: the warping both models sample with.
+    verifier: 'token', 'block' or 'synthetic' (greedy sampling verifies by argmax).
+    schedule: the draft-length schedule, one of SCHEDULES.
+    eos_id: a row ends after emitting this id (None: never).
+    pad_id: fills each row after its last token.
+    cache_length: KV cache slots per row.
+  """
+
+  target_static: Any
+  drafter_static: Any
+  max_new_tokens: int
+  num_draft_tokens: int
+  sampling: SamplingConfig
+  verifier: str
+  schedule: str
+  eos_id: int | None
+  pad_id: int
+  cache_length: int
+
+  def _verify(self, synthetic_acceptance: jax.Array) -> verification.Verifier:
+    if self.verifier == "synthetic":  # Benchmarks: acceptance with a fixed rate, not exact.
+      return verification.synthetic_verifier(synthetic_acceptance)
+    return verification.VERIFIERS["greedy" if self.sampling.greedy else self.verifier]
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def __call__(self, target_dynamic: Any, drafter_dynamic: Any, prompts_BT: jax.Array,
+               prompt_lengths_B: jax.Array, rng: jax.Array, synthetic_acceptance: jax.Array
+               ) -> SpeculativeOutput:
+    """Runs the loop on right-padded prompts; iteration i uses ``fold_in(rng, i)``."""
+    batch, prompt_width = prompts_BT.shape
+    num_draft_tokens = self.num_draft_tokens
+    rows_B = jnp.arange(batch)
+    offsets_G1 = jnp.arange(num_draft_tokens + 1)
+    target = model_protocol.merge_model(self.target_static, target_dynamic)
+    drafter = drafters.Drafter.merge(self.drafter_static, drafter_dynamic)
+    verify = self._verify(synthetic_acceptance)
+    with jax.named_scope("prefill"):
+      # Both take the prompt; the last prompt token is fed by the first iteration.
+      target_logits, target_cache = prefill(target, prompts_BT, prompt_lengths_B,
+                                            target.init_cache(batch, self.cache_length))
+      drafter_state, drafter_nan = drafter.init(prompts_BT, prompt_lengths_B, self.cache_length)
+    width = prompt_width + self.max_new_tokens + num_draft_tokens + 1
+    zeros_B = jnp.zeros((batch,), jnp.int32)
+    state = _LoopState(
+        step=jnp.int32(0),
+        tokens=initial_tokens(prompts_BT, prompt_lengths_B, width, self.pad_id),
+        lengths=prompt_lengths_B, done=jnp.zeros((batch,), bool),
+        target_cache=target_cache.replace(lengths=prompt_lengths_B - 1),
+        drafter_state=drafter_state,
+        draft_limit=jnp.full((batch,), num_draft_tokens, jnp.int32),
+        draft_calls=jnp.int32(drafter.model_calls_per_prefill),
+        iterations=zeros_B,
+        accepted_histogram=jnp.zeros((batch, num_draft_tokens + 1), jnp.int32),
+        accepted_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
+        verified_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
+        proposed=zeros_B,
+        nan_logits=model_protocol.has_nan(target_logits) | drafter_nan)
+
+    def body(state: _LoopState) -> _LoopState:
+      target = model_protocol.merge_model(self.target_static, target_dynamic)
+      drafter = drafters.Drafter.merge(self.drafter_static, drafter_dynamic)
+      key = jax.random.fold_in(rng, state.step)
+      lengths_B, active_B = state.lengths, ~state.done
       # Never draft past max_new_tokens: with r tokens left, r - 1 drafts and the emitted
       # token fill the row. The limit depends on the past only, so it keeps exactness.
-      remaining_B = max_new_tokens - (lengths_B - prompt_lengths_B)
+      remaining_B = self.max_new_tokens - (lengths_B - prompt_lengths_B)
       limit_B = jnp.where(active_B, jnp.minimum(state.draft_limit, remaining_B - 1), 0)
-      proposal, drafter_state = drafter.propose(
-          state.drafter_state, state.tokens, lengths_B, jax.random.fold_in(key, 0), num_draft,
-          limit_B, params, target.vocab_size)
-      draft_tokens_BG, q_BGV = proposal.tokens, proposal.probs
-      proposed_B = jnp.minimum(proposal.num_proposed, limit_B)
-    with jax.named_scope("score"):
-      last_B = state.tokens[rows_B, lengths_B - 1]
-      target_logits_BG1V, target_cache = target(
-          jnp.concatenate([last_B[:, None], draft_tokens_BG], axis=1),
-          lengths_B[:, None] - 1 + offsets_G1, state.target_cache)
-    with jax.named_scope("verify"):
-      verify_key = jax.random.fold_in(key, 1)
-      if verifier == "synthetic":  # Benchmarks: acceptance with a fixed rate, not exact.
-        verdict = verification.synthetic_verify(
-            verify_key, draft_tokens_BG, q_BGV, probabilities(target_logits_BG1V, params),
-            synthetic_acceptance, proposed_B)
-      elif params.greedy:
-        verdict = verification.greedy_verify(draft_tokens_BG, target_logits_BG1V, proposed_B)
-      else:
-        verdict = verification.VERIFIERS[verifier](
-            verify_key, draft_tokens_BG, q_BGV, probabilities(target_logits_BG1V, params),
-            proposed_B)
-    with jax.named_scope("append"):
-      accepted_B = verdict.num_accepted
-      emitted_BG1 = jnp.where(offsets_G1 < accepted_B[:, None],
-                              jnp.concatenate([draft_tokens_BG, draft_tokens_BG[:, :1]], axis=1),
-                              verdict.next_token[:, None])
-      count_B = jnp.minimum(accepted_B + 1, remaining_B)  # The draft limit makes this a no-op.
-      if eos_id is not None:
-        is_eos_BG1 = (emitted_BG1 == eos_id) & (offsets_G1 < count_B[:, None])
-        first_eos_B = jnp.argmax(is_eos_BG1, axis=1)
-        count_B = jnp.where(jnp.any(is_eos_BG1, axis=1), first_eos_B + 1, count_B)
-      count_B = jnp.where(active_B, count_B, 0)
-      keep_BG1 = offsets_G1 < count_B[:, None]
-      # Every slot at or past a row's length holds pad_id, so the tail is written as pad.
-      tokens_BW = state.tokens.at[rows_B[:, None], lengths_B[:, None] + offsets_G1].set(
-          jnp.where(keep_BG1, emitted_BG1, pad_id))
-      new_lengths_B = lengths_B + count_B
-      done_B = state.done | (new_lengths_B - prompt_lengths_B >= max_new_tokens)
-      if eos_id is not None:
-        done_B = done_B | jnp.any(keep_BG1 & (emitted_BG1 == eos_id), axis=1)
-    with jax.named_scope("statistics"):
-      stats = _count_appended(active_B, proposed_B, accepted_B, count_B, num_draft)
-    return _LoopState(
-        step=state.step + 1, tokens=tokens_BW, lengths=new_lengths_B, done=done_B,
-        target_cache=target_cache.replace(lengths=new_lengths_B - 1),
-        drafter_state=drafter.rollback(drafter_state, new_lengths_B),
-        draft_limit=next_draft_limit(schedule, state.draft_limit, proposed_B, accepted_B,
-                                     num_draft),
-        draft_calls=state.draft_calls + proposal.model_calls,
-        iterations=state.iterations + stats["iterations"],
-        histogram=state.histogram + stats["histogram"],
-        at_position=state.at_position + stats["at_position"],
-        verified=state.verified + stats["verified"],
-        proposed=state.proposed + stats["proposed"],
-        nan_logits=state.nan_logits | (active_B & (model_protocol.has_nan(target_logits_BG1V)
-                                                   | proposal.nan)))
+      with jax.named_scope("draft"):
+        proposal, drafter_state = drafter.propose(
+            state.drafter_state, state.tokens, lengths_B, jax.random.fold_in(key, 0),
+            num_draft_tokens, limit_B, self.sampling, target.vocab_size)
+        proposed_B = jnp.minimum(proposal.num_proposed, limit_B)
+      with jax.named_scope("score"):
+        last_B = state.tokens[rows_B, lengths_B - 1]
+        target_logits_BG1V, target_cache = target(
+            jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
+            lengths_B[:, None] - 1 + offsets_G1, state.target_cache)
+      with jax.named_scope("verify"):
+        verdict = verify(jax.random.fold_in(key, 1), proposal.tokens, proposal.probs,
+                         probabilities(target_logits_BG1V, self.sampling), proposed_B)
+      with jax.named_scope("append"):
+        tokens_BW, count_B, ended_B = append(state.tokens, lengths_B, active_B, proposal.tokens,
+                                             verdict, remaining_B, self.eos_id, self.pad_id)
+        new_lengths_B = lengths_B + count_B
+        done_B = state.done | ended_B | (new_lengths_B - prompt_lengths_B >= self.max_new_tokens)
+      with jax.named_scope("statistics"):
+        counted = count_appended(active_B, proposed_B, verdict.num_accepted, count_B,
+                                 num_draft_tokens)
+      return state.replace(
+          step=state.step + 1, tokens=tokens_BW, lengths=new_lengths_B, done=done_B,
+          target_cache=target_cache.replace(lengths=new_lengths_B - 1),
+          drafter_state=drafter.rollback(drafter_state, new_lengths_B),
+          draft_limit=next_draft_limit(self.schedule, state.draft_limit, proposed_B,
+                                       verdict.num_accepted, num_draft_tokens),
+          draft_calls=state.draft_calls + proposal.model_calls,
+          nan_logits=state.nan_logits | (active_B & (
+              model_protocol.has_nan(target_logits_BG1V) | proposal.nan)),
+          **{name: getattr(state, name) + counted[name] for name in STATISTICS})
 
-  state = jax.lax.while_loop(cond, body, state)
-  width = length + max_new_tokens
-  return sharding.replicated(SpeculativeOutput(
-      tokens=state.tokens[:, :width], lengths=state.lengths,
-      num_generated=state.lengths - prompt_lengths_B, model_calls=state.step + 1,
-      draft_calls=state.draft_calls, iterations=state.iterations,
-      accepted_histogram=state.histogram, accepted_at_position=state.at_position,
-      verified_at_position=state.verified, proposed=state.proposed,
-      nan_logits=state.nan_logits))
+    state = jax.lax.while_loop(lambda state: ~jnp.all(state.done), body, state)
+    return sharding.replicated(SpeculativeOutput(
+        tokens=state.tokens[:, :prompt_width + self.max_new_tokens], lengths=state.lengths,
+        num_generated=state.lengths - prompt_lengths_B, model_calls=state.step + 1,
+        draft_calls=state.draft_calls, nan_logits=state.nan_logits,
+        **{name: getattr(state, name) for name in STATISTICS}))
 
 
 def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: Any,
@@ -300,8 +351,8 @@ def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: 
     draft: a ``drafters.Drafter`` (``ModelDrafter``, ``PromptLookupDrafter``,
       ``drafters.self_speculative(target, L)``), or a decode-protocol model sharing
       the target's vocabulary (wrapped in a ``ModelDrafter``).
-    prompts: [B, L] int token ids, right-padded; row b valid up to prompt_lengths[b].
-    prompt_lengths: [B] ints in [1, L].
+    prompts: [B, T] int token ids, right-padded; row b valid up to prompt_lengths[b].
+    prompt_lengths: [B] ints in [1, T].
     rng: a JAX random key; iteration i uses ``fold_in(rng, i)``.
     max_new_tokens: tokens generated per row at most.
     num_draft_tokens: K >= 1, the most draft tokens proposed per iteration.
@@ -314,7 +365,7 @@ def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: 
       +2 / -1 rule within [1, K]); see the module docstring.
     eos_id: a row stops after emitting this id (kept in its output).
     pad_id: fills each row after its last token.
-    cache_length: KV cache slots per row; default L + max_new_tokens + K + 1.
+    cache_length: KV cache slots per row; default T + max_new_tokens + K + 1.
     check_nan: raise ``FloatingPointError`` if either model produced NaN logits
       (one host check after the loop).
     synthetic_acceptance: in [0, 1], with verifier='synthetic' only. A traced
@@ -331,26 +382,27 @@ def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: 
   if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) \
       or num_draft_tokens < 1:
     raise ValueError(f"num_draft_tokens (K) must be an int >= 1, got {num_draft_tokens!r}.")
-  if verifier not in (*verification.VERIFIERS, "synthetic"):
-    raise ValueError(f"verifier must be one of {sorted(verification.VERIFIERS)} or 'synthetic', "
-                     f"got {verifier!r}.")
+  if verifier not in (*EXACT_VERIFIERS, "synthetic"):
+    raise ValueError(f"verifier must be one of {EXACT_VERIFIERS} (both exact), got {verifier!r} "
+                     "('synthetic' also exists, for benchmarks only: it is not exact).")
   if (verifier == "synthetic") != (synthetic_acceptance is not None):
     raise ValueError("synthetic_acceptance is set with verifier='synthetic', and only then "
                      f"(got verifier={verifier!r}, synthetic_acceptance={synthetic_acceptance!r}).")
   if synthetic_acceptance is not None and not 0.0 <= synthetic_acceptance <= 1.0:
     raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance!r}.")
-  params = SamplingParams(temperature, top_k, top_p)
+  sampling = SamplingConfig(temperature, top_k, top_p)
   prompts, prompt_lengths, cache_length = check_prompts(
       prompts, prompt_lengths, max_new_tokens, cache_length, extra_slots=num_draft_tokens + 1)
   target_static, target_dynamic = model_protocol.split_model(target)
   drafter_static, drafter_dynamic = drafter.split()
-  out = _speculative(target_static, target_dynamic, drafter_static, drafter_dynamic, prompts,
-                     prompt_lengths, rng, jnp.float32(synthetic_acceptance or 0.0),
-                     max_new_tokens=int(max_new_tokens),
-                     num_draft=int(num_draft_tokens), params=params, verifier=verifier,
-                     schedule=schedule,
-                     eos_id=None if eos_id is None else int(eos_id), pad_id=int(pad_id),
-                     cache_length=cache_length)
+  loop = SpeculativeLoop(
+      target_static=target_static, drafter_static=drafter_static,
+      max_new_tokens=int(max_new_tokens), num_draft_tokens=int(num_draft_tokens),
+      sampling=sampling, verifier=verifier, schedule=schedule,
+      eos_id=None if eos_id is None else int(eos_id), pad_id=int(pad_id),
+      cache_length=cache_length)
+  out = loop(target_dynamic, drafter_dynamic, prompts, prompt_lengths, rng,
+             jnp.float32(synthetic_acceptance or 0.0))
   if check_nan and bool(jnp.any(out.nan_logits)):
     rows = np.flatnonzero(np.asarray(out.nan_logits)).tolist()
     raise FloatingPointError(

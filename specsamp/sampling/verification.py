@@ -54,6 +54,9 @@ with m_i = 0 is 0.
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -188,10 +191,15 @@ def block_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
   return _emit(emit_key, tau_B, p_BG1V, q_BGV, _at(weights_BG1, tau_B))
 
 
-def greedy_verify(draft_tokens_BG: jax.Array, target_logits_BG1V: jax.Array,
-                  num_proposed_B: jax.Array | None = None) -> Verdict:
-  """Accept while the draft token is the target's argmax; emit the argmax after them."""
-  best_BG1 = jnp.argmax(target_logits_BG1V, axis=-1).astype(jnp.int32)
+def greedy_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
+                  p_BG1V: jax.Array, num_proposed_B: jax.Array | None = None) -> Verdict:
+  """Accept while the draft token is the target's argmax; emit the argmax after them.
+
+  Under greedy sampling p is one-hot on the target's argmax (``warping``), so argmax p is
+  argmax of the logits; key and q are not needed.
+  """
+  del key, q_BGV
+  best_BG1 = jnp.argmax(p_BG1V, axis=-1).astype(jnp.int32)
   matches_BG = draft_tokens_BG == best_BG1[:, :-1]
   if num_proposed_B is not None:
     matches_BG &= jnp.arange(matches_BG.shape[1])[None, :] < num_proposed_B[:, None]
@@ -200,8 +208,8 @@ def greedy_verify(draft_tokens_BG: jax.Array, target_logits_BG1V: jax.Array,
 
 
 def synthetic_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
-                     p_BG1V: jax.Array, acceptance: jax.Array | float,
-                     num_proposed_B: jax.Array | None = None) -> Verdict:
+                     p_BG1V: jax.Array, num_proposed_B: jax.Array | None = None, *,
+                     acceptance: jax.Array | float) -> Verdict:
   """Accepts each draft token with probability ``acceptance`` regardless of p and q; emits from
   the residual at the first rejection (the bonus token after a full accept). Benchmarks only:
   the output is NOT distributed as the target's."""
@@ -212,4 +220,14 @@ def synthetic_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Arra
   return _emit(emit_key, _leading_count(accepted_BG & proposed_BG), p_BG1V, q_BGV)
 
 
-VERIFIERS = {"token": token_verify, "block": block_verify}
+Verifier = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array | None], Verdict]
+"""Every verifier: (key, draft_tokens_BG, q_BGV, p_BG1V, num_proposed_B) -> Verdict."""
+
+VERIFIERS: dict[str, Verifier] = {"token": token_verify, "block": block_verify,
+                                  "greedy": greedy_verify}
+"""The exact verifiers by name; 'greedy' is what any of them amounts to at temperature 0."""
+
+
+def synthetic_verifier(acceptance: jax.Array | float) -> Verifier:
+  """The synthetic (benchmark-only, NOT exact) verifier at a fixed acceptance rate."""
+  return functools.partial(synthetic_verify, acceptance=acceptance)

@@ -22,7 +22,7 @@ from specsamp.sampling import draws
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingParams:
+class SamplingConfig:
   """How to turn logits into a distribution. Hashable: a static jit argument.
 
   Attributes:
@@ -49,29 +49,29 @@ class SamplingParams:
     return self.temperature == 0
 
 
-def warp_logits(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
+def warp_logits(logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
   """Float32 logits of the warped distribution; excluded tokens are -inf.
 
-  For greedy params only the argmax keeps a finite logit.
+  For greedy sampling only the argmax keeps a finite logit.
   """
   logits_BV = logits_BV.astype(jnp.float32)
   vocab = logits_BV.shape[-1]
-  if params.greedy:
+  if sampling.greedy:
     best = jnp.argmax(logits_BV, axis=-1)
     return jnp.where(jax.nn.one_hot(best, vocab, dtype=bool), 0.0, -jnp.inf)
-  logits_BV = logits_BV / params.temperature
-  top_k = params.top_k if 0 < params.top_k < vocab else 0
-  if not top_k and params.top_p >= 1.0:
+  logits_BV = logits_BV / sampling.temperature
+  top_k = sampling.top_k if 0 < sampling.top_k < vocab else 0
+  if not top_k and sampling.top_p >= 1.0:
     return logits_BV
   order_BV = jnp.argsort(-logits_BV, axis=-1, stable=True)  # descending, ties by token id
   sorted_BV = jnp.take_along_axis(logits_BV, order_BV, axis=-1)
   keep_sorted_BV = jnp.ones(sorted_BV.shape, bool)
   if top_k:
     keep_sorted_BV = keep_sorted_BV & (jnp.arange(vocab) < top_k)
-  if params.top_p < 1.0:
+  if sampling.top_p < 1.0:
     probs_BV = jax.nn.softmax(jnp.where(keep_sorted_BV, sorted_BV, -jnp.inf), axis=-1)
     mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
-    keep_sorted_BV = keep_sorted_BV & (mass_before_BV < params.top_p)
+    keep_sorted_BV = keep_sorted_BV & (mass_before_BV < sampling.top_p)
   # Undo the sort with a scatter (a second argsort would cost as much as the first on a CPU).
   flat_order_RV = order_BV.reshape(-1, vocab)  # Any leading dims (e.g. [B, G, V]) as rows.
   rows_R1 = jnp.arange(flat_order_RV.shape[0])[:, None]
@@ -80,14 +80,14 @@ def warp_logits(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
   return jnp.where(keep_BV, logits_BV, -jnp.inf)
 
 
-def probabilities(logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
+def probabilities(logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
   """The warped distribution as float32 probabilities."""
-  return jax.nn.softmax(warp_logits(logits_BV, params), axis=-1)
+  return jax.nn.softmax(warp_logits(logits_BV, sampling), axis=-1)
 
 
-def sample(key: jax.Array, logits_BV: jax.Array, params: SamplingParams) -> jax.Array:
+def sample(key: jax.Array, logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
   """One token per row from the warped distribution (argmax when greedy), drawn from 64 random
   bits (``draws.categorical``), so even a token of probability 1e-12 keeps its rate."""
-  if params.greedy:
+  if sampling.greedy:
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-  return draws.categorical(key, probabilities(logits_BV, params))
+  return draws.categorical(key, probabilities(logits_BV, sampling))

@@ -1,14 +1,14 @@
 """Drafters and draft-length schedules compared (scripts/benchmark_drafters.py).
 
-  python scripts/benchmark_drafters.py --config=configs/drafters.py
-  python scripts/benchmark_drafters.py --config=configs/drafters.py:test   # the test suite's
+  python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py
+  python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:test   # the test suite's
 
 Variants: '' (the default pair), test (the micro pair, for the tests).
 """
 
 import ml_collections
 
-from specsamp import config_files
+from specsamp.experiments import config_files
 
 VARIANTS = ("full", "test")
 
@@ -16,7 +16,7 @@ VARIANTS = ("full", "test")
 def get_config(arg=None):
   variant = arg or "full"
   if variant not in VARIANTS:
-    raise ValueError(f"configs/drafters.py: unknown variant {arg!r}; use one of {VARIANTS}.")
+    raise ValueError(f"configs/benchmark_drafters.py: unknown variant {arg!r}; use one of {VARIANTS}.")
   config = ml_collections.ConfigDict()
   code_pair = config_files.sibling(__file__, "code_pair")
   config.pair = code_pair.get_config("test" if variant == "test" else None)

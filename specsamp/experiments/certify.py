@@ -51,11 +51,11 @@ VOCAB = 8
 NEW_TOKENS = 4
 NUM_DRAFT = 3
 WARPINGS = {
-    "T=1": warping.SamplingParams(1.0),
-    "T=0.7": warping.SamplingParams(0.7),
-    "top-k=3": warping.SamplingParams(1.0, top_k=3),
-    "top-p=0.8": warping.SamplingParams(1.0, top_p=0.8),
-    "T=0.7,k=4,p=0.9": warping.SamplingParams(0.7, top_k=4, top_p=0.9),
+    "T=1": warping.SamplingConfig(1.0),
+    "T=0.7": warping.SamplingConfig(0.7),
+    "top-k=3": warping.SamplingConfig(1.0, top_k=3),
+    "top-p=0.8": warping.SamplingConfig(1.0, top_p=0.8),
+    "T=0.7,k=4,p=0.9": warping.SamplingConfig(0.7, top_k=4, top_p=0.9),
 }
 VERIFIERS = ("token", "block")
 DRAFTERS = ("model", "lookup", "self_speculative", "confidence_stop")
@@ -243,7 +243,7 @@ def make_setup(model: str, mesh_name: str) -> Setup:
 
 
 def prompts(batch: str) -> tuple[np.ndarray, np.ndarray]:
-  """(prompts [B, L], lengths [B]): the batch-1 prompt, or 16 ragged rows of lengths 1..6."""
+  """(prompts [B, T], lengths [B]): the batch-1 prompt, or 16 ragged rows of lengths 1..6."""
   if batch == "1":
     return np.asarray([PROMPT], np.int32), np.asarray([len(PROMPT)], np.int32)
   rng = np.random.default_rng(0)
@@ -256,18 +256,18 @@ def prompts(batch: str) -> tuple[np.ndarray, np.ndarray]:
 # --- The exact distribution. -----------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("params", "count"))
-def _last_distributions(model: Any, tokens_BT: jax.Array, params: warping.SamplingParams,
+@functools.partial(jax.jit, static_argnames=("sampling", "count"))
+def _last_distributions(model: Any, tokens_BT: jax.Array, sampling: warping.SamplingConfig,
                         count: int) -> jax.Array:
   """[B, count, V]: the warped next-token distributions at each row's last ``count``
   positions, through the decode protocol (one causal pass gives every prefix's)."""
   batch, length = tokens_BT.shape
   positions_BT = jnp.broadcast_to(jnp.arange(length), (batch, length))
   logits_BTV, _ = model(tokens_BT, positions_BT, model.init_cache(batch, length))
-  return warping.probabilities(logits_BTV[:, length - count:], params)
+  return warping.probabilities(logits_BTV[:, length - count:], sampling)
 
 
-def exact_distribution(target: Any, prompt: tuple[int, ...], params: warping.SamplingParams
+def exact_distribution(target: Any, prompt: tuple[int, ...], sampling: warping.SamplingConfig
                        ) -> np.ndarray:
   """P(x_1..x_N | prompt) under the warped target, [V^N] in lexicographic order (float64).
 
@@ -277,7 +277,7 @@ def exact_distribution(target: Any, prompt: tuple[int, ...], params: warping.Sam
   prefixes = np.asarray(list(itertools.product(range(VOCAB), repeat=NEW_TOKENS - 1)), np.int32)
   seqs = np.concatenate([np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes],
                         axis=1)
-  step = np.asarray(_last_distributions(target, jnp.asarray(seqs), params, NEW_TOKENS),
+  step = np.asarray(_last_distributions(target, jnp.asarray(seqs), sampling, NEW_TOKENS),
                     np.float64)
   step /= step.sum(-1, keepdims=True)
   rows = np.arange(len(prefixes))
@@ -316,19 +316,19 @@ def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any
 # --- Sampling. ----------------------------------------------------------------------------------
 
 
-def _sampler(setup: Setup, case: Case, prompts_BL: np.ndarray, lengths_B: np.ndarray
+def _sampler(setup: Setup, case: Case, prompts_BT: np.ndarray, lengths_B: np.ndarray
              ) -> Callable[[jax.Array], jax.Array]:
   """keys [I] -> continuations [I, B, NEW_TOKENS]: I independent runs of the loop."""
-  params = WARPINGS[case.warping]
+  sampling = WARPINGS[case.warping]
   drafter = setup.drafter(case.drafter)
   rows_B = jnp.arange(len(lengths_B))
   offsets = jnp.arange(NEW_TOKENS)
 
   def one(key):
     out = speculative.speculative_generate(
-        setup.target, drafter, prompts_BL, lengths_B, key, max_new_tokens=NEW_TOKENS,
-        num_draft_tokens=NUM_DRAFT, temperature=params.temperature, top_k=params.top_k,
-        top_p=params.top_p, verifier=case.verifier, schedule=case.schedule, check_nan=False)
+        setup.target, drafter, prompts_BT, lengths_B, key, max_new_tokens=NEW_TOKENS,
+        num_draft_tokens=NUM_DRAFT, temperature=sampling.temperature, top_k=sampling.top_k,
+        top_p=sampling.top_p, verifier=case.verifier, schedule=case.schedule, check_nan=False)
     return out.tokens[rows_B[:, None], jnp.asarray(lengths_B)[:, None] + offsets[None, :]]
 
   return jax.jit(jax.vmap(one))
@@ -342,13 +342,13 @@ def _codes(continuations: np.ndarray) -> np.ndarray:
 def draw_counts(setup: Setup, case: Case, num_samples: int, seed: int = 0,
                 chunk_rows: int = 1 << 16) -> np.ndarray:
   """[B, V^N] counts of ``num_samples`` continuations (over all rows) drawn by the loop."""
-  prompts_BL, lengths_B = prompts(case.batch)
+  prompts_BT, lengths_B = prompts(case.batch)
   rows = len(lengths_B)
   runs = -(-num_samples // rows)
   per_chunk = max(chunk_rows // rows, 1)
   counts = np.zeros((rows, VOCAB**NEW_TOKENS), np.int64)
   with setup.context():
-    sample = _sampler(setup, case, prompts_BL, lengths_B)
+    sample = _sampler(setup, case, prompts_BT, lengths_B)
     keys = jax.random.split(jax.random.key(seed), runs)
     for start in range(0, runs, per_chunk):
       chunk = keys[start:start + per_chunk]
@@ -442,12 +442,12 @@ def certify(cases: list[Case], num_samples: int, level: float, seed: int = 0,
       setups[case.model, case.mesh] = make_setup(case.model, case.mesh)
     setup = setups[case.model, case.mesh]
     key = (case.model, case.mesh, case.batch, case.warping)
-    prompts_BL, lengths_B = prompts(case.batch)
+    prompts_BT, lengths_B = prompts(case.batch)
     if key not in exact:
       with setup.context():
         exact[key] = np.stack([exact_distribution(setup.target, tuple(row[:n]),
                                                   WARPINGS[case.warping])
-                               for row, n in zip(prompts_BL.tolist(), lengths_B.tolist())])
+                               for row, n in zip(prompts_BT.tolist(), lengths_B.tolist())])
     with planted(case.bug):
       counts = draw_counts(setup, case, num_samples, seed=seed + index)
     # Rows are sampled equally often: each row's exact distribution, weighted 1/B.

@@ -39,8 +39,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from specsamp import pair as pair_lib
-from specsamp import perf_model, sharding, speedup, timing
+from specsamp.experiments import pair as pair_lib
+from specsamp.experiments import perf_model, speedup, timing
+from specsamp import sharding
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, speculative
@@ -81,9 +82,9 @@ def check_choices(what: str, value: Any, known) -> None:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   check_choices("modes", config.modes, MODES)
-  for k in parse_list(config.num_draft_tokens, int):
-    if k < 1:
-      raise ValueError(f"num_draft_tokens must all be >= 1, got {k}.")
+  for num_draft_tokens in parse_list(config.num_draft_tokens, int):
+    if num_draft_tokens < 1:
+      raise ValueError(f"num_draft_tokens must all be >= 1, got {num_draft_tokens}.")
   for b in parse_list(config.batch_sizes, int):
     if b < 1 or config.num_prompts % b:
       raise ValueError(f"Every batch size must divide num_prompts={config.num_prompts}; got {b}.")
@@ -286,9 +287,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
         draft_name = model_drafters[0] if drafter == SYNTHETIC else drafter
         draft = pair.drafts[draft_name]
         for verifier in verifiers:
-          for k in parse_list(config.num_draft_tokens, int):
+          for num_draft_tokens in parse_list(config.num_draft_tokens, int):
             record = {"mode": mode, **warp, "batch_size": batch_size, "drafter": drafter,
-                      "verifier": verifier, "num_draft_tokens": k}
+                      "verifier": verifier, "num_draft_tokens": num_draft_tokens}
             if setting_key(record) in store.data["records"]:
               continue
             if ar is None:
@@ -301,14 +302,14 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
             timed = time_sampler(with_mesh(
                 lambda b, seed: speculative.speculative_generate(
                     pair.target, draft, b, lengths, jax.random.fold_in(key, seed),
-                    num_draft_tokens=k, verifier=verifier, cache_length=cache_slots,
+                    num_draft_tokens=num_draft_tokens, verifier=verifier, cache_length=cache_slots,
                     **common, **extra)), batches, config.calls)
             stats = speculative.summarize(timed.outputs)
             step_costs = speedup.StepCosts(
                 target_step_s=cost("target", pair.target, batch_size, 1),
                 draft_step_s=cost(f"draft_{draft_name}", draft, batch_size, 1),
-                target_score_s=cost("target", pair.target, batch_size, k + 1),
-                num_draft_tokens=k)
+                target_score_s=cost("target", pair.target, batch_size, num_draft_tokens + 1),
+                num_draft_tokens=num_draft_tokens)
             predicted = step_costs.predicted_speedup(stats["alpha"])
             measured = ar.ms_per_token / timed.ms_per_token
             record.update(
@@ -326,7 +327,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
                 efficiency=measured / predicted, calls=config.calls, compile_s=timed.compile_s)
             store.data["records"][setting_key(record)] = record
             store.save()
-            log(f"{mode:>7} b={batch_size:<2} {drafter:>9}/{verifier:<9} K={k}: "
+            log(f"{mode:>7} b={batch_size:<2} {drafter:>9}/{verifier:<9} K={num_draft_tokens}: "
                 f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
                 f"{measured:4.2f}x, predicted {predicted:4.2f}x, efficiency "
                 f"{measured / predicted:4.2f}; alpha {stats['alpha']:.3f}, "
@@ -373,14 +374,14 @@ def summary_tables(results: dict) -> str:
   out += ["Best K per setting:", "", format_table(best, list(best[0])), ""] if best else []
   comparison = []
   sampled = [r for r in records if r["verifier"] in ("token", "block") and r["temperature"] > 0]
-  for (mode, drafter, k) in sorted({(r["mode"], r["drafter"], r["num_draft_tokens"])
+  for (mode, drafter, num_draft_tokens) in sorted({(r["mode"], r["drafter"], r["num_draft_tokens"])
                                     for r in sampled}):
     pools = {v: [r for r in sampled if (r["mode"], r["drafter"], r["num_draft_tokens"], r["verifier"])
-                 == (mode, drafter, k, v)] for v in ("token", "block")}
+                 == (mode, drafter, num_draft_tokens, v)] for v in ("token", "block")}
     if pools["token"] and pools["block"]:
       (token, token_se), (block, block_se) = (_pooled_tokens_per_call(pools[v])
                                               for v in ("token", "block"))
-      comparison.append({"mode": mode, "drafter": drafter, "K": k, "token_wise": token,
+      comparison.append({"mode": mode, "drafter": drafter, "K": num_draft_tokens, "token_wise": token,
                          "token_se": token_se, "block": block, "block_se": block_se,
                          "gain": block / token - 1})
   if comparison:

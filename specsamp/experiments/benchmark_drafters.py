@@ -34,8 +34,8 @@ import ml_collections
 import numpy as np
 
 from specsamp import sharding
-from specsamp import pair as pair_lib
-from specsamp.benchmark import (MODES, Store, check_choices, fingerprint, pair_config,
+from specsamp.experiments import pair as pair_lib
+from specsamp.experiments.benchmark import (MODES, Store, check_choices, fingerprint, pair_config,
                                 parse_list, time_sampler)
 from specsamp.sampling import autoregressive, drafters, speculative
 
@@ -83,8 +83,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
   tasks = {"continue": pair.prompts,
            "grounded": grounded_prompts(pair.prompts, config.repeat_tokens)}
   key = jax.random.key(config.seed)
-  max_k = max(parse_list(config.num_draft_tokens, int))
-  cache_slots = config.prompt_tokens + config.max_new_tokens + max_k + 1
+  max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))
+  cache_slots = config.prompt_tokens + config.max_new_tokens + max_num_draft_tokens + 1
   lengths = np.full((1,), config.prompt_tokens, np.int32)
 
   def sampler(fn):
@@ -100,9 +100,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
       ar = None
       for name in names:
         for schedule in parse_list(config.schedules):
-          for k in parse_list(config.num_draft_tokens, int):
+          for num_draft_tokens in parse_list(config.num_draft_tokens, int):
             record = {"task": task, "mode": mode, "drafter": name, "schedule": schedule,
-                      "num_draft_tokens": k}
+                      "num_draft_tokens": num_draft_tokens}
             record_key = "/".join(str(v) for v in record.values())
             if record_key in store.data["records"]:
               continue
@@ -110,7 +110,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
               ar = time_sampler(sampler(lambda b, rng: autoregressive.generate(
                   pair.target, b, lengths, rng, **warp)), batches, config.calls)
             timed = time_sampler(sampler(lambda b, rng: speculative.speculative_generate(
-                pair.target, built[name], b, lengths, rng, num_draft_tokens=k,
+                pair.target, built[name], b, lengths, rng, num_draft_tokens=num_draft_tokens,
                 schedule=schedule, cache_length=cache_slots, **warp)), batches, config.calls)
             stats = speculative.summarize(timed.outputs)
             record.update(
@@ -122,7 +122,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
                 draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1))
             store.data["records"][record_key] = record
             store.save()
-            log(f"{task:>9} {mode:>7} {name:>15} {schedule:>9} K={k}: "
+            log(f"{task:>9} {mode:>7} {name:>15} {schedule:>9} K={num_draft_tokens}: "
                 f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
                 f"{record['speedup']:4.2f}x, {stats['tokens_per_target_call']:.2f} tokens/call, "
                 f"draft length {stats['mean_draft_length']:.2f}, acceptance "

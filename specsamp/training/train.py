@@ -32,8 +32,9 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from specsamp import checkpoint, sharding
-from specsamp.data import Batches
+from specsamp.training import checkpoint
+from specsamp import sharding
+from specsamp.training.data import Batches
 from specsamp.models import transformer
 from specsamp.models.config import EXECUTION_FIELDS, TransformerConfig
 from specsamp.sampling import autoregressive

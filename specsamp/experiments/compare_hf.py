@@ -108,7 +108,7 @@ def run(pair, draft, *, num_draft_tokens: int, max_new_tokens: int, modes=("gree
       f"{draft.config.num_layers}-layer draft)")
   hf_target, hf_draft = load_hf(directories["target"]), load_hf(directories["draft"])
   target_calls, draft_calls = _CallCounter(hf_target), _CallCounter(hf_draft)
-  k, n = num_draft_tokens, max_new_tokens
+  n = max_new_tokens
   prompts = pair.prompts
   length = np.array([prompts.shape[1]], np.int32)
   results: dict[str, Any] = {
@@ -116,16 +116,16 @@ def run(pair, draft, *, num_draft_tokens: int, max_new_tokens: int, modes=("gree
           "num_assistant_tokens", "num_assistant_tokens_schedule",
           "assistant_confidence_threshold")},
       "transformers": transformers.__version__, "torch": torch.__version__,
-      "num_draft_tokens": k, "max_new_tokens": n,
+      "num_draft_tokens": num_draft_tokens, "max_new_tokens": n,
                              "num_prompts": len(prompts), "prompt_tokens": prompts.shape[1],
                              "torch_threads": torch.get_num_threads(),
                              "jax_devices": [str(d) for d in jax.devices()], "modes": {}}
   for mode in modes:
-    params = MODES[mode]
-    do_sample = params["temperature"] > 0
+    mode_settings = MODES[mode]
+    do_sample = mode_settings["temperature"] > 0
     sampling = dict(do_sample=do_sample, max_new_tokens=n, min_new_tokens=n)
     if do_sample:
-      sampling.update(temperature=params["temperature"], top_p=params["top_p"], top_k=0)
+      sampling.update(temperature=mode_settings["temperature"], top_p=mode_settings["top_p"], top_k=0)
 
     def hf_sample(prompt, index, assisted: str | None):
       torch.manual_seed(seed + index)
@@ -133,7 +133,7 @@ def run(pair, draft, *, num_draft_tokens: int, max_new_tokens: int, modes=("gree
       if assisted is not None:
         draft_config = hf_draft.generation_config
         if assisted == "constant":
-          draft_config.num_assistant_tokens = k
+          draft_config.num_assistant_tokens = num_draft_tokens
           draft_config.num_assistant_tokens_schedule = "constant"
           draft_config.assistant_confidence_threshold = 0.0
         else:  # transformers' own defaults.
@@ -151,33 +151,33 @@ def run(pair, draft, *, num_draft_tokens: int, max_new_tokens: int, modes=("gree
       with sharding.use_mesh(pair.mesh):
         if draft_model is None:
           out = autoregressive.generate(pair.target, prompt[None], length, key,
-                                        max_new_tokens=n, **params)
+                                        max_new_tokens=n, **mode_settings)
           calls = int(out.model_calls)
         else:
           out = speculative.speculative_generate(
               pair.target, draft_model, prompt[None], length, key, max_new_tokens=n,
-              num_draft_tokens=k, **params)
+              num_draft_tokens=num_draft_tokens, **mode_settings)
           calls = int(out.model_calls)
       return np.asarray(out.generated(0)).tolist(), calls
 
     sides = [
         _time("hf autoregressive", lambda p, i: hf_sample(p, i, None), prompts),
-        _time(f"hf assisted (K={k})", lambda p, i: hf_sample(p, i, "constant"), prompts),
+        _time(f"hf assisted (K={num_draft_tokens})", lambda p, i: hf_sample(p, i, "constant"), prompts),
         _time("hf assisted (hf defaults)", lambda p, i: hf_sample(p, i, "default"),
               prompts),
         _time("specsamp autoregressive", lambda p, i: ours(p, i, None), prompts),
-        _time(f"specsamp speculative (K={k})", lambda p, i: ours(p, i, draft), prompts),
+        _time(f"specsamp speculative (K={num_draft_tokens})", lambda p, i: ours(p, i, draft), prompts),
     ]
     by_name = {side.name: side for side in sides}
     entry = {side.name: {"tokens_per_s": side.tokens_per_s, "tokens_per_target_call":
                          side.tokens_per_call, "seconds": side.seconds, "tokens": side.tokens}
              for side in sides}
-    hf_assisted = by_name[f"hf assisted (K={k})"]
-    ours_spec = by_name[f"specsamp speculative (K={k})"]
+    hf_assisted = by_name[f"hf assisted (K={num_draft_tokens})"]
+    ours_spec = by_name[f"specsamp speculative (K={num_draft_tokens})"]
     entry["ratio_vs_hf_assisted"] = ours_spec.tokens_per_s / hf_assisted.tokens_per_s
     entry["ratio_vs_hf_best"] = ours_spec.tokens_per_s / max(
         s.tokens_per_s for s in sides if s.name.startswith("hf"))
-    entry["ratio_at_equal_acceptance"] = ratio_at_equal_acceptance(entry, k, len(prompts))
+    entry["ratio_at_equal_acceptance"] = ratio_at_equal_acceptance(entry, num_draft_tokens, len(prompts))
     if not do_sample:  # Greedy: every sampler must emit the target's greedy tokens.
       reference = by_name["specsamp autoregressive"].outputs
       entry["greedy_outputs_identical"] = all(s.outputs == reference for s in sides)
@@ -186,7 +186,7 @@ def run(pair, draft, *, num_draft_tokens: int, max_new_tokens: int, modes=("gree
   return results
 
 
-def ratio_at_equal_acceptance(entry: dict[str, Any], k: int, num_prompts: int) -> float:
+def ratio_at_equal_acceptance(entry: dict[str, Any], num_draft_tokens: int, num_prompts: int) -> float:
   """specsamp's tokens/s over HF assisted's, rescaled to equal tokens per verification call.
 
   The two count calls differently: HF's first target call verifies drafts along with the
@@ -194,16 +194,16 @@ def ratio_at_equal_acceptance(entry: dict[str, Any], k: int, num_prompts: int) -
   tokens per verification are HF's tokens/calls and specsamp's (tokens - 1) / (calls - 1)
   per prompt; with greedy decoding (identical decisions) the two agree and the factor is 1.
   """
-  ours, theirs = entry[f"specsamp speculative (K={k})"], entry[f"hf assisted (K={k})"]
+  ours, theirs = entry[f"specsamp speculative (K={num_draft_tokens})"], entry[f"hf assisted (K={num_draft_tokens})"]
   ours_calls = ours["tokens"] / ours["tokens_per_target_call"]
   ours_per_verify = (ours["tokens"] - num_prompts) / (ours_calls - num_prompts)
   return entry["ratio_vs_hf_assisted"] * theirs["tokens_per_target_call"] / ours_per_verify
 
 
 def format_mode(mode: str, entry: dict[str, Any]) -> str:
-  params = MODES[mode]
-  title = "greedy" if params["temperature"] == 0 else (
-      f"temperature {params['temperature']}, top-p {params['top_p']}")
+  mode_settings = MODES[mode]
+  title = "greedy" if mode_settings["temperature"] == 0 else (
+      f"temperature {mode_settings['temperature']}, top-p {mode_settings['top_p']}")
   lines = [f"{mode} ({title}):"]
   for name, side in entry.items():
     if isinstance(side, dict):

@@ -58,9 +58,9 @@ def acceptance_per_position(records: list[dict], batch_size: int, path: str) -> 
     chosen = [r for r in records if r["mode"] == mode and r["batch_size"] == batch_size]
     if not chosen:
       continue
-    k = max(r["num_draft_tokens"] for r in chosen)
+    num_draft_tokens = max(r["num_draft_tokens"] for r in chosen)
     for index, ((drafter, verifier), group) in enumerate(
-        sorted(_by([r for r in chosen if r["num_draft_tokens"] == k],
+        sorted(_by([r for r in chosen if r["num_draft_tokens"] == num_draft_tokens],
                    "drafter", "verifier").items())):
       at = group[0]["acceptance_at_position"]
       axis.plot(range(1, len(at) + 1), at, "o-", color=f"C{index}",

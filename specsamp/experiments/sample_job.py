@@ -17,8 +17,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from specsamp import pair as pair_lib
-from specsamp import sharding, speedup
+from specsamp.experiments import pair as pair_lib
+from specsamp import sharding
+from specsamp.experiments import speedup
 from specsamp.sampling import autoregressive, speculative
 
 
@@ -80,7 +81,7 @@ def _run_batches(name: str, sample: Callable[[np.ndarray, int], Any], prompts: n
 def run(config: ml_collections.ConfigDict, workdir: str | None = None,
         log: Callable[[str], None] = print) -> SampleReport:
   """Prepares the pair and samples its held-out prompts both ways."""
-  s, k = config.sampling, config.speculative.num_draft_tokens
+  s, num_draft_tokens = config.sampling, config.speculative.num_draft_tokens
   if s.batch_size < 1 or s.num_prompts % s.batch_size:
     raise ValueError(f"sampling.num_prompts ({s.num_prompts}) must be a multiple of "
                      f"sampling.batch_size ({s.batch_size}).")
@@ -101,7 +102,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
   def sample_speculative(batch, index):
     with sharding.use_mesh(pair.mesh):
       return speculative.speculative_generate(
-          target, draft, batch, lengths, jax.random.fold_in(key, index), num_draft_tokens=k,
+          target, draft, batch, lengths, jax.random.fold_in(key, index), num_draft_tokens=num_draft_tokens,
           verifier=config.speculative.verifier, **common)
 
   log(f"sampling {len(prompts)} held-out prompts of {prompts.shape[1]} tokens, "
@@ -109,8 +110,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
   ar, _ = _run_batches("autoregressive", sample_autoregressive, prompts, s.batch_size)
   sps, outputs = _run_batches("speculative", sample_speculative, prompts, s.batch_size)
   sps.stats = speculative.summarize(outputs)
-  cache_length = prompts.shape[1] + s.max_new_tokens + k + 1
-  costs = speedup.measure_costs(target, draft, s.batch_size, k, cache_length, pair.mesh)
+  cache_length = prompts.shape[1] + s.max_new_tokens + num_draft_tokens + 1
+  costs = speedup.measure_costs(target, draft, s.batch_size, num_draft_tokens, cache_length, pair.mesh)
   texts = {"prompt": [tokenizer.decode(p) for p in prompts],
            "autoregressive": [tokenizer.decode(t) for t in ar.tokens],
            "speculative": [tokenizer.decode(t) for t in sps.tokens]}
@@ -139,20 +140,20 @@ def format_report(report: SampleReport, num_samples: int = 2) -> str:
     lines.append(f"{r.name:>14}: {r.ms_per_token:7.2f} ms/token  {r.tokens_per_s:8.1f} tokens/s  "
                  f"({r.run_s:.2f} s for {len(r.tokens)} prompts; compile {r.compile_s:.1f} s)")
   stats, costs = report.speculative.stats, report.costs
-  k = stats["num_draft_tokens"]
+  num_draft_tokens = stats["num_draft_tokens"]
   per_position = " ".join(f"{a:.2f}" for a in stats["acceptance_at_position"])
   lines += [
       f"       speedup: {report.speedup:.2f}x measured (autoregressive ms/token over speculative)",
       f"    acceptance: {stats['acceptance_rate']:.3f} of draft tokens accepted; alpha "
-      f"{stats['alpha']:.3f}; P(token t accepted), t=1..{k}: {per_position}",
-      f"tokens/target call: {stats['tokens_per_target_call']:.2f} (K={k}); accepted-count "
+      f"{stats['alpha']:.3f}; P(token t accepted), t=1..{num_draft_tokens}: {per_position}",
+      f"tokens/target call: {stats['tokens_per_target_call']:.2f} (K={num_draft_tokens}); accepted-count "
       f"histogram {stats['accepted_histogram']}",
       f"    step costs: target {costs.target_step_s * 1e3:.3f} ms, draft "
-      f"{costs.draft_step_s * 1e3:.3f} ms (c = {costs.draft_ratio:.3f}), target scoring {k + 1} "
+      f"{costs.draft_step_s * 1e3:.3f} ms (c = {costs.draft_ratio:.3f}), target scoring {num_draft_tokens + 1} "
       f"tokens {costs.target_score_s * 1e3:.3f} ms ({costs.score_ratio:.2f}x a step)",
       f"     predicted: {report.predicted_speedup:.2f}x = E[tokens/call] "
-      f"{speedup.expected_tokens_per_call(stats['alpha'], k):.2f} x target step / "
-      f"({k} draft steps + scoring); efficiency (measured / predicted) "
+      f"{speedup.expected_tokens_per_call(stats['alpha'], num_draft_tokens):.2f} x target step / "
+      f"({num_draft_tokens} draft steps + scoring); efficiency (measured / predicted) "
       f"{report.speedup / report.predicted_speedup:.2f}",
   ]
   return "\n".join(lines)

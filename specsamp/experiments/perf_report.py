@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from specsamp import perf_model
+from specsamp.experiments import perf_model
 from specsamp.models.config import TransformerConfig
 
 
@@ -63,7 +63,7 @@ def cpu_report(results: dict) -> dict:
           r["num_draft_tokens"] for r in group)
       by_k = perf_model.speedup_by_k(configs["target"], configs["draft"], alpha, hardware,
                                      perf_model.Mesh(), fit.efficiency, batch_size=1,
-                                     cache_length=cache, max_k=max(r["num_draft_tokens"]
+                                     cache_length=cache, max_num_draft_tokens=max(r["num_draft_tokens"]
                                                                    for r in group))
       recommended = max(by_k, key=lambda c: c.predicted_speedup)
       measured_best = max(group, key=lambda r: r["speedup"])

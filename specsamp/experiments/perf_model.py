@@ -39,7 +39,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from specsamp.models.config import TransformerConfig
-from specsamp.speedup import expected_tokens_per_call, predicted_speedup
+from specsamp.experiments.speedup import expected_tokens_per_call, predicted_speedup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,33 +248,33 @@ class Choice:
 
 def speedup_by_k(target: TransformerConfig, draft: TransformerConfig, alpha: float,
                  hardware: Hardware, mesh: Mesh, efficiency: Efficiency, *, batch_size: int,
-                 cache_length: int, max_k: int = 16, draft_mesh: Mesh | None = None,
+                 cache_length: int, max_num_draft_tokens: int = 16, draft_mesh: Mesh | None = None,
                  draft_efficiency: Efficiency | None = None, name: str = "draft"
                  ) -> list[Choice]:
-  """Predicted speedup for K = 1..max_k, all times from the calibrated roofline."""
+  """Predicted speedup for K = 1..max_num_draft_tokens, all times from the calibrated roofline."""
   def seconds(config, m, eff, tokens):
     return call_cost(config, hardware, m, batch_size, tokens, cache_length).seconds(eff)
 
   target_step = seconds(target, mesh, efficiency, 1)
   draft_step = seconds(draft, draft_mesh or mesh, draft_efficiency or efficiency, 1)
   choices = []
-  for k in range(1, max_k + 1):
-    score = seconds(target, mesh, efficiency, k + 1)
-    choices.append(Choice(name, k, alpha,
-                          predicted_speedup(alpha, k, target_step, draft_step, score),
+  for num_draft_tokens in range(1, max_num_draft_tokens + 1):
+    score = seconds(target, mesh, efficiency, num_draft_tokens + 1)
+    choices.append(Choice(name, num_draft_tokens, alpha,
+                          predicted_speedup(alpha, num_draft_tokens, target_step, draft_step, score),
                           target_step, draft_step, score))
   return choices
 
 
 def recommend(target: TransformerConfig, drafts: Mapping[str, tuple[TransformerConfig, float]],
               hardware: Hardware, mesh: Mesh, efficiency: Efficiency, *, batch_size: int,
-              cache_length: int, max_k: int = 16) -> Choice:
+              cache_length: int, max_num_draft_tokens: int = 16) -> Choice:
   """The (draft, K) with the highest predicted speedup; ``drafts`` maps a name to its config
   and its measured alpha (acceptance depends on the draft, so each brings its own)."""
   best: Choice | None = None
   for name, (config, alpha) in drafts.items():
     for choice in speedup_by_k(target, config, alpha, hardware, mesh, efficiency,
-                               batch_size=batch_size, cache_length=cache_length, max_k=max_k,
+                               batch_size=batch_size, cache_length=cache_length, max_num_draft_tokens=max_num_draft_tokens,
                                name=name):
       if best is None or choice.predicted_speedup > best.predicted_speedup:
         best = choice
@@ -305,7 +305,7 @@ def paper_check(target: TransformerConfig, draft: TransformerConfig,
   eta-only fit), the model's scoring cost of K+1 tokens, and the alpha each speculative
   ms/token implies."""
   mesh = Mesh(data=1, tensor=PAPER["chips"])
-  cache, k = PAPER["cache_length"], PAPER["num_draft_tokens"]
+  cache, num_draft_tokens = PAPER["cache_length"], PAPER["num_draft_tokens"]
   calls = {name: call_cost(config, hardware, mesh, 1, 1, cache)
            for name, config in (("target 70B", target), ("draft 4B", draft))}
   observations = [Observation("target 70B", calls["target 70B"], PAPER["target_ms"] / 1e3),
@@ -315,18 +315,18 @@ def paper_check(target: TransformerConfig, draft: TransformerConfig,
   # Scoring K+1 tokens over a decode step, from the model, for K = 1..8.
   score_ratios = {kk: call_cost(target, hardware, mesh, 1, kk + 1, cache).seconds(fit.efficiency)
                   / fit.predictions_s[0] for kk in range(1, 9)}
-  score_ratio = score_ratios[k]
+  score_ratio = score_ratios[num_draft_tokens]
   implied = {}
   for task, ms in PAPER["speculative_ms"].items():
     # Measured step times; the scoring call at the model's ratio to a step.
-    alpha = implied_acceptance(ms, k, PAPER["draft_ms"], PAPER["target_ms"] * score_ratio)
+    alpha = implied_acceptance(ms, num_draft_tokens, PAPER["draft_ms"], PAPER["target_ms"] * score_ratio)
     best = max(score_ratios, key=lambda kk: predicted_speedup(
         alpha, kk, PAPER["target_ms"], PAPER["draft_ms"], PAPER["target_ms"] * score_ratios[kk]))
     implied[task] = {"speculative_ms": ms, "alpha": alpha,
-                     "tokens_per_call": expected_tokens_per_call(alpha, k),
+                     "tokens_per_call": expected_tokens_per_call(alpha, num_draft_tokens),
                      # The paper's Figure 1 plots accepted tokens / (K + 1); the bonus token
                      # is not an accepted draft token, hence the - 1.
-                     "accepted_over_k_plus_1": (expected_tokens_per_call(alpha, k) - 1) / (k + 1),
+                     "accepted_over_k_plus_1": (expected_tokens_per_call(alpha, num_draft_tokens) - 1) / (num_draft_tokens + 1),
                      "best_k": best}
   return {"hardware": hardware.name, "mesh": dataclasses.asdict(mesh),
           "calls": {name: {"bound": c.bound, "weight_gb_per_chip": c.weight_bytes / 1e9,

@@ -27,11 +27,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from specsamp import checkpoint, data, sharding, train
+from specsamp.training import checkpoint, data, train
+from specsamp import sharding
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import model_protocol, speculative
-from specsamp.tokenizer import Tokenizer
+from specsamp.training.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
