@@ -43,6 +43,7 @@ def get_config(arg=None):
   config.mesh.data = 1  # Batch 1 decoding.
   config.mesh.fsdp = 1  # Parameters whole along d_model.
   config.mesh.tensor = -1  # All devices tensor parallel.
+  config.mesh.rules = ""  # Sharding rule overrides, e.g. "embed=none" (sharding.parse_rules).
 
   config.sampling = ml_collections.ConfigDict()
   config.sampling.max_new_tokens = 128  # Tokens generated per prompt.

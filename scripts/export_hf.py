@@ -16,6 +16,7 @@ from absl import app, flags
 
 from specsamp.experiments import cli
 from specsamp.hf import convert
+from specsamp.training.checkpoint import load_model
 from specsamp.training.tokenizer import Tokenizer
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "specsamp checkpoint directory.",
@@ -41,7 +42,7 @@ def _find_tokenizer(checkpoint: str) -> str | None:
 def main(argv):
   cli.start(argv)
   checkpoint = os.path.expanduser(_CHECKPOINT.value)
-  model, meta = convert.load_checkpoint(checkpoint, step=_STEP.value)
+  model, meta = load_model(checkpoint, step=_STEP.value)
   tokenizer_path = _find_tokenizer(checkpoint)
   tokenizer = Tokenizer.load(tokenizer_path) if tokenizer_path else None
   if tokenizer is not None and meta.get("tokenizer") not in (None, tokenizer.fingerprint):

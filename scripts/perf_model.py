@@ -47,7 +47,7 @@ def main(argv):
                                               else fit["tau_ms"]) / 1e3)
     choices = perf_model.speedup_by_k(
         target, draft, _ALPHA.value, perf_model.PRESETS[_HARDWARE.value],
-        perf_model.Mesh(tensor=_TENSOR.value), efficiency, batch_size=_BATCH.value,
+        perf_model.MeshShape(tensor=_TENSOR.value), efficiency, batch_size=_BATCH.value,
         cache_length=_CACHE.value)
     best = max(choices, key=lambda c: c.predicted_speedup)
     output["recommendation"] = [vars(c) for c in choices]

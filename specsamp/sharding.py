@@ -4,7 +4,15 @@ Model code never names mesh axes. Every parameter carries *logical* axis names
 (its ``out_sharding`` metadata, e.g. ``('embed', 'mlp')``), activations are
 constrained with logical names (``constrain(x, ('act_batch', 'act_length',
 'act_embed'))``) and the KV cache has logical names too. ``LOGICAL_AXIS_RULES``
-below maps each logical name to mesh axes; it is the only place that does.
+below maps each logical name to mesh axes; it is the only place that does (the
+shard_map blocks ask it which mesh axis their heads and d_model are split over).
+
+A config can override rules (``mesh.rules = "embed=none,act_batch=data"``, see
+``parse_rules``): ``mesh_from_config`` applies them with ``set_rules`` before any
+model is built. Rules are read when a program is traced, and jit does not key its
+cache on them, so set them once per job, before compiling (``use_rules`` scopes a
+change, e.g. in a test). Two dimensions of one array mapped to the same mesh axis
+is an error, not silently dropped.
 
 The mapping is shape-aware: a dimension is sharded over a mesh axis only when
 the axis size divides it, otherwise that axis is dropped and the dimension is
@@ -20,6 +28,7 @@ Mesh axes:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -45,7 +54,6 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("act_length", None),
     ("act_embed", None),
     ("act_heads", "tensor"),
-    ("act_kv_heads", "tensor"),
     ("act_head_dim", None),
     ("act_mlp", "tensor"),
     ("act_vocab", "tensor"),
@@ -55,9 +63,70 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("cache_kv_heads", "tensor"),
     ("cache_head_dim", None),
 )
-_RULES = dict(LOGICAL_AXIS_RULES)
+Rule = str | tuple[str, ...] | None
+_rules: dict[str, Rule] = dict(LOGICAL_AXIS_RULES)  # The active table (set_rules).
 
 LogicalAxes = Sequence[str | None]
+
+
+def rules() -> dict[str, Rule]:
+  """The active rules table: logical name -> mesh axis, tuple of mesh axes, or None."""
+  return dict(_rules)
+
+
+def _check_rules(overrides: Mapping[str, Rule]) -> dict[str, Rule]:
+  table = {}
+  for name, rule in overrides.items():
+    if name not in _rules:
+      raise ValueError(f"Unknown logical axis {name!r} in sharding rule overrides; known: "
+                       f"{sorted(_rules)}.")
+    axes = (rule,) if isinstance(rule, str) else tuple(rule or ())
+    unknown = [axis for axis in axes if axis not in MESH_AXES]
+    if unknown:
+      raise ValueError(f"Sharding rule {name}={rule!r} names unknown mesh axes {unknown}; the "
+                       f"mesh axes are {MESH_AXES}.")
+    table[name] = rule if isinstance(rule, str) or rule is None else tuple(rule)
+  return table
+
+
+def set_rules(overrides: Mapping[str, Rule]) -> dict[str, Rule]:
+  """Replaces rules of the active table (the defaults updated by ``overrides``); returns the
+  table that was active. Call before building models and compiling (see the module doc)."""
+  global _rules
+  previous = dict(_rules)
+  _rules = {**dict(LOGICAL_AXIS_RULES), **_check_rules(overrides)}
+  return previous
+
+
+@contextlib.contextmanager
+def use_rules(overrides: Mapping[str, Rule]):
+  """``set_rules(overrides)`` for the duration of a ``with`` block."""
+  global _rules
+  previous = set_rules(overrides)
+  try:
+    yield
+  finally:
+    _rules = previous
+
+
+def parse_rules(text: str) -> dict[str, Rule]:
+  """Overrides from a flag-friendly string: ``"embed=none,act_batch=data+fsdp,mlp=tensor"``
+  ('none' or '' for replicated, '+' joins mesh axes)."""
+  overrides: dict[str, Rule] = {}
+  for item in filter(None, (part.strip() for part in (text or "").split(","))):
+    name, sep, value = item.partition("=")
+    if not sep:
+      raise ValueError(f"Bad sharding rule {item!r} in {text!r}: use logical=mesh_axis, e.g. "
+                       "'embed=none' or 'act_batch=data+fsdp'.")
+    axes = tuple(axis for axis in value.strip().split("+") if axis and axis != "none")
+    overrides[name.strip()] = None if not axes else axes[0] if len(axes) == 1 else axes
+  return _check_rules(overrides)
+
+
+def mesh_axes_of(logical_name: str) -> tuple[str, ...]:
+  """The mesh axes a logical name maps to under the active rules (possibly none)."""
+  rule = _rules[logical_name]
+  return (rule,) if isinstance(rule, str) else tuple(rule or ())
 
 
 def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -89,6 +158,14 @@ def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = No
   shape = tuple(sizes[name] for name in MESH_AXES)
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES,
               axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def mesh_from_config(mesh_config: Mapping[str, Any],
+                     devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A config's ``mesh`` section -> the mesh, after applying its ``rules`` overrides."""
+  values = dict(mesh_config)
+  set_rules(parse_rules(values.pop("rules", "") or ""))
+  return make_mesh(values, devices)
 
 
 def use_mesh(mesh: Mesh) -> contextlib.AbstractContextManager:
@@ -127,23 +204,27 @@ def logical_to_spec(logical_axes: LogicalAxes, shape: Sequence[int],
   if len(logical_axes) != len(shape):
     raise ValueError(f"Logical axes {tuple(logical_axes)} do not match shape {tuple(shape)}.")
   sizes = current_axis_sizes() if axis_sizes is None else dict(axis_sizes)
-  used: set[str] = set()
+  claimed: dict[str, str] = {}  # mesh axis -> the logical name whose rule names it
   spec = []
   for name, dim in zip(logical_axes, shape):
-    if name is not None and name not in _RULES:
+    if name is not None and name not in _rules:
       raise ValueError(f"Logical axis {name!r} has no rule in sharding.LOGICAL_AXIS_RULES.")
-    rule = _RULES.get(name) if name is not None else None
-    candidates = (rule,) if isinstance(rule, str) else (rule or ())
+    candidates = mesh_axes_of(name) if name is not None else ()
+    for axis in candidates:
+      if axis in claimed:
+        raise ValueError(
+            f"Logical axes {tuple(logical_axes)} map two dimensions to the mesh axis "
+            f"{axis!r} ({claimed[axis]!r} and {name!r}); fix the sharding rules.")
+      claimed[axis] = name
     chosen, product = [], 1
     for axis in candidates:
       size = sizes.get(axis, 1)
-      if axis in exclude or axis in used or axis not in sizes or size == 1:
+      if axis in exclude or axis not in sizes or size == 1:
         continue
       if dim % (product * size):
         break
       chosen.append(axis)
       product *= size
-    used.update(chosen)
     spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
   return PartitionSpec(*spec)
 
@@ -188,10 +269,45 @@ def state_shardings(state: nnx.State, mesh: Mesh, exclude: Sequence[str] = ()) -
   return jax.tree.map(sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+@dataclasses.dataclass(frozen=True)
+class AbstractModel:
+  """A model's structure, parameter shapes and their shardings, with nothing allocated.
+
+  Attributes:
+    graphdef: the module's structure (``nnx.split``).
+    shapes: the parameters as a pure dict of ``jax.ShapeDtypeStruct``.
+    shardings: a matching pure dict of ``NamedSharding`` from the rules table.
+  """
+
+  graphdef: nnx.GraphDef
+  shapes: Any
+  shardings: Any
+
+  def arrays(self) -> Any:
+    """Shapes with their shardings: what a checkpoint restores into, shard by shard."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        self.shapes, self.shardings)
+
+  def merge(self, params: Any) -> nnx.Module:
+    """The module with ``params`` (a pure dict of arrays) as its parameters."""
+    return nnx.merge(self.graphdef, params)
+
+
+def abstract_model(factory: Callable[[nnx.Rngs], nnx.Module], mesh: Mesh, seed: int = 0
+                   ) -> AbstractModel:
+  """``factory``'s module evaluated for shapes only (``nnx.eval_shape``), its parameters
+  placed by the rules table on ``mesh``: the one abstract init that creating, training,
+  loading and importing a model all start from."""
+  abstract = nnx.eval_shape(lambda: factory(nnx.Rngs(seed)))
+  graphdef, params = nnx.split(abstract, nnx.Param)
+  return AbstractModel(graphdef=graphdef, shapes=nnx.to_pure_dict(params),
+                       shardings=nnx.to_pure_dict(state_shardings(params, mesh)))
+
+
 def create_sharded(factory: Callable[[nnx.Rngs], nnx.Module], mesh: Mesh, seed: int = 0) -> nnx.Module:
   """Creates an NNX module with every parameter born sharded on ``mesh``.
 
-  Shapes come from ``nnx.eval_shape`` (nothing allocated), then ONE jitted init
+  Shapes come from ``abstract_model`` (nothing allocated), then ONE jitted init
   with ``out_shardings`` materialises each device's shard only, so a 70B model
   never exists whole on one host.
 
@@ -200,16 +316,14 @@ def create_sharded(factory: Callable[[nnx.Rngs], nnx.Module], mesh: Mesh, seed: 
     mesh: the device mesh.
     seed: parameter init seed; the same seed gives the same values on any mesh.
   """
-  abstract = nnx.eval_shape(lambda: factory(nnx.Rngs(seed)))
-  graphdef, abstract_state = nnx.split(abstract)
-  shardings = state_shardings(abstract_state, mesh)
+  abstract = abstract_model(factory, mesh, seed)
 
   def init():
-    return nnx.state(factory(nnx.Rngs(seed)))
+    return nnx.to_pure_dict(nnx.state(factory(nnx.Rngs(seed)), nnx.Param))
 
   with use_mesh(mesh):
-    state = jax.jit(init, out_shardings=shardings)()
-  return nnx.merge(graphdef, state)
+    params = jax.jit(init, out_shardings=abstract.shardings)()
+  return abstract.merge(params)
 
 
 def count_parameters(factory: Callable[[nnx.Rngs], nnx.Module]) -> int:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from test_configs import load_config
-from specsamp.experiments import benchmark, plots
+from specsamp.experiments import benchmark, plots, timing
 
 
 def test_parse_list():
@@ -63,9 +63,10 @@ def test_time_sampler_counts_tokens_and_excludes_the_warm_up():
     seeds.append(seed)
     return _FakeOutput([4] * len(batch))
 
-  timed = benchmark.time_sampler(sample, [np.zeros((2, 3)), np.ones((2, 3))], calls=3)
-  assert seeds == [10_000, 0, 1, 2]  # Warm-up on its own seed, then one per call.
+  timed = timing.time_sampler("fake", sample, [np.zeros((2, 3)), np.ones((2, 3))], calls=3)
+  assert seeds == [timing.WARMUP_INDEX, 0, 1, 2]  # Warm-up on its own seed, then one per call.
   assert len(timed.outputs) == 3 and timed.ms_per_token > 0 and timed.tokens_per_s > 0
+  assert timed.tokens == [8, 8, 8] and timed.sequential_tokens == [4, 4, 4]
 
 
 def _record(mode, drafter, verifier, k, batch=1):

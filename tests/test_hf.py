@@ -232,7 +232,7 @@ def test_orbax_checkpoint_round_trip(tmp_path):
   assert config.vocab_size == 320 and config.sliding_window == 4
   assert (tmp_path / "ckpt" / "tokenizer.model").read_bytes() == tokenizer.model_proto
   mesh = sharding.make_mesh({"data": 2, "tensor": 4})
-  model, meta = hf.load_checkpoint(str(tmp_path / "ckpt"), mesh)
+  model, meta = checkpoint.load_model(str(tmp_path / "ckpt"), mesh)
   assert meta["source"]["model_type"] == "mistral" and meta["tokenizer"] == tokenizer.fingerprint
   with sharding.use_mesh(mesh):
     logits, _ = jax.jit(lambda m, t: m(t))(model, jnp.asarray(TOKENS))

@@ -70,12 +70,12 @@ def test_per_row_positions_and_rollback(tiny_model):
   cache = tiny_model.init_cache(2, 16)
   # Row 0 holds 6 tokens, row 1 holds 3.
   _, cache = tiny_model(tokens[:, :6], None, cache)
-  cache = cache.with_lengths(jnp.array([6, 3]))
+  cache = cache.replace(lengths=jnp.array([6, 3]))
   # Write 4 "draft" tokens of garbage past each row's position, then roll back.
   garbage = _tokens(2, 4, vocab, seed=9)
   _, cache = tiny_model(garbage, None, cache)
   np.testing.assert_array_equal(cache.lengths, [10, 7])
-  cache = cache.with_lengths(jnp.array([6, 3]))
+  cache = cache.replace(lengths=jnp.array([6, 3]))
   # Continue each row with its true next token, each at its own position.
   positions = jnp.array([[6], [3]])
   next_tokens = jnp.take_along_axis(tokens, positions, axis=1)

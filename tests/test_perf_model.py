@@ -25,8 +25,8 @@ def test_parameter_counts_match_the_model(family):
 def test_call_cost_terms():
   config = TransformerConfig.from_config(load_config("chinchilla_70b").model)
   tpu = perf_model.PRESETS["tpu_v4"]
-  one = perf_model.call_cost(config, tpu, perf_model.Mesh(tensor=1), 1, 1, 1024)
-  sixteen = perf_model.call_cost(config, tpu, perf_model.Mesh(tensor=16), 1, 1, 1024)
+  one = perf_model.call_cost(config, tpu, perf_model.MeshShape(tensor=1), 1, 1, 1024)
+  sixteen = perf_model.call_cost(config, tpu, perf_model.MeshShape(tensor=16), 1, 1, 1024)
   assert one.bound == "memory" and one.collectives_s == 0
   assert math.isclose(sixteen.weight_bytes * 16, one.weight_bytes)
   assert math.isclose(sixteen.kv_bytes * 16, one.kv_bytes)
@@ -39,12 +39,12 @@ def test_call_cost_terms():
   assert math.isclose(sixteen.collectives_s, expected, rel_tol=1e-12)
   assert sixteen.collectives_s < 1.02 * (2 * config.num_layers + 1) * tpu.collective_latency_s
   # Weights are read once per call, however many tokens it scores; FLOPs grow with tokens.
-  five = perf_model.call_cost(config, tpu, perf_model.Mesh(tensor=16), 1, 5, 1024)
+  five = perf_model.call_cost(config, tpu, perf_model.MeshShape(tensor=16), 1, 5, 1024)
   assert five.memory_s < 1.001 * sixteen.memory_s and five.flops > 4.9 * sixteen.flops
-  big_batch = perf_model.call_cost(config, tpu, perf_model.Mesh(tensor=16), 512, 8, 1024)
+  big_batch = perf_model.call_cost(config, tpu, perf_model.MeshShape(tensor=16), 512, 8, 1024)
   assert big_batch.bound == "compute"
   with pytest.raises(ValueError):
-    perf_model.call_cost(config, tpu, perf_model.Mesh(), 0, 1, 1024)
+    perf_model.call_cost(config, tpu, perf_model.MeshShape(), 0, 1, 1024)
 
 
 def test_calibration_recovers_known_efficiencies():
@@ -54,7 +54,7 @@ def test_calibration_recovers_known_efficiencies():
     config = tiny_config(num_layers=layers, d_model=512, ffn_dim=2048, num_heads=8,
                          num_kv_heads=8, head_dim=64)
     for batch, tokens in ((1, 1), (4, 5), (16, 9)):
-      call = perf_model.call_cost(config, CPU, perf_model.Mesh(), batch, tokens, 128)
+      call = perf_model.call_cost(config, CPU, perf_model.MeshShape(), batch, tokens, 128)
       observations.append(perf_model.Observation(f"{layers}/{batch}/{tokens}", call,
                                                  call.seconds(truth)))
   fit = perf_model.calibrate(observations)
@@ -85,13 +85,13 @@ def test_recommend_picks_the_best_draft_and_k():
                       head_dim=64)
   eff = perf_model.Efficiency(eta=0.8, tau_s=1e-5)
   common = dict(batch_size=1, cache_length=128, max_num_draft_tokens=12)
-  choices = perf_model.speedup_by_k(target, small, 0.9, CPU, perf_model.Mesh(), eff,
+  choices = perf_model.speedup_by_k(target, small, 0.9, CPU, perf_model.MeshShape(), eff,
                                     name="small", **common)
   best = perf_model.recommend(target, {"small": (small, 0.9), "target": (target, 1.0)}, CPU,
-                              perf_model.Mesh(), eff, **common)
+                              perf_model.MeshShape(), eff, **common)
   assert best == max(choices, key=lambda c: c.predicted_speedup)  # The target as its own draft loses.
   assert 1 < best.num_draft_tokens < 12
-  low = perf_model.recommend(target, {"small": (small, 0.05)}, CPU, perf_model.Mesh(), eff,
+  low = perf_model.recommend(target, {"small": (small, 0.05)}, CPU, perf_model.MeshShape(), eff,
                              **common)
   assert low.num_draft_tokens == 1 and low.predicted_speedup < 1
 

@@ -123,6 +123,7 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   import torch
   import transformers
   from specsamp.hf import convert
+  from specsamp.training import checkpoint
 
   workdir, _ = trained_workdir
   hf_dir, back = str(tmp_path / "hf"), str(tmp_path / "back")
@@ -131,7 +132,7 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   assert "+ tokenizer.model" in result.stdout
   assert sorted(os.listdir(hf_dir)) == ["config.json", "generation_config.json",
                                         "model.safetensors", "tokenizer.model"]
-  ours, _ = convert.load_checkpoint(f"{workdir}/target")
+  ours, _ = checkpoint.load_model(f"{workdir}/target")
   tokens = np.random.default_rng(0).integers(4, ours.vocab_size, size=(2, 10))
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
   assert hf_model.config.model_type == "arcee"
@@ -143,7 +144,7 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   result = run_script("import_hf.py", f"--hf_dir={hf_dir}", f"--output={back}",
                       "--mesh_data=2", "--mesh_tensor=4")
   assert result.returncode == 0, result.stderr[-3000:]
-  again, meta = convert.load_checkpoint(back)
+  again, meta = checkpoint.load_model(back)
   assert again.config == ours.config and meta["source"]["model_type"] == "arcee"
   for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(again)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -151,7 +152,7 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   # The imported pair drives the main job through the config's checkpoint fields (the draft
   # takes the same round trip through the Python API).
   draft_hf, draft_back = str(tmp_path / "draft_hf"), str(tmp_path / "draft_back")
-  convert.export_model(convert.load_checkpoint(f"{workdir}/draft_token")[0], draft_hf)
+  convert.export_model(checkpoint.load_model(f"{workdir}/draft_token")[0], draft_hf)
   convert.import_to_checkpoint(draft_hf, draft_back)
   result = run_script("sample.py", "--config=configs/code_pair.py:test",
                       f"--workdir={tmp_path / 'imported_pair'}", f"--config.target.checkpoint={back}",
@@ -248,6 +249,6 @@ def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
     assert worker.returncode == 0, err[-3000:]
     assert "of 8 devices" in out and "tokens/target call:" in out
   one, two = (json.loads((tmp_path / name).read_text()) for name in ("single.json", "multi.json"))
-  for sampler in ("autoregressive", "speculative"):
-    assert two[sampler]["tokens"] == one[sampler]["tokens"]
-  assert two["speculative"]["stats"] == one["speculative"]["stats"]
+  assert two["tokens"] == one["tokens"]  # Generated ids of both samplers, every prompt.
+  assert len(two["tokens"]["speculative"]) == 8
+  assert two["stats"] == one["stats"]

@@ -128,3 +128,49 @@ def test_shard_map_with_fsdp_gathers_weights_never_the_batch():
                   if shape.split("[")[1].split(",")[0] == str(batch)}
   assert not batch_shaped, f"per-layer all-gathers of full-batch arrays: {batch_shaped}"
   assert _all_reduces(3, mesh) - _all_reduces(1, mesh) == 2 * 2
+
+
+def test_rules_can_be_overridden_and_collisions_are_errors():
+  sizes = {"data": 2, "fsdp": 2, "tensor": 2}
+  assert sharding.logical_to_spec(("embed", "mlp"), (8, 8), sizes) == P("fsdp", "tensor")
+  overrides = sharding.parse_rules("embed=none, act_batch=data+fsdp")
+  assert overrides == {"embed": None, "act_batch": ("data", "fsdp")}
+  with sharding.use_rules(overrides):
+    assert sharding.logical_to_spec(("embed", "mlp"), (8, 8), sizes) == P(None, "tensor")
+    with pytest.raises(ValueError, match="two dimensions to the mesh axis 'tensor'"):
+      sharding.logical_to_spec(("heads", "mlp"), (8, 8), sizes)
+  assert sharding.logical_to_spec(("embed", "mlp"), (8, 8), sizes) == P("fsdp", "tensor")
+  with pytest.raises(ValueError, match="Unknown logical axis 'embd'"):
+    sharding.parse_rules("embd=none")
+  with pytest.raises(ValueError, match="unknown mesh axes \\['model'\\]"):
+    sharding.parse_rules("embed=model")
+  with pytest.raises(ValueError, match="use logical=mesh_axis"):
+    sharding.parse_rules("embed")
+
+
+def test_a_config_mesh_applies_its_rules():
+  previous = sharding.rules()
+  try:
+    mesh = sharding.mesh_from_config({"data": 2, "fsdp": 2, "tensor": 2, "rules": "vocab=none"})
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    model = transformer.create(tiny_config(), mesh)
+    assert model.embedder.table_VD[...].sharding.spec == P(None, "fsdp")
+  finally:
+    sharding.set_rules({name: rule for name, rule in previous.items()})
+
+
+def test_shard_map_reduces_over_the_axis_the_rules_give_heads():
+  """The shard_map blocks take their psum axis from the rules: heads over 'fsdp' here."""
+  config = tiny_config(tensor_parallel="shard_map")
+  expected, _ = transformer.create(config, seed=3)(jnp.asarray(PROMPTS))
+  with sharding.use_rules({"heads": "fsdp", "kv_heads": "fsdp", "mlp": "fsdp", "vocab": "fsdp",
+                           "embed": None, "act_batch": "data", "cache_batch": "data",
+                           "cache_kv_heads": "fsdp", "act_heads": "fsdp", "act_mlp": "fsdp",
+                           "act_vocab": "fsdp"}):
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
+    model = transformer.create(config, mesh, seed=3)
+    with sharding.use_mesh(mesh):
+      logits, _ = jax.jit(lambda m, t: m(t))(model, jnp.asarray(PROMPTS))
+      text = jax.jit(lambda m, t: m(t)).lower(model, jnp.asarray(PROMPTS)).compile().as_text()
+  np.testing.assert_allclose(logits, expected, atol=5e-5, rtol=1e-5)
+  assert "all-reduce(" in text

@@ -17,6 +17,7 @@ from conftest import tiny_config
 VOCAB = 64
 MODEL = tiny_config(vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=4, num_kv_heads=4,
                     ffn_dim=64)
+META = {"model": dataclasses.asdict(MODEL)}  # What fit saves and load_model reads.
 CONFIG = train.TrainConfig(steps=30, batch_size=8, seq_len=16, learning_rate=1e-2, warmup_steps=3,
                            log_every=10, eval_every=10, checkpoint_every=7, keep_checkpoints=5)
 
@@ -45,7 +46,7 @@ def trainer(mesh):
 
 def _fit(trainer, directory, **kwargs):
   return train.fit(trainer, BATCHES, EVAL, checkpoint.Checkpoints(directory, max_to_keep=5),
-                   {"model": "tiny"}, log=lambda _: None, **kwargs)
+                   META, log=lambda _: None, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ def test_ctrl_c_saves_the_current_step(trainer, tmp_path):
   batches = Interrupting(BATCHES.sequences, BATCHES.batch_size)
   store = checkpoint.Checkpoints(str(tmp_path / "ctrl_c"))
   with pytest.raises(KeyboardInterrupt):
-    train.fit(trainer, batches, EVAL, store, {"model": "tiny"}, log=lambda _: None)
+    train.fit(trainer, batches, EVAL, store, META, log=lambda _: None)
   assert store.latest_step() == 4
 
 
@@ -94,7 +95,7 @@ def test_restore_on_a_different_mesh(trainer, uninterrupted):
   for axes in ({"data": 1, "fsdp": 1, "tensor": 1}, {"data": 4, "fsdp": 1, "tensor": 2}):
     devices = jax.devices()[:int(np.prod(list(axes.values())))]
     mesh = sharding.make_mesh(axes, devices)
-    model, meta = train.load_params(MODEL, directory, mesh, expected_meta={"model": "tiny"})
+    model, meta = checkpoint.load_model(directory, mesh, config=MODEL, expected_meta=META)
     assert meta["step"] == CONFIG.steps
     assert model.embedder.table_VD[...].sharding.mesh.shape == mesh.shape
     with sharding.use_mesh(mesh):
@@ -103,7 +104,7 @@ def test_restore_on_a_different_mesh(trainer, uninterrupted):
 
 def test_missing_empty_and_corrupt_checkpoints_are_clear_errors(uninterrupted, tmp_path):
   with pytest.raises(FileNotFoundError, match="No checkpoint directory"):
-    train.load_params(MODEL, str(tmp_path / "nowhere"), sharding.make_mesh({"data": -1}))
+    checkpoint.load_model(str(tmp_path / "nowhere"))
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match="holds no finished checkpoint"):
     checkpoint.Checkpoints(str(tmp_path / "empty")).read_meta()
@@ -116,21 +117,20 @@ def test_missing_empty_and_corrupt_checkpoints_are_clear_errors(uninterrupted, t
       with open(os.path.join(root, name), "wb") as f:
         f.write(b"garbage")
   with pytest.raises(checkpoint.CheckpointError, match="corrupt.*nothing was deleted"):
-    train.load_params(MODEL, str(copy), sharding.make_mesh({"data": -1}))
+    checkpoint.load_model(str(copy))
   assert sorted(os.listdir(copy)) == sorted(os.listdir(directory))  # nothing removed
 
 
 def test_checkpoint_of_another_model_is_refused(uninterrupted):
   directory, _ = uninterrupted
   with pytest.raises(checkpoint.CheckpointError, match="different model"):
-    train.load_params(MODEL, directory, sharding.make_mesh({"data": -1}),
-                      expected_meta={"model": "something else"})
+    checkpoint.load_model(directory, config=MODEL.replace(num_layers=3))
 
 
 def test_bad_train_configs():
   with pytest.raises(ValueError, match="distill.mode"):
     dataclasses.replace(CONFIG, distill_mode="magic")
-  with pytest.raises(ValueError, match="Unknown train config fields"):
+  with pytest.raises(ValueError, match="Unknown TrainConfig fields"):
     train.TrainConfig.from_config(dict(steps=1, batch_size=1, seq_len=4, learning_rate=1.0,
                                        warmup_steps=0, momentum=0.9))
   with pytest.raises(ValueError, match="needs a teacher"):
@@ -168,14 +168,13 @@ def test_checkpoint_meta_written_before_a_config_field_existed_still_matches():
   """A model config saved without fields added later (here: the HF-import fields) is read
   with their defaults; a real difference is still refused."""
   import dataclasses as dc
-  from specsamp import checkpoint as checkpoint_lib
   config = tiny_config()
   current = dc.asdict(config)
   older = {k: v for k, v in current.items() if k not in ("post_norms", "sliding_window",
                                                          "gelu_approximate", "rope_scaling")}
-  train.check_meta({"model": older}, {"model": current}, "/tmp/x")
+  checkpoint.check_meta({"model": older}, {"model": current}, "/tmp/x")
   # How the model runs may change; what it computes may not.
-  train.check_meta({"model": dict(older, dtype="bfloat16", tensor_parallel="shard_map")},
-                   {"model": current}, "/tmp/x")
-  with pytest.raises(checkpoint_lib.CheckpointError, match="different model"):
-    train.check_meta({"model": dict(older, num_layers=7)}, {"model": current}, "/tmp/x")
+  checkpoint.check_meta({"model": dict(older, dtype="bfloat16", tensor_parallel="shard_map")},
+                        {"model": current}, "/tmp/x")
+  with pytest.raises(checkpoint.CheckpointError, match="different model"):
+    checkpoint.check_meta({"model": dict(older, num_layers=7)}, {"model": current}, "/tmp/x")

@@ -96,34 +96,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"calls must be >= 1, got {config.calls}.")
 
 
-@dataclasses.dataclass
-class Timed:
-  ms_per_token: float
-  tokens_per_s: float
-  compile_s: float
-  outputs: list
-
-
-def time_sampler(sample: Callable[[np.ndarray, int], Any], batches: list[np.ndarray],
-                 calls: int) -> Timed:
-  """Times ``sample(batch, seed)`` over ``calls`` calls cycling through ``batches``."""
-  start = time.perf_counter()
-  jax.block_until_ready(sample(batches[0], 10_000))  # Compile and warm up (untimed seed).
-  compile_s = time.perf_counter() - start
-  per_token, outputs, tokens, seconds = [], [], 0, 0.0
-  for call in range(calls):
-    batch = batches[call % len(batches)]
-    start = time.perf_counter()
-    out = jax.block_until_ready(sample(batch, call))
-    elapsed = time.perf_counter() - start
-    outputs.append(out)
-    per_token.append(elapsed / max(int(np.max(out.num_generated)), 1))
-    tokens += int(np.sum(out.num_generated))
-    seconds += elapsed
-  return Timed(ms_per_token=1e3 * statistics.median(per_token), tokens_per_s=tokens / seconds,
-               compile_s=max(compile_s - seconds / calls, 0.0), outputs=outputs)
-
-
 def tokens_per_call_se(histogram: list[int]) -> float:
   """Standard error of the mean tokens per target call, from the accepted-count histogram."""
   counts = np.asarray(histogram, np.float64)
@@ -210,7 +182,7 @@ def roofline(config: ml_collections.ConfigDict, machine: dict, log: Callable[[st
                   "memory_bandwidth": machine["memory_bandwidth"],
                   "matmul_flops": machine["matmul_flops"]}
         if hardware is not None:
-          call = perf_model.call_cost(model_cfg, hardware, perf_model.Mesh(), batch, tokens,
+          call = perf_model.call_cost(model_cfg, hardware, perf_model.MeshShape(), batch, tokens,
                                       cache_length)
           record.update(bytes=call.weight_bytes + call.kv_bytes, flops=call.flops,
                         floor_ms=call.memory_s * 1e3, compute_ms=call.compute_s * 1e3,
@@ -293,13 +265,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
             if setting_key(record) in store.data["records"]:
               continue
             if ar is None:
-              ar = time_sampler(with_mesh(lambda b, seed: autoregressive.generate(
+              ar = timing.time_sampler("autoregressive", with_mesh(lambda b, seed: autoregressive.generate(
                   pair.target, b, lengths, jax.random.fold_in(key, seed), **common)),
                   batches, config.calls)
             extra = {}
             if verifier == SYNTHETIC:
               extra = {"synthetic_acceptance": config.synthetic_acceptance}
-            timed = time_sampler(with_mesh(
+            timed = timing.time_sampler("speculative", with_mesh(
                 lambda b, seed: speculative.speculative_generate(
                     pair.target, draft, b, lengths, jax.random.fold_in(key, seed),
                     num_draft_tokens=num_draft_tokens, verifier=verifier, cache_length=cache_slots,

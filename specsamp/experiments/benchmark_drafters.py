@@ -35,8 +35,9 @@ import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments import pair as pair_lib
-from specsamp.experiments.benchmark import (MODES, Store, check_choices, fingerprint, pair_config,
-                                parse_list, time_sampler)
+from specsamp.experiments.benchmark import (MODES, Store, check_choices, fingerprint,
+                                             pair_config, parse_list)
+from specsamp.experiments.timing import time_sampler
 from specsamp.sampling import autoregressive, drafters, speculative
 
 TASKS = ("continue", "grounded")
@@ -107,9 +108,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
             if record_key in store.data["records"]:
               continue
             if ar is None:
-              ar = time_sampler(sampler(lambda b, rng: autoregressive.generate(
+              ar = time_sampler("autoregressive", sampler(lambda b, rng: autoregressive.generate(
                   pair.target, b, lengths, rng, **warp)), batches, config.calls)
-            timed = time_sampler(sampler(lambda b, rng: speculative.speculative_generate(
+            timed = time_sampler("speculative", sampler(lambda b, rng: speculative.speculative_generate(
                 pair.target, built[name], b, lengths, rng, num_draft_tokens=num_draft_tokens,
                 schedule=schedule, cache_length=cache_slots, **warp)), batches, config.calls)
             stats = speculative.summarize(timed.outputs)

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from specsamp import sharding
+from specsamp.experiments import timing
 from specsamp.hf import convert
 from specsamp.sampling import autoregressive, speculative
 
@@ -33,36 +34,19 @@ MODES = {"greedy": dict(temperature=0.0, top_p=1.0),
          "nucleus": dict(temperature=0.8, top_p=0.95)}
 
 
-@dataclasses.dataclass
-class Side:
-  """One sampler over all prompts."""
-
-  name: str
-  seconds: float
-  tokens: int
-  target_calls: int
-  outputs: list[list[int]]
-
-  @property
-  def tokens_per_s(self) -> float:
-    return self.tokens / self.seconds
-
-  @property
-  def tokens_per_call(self) -> float:
-    return self.tokens / max(self.target_calls, 1)
+def _count(output: tuple[list[int], int]) -> tuple[int, int]:
+  """(tokens, tokens) of one prompt's (generated ids, target calls): batch 1."""
+  return len(output[0]), len(output[0])
 
 
 def _time(name: str, sample: Callable[[np.ndarray, int], tuple[list[int], int]],
-          prompts: np.ndarray) -> Side:
-  sample(prompts[0], 1_000_000)  # Compile / warm up, with a seed no timed call uses.
-  outputs, calls = [], 0
-  start = time.perf_counter()
-  for index, prompt in enumerate(prompts):
-    tokens, target_calls = sample(prompt, index)
-    outputs.append(tokens)
-    calls += target_calls
-  seconds = time.perf_counter() - start
-  return Side(name, seconds, sum(len(t) for t in outputs), calls, outputs)
+          prompts: np.ndarray) -> timing.Timed:
+  """Each prompt once, batch 1; each output is (generated ids, target calls)."""
+  return timing.time_sampler(name, sample, list(prompts), count=_count)
+
+
+def _target_calls(side: timing.Timed) -> int:
+  return sum(calls for _, calls in side.outputs)
 
 
 class _CallCounter:
@@ -170,7 +154,8 @@ def run(pair, draft, *, num_draft_tokens: int, max_new_tokens: int, modes=("gree
     ]
     by_name = {side.name: side for side in sides}
     entry = {side.name: {"tokens_per_s": side.tokens_per_s, "tokens_per_target_call":
-                         side.tokens_per_call, "seconds": side.seconds, "tokens": side.tokens}
+                         sum(side.tokens) / max(_target_calls(side), 1), "seconds": side.run_s,
+                         "tokens": sum(side.tokens)}
              for side in sides}
     hf_assisted = by_name[f"hf assisted (K={num_draft_tokens})"]
     ours_spec = by_name[f"specsamp speculative (K={num_draft_tokens})"]
@@ -179,8 +164,9 @@ def run(pair, draft, *, num_draft_tokens: int, max_new_tokens: int, modes=("gree
         s.tokens_per_s for s in sides if s.name.startswith("hf"))
     entry["ratio_at_equal_acceptance"] = ratio_at_equal_acceptance(entry, num_draft_tokens, len(prompts))
     if not do_sample:  # Greedy: every sampler must emit the target's greedy tokens.
-      reference = by_name["specsamp autoregressive"].outputs
-      entry["greedy_outputs_identical"] = all(s.outputs == reference for s in sides)
+      reference = [ids for ids, _ in by_name["specsamp autoregressive"].outputs]
+      entry["greedy_outputs_identical"] = all([ids for ids, _ in s.outputs] == reference
+                                              for s in sides)
     results["modes"][mode] = entry
     log(format_mode(mode, entry))
   return results

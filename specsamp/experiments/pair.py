@@ -113,13 +113,7 @@ def load_corpus(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: 
 def _load_checkpoint(name: str, path: str, tokenizer: Tokenizer, mesh,
                      log: Callable[[str], None]):
   """A model from a checkpoint given in the config, checked against the tokenizer."""
-  model, meta = train.load_model(os.path.expanduser(path), mesh)
-  if meta.get("tokenizer") not in (None, tokenizer.fingerprint):
-    raise ValueError(f"The {name} checkpoint {path} was made with tokenizer {meta['tokenizer']}, "
-                     f"not {tokenizer.path} ({tokenizer.fingerprint}).")
-  if model.vocab_size < tokenizer.vocab_size:
-    raise ValueError(f"The {name} checkpoint {path} has {model.vocab_size} embeddings, fewer than "
-                     f"the tokenizer's {tokenizer.vocab_size} pieces.")
+  model, _ = checkpoint.load_model(path, mesh, tokenizer=tokenizer, role=name)
   log(f"{name}: loaded {model.config.num_layers} layers x {model.config.d_model} from {path}")
   return model
 
@@ -138,7 +132,7 @@ def _train_model(name: str, section: ml_collections.ConfigDict, tokenizer: Token
   store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints)
   latest = store.latest_step()
   if latest is not None and latest >= train_cfg.steps:
-    model, _ = train.load_params(model_cfg, directory, mesh, expected_meta=meta)
+    model, _ = checkpoint.load_model(directory, mesh, config=model_cfg, expected_meta=meta)
     log(f"{name}: loaded step {latest} from {directory}")
     return model
   if latest is None:
@@ -169,7 +163,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   """
   workdir = os.path.abspath(workdir or default_workdir(config))
   os.makedirs(workdir, exist_ok=True)
-  mesh = sharding.make_mesh(dict(config.mesh))
+  mesh = sharding.mesh_from_config(config.mesh)
   split = data.split_files(data.corpus_files(config.data.corpus),
                            config.data.validation_fraction, config.data.prompt_fraction,
                            config.seed)

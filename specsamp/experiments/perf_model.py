@@ -86,7 +86,9 @@ class Efficiency:
 
 
 @dataclasses.dataclass(frozen=True)
-class Mesh:
+class MeshShape:
+  """How many chips a call spans (data x tensor), for the analytic model; not a jax Mesh."""
+
   data: int = 1
   tensor: int = 1
 
@@ -130,7 +132,7 @@ def parameter_counts(config: TransformerConfig) -> dict[str, int]:
           "final_norm": d}
 
 
-def call_cost(config: TransformerConfig, hardware: Hardware, mesh: Mesh, batch_size: int,
+def call_cost(config: TransformerConfig, hardware: Hardware, mesh: MeshShape, batch_size: int,
               num_tokens: int, cache_length: int) -> Call:
   """The roofline terms of one call on T = ``num_tokens`` tokens per row."""
   if batch_size < 1 or num_tokens < 1 or cache_length < 1:
@@ -247,8 +249,8 @@ class Choice:
 
 
 def speedup_by_k(target: TransformerConfig, draft: TransformerConfig, alpha: float,
-                 hardware: Hardware, mesh: Mesh, efficiency: Efficiency, *, batch_size: int,
-                 cache_length: int, max_num_draft_tokens: int = 16, draft_mesh: Mesh | None = None,
+                 hardware: Hardware, mesh: MeshShape, efficiency: Efficiency, *, batch_size: int,
+                 cache_length: int, max_num_draft_tokens: int = 16, draft_mesh: MeshShape | None = None,
                  draft_efficiency: Efficiency | None = None, name: str = "draft"
                  ) -> list[Choice]:
   """Predicted speedup for K = 1..max_num_draft_tokens, all times from the calibrated roofline."""
@@ -267,7 +269,7 @@ def speedup_by_k(target: TransformerConfig, draft: TransformerConfig, alpha: flo
 
 
 def recommend(target: TransformerConfig, drafts: Mapping[str, tuple[TransformerConfig, float]],
-              hardware: Hardware, mesh: Mesh, efficiency: Efficiency, *, batch_size: int,
+              hardware: Hardware, mesh: MeshShape, efficiency: Efficiency, *, batch_size: int,
               cache_length: int, max_num_draft_tokens: int = 16) -> Choice:
   """The (draft, K) with the highest predicted speedup; ``drafts`` maps a name to its config
   and its measured alpha (acceptance depends on the draft, so each brings its own)."""
@@ -304,7 +306,7 @@ def paper_check(target: TransformerConfig, draft: TransformerConfig,
   """Calibrates (eta, tau) to the paper's two step times, reports the errors (and those of an
   eta-only fit), the model's scoring cost of K+1 tokens, and the alpha each speculative
   ms/token implies."""
-  mesh = Mesh(data=1, tensor=PAPER["chips"])
+  mesh = MeshShape(data=1, tensor=PAPER["chips"])
   cache, num_draft_tokens = PAPER["cache_length"], PAPER["num_draft_tokens"]
   calls = {name: call_cost(config, hardware, mesh, 1, 1, cache)
            for name, config in (("target 70B", target), ("draft 4B", draft))}

@@ -24,7 +24,7 @@ def _observations(results: dict, hardware: perf_model.Hardware) -> list[perf_mod
   observations = []
   for key, entry in sorted(results["roofline"].items()):
     config = TransformerConfig.from_config(entry["config"])
-    call = perf_model.call_cost(config, hardware, perf_model.Mesh(), entry["batch_size"],
+    call = perf_model.call_cost(config, hardware, perf_model.MeshShape(), entry["batch_size"],
                                 entry["num_tokens"], entry["cache_length"])
     observations.append(perf_model.Observation(key, call, entry["measured_ms"] / 1e3))
   return observations
@@ -62,7 +62,7 @@ def cpu_report(results: dict) -> dict:
       alpha = sum(r["alpha"] * r["num_draft_tokens"] for r in group) / sum(
           r["num_draft_tokens"] for r in group)
       by_k = perf_model.speedup_by_k(configs["target"], configs["draft"], alpha, hardware,
-                                     perf_model.Mesh(), fit.efficiency, batch_size=1,
+                                     perf_model.MeshShape(), fit.efficiency, batch_size=1,
                                      cache_length=cache, max_num_draft_tokens=max(r["num_draft_tokens"]
                                                                    for r in group))
       recommended = max(by_k, key=lambda c: c.predicted_speedup)

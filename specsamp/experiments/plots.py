@@ -65,7 +65,7 @@ def acceptance_per_position(records: list[dict], batch_size: int, path: str) -> 
       at = group[0]["acceptance_at_position"]
       axis.plot(range(1, len(at) + 1), at, "o-", color=f"C{index}",
                 label=f"{_label(drafter, verifier)}: alpha {group[0]['alpha']:.2f}")
-    axis.set(title=f"{mode}, K={k}, batch {batch_size}", xlabel="draft position t",
+    axis.set(title=f"{mode}, K={num_draft_tokens}, batch {batch_size}", xlabel="draft position t",
              ylabel="P(draft token t accepted)", ylim=(0, 1.02))
     axis.legend(fontsize=8)
   figure.tight_layout()

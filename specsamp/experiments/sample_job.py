@@ -19,36 +19,18 @@ import numpy as np
 
 from specsamp.experiments import pair as pair_lib
 from specsamp import sharding
-from specsamp.experiments import speedup
+from specsamp.experiments import speedup, timing
 from specsamp.sampling import autoregressive, speculative
-
-
-@dataclasses.dataclass
-class Run:
-  """One sampler over all prompt batches (timed after a compile-and-warm-up call)."""
-
-  name: str
-  tokens: list[list[int]]  # Generated ids per prompt.
-  run_s: float  # Wall time over all batches.
-  sequential_tokens: int  # Sum over batches of the longest row: tokens produced one after another.
-  compile_s: float
-  stats: dict[str, Any] | None = None
-
-  @property
-  def ms_per_token(self) -> float:
-    return 1e3 * self.run_s / max(self.sequential_tokens, 1)
-
-  @property
-  def tokens_per_s(self) -> float:
-    return sum(len(t) for t in self.tokens) / max(self.run_s, 1e-9)
 
 
 @dataclasses.dataclass
 class SampleReport:
   prompts: list[list[int]]
   texts: dict[str, list[str]]  # 'prompt', 'autoregressive', 'speculative' -> text per prompt.
-  autoregressive: Run
-  speculative: Run
+  tokens: dict[str, list[list[int]]]  # 'autoregressive', 'speculative' -> generated ids.
+  autoregressive: timing.Timed
+  speculative: timing.Timed
+  stats: dict[str, Any]  # The speculative run's statistics (speculative.summarize).
   costs: speedup.StepCosts
 
   @property
@@ -57,25 +39,12 @@ class SampleReport:
 
   @property
   def predicted_speedup(self) -> float:
-    return self.costs.predicted_speedup(self.speculative.stats["alpha"])
+    return self.costs.predicted_speedup(self.stats["alpha"])
 
 
-def _run_batches(name: str, sample: Callable[[np.ndarray, int], Any], prompts: np.ndarray,
-                 batch_size: int) -> tuple[Run, list[Any]]:
-  """``sample(batch, index)`` over the prompts in batches, timed after a warm-up call."""
-  batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
-  start = time.perf_counter()
-  jax.block_until_ready(sample(batches[0], 0))  # Compile and warm up.
-  first_s = time.perf_counter() - start
-  outputs = []
-  start = time.perf_counter()
-  for index, batch in enumerate(batches):
-    outputs.append(jax.block_until_ready(sample(batch, index)))
-  run_s = time.perf_counter() - start
-  tokens = [out.generated(row).tolist() for out in outputs for row in range(out.tokens.shape[0])]
-  sequential = sum(int(np.max(out.num_generated)) for out in outputs)
-  return Run(name=name, tokens=tokens, run_s=run_s, sequential_tokens=sequential,
-             compile_s=max(first_s - run_s / len(batches), 0.0)), outputs
+def _generated(outputs: list[Any]) -> list[list[int]]:
+  """Generated ids of every row of every call, in prompt order."""
+  return [out.generated(row).tolist() for out in outputs for row in range(out.tokens.shape[0])]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None = None,
@@ -107,22 +76,25 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
 
   log(f"sampling {len(prompts)} held-out prompts of {prompts.shape[1]} tokens, "
       f"{s.max_new_tokens} new tokens each, {s.batch_size} per call")
-  ar, _ = _run_batches("autoregressive", sample_autoregressive, prompts, s.batch_size)
-  sps, outputs = _run_batches("speculative", sample_speculative, prompts, s.batch_size)
-  sps.stats = speculative.summarize(outputs)
+  batches = [prompts[i:i + s.batch_size] for i in range(0, len(prompts), s.batch_size)]
+  ar = timing.time_sampler("autoregressive", sample_autoregressive, batches)
+  sps = timing.time_sampler("speculative", sample_speculative, batches)
+  tokens = {"autoregressive": _generated(ar.outputs), "speculative": _generated(sps.outputs)}
   cache_length = prompts.shape[1] + s.max_new_tokens + num_draft_tokens + 1
   costs = speedup.measure_costs(target, draft, s.batch_size, num_draft_tokens, cache_length, pair.mesh)
   texts = {"prompt": [tokenizer.decode(p) for p in prompts],
-           "autoregressive": [tokenizer.decode(t) for t in ar.tokens],
-           "speculative": [tokenizer.decode(t) for t in sps.tokens]}
-  return SampleReport(prompts=prompts.tolist(), texts=texts, autoregressive=ar, speculative=sps,
-                      costs=costs)
+           **{name: [tokenizer.decode(t) for t in ids] for name, ids in tokens.items()}}
+  return SampleReport(prompts=prompts.tolist(), texts=texts, tokens=tokens, autoregressive=ar,
+                      speculative=sps, stats=speculative.summarize(sps.outputs), costs=costs)
 
 
 def report_json(report: SampleReport) -> dict[str, Any]:
   """The report as JSON-ready data: prompts, texts, generated ids and statistics per sampler,
   step costs, and the measured and predicted speedups."""
-  return {**dataclasses.asdict(report), "speedup": report.speedup,
+  return {"prompts": report.prompts, "texts": report.texts, "tokens": report.tokens,
+          "autoregressive": report.autoregressive.summary(),
+          "speculative": report.speculative.summary(), "stats": report.stats,
+          "costs": dataclasses.asdict(report.costs), "speedup": report.speedup,
           "predicted_speedup": report.predicted_speedup}
 
 
@@ -138,8 +110,8 @@ def format_report(report: SampleReport, num_samples: int = 2) -> str:
   lines.append("-" * 64)
   for r in (report.autoregressive, report.speculative):
     lines.append(f"{r.name:>14}: {r.ms_per_token:7.2f} ms/token  {r.tokens_per_s:8.1f} tokens/s  "
-                 f"({r.run_s:.2f} s for {len(r.tokens)} prompts; compile {r.compile_s:.1f} s)")
-  stats, costs = report.speculative.stats, report.costs
+                 f"({r.run_s:.2f} s for {len(report.prompts)} prompts; compile {r.compile_s:.1f} s)")
+  stats, costs = report.stats, report.costs
   num_draft_tokens = stats["num_draft_tokens"]
   per_position = " ".join(f"{a:.2f}" for a in stats["acceptance_at_position"])
   lines += [

@@ -34,11 +34,6 @@ from specsamp.training.tokenizer import Tokenizer
 TOKENIZER_FILE = "tokenizer.model"
 
 
-def default_mesh() -> jax.sharding.Mesh:
-  """All devices on the data axis (parameters replicated)."""
-  return sharding.make_mesh({"data": -1})
-
-
 def load_tokenizer(hf_dir: str) -> Tokenizer:
   """The SentencePiece tokenizer.model of an HF directory (clear error for tokenizer.json only)."""
   return Tokenizer.load(os.path.join(os.path.expanduser(hf_dir), TOKENIZER_FILE))
@@ -58,14 +53,6 @@ def _cast(name: str, shard: np.ndarray, dtype: jnp.dtype) -> np.ndarray:
                      f"{float(np.abs(np.asarray(shard, np.float32)).max()):.3g}); import it with "
                      "param_dtype='bfloat16' or 'float32'.")
   return out
-
-
-def _abstract(config: TransformerConfig, mesh: jax.sharding.Mesh):
-  """(graphdef, abstract parameters as a pure dict, their shardings as a pure dict)."""
-  abstract = nnx.eval_shape(lambda: transformer.Transformer(config, rngs=nnx.Rngs(0)))
-  graphdef, state = nnx.split(abstract, nnx.Param)
-  return (graphdef, nnx.to_pure_dict(state),
-          nnx.to_pure_dict(sharding.state_shardings(state, mesh)))
 
 
 def import_model(hf_dir: str, mesh: jax.sharding.Mesh | None = None, *,
@@ -90,8 +77,9 @@ def import_model(hf_dir: str, mesh: jax.sharding.Mesh | None = None, *,
   config = architectures.from_hf(hf_config, param_dtype=param_dtype, dtype=dtype,
                                  tensor_parallel=tensor_parallel)
   tensors = safetensors_io.Checkpoint(hf_dir)
-  mesh = mesh or default_mesh()
-  graphdef, abstract, shardings = _abstract(config, mesh)
+  mesh = mesh or checkpoint.default_mesh()
+  model = sharding.abstract_model(lambda rngs: transformer.Transformer(config, rngs=rngs), mesh)
+  graphdef, abstract, shardings = model.graphdef, model.shapes, model.shardings
   table = weights.entries(config)
   expected = {entry.hf_name for entry in table}
   missing = sorted(expected - set(tensors.keys()))
@@ -155,13 +143,6 @@ def import_to_checkpoint(hf_dir: str, output_dir: str, mesh: jax.sharding.Mesh |
     shutil.copyfile(os.path.join(hf_dir, TOKENIZER_FILE),
                     os.path.join(store.directory, TOKENIZER_FILE))
   return model.config
-
-
-def load_checkpoint(directory: str, mesh: jax.sharding.Mesh | None = None,
-                    step: int | None = None) -> tuple[transformer.Transformer, dict[str, Any]]:
-  """A model saved by ``import_to_checkpoint`` (or by training) restored onto ``mesh``
-  (default: all devices on 'data'); returns (model, meta)."""
-  return train.load_model(directory, mesh or default_mesh(), step)
 
 
 def _to_host(array: jax.Array) -> np.ndarray:

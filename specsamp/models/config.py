@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from specsamp.config_fields import ConfigFields
+
 # How a model runs, not what it computes from its weights: a checkpoint trained with one value
 # loads with another (checkpoint identity checks leave these out).
 EXECUTION_FIELDS = ("dtype", "tensor_parallel")
@@ -30,7 +32,7 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerConfig:
+class TransformerConfig(ConfigFields):
   """Architecture of a decoder-only Transformer. Hashable, so usable as a static arg.
 
   Attributes:
@@ -169,15 +171,3 @@ class TransformerConfig:
   def weight_dtype(self) -> jnp.dtype:
     return jnp.dtype(self.param_dtype)
 
-  @classmethod
-  def from_config(cls, config: Mapping[str, Any]) -> "TransformerConfig":
-    """Builds from a ConfigDict (or dict); unknown fields are an error, not ignored."""
-    values = dict(config.to_dict() if hasattr(config, "to_dict") else config)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ValueError(f"Unknown TransformerConfig fields {unknown}; known fields: {sorted(known)}.")
-    return cls(**values)
-
-  def replace(self, **changes: Any) -> "TransformerConfig":
-    return dataclasses.replace(self, **changes)

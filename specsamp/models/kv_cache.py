@@ -4,8 +4,9 @@ Slot s of a row holds the key and value of that row's token at absolute
 position s. A call at positions p..p+T-1 writes slots p..p+T-1 and each query
 at position p+t reads only slots <= p+t. Entries a rollback leaves behind
 (rejected draft tokens) sit beyond the row's position, so they are never read
-before being overwritten: rolling back is ``cache.with_lengths(accepted)``,
-never a copy.
+before being overwritten: rolling back is ``cache.replace(lengths=...)``, never a
+copy. That is the decode protocol's rollback for every model's cache
+(``specsamp.sampling.model_protocol``), so the samplers call it on this one too.
 """
 
 from __future__ import annotations
@@ -57,10 +58,6 @@ class KVCache:
   @property
   def max_length(self) -> int:
     return self.keys[0].shape[1]
-
-  def with_lengths(self, lengths_B: jax.Array) -> "KVCache":
-    """Sets each row's length: the rollback of rejected tokens."""
-    return self.replace(lengths=jnp.asarray(lengths_B, jnp.int32))
 
 
 def write(cache_BSKH: jax.Array, new_BTKH: jax.Array, positions_BT: jax.Array) -> jax.Array:

@@ -7,13 +7,15 @@ activation constraints of the rules table.
 ``config.tensor_parallel == 'shard_map'``: the same pure function runs under
 ``jax.shard_map`` with explicit collectives, Megatron style. Each device holds
 N/tp query heads (and K/tp kv heads, or all K when tp > K) and F/tp MLP
-columns; the only communication per layer is ONE ``psum`` over 'tensor' after
+columns; the only communication per layer is ONE ``psum`` over the tensor axis after
 the attention output projection and ONE after the MLP down projection. The
 in/out specs come from the same rules table. Activations, positions and the KV
 cache keep their batch sharding over 'data' and 'fsdp', so each device
 computes and caches only its own rows; 'fsdp' is left out of the WEIGHT specs
 only (parameters enter whole along d_model, jit inserts their all-gathers,
-ZeRO-3 style). Without an active mesh the block runs on one device exactly as
+ZeRO-3 style). Which mesh axes these are comes from the rules table: the axis of
+'heads' (and 'mlp') is the one the psums reduce over, the axes of 'embed' are
+gathered; this file names no mesh axis. Without an active mesh the block runs on one device exactly as
 in 'auto' mode.
 """
 
@@ -30,8 +32,14 @@ from specsamp.models.attention import Attention, attention_forward
 from specsamp.models.config import TransformerConfig
 from specsamp.models.layers import MLP, mlp_forward
 
-TENSOR_AXIS = "tensor"
-_FSDP = ("fsdp",)
+def _tensor_axis() -> str:
+  """The mesh axis the rules table splits heads over: the axis the psums reduce."""
+  axes = sharding.mesh_axes_of("heads")
+  if len(axes) != 1 or sharding.mesh_axes_of("mlp") != axes:
+    raise ValueError(f"tensor_parallel='shard_map' needs the rules to split 'heads' and 'mlp' "
+                     f"over one and the same mesh axis; they map to {axes} and "
+                     f"{sharding.mesh_axes_of('mlp')}.")
+  return axes[0]
 
 
 def _tensor_parallel_size(config: TransformerConfig) -> int | None:
@@ -41,13 +49,13 @@ def _tensor_parallel_size(config: TransformerConfig) -> int | None:
   sizes = sharding.current_axis_sizes()
   if not sizes:
     return None
-  return sizes.get(TENSOR_AXIS, 1)
+  return sizes.get(_tensor_axis(), 1)
 
 
 def _check_divides(tp: int, what: str, size: int):
   if size % tp:
     raise ValueError(
-        f"tensor_parallel='shard_map' splits {what}={size} over the 'tensor' mesh axis of "
+        f"tensor_parallel='shard_map' splits {what}={size} over the {_tensor_axis()!r} mesh axis of "
         f"size {tp}, which does not divide it; use a tensor axis that divides {what} or "
         "tensor_parallel='auto'.")
 
@@ -60,8 +68,9 @@ def _spec(logical_axes: Sequence[str | None], array: jax.Array) -> jax.sharding.
 def _values_and_specs(params: dict[str, nnx.Param]):
   """Weights and their specs without 'fsdp': gathered along d_model before the block."""
   values = {name: param[...] for name, param in params.items()}
+  gathered = sharding.mesh_axes_of("embed")  # d_model's axes (fsdp): gathered by jit.
   specs = {name: sharding.logical_to_spec(sharding.logical_axes_of(param), values[name].shape,
-                                          exclude=_FSDP)
+                                          exclude=gathered)
            for name, param in params.items()}
   return values, specs
 
@@ -82,16 +91,18 @@ def attention_block(attn: Attention, x_BTD: jax.Array, positions_BT: jax.Array,
   kv_sharded = num_kv_heads % tp == 0
   if not kv_sharded and tp % num_kv_heads:
     raise ValueError(
-        f"tensor_parallel='shard_map' with num_kv_heads={num_kv_heads} needs a 'tensor' axis "
+        f"tensor_parallel='shard_map' with num_kv_heads={num_kv_heads} needs a tensor axis "
         f"that divides it or that it divides; got {tp}.")
+
+  axis = _tensor_axis()
 
   def body(x, positions, keys, values, local_weights):
     offset = None
     if not kv_sharded:  # every device holds all K kv heads; pick its query heads' one.
-      offset = jax.lax.axis_index(TENSOR_AXIS) * (num_heads // tp) // (num_heads // num_kv_heads)
+      offset = jax.lax.axis_index(axis) * (num_heads // tp) // (num_heads // num_kv_heads)
     out, keys, values = attention_forward(x, positions, keys, values, local_weights,
                                           config=config, window=window, kv_head_offset=offset)
-    return jax.lax.psum(out, TENSOR_AXIS), keys, values
+    return jax.lax.psum(out, axis), keys, values
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
   cache_spec = _spec(kv_cache.CACHE_AXES, keys_BSKH)
@@ -110,8 +121,10 @@ def mlp_block(mlp: MLP, x_BTD: jax.Array) -> jax.Array:
     return mlp_forward(x_BTD, weights, config)
   _check_divides(tp, "ffn_dim", config.ffn_dim)
 
+  axis = _tensor_axis()
+
   def body(x, local_weights):
-    return jax.lax.psum(mlp_forward(x, local_weights, config), TENSOR_AXIS)
+    return jax.lax.psum(mlp_forward(x, local_weights, config), axis)
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
   return jax.shard_map(body, in_specs=(x_spec, weight_specs), out_specs=x_spec)(x_BTD, weights)

@@ -73,9 +73,9 @@ def warp_logits(logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
     mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
     keep_sorted_BV = keep_sorted_BV & (mass_before_BV < sampling.top_p)
   # Undo the sort with a scatter (a second argsort would cost as much as the first on a CPU).
-  flat_order_RV = order_BV.reshape(-1, vocab)  # Any leading dims (e.g. [B, G, V]) as rows.
-  rows_R1 = jnp.arange(flat_order_RV.shape[0])[:, None]
-  keep_BV = jnp.zeros(flat_order_RV.shape, bool).at[rows_R1, flat_order_RV].set(
+  flat_order = order_BV.reshape(-1, vocab)  # Any leading dims (e.g. [B, G, V]) as rows.
+  rows = jnp.arange(flat_order.shape[0])[:, None]
+  keep_BV = jnp.zeros(flat_order.shape, bool).at[rows, flat_order].set(
       keep_sorted_BV.reshape(-1, vocab)).reshape(order_BV.shape)
   return jnp.where(keep_BV, logits_BV, -jnp.inf)
 

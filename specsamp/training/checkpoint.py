@@ -10,15 +10,25 @@ deleted except by orbax's keep-the-last-N policy on save.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Mapping
 
 import jax
 import orbax.checkpoint as ocp
 
+from specsamp import sharding
+from specsamp.models import transformer
+from specsamp.models.config import EXECUTION_FIELDS, TransformerConfig
+
 
 class CheckpointError(ValueError):
   """A checkpoint that exists but cannot be used (corrupt, incomplete or mismatched)."""
+
+
+def default_mesh() -> jax.sharding.Mesh:
+  """All devices on the data axis (parameters replicated): where a model loads by default."""
+  return sharding.make_mesh({"data": -1})
 
 
 def abstract_arrays(tree: Any, shardings: Any) -> Any:
@@ -118,3 +128,71 @@ class Checkpoints:
         f"Could not read '{what}' of checkpoint step {step} in {self.directory}: "
         f"{type(error).__name__}: {message}. The checkpoint is corrupt, incomplete, or was written "
         f"for a different model. Steps present: {self.all_steps()}; nothing was deleted.")
+
+
+def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: str) -> None:
+  """Refuses a checkpoint written for another model, tokenizer or training run.
+
+  A saved model config is read with today's defaults for fields added since it was
+  written, so a checkpoint stays usable when TransformerConfig grows a field; how the model
+  runs (``EXECUTION_FIELDS``: activation dtype, tensor-parallel mode) may differ.
+  """
+  for key, want in expected.items():
+    saved = meta.get(key)
+    if key == "model" and isinstance(saved, Mapping) and isinstance(want, Mapping):
+      saved = dataclasses.asdict(TransformerConfig.from_config(saved))
+      saved, want = ({k: v for k, v in config.items() if k not in EXECUTION_FIELDS}
+                     for config in (saved, want))
+    if saved != want:
+      raise CheckpointError(
+          f"The checkpoint in {directory} was written with a different {key}:\n  saved:     "
+          f"{meta.get(key)}\n  requested: {want}\nUse another --workdir, or delete this directory "
+          "to retrain.")
+
+
+def load_model(directory: str, mesh: jax.sharding.Mesh | None = None, *,
+               config: TransformerConfig | None = None, step: int | None = None,
+               expected_meta: Mapping[str, Any] | None = None, tokenizer: Any = None,
+               role: str = "model") -> tuple[transformer.Transformer, dict[str, Any]]:
+  """The one way to load a model: trained, distilled or imported from Hugging Face.
+
+  The parameters are restored shard by shard onto ``mesh`` (any mesh: each device reads
+  only its own shard), with the model config from the checkpoint's metadata.
+
+  Args:
+    directory: a checkpoint directory (``~`` expanded).
+    mesh: where to place the model; default all devices on 'data'.
+    config: run the model with this config instead (it must equal the saved one but for
+      how it executes: ``EXECUTION_FIELDS``).
+    step: the step to load; default the latest.
+    expected_meta: metadata the checkpoint must match (``check_meta``), e.g. the model,
+      tokenizer and data a workdir was trained with.
+    tokenizer: a ``Tokenizer`` the checkpoint must have been made with (when it records
+      one), and whose every piece it must embed.
+    role: what the model is ('target', 'draft'), for error messages.
+
+  Returns:
+    (model, metadata).
+  """
+  store = Checkpoints(directory)
+  meta = store.read_meta(step)
+  if "model" not in meta:
+    raise CheckpointError(f"{store.directory} has no model config in its metadata.")
+  if config is not None:
+    check_meta(meta, {"model": dataclasses.asdict(config)}, store.directory)
+  if expected_meta is not None:
+    check_meta(meta, expected_meta, store.directory)
+  config = config or TransformerConfig.from_config(meta["model"])
+  if tokenizer is not None:
+    if meta.get("tokenizer") not in (None, tokenizer.fingerprint):
+      raise CheckpointError(
+          f"The {role} checkpoint {store.directory} was made with tokenizer {meta['tokenizer']}, "
+          f"not {tokenizer.path} ({tokenizer.fingerprint}).")
+    if config.vocab_size < tokenizer.vocab_size:
+      raise CheckpointError(
+          f"The {role} checkpoint {store.directory} has {config.vocab_size} embeddings, fewer "
+          f"than the tokenizer's {tokenizer.vocab_size} pieces.")
+  abstract = sharding.abstract_model(lambda rngs: transformer.Transformer(config, rngs=rngs),
+                                     mesh or default_mesh())
+  restored, meta = store.restore({"params": abstract.arrays()}, step=meta["step"])
+  return abstract.merge(restored["params"]), meta

@@ -32,6 +32,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
+from specsamp.config_fields import ConfigFields
 from specsamp.training import checkpoint
 from specsamp import sharding
 from specsamp.training.data import Batches
@@ -45,7 +46,7 @@ _LOGGING_FIELDS = ("log_every", "eval_every", "eval_batches", "checkpoint_every"
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(ConfigFields):
   """Optimisation settings (see configs/code_pair.py for each field's meaning)."""
 
   steps: int
@@ -80,16 +81,11 @@ class TrainConfig:
       raise ValueError("distill.prefix_tokens must be in [1, seq_len).")
 
   @classmethod
-  def from_config(cls, config: Mapping[str, Any]) -> "TrainConfig":
-    """From a ConfigDict with an optional ``distill`` sub-dict; unknown fields are an error."""
-    values = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+  def _flatten(cls, values: dict[str, Any]) -> dict[str, Any]:
+    """The optional ``distill`` section's fields become ``distill_*`` fields."""
     for name, value in dict(values.pop("distill", {}) or {}).items():
       values[f"distill_{name}"] = value
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ValueError(f"Unknown train config fields {unknown}; known: {sorted(known)}.")
-    return cls(**values)
+    return values
 
   def identity(self) -> dict[str, Any]:
     """The fields that determine the trained parameters (checked when resuming)."""
@@ -162,11 +158,10 @@ class Trainer:
                          f"{model_config.vocab_size}; distillation compares distributions.")
     self.model_config, self.config, self.mesh, self.seed = model_config, config, mesh, seed
     self.optimizer = make_optimizer(config)
-    factory = lambda rngs: transformer.Transformer(model_config, rngs=rngs)
-    abstract = nnx.eval_shape(lambda: factory(nnx.Rngs(seed)))
-    self.graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    self.param_shardings = nnx.to_pure_dict(sharding.state_shardings(abstract_params, mesh))
-    abstract_params = nnx.to_pure_dict(abstract_params)
+    abstract = sharding.abstract_model(
+        lambda rngs: transformer.Transformer(model_config, rngs=rngs), mesh, seed)
+    self.graphdef, self.param_shardings = abstract.graphdef, abstract.shardings
+    abstract_params = abstract.shapes
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
     opt_shardings = optax.tree_map_params(
@@ -272,26 +267,6 @@ def _format_duration(seconds: float) -> str:
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: str) -> None:
-  """Refuses a checkpoint written for another model, tokenizer or training run.
-
-  A saved model config is read with today's defaults for fields added since it was
-  written, so a checkpoint stays usable when TransformerConfig grows a field; how the model
-  runs (``EXECUTION_FIELDS``: activation dtype, tensor-parallel mode) may differ.
-  """
-  for key, want in expected.items():
-    saved = meta.get(key)
-    if key == "model" and isinstance(saved, Mapping) and isinstance(want, Mapping):
-      saved = dataclasses.asdict(TransformerConfig.from_config(saved))
-      saved, want = ({k: v for k, v in config.items() if k not in EXECUTION_FIELDS}
-                     for config in (saved, want))
-    if saved != want:
-      raise checkpoint.CheckpointError(
-          f"The checkpoint in {directory} was written with a different {key}:\n  saved:     "
-          f"{meta.get(key)}\n  requested: {want}\nUse another --workdir, or delete this directory "
-          "to retrain.")
-
-
 def _as_items(state: TrainState) -> dict[str, Any]:
   """Checkpoint items: the parameters apart, so sampling reads them alone."""
   return {"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}}
@@ -325,7 +300,7 @@ def fit(trainer: Trainer, batches: Batches, eval_batches: Sequence[np.ndarray],
     state = trainer.init_state()
     start = 0
   else:
-    check_meta(checkpoints.read_meta(start), meta, checkpoints.directory)
+    checkpoint.check_meta(checkpoints.read_meta(start), meta, checkpoints.directory)
     restored, _ = checkpoints.restore(_as_items(trainer.abstract_state), step=start)
     state = TrainState(step=restored["optimizer"]["step"], params=restored["params"],
                        opt_state=restored["optimizer"]["opt_state"])
@@ -369,31 +344,3 @@ def fit(trainer: Trainer, batches: Batches, eval_batches: Sequence[np.ndarray],
   checkpoints.wait()
   log(f"{name}: {end - start} steps in {_format_duration(time.perf_counter() - run_start)}")
   return state
-
-
-def load_params(model_config: TransformerConfig, directory: str, mesh: jax.sharding.Mesh,
-                expected_meta: Mapping[str, Any] | None = None, step: int | None = None
-                ) -> tuple[transformer.Transformer, dict]:
-  """Restores a trained model from ``directory`` onto ``mesh`` (any mesh); returns it and its
-  checkpoint metadata."""
-  store = checkpoint.Checkpoints(directory)
-  meta = store.read_meta(step)
-  if expected_meta is not None:
-    check_meta(meta, expected_meta, store.directory)
-  abstract = nnx.eval_shape(lambda: transformer.Transformer(model_config, rngs=nnx.Rngs(0)))
-  graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-  shardings = nnx.to_pure_dict(sharding.state_shardings(abstract_params, mesh))
-  target = checkpoint.abstract_arrays(nnx.to_pure_dict(abstract_params), shardings)
-  restored, meta = store.restore({"params": target}, step=meta["step"])
-  return nnx.merge(graphdef, restored["params"]), meta
-
-
-def load_model(directory: str, mesh: jax.sharding.Mesh, step: int | None = None
-               ) -> tuple[transformer.Transformer, dict]:
-  """A model whose config is read from its checkpoint's metadata (trained, or imported from
-  Hugging Face), restored onto ``mesh``; returns it and the metadata."""
-  meta = checkpoint.Checkpoints(directory).read_meta(step)
-  if "model" not in meta:
-    raise checkpoint.CheckpointError(f"{directory} has no model config in its metadata.")
-  config = TransformerConfig.from_config(meta["model"])
-  return load_params(config, directory, mesh, step=meta["step"])
