@@ -3,36 +3,47 @@
 import setuptools
 
 setuptools.setup(
-    name="specsamp",
-    version="0.1.0",
-    description=(
-        "Speculative sampling (Chen et al. 2023) in JAX/Flax NNX: draft, score, verify, "
-        "batched and sharded, in one on-device loop."
-    ),
-    long_description=open("README.md", encoding="utf-8").read(),
-    long_description_content_type="text/markdown",
-    python_requires=">=3.11",
-    packages=setuptools.find_packages(include=["specsamp", "specsamp.*"]),
-    install_requires=[
-        "jax>=0.7",
-        "flax>=0.12",
-        "optax",
-        "orbax-checkpoint",
-        "ml-collections",
-        "sentencepiece",
-        "absl-py",
-        "numpy",
+  name="specsamp",
+  version="0.1.0",
+  description=(
+    "Speculative sampling (Chen et al. 2023) in JAX/Flax NNX: draft, score, verify, "
+    "batched and sharded, in one on-device loop."
+  ),
+  long_description=open("README.md", encoding="utf-8").read(),
+  long_description_content_type="text/markdown",
+  python_requires=">=3.11",
+  packages=setuptools.find_packages(include=["specsamp", "specsamp.*"]),
+  # Pinned to the versions the tests run with (CPU wheels; jax[tpu] or jax[cuda] at the
+  # same version on accelerators).
+  install_requires=[
+    "jax==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "ml-collections==1.1.0",
+    "sentencepiece==0.2.3",
+    "absl-py==2.5.1",
+    "numpy==2.4.6",
+  ],
+  extras_require={
+    # Benchmarks draw their figures with matplotlib; the exactness certificate
+    # (scripts/certify.py) takes its chi-square quantiles from scipy; the tests use both.
+    "bench": ["matplotlib==3.11.2", "scipy==1.17.1"],
+    # The tests also execute notebooks/speculative_sampling.ipynb (nbclient + a kernel).
+    # ruff is the linter and format check that .ci/run runs before the tests.
+    "test": [
+      "pytest==9.0.3",
+      "scipy==1.17.1",
+      "matplotlib==3.11.2",
+      "nbclient==0.11.0",
+      "nbformat==5.11.1",
+      "ipykernel==7.4.0",
+      "ruff==0.14.6",
     ],
-    extras_require={
-        # Benchmarks draw their figures with matplotlib; the exactness certificate
-        # (scripts/certify.py) takes its chi-square quantiles from scipy; the tests use both.
-        "bench": ["matplotlib", "scipy"],
-        # The tests also execute notebooks/speculative_sampling.ipynb (nbclient + a kernel).
-        "test": ["pytest>=8", "scipy", "matplotlib", "nbclient", "nbformat", "ipykernel"],
-        # Hugging Face parity tests and scripts/compare_hf.py. specsamp's own import and
-        # export need none of these (it reads and writes safetensors itself). torch is
-        # pinned to a release with a CPU wheel: an open range makes pip fetch the newest
-        # build with several GB of CUDA libraries.
-        "hf": ["torch==2.13.0", "transformers>=5.0", "safetensors"],
-    },
+    # Hugging Face parity tests and scripts/compare_hf.py. specsamp's own import and
+    # export need none of these (it reads and writes safetensors itself). torch is
+    # pinned to a release with a CPU wheel: an open range makes pip fetch the newest
+    # build with several GB of CUDA libraries.
+    "hf": ["torch==2.13.0", "transformers==5.23.0", "safetensors==0.8.0"],
+  },
 )

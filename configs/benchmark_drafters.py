@@ -1,7 +1,8 @@
 """Drafters and draft-length schedules compared (scripts/benchmark_drafters.py).
 
   python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py
-  python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:test   # the test suite's
+  # the test suite's:
+  python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:test
 
 Variants: '' (the default pair), test (the micro pair, for the tests).
 """
@@ -16,7 +17,9 @@ VARIANTS = ("full", "test")
 def get_config(arg=None):
   variant = arg or "full"
   if variant not in VARIANTS:
-    raise ValueError(f"configs/benchmark_drafters.py: unknown variant {arg!r}; use one of {VARIANTS}.")
+    raise ValueError(
+      f"configs/benchmark_drafters.py: unknown variant {arg!r}; use one of {VARIANTS}."
+    )
   config = ml_collections.ConfigDict()
   code_pair = config_files.sibling(__file__, "code_pair")
   config.pair = code_pair.get_config("test" if variant == "test" else None)

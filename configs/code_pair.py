@@ -102,8 +102,9 @@ def get_config(arg=None):
   config.draft = ml_collections.ConfigDict()
   config.draft.checkpoint = ""  # As target.checkpoint.
   config.draft.model = _model(num_layers=1, d_model=256, num_heads=4, vocab_size=vocab)
-  config.draft.train = _train(steps=80, batch_size=16, seq_len=128, learning_rate=3e-3,
-                              distill_mode="token")
+  config.draft.train = _train(
+    steps=80, batch_size=16, seq_len=128, learning_rate=3e-3, distill_mode="token"
+  )
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
@@ -131,8 +132,9 @@ def get_config(arg=None):
     config.target.model = _model(num_layers=12, d_model=768, num_heads=12, vocab_size=vocab)
     config.target.train = _train(steps=20_000, batch_size=64, seq_len=512, learning_rate=1e-3)
     config.draft.model = _model(num_layers=2, d_model=768, num_heads=12, vocab_size=vocab)
-    config.draft.train = _train(steps=10_000, batch_size=64, seq_len=512, learning_rate=1e-3,
-                                distill_mode="token")
+    config.draft.train = _train(
+      steps=10_000, batch_size=64, seq_len=512, learning_rate=1e-3, distill_mode="token"
+    )
     config.sampling.prompt_tokens = 64
     config.sampling.max_new_tokens = 128
   elif variant == "test":
@@ -143,8 +145,9 @@ def get_config(arg=None):
     config.target.model = _model(num_layers=2, d_model=64, num_heads=4, vocab_size=vocab)
     config.target.train = _train(steps=8, batch_size=8, seq_len=32, learning_rate=3e-3)
     config.draft.model = _model(num_layers=1, d_model=64, num_heads=4, vocab_size=vocab)
-    config.draft.train = _train(steps=8, batch_size=8, seq_len=32, learning_rate=3e-3,
-                                distill_mode="token")
+    config.draft.train = _train(
+      steps=8, batch_size=8, seq_len=32, learning_rate=3e-3, distill_mode="token"
+    )
     config.sampling.num_prompts = 2
     config.sampling.prompt_tokens = 8
     config.sampling.max_new_tokens = 8

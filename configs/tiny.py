@@ -23,8 +23,10 @@ def get_config(arg=None):
   is_draft = "draft" in parts
   family = ([part for part in parts if part != "draft"] or ["chinchilla"])[0]
   if family not in FAMILIES or len(parts) > 1 + is_draft:
-    raise ValueError(f"configs/tiny.py: bad argument {arg!r}; use FAMILY, FAMILY,draft or draft "
-                     f"with FAMILY one of {FAMILIES} (unknown family).")
+    raise ValueError(
+      f"configs/tiny.py: bad argument {arg!r}; use FAMILY, FAMILY,draft or draft "
+      f"with FAMILY one of {FAMILIES} (unknown family)."
+    )
   config = ml_collections.ConfigDict()
   config.seed = 0  # Parameter init and sampling seed.
 

@@ -16,7 +16,9 @@ from ml_collections import config_flags
 
 from specsamp.experiments import benchmark_drafters, cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/benchmark_drafters.py", "Comparison config.")
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", "configs/benchmark_drafters.py", "Comparison config."
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<pair name>.")
 
 

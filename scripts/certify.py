@@ -13,14 +13,17 @@ import os
 import sys
 import time
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 
 from absl import app, flags  # noqa: E402
 
 from specsamp.experiments import certify, cli  # noqa: E402
 
-_SCOPE = flags.DEFINE_enum("scope", "full", ["full", "quick"], "Which cases (see certify.all_cases).")
+_SCOPE = flags.DEFINE_enum(
+  "scope", "full", ["full", "quick"], "Which cases (see certify.all_cases)."
+)
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1_000_000, "Sequences drawn per case.")
 _LEVEL = flags.DEFINE_float("level", 1e-4, "Each G-test's false-rejection probability.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (case i uses seed + i).")
@@ -35,10 +38,12 @@ def main(argv):
   minutes = (time.perf_counter() - start) / 60
   table = certify.format_table(results, _LEVEL.value)
   failed = [r for r in results if not r.passed]
-  summary = (f"{len(results)} cases ({sum(r.case.bug is None for r in results)} real, "
-             f"{sum(r.case.bug is not None for r in results)} planted bugs), "
-             f"{_NUM_SAMPLES.value:,} sequences each, {minutes:.1f} min: "
-             + ("ALL PASS" if not failed else f"{len(failed)} FAILED"))
+  summary = (
+    f"{len(results)} cases ({sum(r.case.bug is None for r in results)} real, "
+    f"{sum(r.case.bug is not None for r in results)} planted bugs), "
+    f"{_NUM_SAMPLES.value:,} sequences each, {minutes:.1f} min: "
+    + ("ALL PASS" if not failed else f"{len(failed)} FAILED")
+  )
   print(table + "\n\n" + summary, flush=True)
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w", encoding="utf-8") as f:

@@ -18,15 +18,16 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-from specsamp.experiments import cli, pair as pair_lib
-from specsamp.experiments import compare_hf
+from specsamp.experiments import cli, compare_hf
+from specsamp.experiments import pair as pair_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<config name>.")
 _MODES = flags.DEFINE_list("modes", ["greedy", "nucleus"], f"Any of {sorted(compare_hf.MODES)}.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Default: config.sampling.max_new_tokens.")
-_K = flags.DEFINE_integer("num_draft_tokens", None,
-                          "K; default config.speculative.num_draft_tokens.")
+_K = flags.DEFINE_integer(
+  "num_draft_tokens", None, "K; default config.speculative.num_draft_tokens."
+)
 _OUTPUT = flags.DEFINE_string("output", None, "JSON results; default <workdir>/compare_hf.json.")
 
 
@@ -39,10 +40,14 @@ def main(argv):
   workdir = os.path.abspath(_WORKDIR.value or pair_lib.default_workdir(config))
   pair = pair_lib.prepare(config, workdir)
   results = compare_hf.run(
-      pair, pair.draft,
-      num_draft_tokens=_K.value or config.speculative.num_draft_tokens,
-      max_new_tokens=_MAX_NEW.value or config.sampling.max_new_tokens, modes=_MODES.value,
-      seed=config.seed, export_dir=os.path.join(workdir, "hf_export"))
+    pair,
+    pair.draft,
+    num_draft_tokens=_K.value or config.speculative.num_draft_tokens,
+    max_new_tokens=_MAX_NEW.value or config.sampling.max_new_tokens,
+    modes=_MODES.value,
+    seed=config.seed,
+    export_dir=os.path.join(workdir, "hf_export"),
+  )
   output = _OUTPUT.value or os.path.join(workdir, "compare_hf.json")
   with open(output, "w") as f:
     json.dump(results, f, indent=2)

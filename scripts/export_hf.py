@@ -19,12 +19,17 @@ from specsamp.hf import convert
 from specsamp.training.checkpoint import load_model
 from specsamp.training.tokenizer import Tokenizer
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "specsamp checkpoint directory.",
-                                  required=True)
+_CHECKPOINT = flags.DEFINE_string(
+  "checkpoint", None, "specsamp checkpoint directory.", required=True
+)
 _OUTPUT = flags.DEFINE_string("output", None, "New HF model directory.", required=True)
 _TOKENIZER = flags.DEFINE_string("tokenizer", None, "SentencePiece tokenizer.model to include.")
-_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
-                           "Stored dtype; default the model's param_dtype.")
+_DTYPE = flags.DEFINE_enum(
+  "dtype",
+  None,
+  ["float32", "bfloat16", "float16"],
+  "Stored dtype; default the model's param_dtype.",
+)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
 _MAX_SHARD_GB = flags.DEFINE_float("max_shard_gb", 5.0, "Largest safetensors shard.")
 
@@ -46,12 +51,22 @@ def main(argv):
   tokenizer_path = _find_tokenizer(checkpoint)
   tokenizer = Tokenizer.load(tokenizer_path) if tokenizer_path else None
   if tokenizer is not None and meta.get("tokenizer") not in (None, tokenizer.fingerprint):
-    raise app.UsageError(f"{tokenizer_path} (fingerprint {tokenizer.fingerprint}) is not the "
-                         f"tokenizer the checkpoint was made with ({meta['tokenizer']}).")
-  files = convert.export_model(model, os.path.expanduser(_OUTPUT.value), tokenizer=tokenizer,
-                               dtype=_DTYPE.value, max_shard_bytes=int(_MAX_SHARD_GB.value * 2**30))
-  print(f"exported step {meta['step']} to {_OUTPUT.value}: {', '.join(files)}"
-        f"{' + tokenizer.model' if tokenizer else ''}", flush=True)
+    raise app.UsageError(
+      f"{tokenizer_path} (fingerprint {tokenizer.fingerprint}) is not the "
+      f"tokenizer the checkpoint was made with ({meta['tokenizer']})."
+    )
+  files = convert.export_model(
+    model,
+    os.path.expanduser(_OUTPUT.value),
+    tokenizer=tokenizer,
+    dtype=_DTYPE.value,
+    max_shard_bytes=int(_MAX_SHARD_GB.value * 2**30),
+  )
+  print(
+    f"exported step {meta['step']} to {_OUTPUT.value}: {', '.join(files)}"
+    f"{' + tokenizer.model' if tokenizer else ''}",
+    flush=True,
+  )
 
 
 if __name__ == "__main__":

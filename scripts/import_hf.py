@@ -17,16 +17,18 @@ import os
 
 from absl import app, flags
 
-from specsamp.experiments import cli
 from specsamp import sharding
+from specsamp.experiments import cli
 from specsamp.hf import convert
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "Hugging Face model directory.", required=True)
 _OUTPUT = flags.DEFINE_string("output", None, "New orbax checkpoint directory.", required=True)
-_PARAM_DTYPE = flags.DEFINE_enum("param_dtype", None, ["float32", "bfloat16", "float16"],
-                                 "Weight dtype; default the checkpoint's.")
-_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16", "float16"],
-                           "Activation dtype; default --param_dtype.")
+_PARAM_DTYPE = flags.DEFINE_enum(
+  "param_dtype", None, ["float32", "bfloat16", "float16"], "Weight dtype; default the checkpoint's."
+)
+_DTYPE = flags.DEFINE_enum(
+  "dtype", None, ["float32", "bfloat16", "float16"], "Activation dtype; default --param_dtype."
+)
 _DATA = flags.DEFINE_integer("mesh_data", -1, "Data-parallel axis (-1: the devices left).")
 _FSDP = flags.DEFINE_integer("mesh_fsdp", 1, "FSDP axis (parameters sharded along d_model).")
 _TENSOR = flags.DEFINE_integer("mesh_tensor", 1, "Tensor-parallel axis.")
@@ -36,10 +38,17 @@ def main(argv):
   cli.start(argv)
   mesh = sharding.make_mesh({"data": _DATA.value, "fsdp": _FSDP.value, "tensor": _TENSOR.value})
   config = convert.import_to_checkpoint(
-      os.path.expanduser(_HF_DIR.value), os.path.expanduser(_OUTPUT.value), mesh,
-      param_dtype=_PARAM_DTYPE.value, dtype=_DTYPE.value)
-  print(f"imported {config.num_layers} layers x {config.d_model} ({config.param_dtype}) into "
-        f"{_OUTPUT.value}", flush=True)
+    os.path.expanduser(_HF_DIR.value),
+    os.path.expanduser(_OUTPUT.value),
+    mesh,
+    param_dtype=_PARAM_DTYPE.value,
+    dtype=_DTYPE.value,
+  )
+  print(
+    f"imported {config.num_layers} layers x {config.d_model} ({config.param_dtype}) into "
+    f"{_OUTPUT.value}",
+    flush=True,
+  )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from specsamp.models.config import TransformerConfig
 _TARGET = config_flags.DEFINE_config_file("target", "configs/chinchilla_70b.py", "Target config.")
 _DRAFT = config_flags.DEFINE_config_file("draft", "configs/chinchilla_4b.py", "Draft config.")
 _RESULTS = flags.DEFINE_string("results", None, "A benchmark results.json to calibrate on.")
-_HARDWARE = flags.DEFINE_enum("hardware", None, sorted(perf_model.PRESETS),
-                              "Recommend K for the target/draft on this hardware.")
+_HARDWARE = flags.DEFINE_enum(
+  "hardware", None, sorted(perf_model.PRESETS), "Recommend K for the target/draft on this hardware."
+)
 _TENSOR = flags.DEFINE_integer("tensor", 1, "Tensor-parallel chips (with --hardware).")
 _BATCH = flags.DEFINE_integer("batch_size", 1, "Rows per call (with --hardware).")
 _ALPHA = flags.DEFINE_float("alpha", 0.8, "Measured acceptance (with --hardware).")
@@ -42,23 +43,42 @@ def main(argv):
     print(perf_report.format_paper_check(check))
   else:
     fit = perf_model.paper_check(target, draft)["fit"]
-    efficiency = perf_model.Efficiency(eta=_ETA.value or fit["eta"],
-                                       tau_s=(_TAU.value if _TAU.value is not None
-                                              else fit["tau_ms"]) / 1e3)
+    efficiency = perf_model.Efficiency(
+      eta=_ETA.value or fit["eta"],
+      tau_s=(_TAU.value if _TAU.value is not None else fit["tau_ms"]) / 1e3,
+    )
     choices = perf_model.speedup_by_k(
-        target, draft, _ALPHA.value, perf_model.PRESETS[_HARDWARE.value],
-        perf_model.MeshShape(tensor=_TENSOR.value), efficiency, batch_size=_BATCH.value,
-        cache_length=_CACHE.value)
+      target,
+      draft,
+      _ALPHA.value,
+      perf_model.PRESETS[_HARDWARE.value],
+      perf_model.MeshShape(tensor=_TENSOR.value),
+      efficiency,
+      batch_size=_BATCH.value,
+      cache_length=_CACHE.value,
+    )
     best = max(choices, key=lambda c: c.predicted_speedup)
     output["recommendation"] = [vars(c) for c in choices]
-    print(f"## {perf_model.PRESETS[_HARDWARE.value].name} x {_TENSOR.value}, batch "
-          f"{_BATCH.value}, alpha {_ALPHA.value} (eta {efficiency.eta:.3f}, tau "
-          f"{efficiency.tau_s * 1e3:.3f} ms)\n")
-    print(perf_model.format_table(
-        [{"K": c.num_draft_tokens, "speedup": c.predicted_speedup,
-          "target_ms": c.target_step_s * 1e3, "draft_ms": c.draft_step_s * 1e3,
-          "score_ms": c.score_s * 1e3} for c in choices],
-        ["K", "speedup", "target_ms", "draft_ms", "score_ms"]))
+    print(
+      f"## {perf_model.PRESETS[_HARDWARE.value].name} x {_TENSOR.value}, batch "
+      f"{_BATCH.value}, alpha {_ALPHA.value} (eta {efficiency.eta:.3f}, tau "
+      f"{efficiency.tau_s * 1e3:.3f} ms)\n"
+    )
+    print(
+      perf_model.format_table(
+        [
+          {
+            "K": c.num_draft_tokens,
+            "speedup": c.predicted_speedup,
+            "target_ms": c.target_step_s * 1e3,
+            "draft_ms": c.draft_step_s * 1e3,
+            "score_ms": c.score_s * 1e3,
+          }
+          for c in choices
+        ],
+        ["K", "speedup", "target_ms", "draft_ms", "score_ms"],
+      )
+    )
     print(f"\nRecommended K = {best.num_draft_tokens}: {best.predicted_speedup:.2f}x predicted.")
   if _RESULTS.value:
     with open(_RESULTS.value) as f:

@@ -25,11 +25,18 @@ from specsamp.experiments import cli, sample_job
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
 _CORPUS = flags.DEFINE_string(
-    "corpus", None, "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets "
-    "config.data.corpus. Default: this Python's standard library source.")
+  "corpus",
+  None,
+  "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets "
+  "config.data.corpus. Default: this Python's standard library source.",
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<config name>.")
-_OUTPUT = flags.DEFINE_string("output", None, "Also write the report (prompts, generated ids, "
-                              "texts, statistics, timings) as JSON to this file (process 0).")
+_OUTPUT = flags.DEFINE_string(
+  "output",
+  None,
+  "Also write the report (prompts, generated ids, "
+  "texts, statistics, timings) as JSON to this file (process 0).",
+)
 
 
 def main(argv):

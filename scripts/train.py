@@ -21,11 +21,18 @@ from specsamp.experiments import cli, pair
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
 _CORPUS = flags.DEFINE_string(
-    "corpus", None, "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets "
-    "config.data.corpus. Default: this Python's standard library source.")
+  "corpus",
+  None,
+  "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets "
+  "config.data.corpus. Default: this Python's standard library source.",
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint directory; default workdir/<name>.")
-_DRAFTS = flags.DEFINE_list("drafts", None, "Distillation modes to train drafts with "
-                            "(none, token, sequence); default the config's draft.train.distill.mode.")
+_DRAFTS = flags.DEFINE_list(
+  "drafts",
+  None,
+  "Distillation modes to train drafts with "
+  "(none, token, sequence); default the config's draft.train.distill.mode.",
+)
 
 
 def main(argv):
@@ -35,15 +42,26 @@ def main(argv):
     config.data.corpus = _CORPUS.value
   prepared = pair.prepare(config, _WORKDIR.value, draft_modes=_DRAFTS.value)
   num_draft_tokens, new = config.speculative.num_draft_tokens, config.sampling.max_new_tokens
-  print(f"\nAcceptance on {len(prepared.prompts)} held-out prompts (K={num_draft_tokens}, {new} new tokens):")
+  print(
+    f"\nAcceptance on {len(prepared.prompts)} held-out prompts (K={num_draft_tokens}, "
+    f"{new} new tokens):"
+  )
   print(f"{'draft':>10} {'sampling':>12} {'accepted':>9} {'alpha':>7} {'tokens/call':>12}")
   for mode, draft in prepared.drafts.items():
     for temperature in (0.0, 1.0):
-      stats = pair.acceptance(prepared, draft, temperature=temperature, num_draft_tokens=num_draft_tokens,
-                              max_new_tokens=new, seed=config.seed)
+      stats = pair.acceptance(
+        prepared,
+        draft,
+        temperature=temperature,
+        num_draft_tokens=num_draft_tokens,
+        max_new_tokens=new,
+        seed=config.seed,
+      )
       label = "greedy" if temperature == 0 else f"T={temperature:g}"
-      print(f"{mode:>10} {label:>12} {stats['acceptance_rate']:9.3f} {stats['alpha']:7.3f} "
-            f"{stats['tokens_per_target_call']:12.2f}")
+      print(
+        f"{mode:>10} {label:>12} {stats['acceptance_rate']:9.3f} {stats['alpha']:7.3f} "
+        f"{stats['tokens_per_target_call']:12.2f}"
+      )
 
 
 if __name__ == "__main__":

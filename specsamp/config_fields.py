@@ -9,7 +9,8 @@ the dataclass does not have (a misspelled override is an error, never ignored);
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 _Config = TypeVar("_Config", bound="ConfigFields")
 

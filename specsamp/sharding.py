@@ -30,7 +30,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -41,27 +42,27 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    # Parameters.
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),
-    ("norm", None),
-    # Activations.
-    ("act_batch", ("data", "fsdp")),
-    ("act_length", None),
-    ("act_embed", None),
-    ("act_heads", "tensor"),
-    ("act_head_dim", None),
-    ("act_mlp", "tensor"),
-    ("act_vocab", "tensor"),
-    # KV cache.
-    ("cache_batch", ("data", "fsdp")),
-    ("cache_sequence", None),
-    ("cache_kv_heads", "tensor"),
-    ("cache_head_dim", None),
+  # Parameters.
+  ("vocab", "tensor"),
+  ("embed", "fsdp"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("head_dim", None),
+  ("mlp", "tensor"),
+  ("norm", None),
+  # Activations.
+  ("act_batch", ("data", "fsdp")),
+  ("act_length", None),
+  ("act_embed", None),
+  ("act_heads", "tensor"),
+  ("act_head_dim", None),
+  ("act_mlp", "tensor"),
+  ("act_vocab", "tensor"),
+  # KV cache.
+  ("cache_batch", ("data", "fsdp")),
+  ("cache_sequence", None),
+  ("cache_kv_heads", "tensor"),
+  ("cache_head_dim", None),
 )
 Rule = str | tuple[str, ...] | None
 _rules: dict[str, Rule] = dict(LOGICAL_AXIS_RULES)  # The active table (set_rules).
@@ -78,13 +79,16 @@ def _check_rules(overrides: Mapping[str, Rule]) -> dict[str, Rule]:
   table = {}
   for name, rule in overrides.items():
     if name not in _rules:
-      raise ValueError(f"Unknown logical axis {name!r} in sharding rule overrides; known: "
-                       f"{sorted(_rules)}.")
+      raise ValueError(
+        f"Unknown logical axis {name!r} in sharding rule overrides; known: {sorted(_rules)}."
+      )
     axes = (rule,) if isinstance(rule, str) else tuple(rule or ())
     unknown = [axis for axis in axes if axis not in MESH_AXES]
     if unknown:
-      raise ValueError(f"Sharding rule {name}={rule!r} names unknown mesh axes {unknown}; the "
-                       f"mesh axes are {MESH_AXES}.")
+      raise ValueError(
+        f"Sharding rule {name}={rule!r} names unknown mesh axes {unknown}; the "
+        f"mesh axes are {MESH_AXES}."
+      )
     table[name] = rule if isinstance(rule, str) or rule is None else tuple(rule)
   return table
 
@@ -116,8 +120,10 @@ def parse_rules(text: str) -> dict[str, Rule]:
   for item in filter(None, (part.strip() for part in (text or "").split(","))):
     name, sep, value = item.partition("=")
     if not sep:
-      raise ValueError(f"Bad sharding rule {item!r} in {text!r}: use logical=mesh_axis, e.g. "
-                       "'embed=none' or 'act_batch=data+fsdp'.")
+      raise ValueError(
+        f"Bad sharding rule {item!r} in {text!r}: use logical=mesh_axis, e.g. "
+        "'embed=none' or 'act_batch=data+fsdp'."
+      )
     axes = tuple(axis for axis in value.strip().split("+") if axis and axis != "none")
     overrides[name.strip()] = None if not axes else axes[0] if len(axes) == 1 else axes
   return _check_rules(overrides)
@@ -153,15 +159,18 @@ def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = No
   total = math.prod(sizes.values())
   if total != len(devices):
     raise ValueError(
-        f"Mesh axes {sizes} need {total} devices, but {len(devices)} are available; "
-        "use -1 on one axis to take all remaining devices.")
+      f"Mesh axes {sizes} need {total} devices, but {len(devices)} are available; "
+      "use -1 on one axis to take all remaining devices."
+    )
   shape = tuple(sizes[name] for name in MESH_AXES)
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES,
-              axis_types=(AxisType.Auto,) * len(MESH_AXES))
+  return Mesh(
+    np.asarray(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES)
+  )
 
 
-def mesh_from_config(mesh_config: Mapping[str, Any],
-                     devices: Sequence[jax.Device] | None = None) -> Mesh:
+def mesh_from_config(
+  mesh_config: Mapping[str, Any], devices: Sequence[jax.Device] | None = None
+) -> Mesh:
   """A config's ``mesh`` section -> the mesh, after applying its ``rules`` overrides."""
   values = dict(mesh_config)
   set_rules(parse_rules(values.pop("rules", "") or ""))
@@ -186,9 +195,12 @@ def current_axis_sizes() -> dict[str, int]:
   return {name: size for name, size in mesh.shape.items() if name not in manual}
 
 
-def logical_to_spec(logical_axes: LogicalAxes, shape: Sequence[int],
-                    axis_sizes: Mapping[str, int] | None = None,
-                    exclude: Sequence[str] = ()) -> PartitionSpec:
+def logical_to_spec(
+  logical_axes: LogicalAxes,
+  shape: Sequence[int],
+  axis_sizes: Mapping[str, int] | None = None,
+  exclude: Sequence[str] = (),
+) -> PartitionSpec:
   """Maps logical axis names to a PartitionSpec for an array of ``shape``.
 
   Args:
@@ -213,8 +225,9 @@ def logical_to_spec(logical_axes: LogicalAxes, shape: Sequence[int],
     for axis in candidates:
       if axis in claimed:
         raise ValueError(
-            f"Logical axes {tuple(logical_axes)} map two dimensions to the mesh axis "
-            f"{axis!r} ({claimed[axis]!r} and {name!r}); fix the sharding rules.")
+          f"Logical axes {tuple(logical_axes)} map two dimensions to the mesh axis "
+          f"{axis!r} ({claimed[axis]!r} and {name!r}); fix the sharding rules."
+        )
       claimed[axis] = name
     chosen, product = [], 1
     for axis in candidates:
@@ -285,26 +298,33 @@ class AbstractModel:
 
   def arrays(self) -> Any:
     """Shapes with their shardings: what a checkpoint restores into, shard by shard."""
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        self.shapes, self.shardings)
+    return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.shapes, self.shardings
+    )
 
   def merge(self, params: Any) -> nnx.Module:
     """The module with ``params`` (a pure dict of arrays) as its parameters."""
     return nnx.merge(self.graphdef, params)
 
 
-def abstract_model(factory: Callable[[nnx.Rngs], nnx.Module], mesh: Mesh, seed: int = 0
-                   ) -> AbstractModel:
+def abstract_model(
+  factory: Callable[[nnx.Rngs], nnx.Module], mesh: Mesh, seed: int = 0
+) -> AbstractModel:
   """``factory``'s module evaluated for shapes only (``nnx.eval_shape``), its parameters
   placed by the rules table on ``mesh``: the one abstract init that creating, training,
   loading and importing a model all start from."""
   abstract = nnx.eval_shape(lambda: factory(nnx.Rngs(seed)))
   graphdef, params = nnx.split(abstract, nnx.Param)
-  return AbstractModel(graphdef=graphdef, shapes=nnx.to_pure_dict(params),
-                       shardings=nnx.to_pure_dict(state_shardings(params, mesh)))
+  return AbstractModel(
+    graphdef=graphdef,
+    shapes=nnx.to_pure_dict(params),
+    shardings=nnx.to_pure_dict(state_shardings(params, mesh)),
+  )
 
 
-def create_sharded(factory: Callable[[nnx.Rngs], nnx.Module], mesh: Mesh, seed: int = 0) -> nnx.Module:
+def create_sharded(
+  factory: Callable[[nnx.Rngs], nnx.Module], mesh: Mesh, seed: int = 0
+) -> nnx.Module:
   """Creates an NNX module with every parameter born sharded on ``mesh``.
 
   Shapes come from ``abstract_model`` (nothing allocated), then ONE jitted init

@@ -3,8 +3,9 @@
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS above)
@@ -39,6 +40,7 @@ def perturbed(model, scale: float, seed: int):
   graphdef, state = nnx.split(model)
   leaves, treedef = jax.tree.flatten(state)
   keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype)
-           for x, k in zip(leaves, keys)]
+  noisy = [
+    x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)
+  ]
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))

@@ -5,8 +5,8 @@ import itertools
 
 import jax.numpy as jnp
 import numpy as np
-
 from conftest import perturbed, tiny_config
+
 from specsamp.models import transformer
 from specsamp.sampling import warping
 
@@ -30,5 +30,7 @@ def target_distribution(model, prompt, sampling) -> dict:
     step = np.asarray(warping.probabilities(logits[:, -1], sampling), np.float64)
     for prefix, dist in zip(prefixes, step):
       probs[prefix] = dist
-  return {seq: np.prod([probs[seq[:t]][seq[t]] for t in range(NEW_TOKENS)])
-          for seq in itertools.product(range(VOCAB), repeat=NEW_TOKENS)}
+  return {
+    seq: np.prod([probs[seq[:t]][seq[t]] for t in range(NEW_TOKENS)])
+    for seq in itertools.product(range(VOCAB), repeat=NEW_TOKENS)
+  }

@@ -14,24 +14,50 @@ VOCAB = 97
 # at sizes small enough to matter: a window of 4 < the test sequences, a RoPE scaling
 # ramp inside the head's frequencies, soft-caps the logits reach.
 ARCHITECTURES = {
-    "llama": (transformers.LlamaConfig, dict(rope_parameters={
-        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
-    "mistral": (transformers.MistralConfig, dict(sliding_window=4)),
-    "qwen2": (transformers.Qwen2Config, dict(tie_word_embeddings=True)),
-    "arcee": (transformers.ArceeConfig, dict(hidden_act="gelu_pytorch_tanh")),
-    "gemma": (transformers.GemmaConfig, dict()),
-    "gemma2": (transformers.Gemma2Config, dict(
-        sliding_window=4, query_pre_attn_scalar=16, attn_logit_softcapping=8.0,
-        final_logit_softcapping=6.0)),
+  "llama": (
+    transformers.LlamaConfig,
+    dict(
+      rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+      }
+    ),
+  ),
+  "mistral": (transformers.MistralConfig, dict(sliding_window=4)),
+  "qwen2": (transformers.Qwen2Config, dict(tie_word_embeddings=True)),
+  "arcee": (transformers.ArceeConfig, dict(hidden_act="gelu_pytorch_tanh")),
+  "gemma": (transformers.GemmaConfig, dict()),
+  "gemma2": (
+    transformers.Gemma2Config,
+    dict(
+      sliding_window=4,
+      query_pre_attn_scalar=16,
+      attn_logit_softcapping=8.0,
+      final_logit_softcapping=6.0,
+    ),
+  ),
 }
 
 
 def config(kind: str, **changes) -> transformers.PretrainedConfig:
   cls, extra = ARCHITECTURES[kind]
-  fields = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+  fields = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=128,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+  )
   fields.update(extra)
   fields.update(changes)
   return cls(**fields)
@@ -42,7 +68,8 @@ def build(kind: str, seed: int = 0, **changes) -> torch.nn.Module:
   so that a wrongly mapped tensor cannot go unnoticed."""
   torch.manual_seed(seed)
   model = transformers.AutoModelForCausalLM.from_config(
-      config(kind, **changes), attn_implementation="eager").eval()
+    config(kind, **changes), attn_implementation="eager"
+  ).eval()
   gemma = kind.startswith("gemma")
   # Gemma norms scale by (1 + w). Its sqrt(d)-scaled tied embeddings at the other tensors'
   # scale make a random model repeat one token forever, which would test little.
@@ -71,6 +98,7 @@ def generate(model: torch.nn.Module, prompt: torch.Tensor, max_new_tokens: int, 
   model.generation_config.eos_token_id = None
   model.generation_config.pad_token_id = 0
   with torch.no_grad():
-    out = model.generate(prompt, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                         **options)
-  return out[:, prompt.shape[1]:].numpy()
+    out = model.generate(
+      prompt, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, **options
+    )
+  return out[:, prompt.shape[1] :].numpy()

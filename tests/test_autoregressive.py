@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from bigram import random_bigram
 from stat_tests import count_rows, g_test_p_value
+
 from specsamp.sampling import autoregressive, generate, warping
 
 PROMPTS = np.array([[5, 9, 14, 3, 22, 7, 40], [8, 8, 31, 0, 0, 0, 0], [60, 2, 17, 90, 11, 0, 0]])
@@ -24,39 +24,60 @@ def test_greedy_is_deterministic_and_ignores_the_key(tiny_model):
   assert int(a.model_calls) == 10  # prefill + 9 one-token steps
   for row, length in enumerate(LENGTHS):  # the prompt is kept, padding is pad_id
     np.testing.assert_array_equal(a.tokens[row, :length], PROMPTS[row, :length])
-    assert np.all(np.asarray(a.tokens[row, length + 10:]) == 0)
+    assert np.all(np.asarray(a.tokens[row, length + 10 :]) == 0)
 
 
 def test_ragged_batch_rows_equal_each_prompt_alone(tiny_model):
   batch = generate(tiny_model, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=8, temperature=0)
   for row, length in enumerate(LENGTHS):
-    alone = generate(tiny_model, PROMPTS[row:row + 1, :length], [length], jax.random.key(0),
-                     max_new_tokens=8, temperature=0)
+    alone = generate(
+      tiny_model,
+      PROMPTS[row : row + 1, :length],
+      [length],
+      jax.random.key(0),
+      max_new_tokens=8,
+      temperature=0,
+    )
     np.testing.assert_array_equal(batch.generated(row), alone.generated(0))
 
 
 def test_eos_stops_each_row_independently(tiny_model):
   free = generate(tiny_model, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=12, temperature=0)
   eos = int(free.generated(0)[2])  # row 0 emits it at its third step
-  out = generate(tiny_model, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=12,
-                 temperature=0, eos_id=eos, pad_id=-1)
+  out = generate(
+    tiny_model,
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(0),
+    max_new_tokens=12,
+    temperature=0,
+    eos_id=eos,
+    pad_id=-1,
+  )
   for row in range(len(LENGTHS)):
     expected = list(free.generated(row))
     if eos in expected:
-      expected = expected[:expected.index(eos) + 1]
+      expected = expected[: expected.index(eos) + 1]
     np.testing.assert_array_equal(out.generated(row), expected)
-    assert np.all(np.asarray(out.tokens[row, int(out.lengths[row]):]) == -1)
+    assert np.all(np.asarray(out.tokens[row, int(out.lengths[row]) :]) == -1)
   assert int(out.num_generated[0]) == 3
 
 
 def test_generation_is_one_while_loop_on_device(tiny_model):
   from specsamp.sampling import model_protocol
+
   static, dynamic = model_protocol.split_model(tiny_model)
   loop = autoregressive.AutoregressiveLoop(
-      model_static=static, max_new_tokens=4, sampling=warping.SamplingConfig(0.8), eos_id=2,
-      pad_id=0, cache_length=12)
-  jaxpr = jax.make_jaxpr(loop)(dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS),
-                               jax.random.key(0))
+    model_static=static,
+    max_new_tokens=4,
+    sampling=warping.SamplingConfig(0.8),
+    eos_id=2,
+    pad_id=0,
+    cache_length=12,
+  )
+  jaxpr = jax.make_jaxpr(loop)(
+    dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS), jax.random.key(0)
+  )
   assert str(jaxpr).count(" while[") == 1
 
 
@@ -72,18 +93,30 @@ def test_bigram_greedy_chain():
     np.testing.assert_array_equal(out.generated(row), chain)
 
 
-@pytest.mark.parametrize("sampling", [warping.SamplingConfig(1.0), warping.SamplingConfig(0.7, 3, 0.9)])
+@pytest.mark.parametrize(
+  "sampling", [warping.SamplingConfig(1.0), warping.SamplingConfig(0.7, 3, 0.9)]
+)
 def test_bigram_samples_follow_the_exact_sequence_distribution(sampling):
   """Exact enumeration over all 3-token continuations, G-test at a fixed seed."""
   vocab, new, rows = 5, 3, 40_000
   model = random_bigram(vocab, seed=1)
   prompts = np.full((rows, 1), 2)
-  out = generate(model, prompts, np.ones(rows), jax.random.key(2), max_new_tokens=new,
-                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
-  seqs = np.asarray(out.tokens[:, 1:1 + new])
+  out = generate(
+    model,
+    prompts,
+    np.ones(rows),
+    jax.random.key(2),
+    max_new_tokens=new,
+    temperature=sampling.temperature,
+    top_k=sampling.top_k,
+    top_p=sampling.top_p,
+  )
+  seqs = np.asarray(out.tokens[:, 1 : 1 + new])
   step = np.asarray(warping.probabilities(model.logits_VV, sampling), np.float64)
-  expected = {seq: step[2, seq[0]] * step[seq[0], seq[1]] * step[seq[1], seq[2]]
-              for seq in itertools.product(range(vocab), repeat=new)}
+  expected = {
+    seq: step[2, seq[0]] * step[seq[0], seq[1]] * step[seq[1], seq[2]]
+    for seq in itertools.product(range(vocab), repeat=new)
+  }
   assert g_test_p_value(count_rows(seqs), expected) > 1e-3
 
 

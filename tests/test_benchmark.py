@@ -1,12 +1,13 @@
-"""Benchmark plumbing without a trained pair: config checks, statistics, the store, timing, plots."""
+"""Benchmark plumbing without a trained pair: config checks, statistics, the store, timing and
+plots."""
 
 import json
 import os
 
 import numpy as np
 import pytest
-
 from test_configs import load_config
+
 from specsamp.experiments import benchmark, plots, timing
 
 
@@ -16,14 +17,17 @@ def test_parse_list():
   assert benchmark.parse_list("token") == ["token"]
 
 
-@pytest.mark.parametrize("field,value,message", [
+@pytest.mark.parametrize(
+  "field,value,message",
+  [
     ("modes", "greedy,beam", "Unknown modes"),
     ("num_draft_tokens", "0,2", "num_draft_tokens"),
     ("batch_sizes", "1,3", "divide num_prompts"),
     ("verifiers", "token,tree", "verifiers"),
     ("synthetic_acceptance", 1.5, "synthetic_acceptance"),
     ("calls", 0, "calls"),
-])
+  ],
+)
 def test_bad_configs_are_refused(field, value, message):
   config = load_config("benchmark", "test")
   config[field] = value
@@ -44,7 +48,8 @@ def test_store_resumes_and_refuses_another_setup(tmp_path):
   store.data["records"]["x"] = {"mode": "greedy"}
   store.save()
   assert benchmark.Store(str(tmp_path), "abc", resume=True).data["records"] == {
-      "x": {"mode": "greedy"}}
+    "x": {"mode": "greedy"}
+  }
   assert benchmark.Store(str(tmp_path), "abc", resume=False).data["records"] == {}
   with pytest.raises(ValueError, match="another pair or prompt setup"):
     benchmark.Store(str(tmp_path), "other", resume=True)
@@ -71,21 +76,38 @@ def test_time_sampler_counts_tokens_and_excludes_the_warm_up():
 
 def _record(mode, drafter, verifier, k, batch=1):
   speedup = 1 + 0.1 * k
-  return {"mode": mode, "temperature": 0.0 if mode == "greedy" else 1.0, "top_p": 1.0,
-          "batch_size": batch, "drafter": drafter, "verifier": verifier, "num_draft_tokens": k,
-          "speedup": speedup, "predicted_speedup": speedup * 1.1, "alpha": 0.8,
-          "acceptance_at_position": [0.8 ** (t + 1) for t in range(k)], "ms_per_token": 1 / speedup,
-          "ar_ms_per_token": 1.0}
+  return {
+    "mode": mode,
+    "temperature": 0.0 if mode == "greedy" else 1.0,
+    "top_p": 1.0,
+    "batch_size": batch,
+    "drafter": drafter,
+    "verifier": verifier,
+    "num_draft_tokens": k,
+    "speedup": speedup,
+    "predicted_speedup": speedup * 1.1,
+    "alpha": 0.8,
+    "acceptance_at_position": [0.8 ** (t + 1) for t in range(k)],
+    "ms_per_token": 1 / speedup,
+    "ar_ms_per_token": 1.0,
+  }
 
 
 def test_plots_are_written(tmp_path):
-  records = [_record(m, d, v, k) for m in ("greedy", "sample") for d, v in
-             (("token", "token"), ("synthetic", "synthetic")) for k in (1, 2, 4)]
+  records = [
+    _record(m, d, v, k)
+    for m in ("greedy", "sample")
+    for d, v in (("token", "token"), ("synthetic", "synthetic"))
+    for k in (1, 2, 4)
+  ]
   records += [_record("sample", "token", "block", k) for k in (1, 2, 4)]
   results = {"records": {str(i): r for i, r in enumerate(records)}}
   paths = plots.write_all(results, str(tmp_path))
   assert [os.path.basename(p) for p in paths] == [
-      "speedup_vs_k.png", "acceptance_per_position.png", "ms_per_token.png"]
+    "speedup_vs_k.png",
+    "acceptance_per_position.png",
+    "ms_per_token.png",
+  ]
   for path in paths:
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -28,11 +28,12 @@ class MyBlock(nnx.Module):
 
   def __call__(self, x, positions, keys, values):
     batch, length, _ = x.shape
-    q, k, v = (a.reshape(batch, length, self.heads, self.dim)
-               for a in jnp.split(self.qkv(x), 3, axis=-1))
+    q, k, v = (
+      a.reshape(batch, length, self.heads, self.dim) for a in jnp.split(self.qkv(x), 3, axis=-1)
+    )
     rows = jnp.arange(batch)[:, None]
     keys, values = keys.at[rows, positions].set(k), values.at[rows, positions].set(v)
-    scores = jnp.einsum("bthd,bshd->bhts", q, keys) / self.dim ** 0.5
+    scores = jnp.einsum("bthd,bshd->bhts", q, keys) / self.dim**0.5
     # Slots after a query's position (the future, or entries a rollback left) are never read.
     visible = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]
     scores = jnp.where(visible[:, None], scores, -1e30)
@@ -74,16 +75,32 @@ def test_a_users_own_flax_model_runs_speculatively():
   whole, _ = target(tokens, jnp.arange(4)[None], target.init_cache(1, 8))
   cache, steps = target.init_cache(1, 8), []
   for t in range(4):
-    logits, cache = target(tokens[:, t:t + 1], jnp.array([[t]]), cache)
+    logits, cache = target(tokens[:, t : t + 1], jnp.array([[t]]), cache)
     steps.append(logits)
   np.testing.assert_allclose(whole, jnp.concatenate(steps, axis=1), rtol=1e-5, atol=1e-5)
   # Greedy speculative output is the autoregressive output, token for token.
   ar = generate(target, prompts, lengths, jax.random.key(0), max_new_tokens=12, temperature=0)
-  out = speculative_generate(target, draft, prompts, lengths, jax.random.key(0),
-                             max_new_tokens=12, num_draft_tokens=3, temperature=0)
+  out = speculative_generate(
+    target,
+    draft,
+    prompts,
+    lengths,
+    jax.random.key(0),
+    max_new_tokens=12,
+    num_draft_tokens=3,
+    temperature=0,
+  )
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   # The target as its own draft: every proposal is accepted.
-  same = speculative_generate(target, target, prompts, lengths, jax.random.key(0),
-                              max_new_tokens=12, num_draft_tokens=3, temperature=0)
+  same = speculative_generate(
+    target,
+    target,
+    prompts,
+    lengths,
+    jax.random.key(0),
+    max_new_tokens=12,
+    num_draft_tokens=3,
+    temperature=0,
+  )
   np.testing.assert_array_equal(same.tokens, ar.tokens)
   assert same.summary()["acceptance_rate"] == 1.0

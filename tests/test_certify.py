@@ -1,7 +1,6 @@
 """The exactness certificate, reduced to 10^5 sequences per case (scripts/certify.py draws 10^6
 over every case): every real case passes its G-test and every planted bug is rejected."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -44,17 +44,25 @@ def test_two_processes_join_one_mesh(tmp_path):
   import socket
   import subprocess
   import sys
+
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
   script = tmp_path / "worker.py"
   script.write_text(_WORKER)
   env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
-  workers = [subprocess.Popen([sys.executable, str(script), f"localhost:{port}", str(i)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for i in range(2)]
+  workers = [
+    subprocess.Popen(
+      [sys.executable, str(script), f"localhost:{port}", str(i)],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=env,
+    )
+    for i in range(2)
+  ]
   results = [worker.communicate(timeout=120) for worker in workers]
-  for worker, (out, err) in zip(workers, results):
+  for worker, (_, err) in zip(workers, results):
     assert worker.returncode == 0, err[-2000:]
   lines = sorted(out.strip().splitlines()[-1] for out, _ in results)
   assert lines == ["0 4 2 276", "1 4 2 276"]  # 4 devices, 2 local shards each, sum of 0..23.

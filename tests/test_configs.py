@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from specsamp.experiments import config_files
 from specsamp import sharding
+from specsamp.experiments import config_files
 from specsamp.models import Transformer, TransformerConfig
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")

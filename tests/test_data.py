@@ -20,7 +20,8 @@ def test_split_is_deterministic_disjoint_and_stable(tmp_path):
   files = data.corpus_files(str(tmp_path / "*.py"))
   first = data.split_files(files, 0.1, 0.1, seed=0)
   assert first == data.split_files(list(reversed(files)), 0.1, 0.1, seed=0) or sorted(
-      first.train) == sorted(data.split_files(list(reversed(files)), 0.1, 0.1, seed=0).train)
+    first.train
+  ) == sorted(data.split_files(list(reversed(files)), 0.1, 0.1, seed=0).train)
   parts = [set(first.train), set(first.validation), set(first.prompts)]
   assert sum(map(len, parts)) == len(files) and len(set.union(*parts)) == len(files)
   assert 5 < len(first.prompts) < 40 and 5 < len(first.validation) < 40

@@ -88,11 +88,13 @@ def test_categorical_follows_its_probabilities():
 
 def test_warping_samples_with_the_same_race():
   logits = jnp.array([[2.0, 1.0, -30.0, 0.5]])
-  got = warping.sample(jax.random.key(3), jnp.broadcast_to(logits, (50_000, 4)),
-                       warping.SamplingConfig(1.0, top_k=3))
+  got = warping.sample(
+    jax.random.key(3), jnp.broadcast_to(logits, (50_000, 4)), warping.SamplingConfig(1.0, top_k=3)
+  )
   counts = np.bincount(np.asarray(got), minlength=4)
-  expected = np.asarray(warping.probabilities(logits, warping.SamplingConfig(1.0, top_k=3)),
-                        np.float64)[0]
+  expected = np.asarray(
+    warping.probabilities(logits, warping.SamplingConfig(1.0, top_k=3)), np.float64
+  )[0]
   expected /= expected.sum()
   assert counts[2] == 0  # outside the top 3
   keep = expected > 0
@@ -129,8 +131,11 @@ def test_block_verification_never_accepts_a_zero_probability_token_at_r_zero(zer
 def test_block_verification_accepts_nothing_past_the_proposal_at_r_zero(zero_draws):
   tokens, q, p = _block(0.25)
   for num_proposed in (0, 1, 2):
-    for verify in (verification.block_verify, verification.token_verify,
-                   verification.synthetic_verifier(1.0)):
+    for verify in (
+      verification.block_verify,
+      verification.token_verify,
+      verification.synthetic_verifier(1.0),
+    ):
       verdict = verify(jax.random.key(0), tokens, q, p, jnp.array([num_proposed]))
       assert int(verdict.num_accepted[0]) <= num_proposed
 
@@ -147,8 +152,12 @@ def test_a_tiny_acceptance_probability_is_not_rounded_up(monkeypatch):
   tokens, q, p = _block(float(a) / 4)  # q = 1/4, so p/q = a
   threshold = _threshold(float(np.float32(p[0, 0, 0]) / np.float32(0.25)))
   for x, accepted in ((threshold - 1, 1), (threshold, 0), (2**40, 0)):  # 2^40/2^64 < 2^-23
-    monkeypatch.setattr(draws, "random_words",
-                        lambda key, shape, x=x: jnp.broadcast_to(
-                            _words(x).reshape((2,) + (1,) * len(shape)), (2, *shape)))
+    monkeypatch.setattr(
+      draws,
+      "random_words",
+      lambda key, shape, x=x: jnp.broadcast_to(
+        _words(x).reshape((2,) + (1,) * len(shape)), (2, *shape)
+      ),
+    )
     verdict = verification.token_verify(jax.random.key(0), tokens[:, :1], q[:, :1], p[:, :2])
     assert int(verdict.num_accepted[0]) == accepted, x

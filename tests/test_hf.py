@@ -4,6 +4,7 @@ and the import / export / checkpoint paths with their errors."""
 import json
 import os
 
+import hf_models
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,12 +13,11 @@ import safetensors.numpy
 import torch
 from flax import nnx
 
-import hf_models
-from specsamp.training import checkpoint, train
 from specsamp import hf, sharding
 from specsamp.hf import architectures, convert, safetensors_io, weights
 from specsamp.models import transformer
 from specsamp.sampling import autoregressive, speculative
+from specsamp.training import checkpoint, train
 
 KINDS = list(hf_models.ARCHITECTURES)
 
@@ -77,7 +77,7 @@ def test_logits_match_transformers(kind, saved, imported):
   cache = model.init_cache(2, 16)
   pieces = [model(jnp.asarray(TOKENS[:, :6]), cache=cache)]
   for t in range(6, TOKENS.shape[1]):
-    pieces.append(model(jnp.asarray(TOKENS[:, t:t + 1]), cache=pieces[-1][1]))
+    pieces.append(model(jnp.asarray(TOKENS[:, t : t + 1]), cache=pieces[-1][1]))
   stepped = np.concatenate([np.asarray(p[0]) for p in pieces], axis=1)
   assert relative_error(stepped, reference) < 1e-4
 
@@ -95,11 +95,18 @@ def with_config(model, **changes):
   return nnx.merge(graphdef, prune(train.params_of(model), nnx.to_pure_dict(abstract_params)))
 
 
-@pytest.mark.parametrize("kind, field, value", [
-    ("mistral", "sliding_window", None), ("gemma2", "sliding_window", None),
-    ("llama", "rope_scaling", "none"), ("gemma2", "query_pre_attn_scalar", None),
-    ("gemma2", "post_norms", False), ("gemma2", "final_logit_softcap", None),
-    ("arcee", "gelu_approximate", False)])
+@pytest.mark.parametrize(
+  "kind, field, value",
+  [
+    ("mistral", "sliding_window", None),
+    ("gemma2", "sliding_window", None),
+    ("llama", "rope_scaling", "none"),
+    ("gemma2", "query_pre_attn_scalar", None),
+    ("gemma2", "post_norms", False),
+    ("gemma2", "final_logit_softcap", None),
+    ("arcee", "gelu_approximate", False),
+  ],
+)
 def test_parity_detects_each_feature(kind, field, value, saved, imported):
   """Negative controls: with one feature switched off parity breaks, so the test above
   would catch a wrong implementation of it."""
@@ -115,9 +122,15 @@ PROMPTS = np.random.default_rng(1).integers(3, hf_models.VOCAB, size=(2, 7))
 def test_greedy_matches_transformers_generate(kind, saved, imported):
   torch_model = saved(kind)[0]
   reference = hf_models.generate(torch_model, torch.as_tensor(PROMPTS), 16, do_sample=False)
-  out = autoregressive.generate(imported(kind), PROMPTS, np.full(2, PROMPTS.shape[1]),
-                                jax.random.key(0), max_new_tokens=16, temperature=0.0)
-  np.testing.assert_array_equal(np.asarray(out.tokens)[:, PROMPTS.shape[1]:], reference)
+  out = autoregressive.generate(
+    imported(kind),
+    PROMPTS,
+    np.full(2, PROMPTS.shape[1]),
+    jax.random.key(0),
+    max_new_tokens=16,
+    temperature=0.0,
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens)[:, PROMPTS.shape[1] :], reference)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -126,13 +139,21 @@ def test_speculative_greedy_matches_assisted_generation(kind, saved, imported):
   target, _, draft, _ = saved(kind)
   histogram = np.zeros(4, int)
   for row in range(2):
-    prompt = PROMPTS[row:row + 1]
-    reference = hf_models.generate(target, torch.as_tensor(prompt), 16, do_sample=False,
-                                   assistant_model=draft)
+    prompt = PROMPTS[row : row + 1]
+    reference = hf_models.generate(
+      target, torch.as_tensor(prompt), 16, do_sample=False, assistant_model=draft
+    )
     out = speculative.speculative_generate(
-        imported(kind), imported(kind, "draft"), prompt, np.array([prompt.shape[1]]),
-        jax.random.key(row), max_new_tokens=16, num_draft_tokens=3, temperature=0.0)
-    np.testing.assert_array_equal(np.asarray(out.tokens)[:, prompt.shape[1]:], reference)
+      imported(kind),
+      imported(kind, "draft"),
+      prompt,
+      np.array([prompt.shape[1]]),
+      jax.random.key(row),
+      max_new_tokens=16,
+      num_draft_tokens=3,
+      temperature=0.0,
+    )
+    np.testing.assert_array_equal(np.asarray(out.tokens)[:, prompt.shape[1] :], reference)
     histogram += np.asarray(out.accepted_histogram).sum(axis=0)
   # The draft is a noisy copy: some proposals are accepted and some rejected, so both
   # branches of verification ran.
@@ -147,6 +168,7 @@ def read_all(directory) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("kind", ["qwen2", "gemma2"])
 def test_export_round_trip_is_bit_exact_and_loads_in_transformers(kind, saved, imported, tmp_path):
   import transformers
+
   target_dir = saved(kind)[1]
   model = imported(kind)
   files = hf.export_model(model, str(tmp_path / "out"), max_shard_bytes=20_000)
@@ -156,8 +178,11 @@ def test_export_round_trip_is_bit_exact_and_loads_in_transformers(kind, saved, i
   for name, value in exported.items():
     np.testing.assert_array_equal(value, original[name], err_msg=name)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-      str(tmp_path / "out"), attn_implementation="eager").eval()
-  np.testing.assert_array_equal(torch_logits(reloaded, TOKENS), torch_logits(saved(kind)[0], TOKENS))
+    str(tmp_path / "out"), attn_implementation="eager"
+  ).eval()
+  np.testing.assert_array_equal(
+    torch_logits(reloaded, TOKENS), torch_logits(saved(kind)[0], TOKENS)
+  )
   with pytest.raises(FileExistsError, match="already holds a model"):
     hf.export_model(model, str(tmp_path / "out"))
 
@@ -190,11 +215,14 @@ def test_transforms_are_views_so_a_shard_reads_only_its_bytes(saved):
 
 def test_safetensors_format_matches_the_reference_library(tmp_path):
   import ml_dtypes
+
   rng = np.random.default_rng(0)
-  tensors = {"a": rng.normal(size=(3, 5)).astype(np.float32),
-             "b": rng.normal(size=(7,)).astype(np.float16),
-             "c": rng.integers(0, 9, size=(2, 2, 2)).astype(np.int64),
-             "d": rng.normal(size=(4, 3)).astype(ml_dtypes.bfloat16)}
+  tensors = {
+    "a": rng.normal(size=(3, 5)).astype(np.float32),
+    "b": rng.normal(size=(7,)).astype(np.float16),
+    "c": rng.integers(0, 9, size=(2, 2, 2)).astype(np.int64),
+    "d": rng.normal(size=(4, 3)).astype(ml_dtypes.bfloat16),
+  }
   safetensors_io.write_file(str(tmp_path / "ours.safetensors"), tensors)
   theirs = safetensors.numpy.load_file(str(tmp_path / "ours.safetensors"))
   for name in "abc":
@@ -223,6 +251,7 @@ def test_bfloat16_checkpoint_imports_bit_exact(saved, tmp_path):
 
 def test_orbax_checkpoint_round_trip(tmp_path):
   from specsamp.training.tokenizer import Tokenizer
+
   texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(400)]
   tokenizer = Tokenizer.train(texts, 300)
   torch_model = hf_models.build("mistral", vocab_size=320)
@@ -258,6 +287,7 @@ def write_config(directory, **fields):
 
 def copy_with_config(source: str, destination, **changes):
   import shutil
+
   shutil.copytree(source, destination)
   config = architectures.read_config(source)
   config.update(changes)
@@ -265,15 +295,21 @@ def copy_with_config(source: str, destination, **changes):
   return str(destination)
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(model_type="gpt2", architectures=["GPT2LMHeadModel"]), "model_type 'gpt2'.*not supported"),
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    (
+      dict(model_type="gpt2", architectures=["GPT2LMHeadModel"]),
+      "model_type 'gpt2'.*not supported",
+    ),
     (dict(model_type="qwen3"), "model_type 'qwen3'.*llama, mistral, qwen2"),
     (dict(quantization_config={"quant_method": "gptq"}), "quantized \\(gptq\\)"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "'yarn'"),
     (dict(mlp_bias=True), "mlp_bias"),
     (dict(hidden_act="tanh"), "hidden activation 'tanh'"),
     (dict(attention_bias=True), "attention_bias=true"),
-])
+  ],
+)
 def test_unsupported_architectures_are_refused(changes, message, saved, tmp_path):
   directory = copy_with_config(saved("llama")[1], tmp_path / "m", **changes)
   with pytest.raises(architectures.UnsupportedArchitecture, match=message):
@@ -348,13 +384,17 @@ def test_tokenizer_and_vocabulary_mismatches(saved, imported, tmp_path):
     hf.load_tokenizer(str(tmp_path))
   other = hf_models.build("qwen2", vocab_size=101)
   other.save_pretrained(tmp_path / "q2")
-  with pytest.raises(ValueError, match="draft's vocabulary \\(101\\) differs from the target's \\(97\\)"):
+  with pytest.raises(
+    ValueError, match="draft's vocabulary \\(101\\) differs from the target's \\(97\\)"
+  ):
     convert.check_pair(imported("qwen2"), hf.import_model(str(tmp_path / "q2"))[0])
 
 
 def test_export_refuses_configs_no_hf_architecture_expresses(tiny_model, tmp_path):
   from conftest import tiny_config
+
   from specsamp.models import transformer as transformer_lib
+
   odd = transformer_lib.create(tiny_config(norm_plus_one=True, scale_embeddings=False))
   with pytest.raises(architectures.UnsupportedArchitecture, match="scale_embeddings"):
     hf.export_model(odd, str(tmp_path / "odd"))

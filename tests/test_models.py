@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import nnx
 
-from conftest import tiny_config
 from specsamp import sharding
 from specsamp.models import TransformerConfig, transformer
 
@@ -17,13 +17,16 @@ def _tokens(batch, length, vocab, seed=1):
   return jax.random.randint(jax.random.key(seed), (batch, length), 3, vocab, dtype=jnp.int32)
 
 
-@pytest.mark.parametrize("family,num_kv_heads", [
+@pytest.mark.parametrize(
+  "family,num_kv_heads",
+  [
     ("chinchilla", 4),  # MHA, plain GELU MLP, untied
     ("llama", 2),  # GQA, SwiGLU
     ("llama", 1),  # MQA
     ("qwen2", 2),  # q/k/v biases
     ("gemma", 1),  # GeGLU, tied scaled embeddings, (1 + w) norm, head_dim 32, soft-caps
-])
+  ],
+)
 def test_incremental_decoding_equals_full_forward(family, num_kv_heads):
   config = tiny_config(family, num_kv_heads=num_kv_heads)
   model = transformer.create(config, seed=3)
@@ -40,7 +43,7 @@ def test_incremental_decoding_equals_full_forward(family, num_kv_heads):
   prefill, cache = model(tokens[:, :5], None, cache)
   steps = [prefill]
   for t in range(5, 12):  # one token per call, positions from cache.lengths
-    logits, cache = model(tokens[:, t:t + 1], None, cache)
+    logits, cache = model(tokens[:, t : t + 1], None, cache)
     steps.append(logits)
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=ATOL, rtol=1e-5)
   np.testing.assert_array_equal(cache.lengths, [12, 12])
@@ -55,7 +58,7 @@ def test_multi_token_call_equals_token_by_token(tiny_model):
   chunk, cache_a = tiny_model(tokens[:, 4:9], None, cache_a)  # K+1 = 5 tokens at once
   singles = []
   for t in range(4, 9):
-    logits, cache_b = tiny_model(tokens[:, t:t + 1], None, cache_b)
+    logits, cache_b = tiny_model(tokens[:, t : t + 1], None, cache_b)
     singles.append(logits)
   np.testing.assert_allclose(chunk, jnp.concatenate(singles, axis=1), atol=ATOL, rtol=1e-5)
   for a, b in zip(cache_a.keys, cache_b.keys):
@@ -101,14 +104,17 @@ def test_dtypes_follow_config():
   assert cache.keys[0].dtype == jnp.bfloat16 and logits.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("changes,message", [
+@pytest.mark.parametrize(
+  "changes,message",
+  [
     (dict(num_heads=6, num_kv_heads=4), "must divide num_heads"),
     (dict(d_model=60, num_heads=8), "not divisible by num_heads"),
     (dict(mlp_activation="tanh"), "mlp_activation"),
     (dict(tensor_parallel="magic"), "tensor_parallel"),
     (dict(num_layers=0), "num_layers"),
     (dict(dtype="int8"), "dtype"),
-])
+  ],
+)
 def test_bad_configs_are_refused(changes, message):
   with pytest.raises(ValueError, match=message):
     tiny_config(**changes)
@@ -116,8 +122,11 @@ def test_bad_configs_are_refused(changes, message):
 
 def test_unknown_config_field_is_refused():
   with pytest.raises(ValueError, match="Unknown TransformerConfig fields"):
-    TransformerConfig.from_config(dict(vocab_size=8, num_layers=1, d_model=8, num_heads=1,
-                                       num_kv_heads=1, ffn_dim=8, num_expertz=4))
+    TransformerConfig.from_config(
+      dict(
+        vocab_size=8, num_layers=1, d_model=8, num_heads=1, num_kv_heads=1, ffn_dim=8, num_expertz=4
+      )
+    )
 
 
 def test_call_shape_errors(tiny_model):

@@ -3,11 +3,11 @@
 import math
 
 import pytest
-
 from conftest import tiny_config
 from test_configs import load_config
-from specsamp.experiments import perf_model, speedup
+
 from specsamp import sharding
+from specsamp.experiments import perf_model, speedup
 from specsamp.models import Transformer, TransformerConfig
 
 CPU = perf_model.cpu_hardware(memory_bandwidth=20e9, peak_flops=100e9)
@@ -17,8 +17,12 @@ CPU = perf_model.cpu_hardware(memory_bandwidth=20e9, peak_flops=100e9)
 def test_parameter_counts_match_the_model(family):
   config = tiny_config(family)
   counts = perf_model.parameter_counts(config)
-  total = (config.num_layers * (counts["matmul_per_layer"] + counts["small_per_layer"])
-           + counts["embedding"] + counts["head"] + counts["final_norm"])
+  total = (
+    config.num_layers * (counts["matmul_per_layer"] + counts["small_per_layer"])
+    + counts["embedding"]
+    + counts["head"]
+    + counts["final_norm"]
+  )
   assert total == sharding.count_parameters(lambda rngs: Transformer(config, rngs=rngs))
 
 
@@ -33,9 +37,13 @@ def test_call_cost_terms():
   # 2 ring all-reduces of [1, 1, D] bf16 per layer and one all-gather of [1, 1, V] f32 logits;
   # at decode sizes that is mostly latency.
   ring = 15 / 16
-  expected = config.num_layers * 2 * (tpu.collective_latency_s + 2 * ring * 8192 * 2
-                                      / tpu.interconnect_bandwidth) \
-      + tpu.collective_latency_s + ring * 32_000 * 4 / tpu.interconnect_bandwidth
+  expected = (
+    config.num_layers
+    * 2
+    * (tpu.collective_latency_s + 2 * ring * 8192 * 2 / tpu.interconnect_bandwidth)
+    + tpu.collective_latency_s
+    + ring * 32_000 * 4 / tpu.interconnect_bandwidth
+  )
   assert math.isclose(sixteen.collectives_s, expected, rel_tol=1e-12)
   assert sixteen.collectives_s < 1.02 * (2 * config.num_layers + 1) * tpu.collective_latency_s
   # Weights are read once per call, however many tokens it scores; FLOPs grow with tokens.
@@ -51,12 +59,14 @@ def test_calibration_recovers_known_efficiencies():
   truth = perf_model.Efficiency(eta=0.62, tau_s=0.4e-3)
   observations = []
   for layers in (1, 4, 12):
-    config = tiny_config(num_layers=layers, d_model=512, ffn_dim=2048, num_heads=8,
-                         num_kv_heads=8, head_dim=64)
+    config = tiny_config(
+      num_layers=layers, d_model=512, ffn_dim=2048, num_heads=8, num_kv_heads=8, head_dim=64
+    )
     for batch, tokens in ((1, 1), (4, 5), (16, 9)):
       call = perf_model.call_cost(config, CPU, perf_model.MeshShape(), batch, tokens, 128)
-      observations.append(perf_model.Observation(f"{layers}/{batch}/{tokens}", call,
-                                                 call.seconds(truth)))
+      observations.append(
+        perf_model.Observation(f"{layers}/{batch}/{tokens}", call, call.seconds(truth))
+      )
   fit = perf_model.calibrate(observations)
   assert math.isclose(fit.efficiency.eta, truth.eta, rel_tol=1e-9)
   assert math.isclose(fit.efficiency.tau_s, truth.tau_s, rel_tol=1e-9)
@@ -69,8 +79,7 @@ def test_calibration_recovers_known_efficiencies():
 def test_implied_acceptance_inverts_the_speedup_formula(alpha):
   k, draft_ms, score_ms = 4, 1.8, 14.2
   ms = (k * draft_ms + score_ms) / speedup.expected_tokens_per_call(alpha, k)
-  assert math.isclose(perf_model.implied_acceptance(ms, k, draft_ms, score_ms), alpha,
-                      abs_tol=1e-9)
+  assert math.isclose(perf_model.implied_acceptance(ms, k, draft_ms, score_ms), alpha, abs_tol=1e-9)
 
 
 def test_implied_acceptance_refuses_impossible_times():
@@ -79,20 +88,32 @@ def test_implied_acceptance_refuses_impossible_times():
 
 
 def test_recommend_picks_the_best_draft_and_k():
-  target = tiny_config(num_layers=12, d_model=512, ffn_dim=2048, num_heads=8, num_kv_heads=8,
-                       head_dim=64)
-  small = tiny_config(num_layers=1, d_model=512, ffn_dim=2048, num_heads=8, num_kv_heads=8,
-                      head_dim=64)
+  target = tiny_config(
+    num_layers=12, d_model=512, ffn_dim=2048, num_heads=8, num_kv_heads=8, head_dim=64
+  )
+  small = tiny_config(
+    num_layers=1, d_model=512, ffn_dim=2048, num_heads=8, num_kv_heads=8, head_dim=64
+  )
   eff = perf_model.Efficiency(eta=0.8, tau_s=1e-5)
   common = dict(batch_size=1, cache_length=128, max_num_draft_tokens=12)
-  choices = perf_model.speedup_by_k(target, small, 0.9, CPU, perf_model.MeshShape(), eff,
-                                    name="small", **common)
-  best = perf_model.recommend(target, {"small": (small, 0.9), "target": (target, 1.0)}, CPU,
-                              perf_model.MeshShape(), eff, **common)
-  assert best == max(choices, key=lambda c: c.predicted_speedup)  # The target as its own draft loses.
+  choices = perf_model.speedup_by_k(
+    target, small, 0.9, CPU, perf_model.MeshShape(), eff, name="small", **common
+  )
+  best = perf_model.recommend(
+    target,
+    {"small": (small, 0.9), "target": (target, 1.0)},
+    CPU,
+    perf_model.MeshShape(),
+    eff,
+    **common,
+  )
+  assert best == max(
+    choices, key=lambda c: c.predicted_speedup
+  )  # The target as its own draft loses.
   assert 1 < best.num_draft_tokens < 12
-  low = perf_model.recommend(target, {"small": (small, 0.05)}, CPU, perf_model.MeshShape(), eff,
-                             **common)
+  low = perf_model.recommend(
+    target, {"small": (small, 0.05)}, CPU, perf_model.MeshShape(), eff, **common
+  )
   assert low.num_draft_tokens == 1 and low.predicted_speedup < 1
 
 
@@ -108,5 +129,6 @@ def test_paper_check_fits_and_implies_ordered_acceptance():
   assert alphas == sorted(alphas, reverse=True) and 0.5 < alphas[-1] and alphas[0] < 1
   for task, values in implied.items():
     iteration = 4 * 1.8 + 14.1 * check["score_ratio"]
-    assert math.isclose(iteration / values["tokens_per_call"], values["speculative_ms"],
-                        rel_tol=1e-6), task
+    assert math.isclose(
+      iteration / values["tokens_per_call"], values["speculative_ms"], rel_tol=1e-6
+    ), task

@@ -12,53 +12,93 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_script(script, *args):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), *args],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, os.path.join(ROOT, "scripts", script), *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 @pytest.fixture(scope="module")
 def trained_workdir(tmp_path_factory):
   """The micro pair trained once by scripts/train.py (both drafts), shared by the tests."""
   workdir = str(tmp_path_factory.mktemp("pair") / "work")
-  result = run_script("train.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
-                      "--drafts=none,token")
+  result = run_script(
+    "train.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}", "--drafts=none,token"
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir, result.stdout
 
 
 def test_train_script_trains_with_progress_and_reports_each_draft(trained_workdir):
   workdir, stdout = trained_workdir
-  for needle in ("tokenizer: training", "target step", "tokens/s", "ETA", "eval",
-                 "draft (from scratch) step", "draft (token distillation) step", "Acceptance on"):
+  for needle in (
+    "tokenizer: training",
+    "target step",
+    "tokens/s",
+    "ETA",
+    "eval",
+    "draft (from scratch) step",
+    "draft (token distillation) step",
+    "Acceptance on",
+  ):
     assert needle in stdout, needle
-  table = [line.split() for line in stdout.splitlines() if line.split()[:1] in (["none"], ["token"])]
+  table = [
+    line.split() for line in stdout.splitlines() if line.split()[:1] in (["none"], ["token"])
+  ]
   assert sorted((row[0], row[1]) for row in table) == [
-      ("none", "T=1"), ("none", "greedy"), ("token", "T=1"), ("token", "greedy")]
+    ("none", "T=1"),
+    ("none", "greedy"),
+    ("token", "T=1"),
+    ("token", "greedy"),
+  ]
   assert sorted(os.listdir(workdir)) == ["draft_none", "draft_token", "target", "tokenizer.model"]
 
 
 def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir):
   workdir, _ = trained_workdir
-  result = run_script("sample.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
-                      "--config.sampling.temperature=0.8", "--config.sampling.top_p=0.95",
-                      "--config.speculative.verifier=block", "--config.mesh.data=2",
-                      "--config.mesh.tensor=4")
+  result = run_script(
+    "sample.py",
+    "--config=configs/code_pair.py:test",
+    f"--workdir={workdir}",
+    "--config.sampling.temperature=0.8",
+    "--config.sampling.top_p=0.95",
+    "--config.speculative.verifier=block",
+    "--config.mesh.data=2",
+    "--config.mesh.tensor=4",
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   out = result.stdout
   assert "target: loaded step" in out and "draft (token distillation): loaded step" in out
   assert "training" not in out  # nothing retrained
-  for needle in ("autoregressive continuation:", "speculative continuation:", "ms/token",
-                 "speedup:", "acceptance:", "alpha", "t=1..4:", "tokens/target call:",
-                 "step costs:", "predicted:", "efficiency"):
+  for needle in (
+    "autoregressive continuation:",
+    "speculative continuation:",
+    "ms/token",
+    "speedup:",
+    "acceptance:",
+    "alpha",
+    "t=1..4:",
+    "tokens/target call:",
+    "step costs:",
+    "predicted:",
+    "efficiency",
+  ):
     assert needle in out, needle
 
 
 def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
   from specsamp.training.tokenizer import Tokenizer
+
   copy = str(tmp_path / "copy")
   shutil.copytree(workdir, copy)
-  import argparse, inspect  # Two stdlib files: another tokenizer of the same size.
+  import argparse
+  import inspect  # Two stdlib files: another tokenizer of the same size.
+
   other = Tokenizer.train([line for m in (argparse, inspect) for line in open(m.__file__)], 384)
   with open(os.path.join(copy, "tokenizer.model"), "wb") as f:
     f.write(other.model_proto)
@@ -70,8 +110,12 @@ def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
 
 def test_sample_script_reports_bad_overrides(trained_workdir):
   workdir, _ = trained_workdir
-  result = run_script("sample.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
-                      "--config.sampling.top_p=1.5")
+  result = run_script(
+    "sample.py",
+    "--config=configs/code_pair.py:test",
+    f"--workdir={workdir}",
+    "--config.sampling.top_p=1.5",
+  )
   assert result.returncode != 0
   assert "top_p must be in (0, 1]" in result.stderr
 
@@ -80,18 +124,24 @@ def test_a_workdir_trained_on_another_corpus_is_refused(trained_workdir, tmp_pat
   workdir, _ = trained_workdir
   for i in range(200):  # enough files for every split
     (tmp_path / f"mine_{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 20)
-  result = run_script("sample.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
-                      f"--corpus={tmp_path}/*.py")
+  result = run_script(
+    "sample.py",
+    "--config=configs/code_pair.py:test",
+    f"--workdir={workdir}",
+    f"--corpus={tmp_path}/*.py",
+  )
   assert result.returncode != 0
   assert "different data" in result.stderr and "Use another --workdir" in result.stderr
 
 
-def test_benchmark_script_sweeps_resumes_and_feeds_the_performance_model(trained_workdir,
-                                                                         tmp_path):
+def test_benchmark_script_sweeps_resumes_and_feeds_the_performance_model(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
   output = str(tmp_path / "bench")
-  args = ["--config=configs/benchmark.py:test", f"--workdir={workdir}",
-          f"--config.output_dir={output}"]
+  args = [
+    "--config=configs/benchmark.py:test",
+    f"--workdir={workdir}",
+    f"--config.output_dir={output}",
+  ]
   result = run_script("benchmark.py", *args)
   assert result.returncode == 0, result.stderr[-3000:]
   setting_lines = [line for line in result.stdout.splitlines() if "ms/token (AR" in line]
@@ -102,16 +152,25 @@ def test_benchmark_script_sweeps_resumes_and_feeds_the_performance_model(trained
   with open(os.path.join(output, "results.csv")) as f:
     header, *rows = f.read().splitlines()
   assert header.split(",")[:3] == ["mode", "temperature", "top_p"] and len(rows) == 3
-  assert {"speedup_vs_k.png", "acceptance_per_position.png", "ms_per_token.png",
-          "results.json"} <= set(os.listdir(output))
+  assert {
+    "speedup_vs_k.png",
+    "acceptance_per_position.png",
+    "ms_per_token.png",
+    "results.json",
+  } <= set(os.listdir(output))
   # A second run finds every setting done and times nothing again.
   again = run_script("benchmark.py", *args)
   assert again.returncode == 0, again.stderr[-3000:]
   assert "ms/token (AR" not in again.stdout
   model = run_script("perf_model.py", f"--results={output}/results.json")
   assert model.returncode == 0, model.stderr[-3000:]
-  for needle in ("The paper's setting", "Calibrated on", "memory-bandwidth floor",
-                 "Recommended K", "HumanEval nucleus"):
+  for needle in (
+    "The paper's setting",
+    "Calibrated on",
+    "memory-bandwidth floor",
+    "Recommended K",
+    "HumanEval nucleus",
+  ):
     assert needle in model.stdout, needle
 
 
@@ -122,6 +181,7 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   import numpy as np
   import torch
   import transformers
+
   from specsamp.hf import convert
   from specsamp.training import checkpoint
 
@@ -130,8 +190,12 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   result = run_script("export_hf.py", f"--checkpoint={workdir}/target", f"--output={hf_dir}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "+ tokenizer.model" in result.stdout
-  assert sorted(os.listdir(hf_dir)) == ["config.json", "generation_config.json",
-                                        "model.safetensors", "tokenizer.model"]
+  assert sorted(os.listdir(hf_dir)) == [
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.model",
+  ]
   ours, _ = checkpoint.load_model(f"{workdir}/target")
   tokens = np.random.default_rng(0).integers(4, ours.vocab_size, size=(2, 10))
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
@@ -141,8 +205,9 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   logits = np.asarray(ours(jax.numpy.asarray(tokens))[0])
   assert np.abs(logits - reference).max() < 1e-4 * np.abs(reference).max()
 
-  result = run_script("import_hf.py", f"--hf_dir={hf_dir}", f"--output={back}",
-                      "--mesh_data=2", "--mesh_tensor=4")
+  result = run_script(
+    "import_hf.py", f"--hf_dir={hf_dir}", f"--output={back}", "--mesh_data=2", "--mesh_tensor=4"
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   again, meta = checkpoint.load_model(back)
   assert again.config == ours.config and meta["source"]["model_type"] == "arcee"
@@ -154,9 +219,13 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   draft_hf, draft_back = str(tmp_path / "draft_hf"), str(tmp_path / "draft_back")
   convert.export_model(checkpoint.load_model(f"{workdir}/draft_token")[0], draft_hf)
   convert.import_to_checkpoint(draft_hf, draft_back)
-  result = run_script("sample.py", "--config=configs/code_pair.py:test",
-                      f"--workdir={tmp_path / 'imported_pair'}", f"--config.target.checkpoint={back}",
-                      f"--config.draft.checkpoint={draft_back}")
+  result = run_script(
+    "sample.py",
+    "--config=configs/code_pair.py:test",
+    f"--workdir={tmp_path / 'imported_pair'}",
+    f"--config.target.checkpoint={back}",
+    f"--config.draft.checkpoint={draft_back}",
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"target: loaded 2 layers x 64 from {back}" in result.stdout
   assert "training" not in result.stdout and "speedup:" in result.stdout
@@ -164,15 +233,26 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
 
 def test_compare_hf_script_times_both_libraries(trained_workdir, tmp_path):
   import json
+
   workdir, _ = trained_workdir
   output = str(tmp_path / "compare.json")
-  result = run_script("compare_hf.py", "--config=configs/code_pair.py:test", f"--workdir={workdir}",
-                      f"--output={output}")
+  result = run_script(
+    "compare_hf.py",
+    "--config=configs/code_pair.py:test",
+    f"--workdir={workdir}",
+    f"--output={output}",
+  )
   assert result.returncode == 0, result.stderr[-3000:]
-  for needle in ("greedy (greedy):", "nucleus (temperature 0.8, top-p 0.95):",
-                 "hf assisted (K=4)", "hf assisted (hf defaults)", "specsamp speculative (K=4)",
-                 "specsamp speculative / hf assisted (same K):", "at equal tokens per verification:",
-                 "greedy outputs identical across all five: True"):
+  for needle in (
+    "greedy (greedy):",
+    "nucleus (temperature 0.8, top-p 0.95):",
+    "hf assisted (K=4)",
+    "hf assisted (hf defaults)",
+    "specsamp speculative (K=4)",
+    "specsamp speculative / hf assisted (same K):",
+    "at equal tokens per verification:",
+    "greedy outputs identical across all five: True",
+  ):
     assert needle in result.stdout, needle
   results = json.load(open(output))
   assert results["hf_defaults"]["num_assistant_tokens"] == 20
@@ -185,10 +265,15 @@ def test_compare_hf_script_times_both_libraries(trained_workdir, tmp_path):
 
 def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_path):
   import json
+
   workdir, _ = trained_workdir
   output = str(tmp_path / "drafters")
-  result = run_script("benchmark_drafters.py", "--config=configs/benchmark_drafters.py:test",
-                      f"--workdir={workdir}", f"--config.output_dir={output}")
+  result = run_script(
+    "benchmark_drafters.py",
+    "--config=configs/benchmark_drafters.py:test",
+    f"--workdir={workdir}",
+    f"--config.output_dir={output}",
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   records = json.load(open(os.path.join(output, "results.json")))["records"]
   # 2 tasks x greedy x 2 drafters x 2 schedules x K=2.
@@ -207,17 +292,24 @@ def test_notebook_runs_end_to_end(trained_workdir, monkeypatch):
   """notebooks/speculative_sampling.ipynb, every cell, on the CPU, on the micro pair."""
   import nbformat
   from nbclient import NotebookClient
+
   workdir, _ = trained_workdir
   monkeypatch.setenv("SPECSAMP_NOTEBOOK_VARIANT", "test")
   monkeypatch.setenv("SPECSAMP_NOTEBOOK_WORKDIR", workdir)
   notebooks = os.path.join(ROOT, "notebooks")
   notebook = nbformat.read(os.path.join(notebooks, "speculative_sampling.ipynb"), as_version=4)
-  NotebookClient(notebook, timeout=300, kernel_name="python3",
-                 resources={"metadata": {"path": notebooks}}).execute()
+  NotebookClient(
+    notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": notebooks}}
+  ).execute()
   outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
   text = "".join(out.get("text", "") for out in outputs)
-  for needle in ("on cpu", "min(1, p/q)", "tokens for one target call", "speedup:",
-                 "tokens per target call"):
+  for needle in (
+    "on cpu",
+    "min(1, p/q)",
+    "tokens for one target call",
+    "speedup:",
+    "tokens per target call",
+  ):
     assert needle in text, needle
   assert any("image/png" in out.get("data", {}) for out in outputs)  # the figure
 
@@ -228,22 +320,42 @@ def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
   8-device run's."""
   import json
   import socket
+
   workdir, _ = trained_workdir
-  flags = ["--config=configs/code_pair.py:test", f"--workdir={workdir}", "--config.mesh.data=8",
-           "--config.sampling.num_prompts=8", "--config.sampling.batch_size=8",
-           "--config.sampling.max_new_tokens=12"]
+  flags = [
+    "--config=configs/code_pair.py:test",
+    f"--workdir={workdir}",
+    "--config.mesh.data=8",
+    "--config.sampling.num_prompts=8",
+    "--config.sampling.batch_size=8",
+    "--config.sampling.max_new_tokens=12",
+  ]
   single = run_script("sample.py", *flags, f"--output={tmp_path / 'single.json'}")
   assert single.returncode == 0, single.stderr[-3000:]
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  workers = [subprocess.Popen(
-      [sys.executable, os.path.join(ROOT, "scripts", "sample.py"), *flags,
-       "--distributed=manual", f"--coordinator_address=localhost:{port}", "--num_processes=2",
-       f"--process_id={i}", f"--output={tmp_path / 'multi.json'}"],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
+  workers = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        os.path.join(ROOT, "scripts", "sample.py"),
+        *flags,
+        "--distributed=manual",
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+        f"--output={tmp_path / 'multi.json'}",
+      ],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   results = [worker.communicate(timeout=300) for worker in workers]
   for worker, (out, err) in zip(workers, results):
     assert worker.returncode == 0, err[-3000:]

@@ -4,15 +4,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 from jax.sharding import PartitionSpec as P
 
-from conftest import tiny_config
 from specsamp import sharding
 from specsamp.models import transformer
 from specsamp.sampling import generate
 
-PROMPTS = np.array([[5, 9, 14, 3, 22, 7], [8, 8, 31, 0, 0, 0], [60, 2, 17, 90, 0, 0],
-                    [4, 4, 4, 4, 4, 4]])
+PROMPTS = np.array(
+  [[5, 9, 14, 3, 22, 7], [8, 8, 31, 0, 0, 0], [60, 2, 17, 90, 0, 0], [4, 4, 4, 4, 4, 4]]
+)
 LENGTHS = np.array([6, 3, 4, 6])
 
 
@@ -29,16 +30,17 @@ def test_make_mesh_fills_the_free_axis_and_checks_sizes():
 
 def test_rules_shard_only_dimensions_the_axes_divide():
   sizes = {"data": 2, "fsdp": 2, "tensor": 2}
-  assert sharding.logical_to_spec(("embed", "heads", "head_dim"), (64, 4, 16), sizes) == \
-      P("fsdp", "tensor", None)
+  assert sharding.logical_to_spec(("embed", "heads", "head_dim"), (64, 4, 16), sizes) == P(
+    "fsdp", "tensor", None
+  )
   # Batch over data x fsdp; batch 2 only divides by data; batch 1 stays whole.
   assert sharding.logical_to_spec(("act_batch", None), (4, 3), sizes) == P(("data", "fsdp"), None)
   assert sharding.logical_to_spec(("act_batch", None), (2, 3), sizes) == P("data", None)
   assert sharding.logical_to_spec(("act_batch", None), (1, 3), sizes) == P(None, None)
   # One KV head (MQA) under tensor parallelism is replicated.
-  assert sharding.logical_to_spec(("cache_batch", "cache_sequence", "cache_kv_heads",
-                                   "cache_head_dim"), (4, 32, 1, 16), sizes) == \
-      P(("data", "fsdp"), None, None, None)
+  assert sharding.logical_to_spec(
+    ("cache_batch", "cache_sequence", "cache_kv_heads", "cache_head_dim"), (4, 32, 1, 16), sizes
+  ) == P(("data", "fsdp"), None, None, None)
   with pytest.raises(ValueError, match="no rule"):
     sharding.logical_to_spec(("nonsense",), (4,), sizes)
 
@@ -54,10 +56,16 @@ def test_parameters_are_born_sharded():
   assert q.addressable_shards[0].data.shape == (32, 2, 16)
 
 
-@pytest.mark.parametrize("family,mode,batch_axis", [
-    ("chinchilla", "auto", "data"), ("chinchilla", "shard_map", "data"),
-    ("llama", "shard_map", "data"), ("gemma", "shard_map", "data"),
-    ("llama", "shard_map", "fsdp")])
+@pytest.mark.parametrize(
+  "family,mode,batch_axis",
+  [
+    ("chinchilla", "auto", "data"),
+    ("chinchilla", "shard_map", "data"),
+    ("llama", "shard_map", "data"),
+    ("gemma", "shard_map", "data"),
+    ("llama", "shard_map", "fsdp"),
+  ],
+)
 def test_sharded_run_equals_one_device(family, mode, batch_axis):
   """{data or fsdp} 2 x tensor 4 on 8 devices: same logits and greedy tokens as 1 device."""
   config = tiny_config(family, tensor_parallel=mode)
@@ -108,8 +116,12 @@ def _per_layer_all_gathers(mesh) -> dict:
     with sharding.use_mesh(mesh):
       cache = jax.jit(lambda: model.init_cache(len(PROMPTS), 16))()
       positions = jnp.broadcast_to(jnp.arange(len(PROMPTS[0])), jnp.asarray(PROMPTS).shape)
-      text = jax.jit(lambda m, t, c: m(t, positions, c)).lower(
-          model, jnp.asarray(PROMPTS), cache).compile().as_text()
+      text = (
+        jax.jit(lambda m, t, c: m(t, positions, c))
+        .lower(model, jnp.asarray(PROMPTS), cache)
+        .compile()
+        .as_text()
+      )
     return collections.Counter(re.findall(r"= (\S+?)\{[^}]*\} all-gather\(", text))
 
   one, three = gathers(1), gathers(3)
@@ -124,8 +136,9 @@ def test_shard_map_with_fsdp_gathers_weights_never_the_batch():
   per_layer = _per_layer_all_gathers(mesh)
   batch = len(PROMPTS)
   assert per_layer, "fsdp shards the weights: each layer must gather them"
-  batch_shaped = {shape: n for shape, n in per_layer.items()
-                  if shape.split("[")[1].split(",")[0] == str(batch)}
+  batch_shaped = {
+    shape: n for shape, n in per_layer.items() if shape.split("[")[1].split(",")[0] == str(batch)
+  }
   assert not batch_shaped, f"per-layer all-gathers of full-batch arrays: {batch_shaped}"
   assert _all_reduces(3, mesh) - _all_reduces(1, mesh) == 2 * 2
 
@@ -163,10 +176,21 @@ def test_shard_map_reduces_over_the_axis_the_rules_give_heads():
   """The shard_map blocks take their psum axis from the rules: heads over 'fsdp' here."""
   config = tiny_config(tensor_parallel="shard_map")
   expected, _ = transformer.create(config, seed=3)(jnp.asarray(PROMPTS))
-  with sharding.use_rules({"heads": "fsdp", "kv_heads": "fsdp", "mlp": "fsdp", "vocab": "fsdp",
-                           "embed": None, "act_batch": "data", "cache_batch": "data",
-                           "cache_kv_heads": "fsdp", "act_heads": "fsdp", "act_mlp": "fsdp",
-                           "act_vocab": "fsdp"}):
+  with sharding.use_rules(
+    {
+      "heads": "fsdp",
+      "kv_heads": "fsdp",
+      "mlp": "fsdp",
+      "vocab": "fsdp",
+      "embed": None,
+      "act_batch": "data",
+      "cache_batch": "data",
+      "cache_kv_heads": "fsdp",
+      "act_heads": "fsdp",
+      "act_mlp": "fsdp",
+      "act_vocab": "fsdp",
+    }
+  ):
     mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
     model = transformer.create(config, mesh, seed=3)
     with sharding.use_mesh(mesh):

@@ -1,21 +1,33 @@
 """Speculative sampling: greedy identity, exact distributions, statistics, sharding, errors."""
 
+import exact
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import exact
 from bigram import random_bigram
 from conftest import perturbed, tiny_config
 from stat_tests import count_rows, g_test_p_value
+
 from specsamp import sharding
 from specsamp.models import transformer
-from specsamp.sampling import drafters, generate, model_protocol, speculative, \
-    speculative_generate, verification, warping
+from specsamp.sampling import (
+  drafters,
+  generate,
+  model_protocol,
+  speculative,
+  speculative_generate,
+  warping,
+)
 
-PROMPTS = np.array([[5, 9, 14, 3, 22, 7, 40], [8, 8, 31, 0, 0, 0, 0], [60, 2, 17, 90, 11, 0, 0],
-                    [1, 0, 0, 0, 0, 0, 0]])
+PROMPTS = np.array(
+  [
+    [5, 9, 14, 3, 22, 7, 40],
+    [8, 8, 31, 0, 0, 0, 0],
+    [60, 2, 17, 90, 11, 0, 0],
+    [1, 0, 0, 0, 0, 0, 0],
+  ]
+)
 LENGTHS = np.array([7, 3, 5, 1])
 
 
@@ -33,11 +45,21 @@ def drafts(target):
 
 @pytest.mark.parametrize("draft_name", ["same", "unrelated", "close"])
 @pytest.mark.parametrize("num_draft_tokens", [1, 3, 8])
-def test_greedy_speculative_equals_greedy_autoregressive(target, drafts, draft_name, num_draft_tokens):
+def test_greedy_speculative_equals_greedy_autoregressive(
+  target, drafts, draft_name, num_draft_tokens
+):
   """(Greedy verifies by argmax whatever the verifier argument says: one path to test.)"""
   ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=17, temperature=0)
-  out = speculative_generate(target, drafts[draft_name], PROMPTS, LENGTHS, jax.random.key(0),
-                             max_new_tokens=17, num_draft_tokens=num_draft_tokens, temperature=0)
+  out = speculative_generate(
+    target,
+    drafts[draft_name],
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(0),
+    max_new_tokens=17,
+    num_draft_tokens=num_draft_tokens,
+    temperature=0,
+  )
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   np.testing.assert_array_equal(out.lengths, ar.lengths)
   stats = out.summary()
@@ -50,8 +72,16 @@ def test_greedy_speculative_equals_greedy_autoregressive(target, drafts, draft_n
 
 
 def test_rows_accept_their_own_counts(target, drafts):
-  out = speculative_generate(target, drafts["close"], PROMPTS, LENGTHS, jax.random.key(0),
-                             max_new_tokens=24, num_draft_tokens=4, temperature=0)
+  out = speculative_generate(
+    target,
+    drafts["close"],
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(0),
+    max_new_tokens=24,
+    num_draft_tokens=4,
+    temperature=0,
+  )
   histogram = np.asarray(out.accepted_histogram)
   assert np.count_nonzero(histogram.sum(0)) >= 3  # several accepted counts occur
   stats = out.summary()
@@ -64,19 +94,37 @@ def test_rows_accept_their_own_counts(target, drafts):
   position = stats["acceptance_at_position"]
   assert all(a >= b for a, b in zip(position, position[1:]))  # P(n >= t) falls with t
   assert 0 < stats["acceptance_rate"] < 1
-  np.testing.assert_allclose(stats["tokens_per_target_call"],
-                             1 + stats["acceptance_rate"] * stats["mean_draft_length"])
+  np.testing.assert_allclose(
+    stats["tokens_per_target_call"], 1 + stats["acceptance_rate"] * stats["mean_draft_length"]
+  )
 
 
 def test_eos_and_max_new_tokens_stop_rows_independently(target, drafts):
   free = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=15, temperature=0)
   eos = int(free.generated(0)[4])
-  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=15, temperature=0,
-                eos_id=eos, pad_id=-1)
+  ar = generate(
+    target,
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(0),
+    max_new_tokens=15,
+    temperature=0,
+    eos_id=eos,
+    pad_id=-1,
+  )
   for num_draft_tokens in (2, 5):
-    out = speculative_generate(target, drafts["close"], PROMPTS, LENGTHS, jax.random.key(0),
-                               max_new_tokens=15, num_draft_tokens=num_draft_tokens, temperature=0,
-                               eos_id=eos, pad_id=-1)
+    out = speculative_generate(
+      target,
+      drafts["close"],
+      PROMPTS,
+      LENGTHS,
+      jax.random.key(0),
+      max_new_tokens=15,
+      num_draft_tokens=num_draft_tokens,
+      temperature=0,
+      eos_id=eos,
+      pad_id=-1,
+    )
     np.testing.assert_array_equal(out.tokens, ar.tokens)
     np.testing.assert_array_equal(out.num_generated, ar.num_generated)
   assert int(ar.num_generated[0]) == 5 and int(ar.num_generated.max()) == 15
@@ -88,11 +136,20 @@ def test_speculative_is_one_while_loop_on_device(target, drafts):
   t_static, t_dynamic = model_protocol.split_model(target)
   d_static, d_dynamic = drafters.ModelDrafter(drafts["unrelated"]).split()
   loop = speculative.SpeculativeLoop(
-      target_static=t_static, drafter_static=d_static, max_new_tokens=8, num_draft_tokens=3,
-      sampling=warping.SamplingConfig(0.8), verifier="block", schedule="heuristic", eos_id=2,
-      pad_id=0, cache_length=20)
-  jaxpr = jax.make_jaxpr(lambda t, d, p, l, k: loop(t, d, p, l, k, jnp.float32(0)))(
-      t_dynamic, d_dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS), jax.random.key(0))
+    target_static=t_static,
+    drafter_static=d_static,
+    max_new_tokens=8,
+    num_draft_tokens=3,
+    sampling=warping.SamplingConfig(0.8),
+    verifier="block",
+    schedule="heuristic",
+    eos_id=2,
+    pad_id=0,
+    cache_length=20,
+  )
+  jaxpr = jax.make_jaxpr(lambda t, d, p, n, k: loop(t, d, p, n, k, jnp.float32(0)))(
+    t_dynamic, d_dynamic, jnp.asarray(PROMPTS), jnp.asarray(LENGTHS), jax.random.key(0)
+  )
   inner = jaxpr.jaxpr.eqns[0].params["jaxpr"].jaxpr  # Inside jit.
   assert [eqn.primitive.name for eqn in inner.eqns].count("while") == 1
 
@@ -114,22 +171,34 @@ def _exact_target_distribution(model, sampling):
 def _sampled(small_pair, sampling, num_draft_tokens, verifier, seed=0):
   target, draft = small_pair
   prompts = np.tile(EXACT_PROMPT, (exact.ROWS, 1))
-  out = speculative_generate(target, draft, prompts, np.full(exact.ROWS, len(EXACT_PROMPT)),
-                             jax.random.key(seed), max_new_tokens=exact.NEW_TOKENS,
-                             num_draft_tokens=num_draft_tokens, temperature=sampling.temperature,
-                             top_k=sampling.top_k, top_p=sampling.top_p, verifier=verifier)
-  return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT):])), out.summary()
+  out = speculative_generate(
+    target,
+    draft,
+    prompts,
+    np.full(exact.ROWS, len(EXACT_PROMPT)),
+    jax.random.key(seed),
+    max_new_tokens=exact.NEW_TOKENS,
+    num_draft_tokens=num_draft_tokens,
+    temperature=sampling.temperature,
+    top_k=sampling.top_k,
+    top_p=sampling.top_p,
+    verifier=verifier,
+  )
+  return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT) :])), out.summary()
 
 
 # Every verifier x drafter x schedule x warping is certified by tests/test_certify.py (10^5
 # sequences per case, with planted bugs that must be rejected) and scripts/certify.py (10^6).
 EXACT_CASES = [  # (sampling, K, verifier) on the Transformer pair.
-    (warping.SamplingConfig(1.0), 4, "token"),
-    (warping.SamplingConfig(1.0, top_p=0.8), 4, "block")]
+  (warping.SamplingConfig(1.0), 4, "token"),
+  (warping.SamplingConfig(1.0, top_p=0.8), 4, "block"),
+]
 
 
 @pytest.mark.parametrize("sampling,num_draft_tokens,verifier", EXACT_CASES)
-def test_samples_follow_the_exact_target_distribution(small_pair, sampling, num_draft_tokens, verifier):
+def test_samples_follow_the_exact_target_distribution(
+  small_pair, sampling, num_draft_tokens, verifier
+):
   observed, stats = _sampled(small_pair, sampling, num_draft_tokens, verifier)
   assert 0.2 < stats["acceptance_rate"] < 0.95  # both accepting and rejecting are exercised
   assert g_test_p_value(observed, _exact_target_distribution(small_pair[0], sampling)) > 1e-3
@@ -149,11 +218,15 @@ def test_sharded_speculative_equals_one_device():
   config = tiny_config("llama", tensor_parallel="shard_map")
   draft_config = config.replace(num_layers=1)
   mesh = sharding.make_mesh({"data": 2, "tensor": 4})
-  kwargs = dict(max_new_tokens=10, num_draft_tokens=3, temperature=1.0, top_p=0.9,
-                verifier="block")
-  expected = speculative_generate(transformer.create(config, seed=0),
-                                  transformer.create(draft_config, seed=1), PROMPTS, LENGTHS,
-                                  jax.random.key(7), **kwargs)
+  kwargs = dict(max_new_tokens=10, num_draft_tokens=3, temperature=1.0, top_p=0.9, verifier="block")
+  expected = speculative_generate(
+    transformer.create(config, seed=0),
+    transformer.create(draft_config, seed=1),
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(7),
+    **kwargs,
+  )
   target = transformer.create(config, mesh, seed=0)
   draft = transformer.create(draft_config, mesh, seed=1)
   with sharding.use_mesh(mesh):
@@ -164,22 +237,35 @@ def test_sharded_speculative_equals_one_device():
 
 def test_bigram_models_work_as_target_and_draft():
   target, draft = random_bigram(10, seed=0), random_bigram(10, seed=1)
-  out = speculative_generate(target, draft, [[3], [4]], [1, 1], jax.random.key(0),
-                             max_new_tokens=12, num_draft_tokens=3, temperature=0)
+  out = speculative_generate(
+    target,
+    draft,
+    [[3], [4]],
+    [1, 1],
+    jax.random.key(0),
+    max_new_tokens=12,
+    num_draft_tokens=3,
+    temperature=0,
+  )
   ar = generate(target, [[3], [4]], [1, 1], jax.random.key(0), max_new_tokens=12, temperature=0)
   np.testing.assert_array_equal(out.tokens, ar.tokens)
 
 
-@pytest.mark.parametrize("max_new_tokens,per_call,histogram", [
+@pytest.mark.parametrize(
+  "max_new_tokens,per_call,histogram",
+  [
     (6, 3.0, [1, 0, 0, 0, 1]),  # 5 (4 drafts + bonus), then 1 with no draft
     (12, 4.0, [0, 1, 0, 0, 2]),  # 5, 5, then 1 draft + bonus
-    (5, 5.0, [0, 0, 0, 0, 1])])
+    (5, 5.0, [0, 0, 0, 0, 1]),
+  ],
+)
 def test_statistics_count_what_was_appended(max_new_tokens, per_call, histogram):
   """draft = target accepts every draft; the drafts never run past max_new_tokens, so the
   figures are the tokens the rows received (before: 5.00 tokens per call at 6 and at 12)."""
   model = random_bigram(10, seed=0)
-  out = speculative_generate(model, model, [[3]], [1], jax.random.key(0),
-                             max_new_tokens=max_new_tokens, num_draft_tokens=4)
+  out = speculative_generate(
+    model, model, [[3]], [1], jax.random.key(0), max_new_tokens=max_new_tokens, num_draft_tokens=4
+  )
   stats = out.summary()
   assert int(out.num_generated[0]) == max_new_tokens
   assert stats["tokens_per_target_call"] == per_call
@@ -192,8 +278,16 @@ def test_statistics_do_not_count_tokens_discarded_after_eos():
   """A row stops at EOS inside an accepted block: what followed the EOS is neither accepted
   nor proposed, and tokens per call is what the rows received."""
   model = random_bigram(6, seed=2, scale=0.5)
-  out = speculative_generate(model, model, np.full((64, 1), 1), np.ones(64), jax.random.key(1),
-                             max_new_tokens=16, num_draft_tokens=4, eos_id=0)
+  out = speculative_generate(
+    model,
+    model,
+    np.full((64, 1), 1),
+    np.ones(64),
+    jax.random.key(1),
+    max_new_tokens=16,
+    num_draft_tokens=4,
+    eos_id=0,
+  )
   stats = out.summary()
   generated = np.asarray(out.num_generated)
   assert generated.min() < 16  # some rows stopped at EOS ...
@@ -208,8 +302,15 @@ def test_outputs_are_replicated_on_a_data_mesh(target, drafts):
   """Every output is replicated, so any host of a multi-host mesh can read it."""
   mesh = sharding.make_mesh({"data": 4, "tensor": 2})
   with sharding.use_mesh(mesh):
-    out = speculative_generate(target, drafts["close"], PROMPTS, LENGTHS, jax.random.key(0),
-                               max_new_tokens=4, num_draft_tokens=2)
+    out = speculative_generate(
+      target,
+      drafts["close"],
+      PROMPTS,
+      LENGTHS,
+      jax.random.key(0),
+      max_new_tokens=4,
+      num_draft_tokens=2,
+    )
     ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=4)
   for name, array in [*vars(out).items(), *vars(ar).items()]:
     assert array.sharding.is_fully_replicated, name
@@ -221,8 +322,9 @@ def test_bad_input_gives_clear_errors(target):
   with pytest.raises(ValueError, match="vocabulary"):
     speculative_generate(target, random_bigram(12, 0), PROMPTS, LENGTHS, key, **kwargs)
   with pytest.raises(ValueError, match="num_draft_tokens"):
-    speculative_generate(target, target, PROMPTS, LENGTHS, key, max_new_tokens=4,
-                         num_draft_tokens=0)
+    speculative_generate(
+      target, target, PROMPTS, LENGTHS, key, max_new_tokens=4, num_draft_tokens=0
+    )
   with pytest.raises(ValueError, match="2 draft slots|3 draft slots"):
     speculative_generate(target, target, PROMPTS, LENGTHS, key, cache_length=12, **kwargs)
   with pytest.raises(ValueError, match="verifier"):
@@ -232,11 +334,18 @@ def test_bad_input_gives_clear_errors(target):
   with pytest.raises(ValueError, match="synthetic_acceptance is set"):
     speculative_generate(target, target, PROMPTS, LENGTHS, key, verifier="synthetic", **kwargs)
   with pytest.raises(ValueError, match="synthetic_acceptance is set"):
-    speculative_generate(target, target, PROMPTS, LENGTHS, key, synthetic_acceptance=0.5,
-                         **kwargs)
+    speculative_generate(target, target, PROMPTS, LENGTHS, key, synthetic_acceptance=0.5, **kwargs)
   with pytest.raises(ValueError, match=r"in \[0, 1\]"):
-    speculative_generate(target, target, PROMPTS, LENGTHS, key, verifier="synthetic",
-                         synthetic_acceptance=1.5, **kwargs)
+    speculative_generate(
+      target,
+      target,
+      PROMPTS,
+      LENGTHS,
+      key,
+      verifier="synthetic",
+      synthetic_acceptance=1.5,
+      **kwargs,
+    )
   bad = random_bigram(target.vocab_size, 0)
   bad = bad.replace(logits_VV=jnp.full_like(bad.logits_VV, jnp.nan))  # a diverged checkpoint
   with pytest.raises(FloatingPointError, match="NaN logits"):
@@ -249,13 +358,21 @@ def test_synthetic_acceptance_follows_the_iid_law(rate):
   models are (two unrelated bigram tables here)."""
   num_draft_tokens, rows = 3, 256
   target, draft = random_bigram(10, seed=0), random_bigram(10, seed=1)
-  out = speculative_generate(target, draft, np.full((rows, 1), 3), np.ones(rows),
-                             jax.random.key(0), max_new_tokens=40, num_draft_tokens=num_draft_tokens,
-                             verifier="synthetic", synthetic_acceptance=rate)
+  out = speculative_generate(
+    target,
+    draft,
+    np.full((rows, 1), 3),
+    np.ones(rows),
+    jax.random.key(0),
+    max_new_tokens=40,
+    num_draft_tokens=num_draft_tokens,
+    verifier="synthetic",
+    synthetic_acceptance=rate,
+  )
   stats = out.summary()
   counts = np.asarray(stats["accepted_histogram"])
   # P(n accepted) = rate^n (1 - rate) for n < K, rate^K for n = K.
-  law = np.array([rate ** n * (1 - rate) for n in range(num_draft_tokens)] + [rate ** num_draft_tokens])
+  law = np.array([rate**n * (1 - rate) for n in range(num_draft_tokens)] + [rate**num_draft_tokens])
   if rate in (0.0, 1.0):
     np.testing.assert_array_equal(counts, law * counts.sum())
   else:

@@ -8,11 +8,11 @@ from specsamp.training import data
 from specsamp.training.tokenizer import Tokenizer, check_same
 
 TEXTS = [
-    "def f(x):\n    return x + 1\n\n\tif  x:  # tab, double spaces\n",
-    "x = 'ünïcode 漢字 🙂'\n",
-    "",
-    "   leading spaces and trailing   \n\n\n",
-    "class A:\n        def __init__(self):\n            pass\n",
+  "def f(x):\n    return x + 1\n\n\tif  x:  # tab, double spaces\n",
+  "x = 'ünïcode 漢字 🙂'\n",
+  "",
+  "   leading spaces and trailing   \n\n\n",
+  "class A:\n        def __init__(self):\n            pass\n",
 ]
 
 

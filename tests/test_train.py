@@ -7,19 +7,28 @@ import os
 import jax
 import numpy as np
 import pytest
-
-from specsamp.training import checkpoint, data, train
-from specsamp import sharding
-from specsamp.models import transformer
-from specsamp.sampling import verification
 from conftest import tiny_config
 
+from specsamp import sharding
+from specsamp.sampling import verification
+from specsamp.training import checkpoint, data, train
+
 VOCAB = 64
-MODEL = tiny_config(vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=4, num_kv_heads=4,
-                    ffn_dim=64)
+MODEL = tiny_config(
+  vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=4, num_kv_heads=4, ffn_dim=64
+)
 META = {"model": dataclasses.asdict(MODEL)}  # What fit saves and load_model reads.
-CONFIG = train.TrainConfig(steps=30, batch_size=8, seq_len=16, learning_rate=1e-2, warmup_steps=3,
-                           log_every=10, eval_every=10, checkpoint_every=7, keep_checkpoints=5)
+CONFIG = train.TrainConfig(
+  steps=30,
+  batch_size=8,
+  seq_len=16,
+  learning_rate=1e-2,
+  warmup_steps=3,
+  log_every=10,
+  eval_every=10,
+  checkpoint_every=7,
+  keep_checkpoints=5,
+)
 
 
 def _stream(n=6000, seed=0):
@@ -45,8 +54,15 @@ def trainer(mesh):
 
 
 def _fit(trainer, directory, **kwargs):
-  return train.fit(trainer, BATCHES, EVAL, checkpoint.Checkpoints(directory, max_to_keep=5),
-                   META, log=lambda _: None, **kwargs)
+  return train.fit(
+    trainer,
+    BATCHES,
+    EVAL,
+    checkpoint.Checkpoints(directory, max_to_keep=5),
+    META,
+    log=lambda _: None,
+    **kwargs,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +85,7 @@ def test_interrupted_run_resumes_exactly(trainer, uninterrupted, tmp_path):
   assert int(first.step) == 17 and checkpoint.Checkpoints(directory).latest_step() == 17
   resumed = _fit(trainer, directory)
   assert int(resumed.step) == CONFIG.steps
-  same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
-                      resumed, reference)
+  same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), resumed, reference)
   assert all(jax.tree.leaves(same)), same  # parameters AND optimizer state, bit for bit
 
 
@@ -93,7 +108,7 @@ def test_restore_on_a_different_mesh(trainer, uninterrupted):
   tokens = BATCHES.at(0)[:, :-1]
   expected = np.asarray(trainer.model(state.params)(tokens)[0])
   for axes in ({"data": 1, "fsdp": 1, "tensor": 1}, {"data": 4, "fsdp": 1, "tensor": 2}):
-    devices = jax.devices()[:int(np.prod(list(axes.values())))]
+    devices = jax.devices()[: int(np.prod(list(axes.values())))]
     mesh = sharding.make_mesh(axes, devices)
     model, meta = checkpoint.load_model(directory, mesh, config=MODEL, expected_meta=META)
     assert meta["step"] == CONFIG.steps
@@ -131,11 +146,13 @@ def test_bad_train_configs():
   with pytest.raises(ValueError, match="distill.mode"):
     dataclasses.replace(CONFIG, distill_mode="magic")
   with pytest.raises(ValueError, match="Unknown TrainConfig fields"):
-    train.TrainConfig.from_config(dict(steps=1, batch_size=1, seq_len=4, learning_rate=1.0,
-                                       warmup_steps=0, momentum=0.9))
+    train.TrainConfig.from_config(
+      dict(steps=1, batch_size=1, seq_len=4, learning_rate=1.0, warmup_steps=0, momentum=0.9)
+    )
   with pytest.raises(ValueError, match="needs a teacher"):
-    train.Trainer(MODEL, dataclasses.replace(CONFIG, distill_mode="token"),
-                  sharding.make_mesh({"data": -1}))
+    train.Trainer(
+      MODEL, dataclasses.replace(CONFIG, distill_mode="token"), sharding.make_mesh({"data": -1})
+    )
 
 
 def _teacher_forced_alpha(target, draft, tokens):
@@ -149,10 +166,12 @@ def test_distillation_raises_acceptance_over_an_untrained_draft(trainer, uninter
   _, target_state = uninterrupted
   target = trainer.model(target_state.params)
   mesh = sharding.make_mesh({"data": -1})
-  draft_model = tiny_config(vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=2,
-                            num_kv_heads=2, ffn_dim=32)
-  config = dataclasses.replace(CONFIG, steps=40, learning_rate=2e-2, distill_mode=mode,
-                               distill_prefix_tokens=4)
+  draft_model = tiny_config(
+    vocab_size=VOCAB, num_layers=1, d_model=32, num_heads=2, num_kv_heads=2, ffn_dim=32
+  )
+  config = dataclasses.replace(
+    CONFIG, steps=40, learning_rate=2e-2, distill_mode=mode, distill_prefix_tokens=4
+  )
   student = train.Trainer(draft_model, config, mesh, teacher=target, seed=1)
   state = student.init_state()
   tokens = EVAL[0][:, :-1]
@@ -168,13 +187,20 @@ def test_checkpoint_meta_written_before_a_config_field_existed_still_matches():
   """A model config saved without fields added later (here: the HF-import fields) is read
   with their defaults; a real difference is still refused."""
   import dataclasses as dc
+
   config = tiny_config()
   current = dc.asdict(config)
-  older = {k: v for k, v in current.items() if k not in ("post_norms", "sliding_window",
-                                                         "gelu_approximate", "rope_scaling")}
+  older = {
+    k: v
+    for k, v in current.items()
+    if k not in ("post_norms", "sliding_window", "gelu_approximate", "rope_scaling")
+  }
   checkpoint.check_meta({"model": older}, {"model": current}, "/tmp/x")
   # How the model runs may change; what it computes may not.
-  checkpoint.check_meta({"model": dict(older, dtype="bfloat16", tensor_parallel="shard_map")},
-                        {"model": current}, "/tmp/x")
+  checkpoint.check_meta(
+    {"model": dict(older, dtype="bfloat16", tensor_parallel="shard_map")},
+    {"model": current},
+    "/tmp/x",
+  )
   with pytest.raises(checkpoint.CheckpointError, match="different model"):
     checkpoint.check_meta({"model": dict(older, num_layers=7)}, {"model": current}, "/tmp/x")

@@ -21,16 +21,20 @@ def _case(seed, batch=64, num_draft_tokens=4, vocab=7):
   rng = np.random.default_rng(seed)
   q = _random_dists(rng, (batch, num_draft_tokens, vocab))
   p = _random_dists(rng, (batch, num_draft_tokens + 1, vocab))
-  tokens = np.array([[rng.choice(vocab, p=q[b, t]) for t in range(num_draft_tokens)] for b in range(batch)])
+  tokens = np.array(
+    [[rng.choice(vocab, p=q[b, t]) for t in range(num_draft_tokens)] for b in range(batch)]
+  )
   return tokens, q, p
 
 
 def test_acceptance_probabilities_match_float64():
   tokens, q, p = _case(0)
-  expected = np.array([[min(1.0, p[b, t, x] / q[b, t, x]) for t, x in enumerate(row)]
-                       for b, row in enumerate(tokens)])
-  got = verification.acceptance_probabilities(jnp.asarray(tokens), jnp.asarray(q, jnp.float32),
-                                              jnp.asarray(p, jnp.float32))
+  expected = np.array(
+    [[min(1.0, p[b, t, x] / q[b, t, x]) for t, x in enumerate(row)] for b, row in enumerate(tokens)]
+  )
+  got = verification.acceptance_probabilities(
+    jnp.asarray(tokens), jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32)
+  )
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -46,9 +50,12 @@ def test_residual_matches_float64_and_falls_back_to_p():
   p_BV, q_BV = p[:, 0], q[:, 0]
   mass = np.maximum(p_BV - q_BV, 0.0)
   expected = mass / mass.sum(-1, keepdims=True)
-  np.testing.assert_allclose(verification.residual(jnp.asarray(p_BV, jnp.float32),
-                                                   jnp.asarray(q_BV, jnp.float32)),
-                             expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    verification.residual(jnp.asarray(p_BV, jnp.float32), jnp.asarray(q_BV, jnp.float32)),
+    expected,
+    rtol=1e-5,
+    atol=1e-6,
+  )
   same = jnp.asarray(p_BV[:3], jnp.float32)
   np.testing.assert_allclose(verification.residual(same, same), same)
 
@@ -75,8 +82,9 @@ def test_block_weights_and_stop_probabilities_match_float64():
   q32, p32 = jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32)
   w = verification.block_weights(jnp.asarray(tokens), q32, p32)
   np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(verification.block_stop_probabilities(w, q32, p32), h_ref,
-                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+    verification.block_stop_probabilities(w, q32, p32), h_ref, rtol=1e-4, atol=1e-6
+  )
 
 
 def _enumerated(seed, vocab=4, num_draft_tokens=3):
@@ -94,7 +102,9 @@ def _enumerated(seed, vocab=4, num_draft_tokens=3):
   drafts = np.array(list(itertools.product(range(vocab), repeat=num_draft_tokens)))
   q = np.array([[dist("q", tuple(d[:t])) for t in range(num_draft_tokens)] for d in drafts])
   p = np.array([[dist("p", tuple(d[:t])) for t in range(num_draft_tokens + 1)] for d in drafts])
-  prob = np.prod([q[np.arange(len(drafts)), t, drafts[:, t]] for t in range(num_draft_tokens)], axis=0)
+  prob = np.prod(
+    [q[np.arange(len(drafts)), t, drafts[:, t]] for t in range(num_draft_tokens)], axis=0
+  )
   return drafts, q, p, prob
 
 
@@ -105,12 +115,15 @@ def test_block_accepts_at_least_as_many_tokens_as_token_wise(seed):
   q32, p32, d = jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32), jnp.asarray(drafts)
   a = np.asarray(verification.acceptance_probabilities(d, q32, p32), np.float64)
   token_expected = (prob * np.cumprod(a, axis=1).sum(1)).sum()
-  h = np.asarray(verification.block_stop_probabilities(
-      verification.block_weights(d, q32, p32), q32, p32), np.float64)
+  h = np.asarray(
+    verification.block_stop_probabilities(verification.block_weights(d, q32, p32), q32, p32),
+    np.float64,
+  )
   num_draft_tokens = drafts.shape[1]
   # P(tau = i) = h_i * prod_{j > i} (1 - h_j)
-  later_miss = np.concatenate([np.cumprod((1 - h)[:, ::-1], axis=1)[:, ::-1][:, 1:],
-                               np.ones((len(h), 1))], axis=1)
+  later_miss = np.concatenate(
+    [np.cumprod((1 - h)[:, ::-1], axis=1)[:, ::-1][:, 1:], np.ones((len(h), 1))], axis=1
+  )
   block_expected = (prob * (h * later_miss * np.arange(1, num_draft_tokens + 1)).sum(1)).sum()
   assert block_expected >= token_expected - 1e-6
   assert token_expected > 0.3  # a non-trivial case

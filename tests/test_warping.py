@@ -19,7 +19,7 @@ def _reference(logits, temperature=1.0, top_k=0, top_p=1.0):
   for row, values in enumerate(logits):
     order = np.argsort(-values, kind="stable")
     keep = np.zeros(len(values), bool)
-    keep[order[:top_k or len(values)]] = True
+    keep[order[: top_k or len(values)]] = True
     probs = np.where(keep, np.exp(values - values.max()), 0.0)
     probs /= probs.sum()
     mass, chosen = 0.0, np.zeros(len(values), bool)
@@ -38,8 +38,11 @@ def test_top_k_keeps_exactly_k_even_with_ties(top_k):
   logits = jnp.round(_logits(1))  # many ties
   kept = np.isfinite(warp_logits(logits, SamplingConfig(1.0, top_k, 1.0)))
   np.testing.assert_array_equal(kept.sum(-1), top_k)
-  np.testing.assert_allclose(probabilities(logits, SamplingConfig(1.0, top_k, 1.0)),
-                             _reference(logits, top_k=top_k), atol=1e-6)
+  np.testing.assert_allclose(
+    probabilities(logits, SamplingConfig(1.0, top_k, 1.0)),
+    _reference(logits, top_k=top_k),
+    atol=1e-6,
+  )
 
 
 @pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999, 1.0])
@@ -58,15 +61,17 @@ def test_top_p_keeps_smallest_set_with_mass_at_least_p(top_p):
 def test_temperature_top_k_top_p_compose():
   logits = _logits(3)
   sampling = SamplingConfig(0.7, 10, 0.8)
-  np.testing.assert_allclose(probabilities(logits, sampling),
-                             _reference(logits, 0.7, 10, 0.8), atol=1e-6)
+  np.testing.assert_allclose(
+    probabilities(logits, sampling), _reference(logits, 0.7, 10, 0.8), atol=1e-6
+  )
 
 
 def test_temperature_to_zero_is_argmax():
   logits = _logits(4)
   argmax = np.argmax(np.asarray(logits), -1)
-  np.testing.assert_allclose(probabilities(logits, SamplingConfig(0.0)),
-                             np.eye(logits.shape[-1])[argmax])
+  np.testing.assert_allclose(
+    probabilities(logits, SamplingConfig(0.0)), np.eye(logits.shape[-1])[argmax]
+  )
   near_zero = probabilities(logits, SamplingConfig(1e-3))
   np.testing.assert_array_equal(np.argmax(near_zero, -1), argmax)
   assert np.all(np.max(near_zero, -1) > 0.999)
@@ -83,11 +88,18 @@ def test_sample_follows_the_warped_distribution():
   np.testing.assert_allclose(counts, expected, atol=0.015)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"),
-    (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
-    (dict(temperature=-0.1), "temperature"), (dict(temperature=float("inf")), "temperature"),
-])
+@pytest.mark.parametrize(
+  "kwargs,message",
+  [
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_p=float("nan")), "top_p"),
+    (dict(top_k=-1), "top_k"),
+    (dict(top_k=2.5), "top_k"),
+    (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("inf")), "temperature"),
+  ],
+)
 def test_invalid_sampling_params_are_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
     SamplingConfig(**kwargs)

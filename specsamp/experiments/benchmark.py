@@ -1,4 +1,5 @@
-"""The benchmark sweep: autoregressive vs speculative over K, modes, batch sizes, verifiers, drafters.
+"""The benchmark sweep: autoregressive vs speculative over K, modes, batch sizes, verifiers and
+drafters.
 
 For each setting (mode, batch size, drafter, verifier, K) the speculative
 loop runs ``calls`` times after one compile-and-warm-up call, each call on the
@@ -31,34 +32,54 @@ import json
 import math
 import os
 import platform
-import statistics
-import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
+from specsamp import sharding
 from specsamp.experiments import pair as pair_lib
 from specsamp.experiments import perf_model, speedup, timing
-from specsamp import sharding
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, speculative
 
 # The paper's settings: greedy (XSum), T=0.8 with top-p 0.95 (HumanEval), and plain T=1.
 MODES = {
-    "greedy": {"temperature": 0.0, "top_p": 1.0},
-    "nucleus": {"temperature": 0.8, "top_p": 0.95},
-    "sample": {"temperature": 1.0, "top_p": 1.0},
+  "greedy": {"temperature": 0.0, "top_p": 1.0},
+  "nucleus": {"temperature": 0.8, "top_p": 0.95},
+  "sample": {"temperature": 1.0, "top_p": 1.0},
 }
 SYNTHETIC = "synthetic"
 CSV_COLUMNS = (
-    "mode", "temperature", "top_p", "batch_size", "drafter", "verifier", "num_draft_tokens",
-    "synthetic_acceptance", "ms_per_token", "tokens_per_s", "ar_ms_per_token", "ar_tokens_per_s",
-    "speedup", "acceptance_rate", "alpha", "tokens_per_call", "tokens_per_call_se",
-    "acceptance_at_position", "target_step_ms", "draft_step_ms", "score_ms", "predicted_speedup",
-    "efficiency", "calls", "compile_s")
+  "mode",
+  "temperature",
+  "top_p",
+  "batch_size",
+  "drafter",
+  "verifier",
+  "num_draft_tokens",
+  "synthetic_acceptance",
+  "ms_per_token",
+  "tokens_per_s",
+  "ar_ms_per_token",
+  "ar_tokens_per_s",
+  "speedup",
+  "acceptance_rate",
+  "alpha",
+  "tokens_per_call",
+  "tokens_per_call_se",
+  "acceptance_at_position",
+  "target_step_ms",
+  "draft_step_ms",
+  "score_ms",
+  "predicted_speedup",
+  "efficiency",
+  "calls",
+  "compile_s",
+)
 
 
 def parse_list(value: Any, kind: Callable = str) -> list:
@@ -69,8 +90,9 @@ def parse_list(value: Any, kind: Callable = str) -> list:
 
 
 def setting_key(record: dict) -> str:
-  return "/".join(str(record[k]) for k in ("mode", "batch_size", "drafter", "verifier",
-                                            "num_draft_tokens"))
+  return "/".join(
+    str(record[k]) for k in ("mode", "batch_size", "drafter", "verifier", "num_draft_tokens")
+  )
 
 
 def check_choices(what: str, value: Any, known) -> None:
@@ -119,8 +141,10 @@ class Store:
       with open(self.path) as f:
         saved = json.load(f)
       if saved.get("fingerprint") != fingerprint:
-        raise ValueError(f"{self.path} holds results of another pair or prompt setup; use "
-                         "another --config.output_dir, or --config.resume=False to replace it.")
+        raise ValueError(
+          f"{self.path} holds results of another pair or prompt setup; use "
+          "another --config.output_dir, or --config.resume=False to replace it."
+        )
       self.data = saved
 
   def save(self) -> None:
@@ -136,8 +160,9 @@ class Store:
       writer.writeheader()
       for record in self.data["records"].values():
         row = dict(record)
-        row["acceptance_at_position"] = " ".join(f"{a:.4f}" for a in
-                                                 record["acceptance_at_position"])
+        row["acceptance_at_position"] = " ".join(
+          f"{a:.4f}" for a in record["acceptance_at_position"]
+        )
         writer.writerow(row)
     return path
 
@@ -145,26 +170,40 @@ class Store:
 def fingerprint(config: ml_collections.ConfigDict, extra_fields: tuple[str, ...] = ()) -> str:
   """What makes records comparable: the pair, the prompts and the generation length (and
   ``extra_fields`` of the config)."""
-  identity = {"pair": config.pair.to_dict(), "num_prompts": config.num_prompts,
-              "prompt_tokens": config.prompt_tokens, "max_new_tokens": config.max_new_tokens,
-              **{name: config[name] for name in extra_fields}}
+  identity = {
+    "pair": config.pair.to_dict(),
+    "num_prompts": config.num_prompts,
+    "prompt_tokens": config.prompt_tokens,
+    "max_new_tokens": config.max_new_tokens,
+    **{name: config[name] for name in extra_fields},
+  }
   return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def measure_machine() -> dict:
   bandwidth = timing.measure_memory_bandwidth()
   flops = timing.measure_matmul_flops()
-  return {"backend": jax.default_backend(), "devices": len(jax.devices()),
-          "device_kind": jax.devices()[0].device_kind, "processor": platform.processor(),
-          "cpu_count": os.cpu_count(), "memory_bandwidth": bandwidth, "matmul_flops": flops}
+  return {
+    "backend": jax.default_backend(),
+    "devices": len(jax.devices()),
+    "device_kind": jax.devices()[0].device_kind,
+    "processor": platform.processor(),
+    "cpu_count": os.cpu_count(),
+    "memory_bandwidth": bandwidth,
+    "matmul_flops": flops,
+  }
 
 
-def roofline(config: ml_collections.ConfigDict, machine: dict, log: Callable[[str], None],
-             done: dict) -> dict:
+def roofline(
+  config: ml_collections.ConfigDict, machine: dict, log: Callable[[str], None], done: dict
+) -> dict:
   """Single-call times of each model in ``config.roofline_models`` (random weights), against the
   memory-bandwidth floor and the roofline model; entries already in ``done`` are skipped."""
-  hardware = perf_model.cpu_hardware(machine["memory_bandwidth"], machine["matmul_flops"]) \
-      if machine["backend"] == "cpu" else None
+  hardware = (
+    perf_model.cpu_hardware(machine["memory_bandwidth"], machine["matmul_flops"])
+    if machine["backend"] == "cpu"
+    else None
+  )
   results = {}
   cache_length = config.prompt_tokens + config.max_new_tokens + 9
   for name, model_config in config.roofline_models.items():
@@ -176,21 +215,37 @@ def roofline(config: ml_collections.ConfigDict, machine: dict, log: Callable[[st
           continue
         model = model or transformer.create(model_cfg, seed=0)
         seconds = timing.time_calls(model, batch, tokens, cache_length)
-        record = {"model": name, "batch_size": batch, "num_tokens": tokens,
-                  "cache_length": cache_length, "measured_ms": seconds * 1e3,
-                  "config": dataclasses.asdict(model_cfg),
-                  "memory_bandwidth": machine["memory_bandwidth"],
-                  "matmul_flops": machine["matmul_flops"]}
+        record = {
+          "model": name,
+          "batch_size": batch,
+          "num_tokens": tokens,
+          "cache_length": cache_length,
+          "measured_ms": seconds * 1e3,
+          "config": dataclasses.asdict(model_cfg),
+          "memory_bandwidth": machine["memory_bandwidth"],
+          "matmul_flops": machine["matmul_flops"],
+        }
         if hardware is not None:
-          call = perf_model.call_cost(model_cfg, hardware, perf_model.MeshShape(), batch, tokens,
-                                      cache_length)
-          record.update(bytes=call.weight_bytes + call.kv_bytes, flops=call.flops,
-                        floor_ms=call.memory_s * 1e3, compute_ms=call.compute_s * 1e3,
-                        bound=call.bound, fraction_of_floor=call.memory_s / seconds)
+          call = perf_model.call_cost(
+            model_cfg, hardware, perf_model.MeshShape(), batch, tokens, cache_length
+          )
+          record.update(
+            bytes=call.weight_bytes + call.kv_bytes,
+            flops=call.flops,
+            floor_ms=call.memory_s * 1e3,
+            compute_ms=call.compute_s * 1e3,
+            bound=call.bound,
+            fraction_of_floor=call.memory_s / seconds,
+          )
         results[f"{name}/{batch}/{tokens}"] = record
-        log(f"roofline {name} batch {batch} x {tokens} tokens: {seconds * 1e3:.3f} ms"
-            + (f" (memory floor {record['floor_ms']:.3f} ms: {record['fraction_of_floor']:.0%})"
-               if hardware else ""))
+        log(
+          f"roofline {name} batch {batch} x {tokens} tokens: {seconds * 1e3:.3f} ms"
+          + (
+            f" (memory floor {record['floor_ms']:.3f} ms: {record['fraction_of_floor']:.0%})"
+            if hardware
+            else ""
+          )
+        )
   return results
 
 
@@ -202,18 +257,24 @@ def pair_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return pair
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | None = None,
-        log: Callable[[str], None] = print) -> dict:
+def run(
+  config: ml_collections.ConfigDict, workdir: str | None = None, log: Callable[[str], None] = print
+) -> dict:
   """Runs the sweep (resuming), writes results.json and results.csv; returns the results."""
   check_config(config)
   store = Store(config.output_dir, fingerprint(config), config.resume)
   log("measuring this machine (memory bandwidth, matmul FLOP/s)")
   machine = measure_machine()
   # Each run measures the machine again (a shared CPU varies); all measurements are kept.
-  store.data["machine"] = {**machine, "history": store.data["machine"].get("history", [])
-                           + [{k: machine[k] for k in ("memory_bandwidth", "matmul_flops")}]}
-  log(f"  {machine['memory_bandwidth'] / 1e9:.1f} GB/s, {machine['matmul_flops'] / 1e9:.0f} GFLOP/s"
-      f" ({machine['backend']}, {machine['devices']} devices)")
+  store.data["machine"] = {
+    **machine,
+    "history": store.data["machine"].get("history", [])
+    + [{k: machine[k] for k in ("memory_bandwidth", "matmul_flops")}],
+  }
+  log(
+    f"  {machine['memory_bandwidth'] / 1e9:.1f} GB/s, {machine['matmul_flops'] / 1e9:.0f} GFLOP/s"
+    f" ({machine['backend']}, {machine['devices']} devices)"
+  )
   if config.roofline_models:
     store.data["roofline"].update(roofline(config, machine, log, store.data["roofline"]))
     store.save()
@@ -224,7 +285,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
     drafters = ["checkpoint"] + [d for d in drafters if d == SYNTHETIC]
   # The trained drafts to time; 'synthetic' alone drafts with the config's default draft.
   model_drafters = [d for d in drafters if d != SYNTHETIC] or [
-      pair_section.draft.train.distill.mode]
+    pair_section.draft.train.distill.mode
+  ]
   pair = pair_lib.prepare(pair_section, workdir, draft_modes=model_drafters, log=log)
   prompts = pair.prompts
   max_new = config.max_new_tokens
@@ -235,75 +297,120 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
     def wrapped(*args, **kwargs):
       with sharding.use_mesh(pair.mesh):
         return fn(*args, **kwargs)
+
     return wrapped
 
   costs: dict[tuple, float] = {}  # (model name, batch, tokens per row) -> seconds per call.
 
   def cost(name: str, model, batch: int, tokens: int) -> float:
     if (name, batch, tokens) not in costs:
-      costs[(name, batch, tokens)] = with_mesh(timing.time_calls)(model, batch, tokens,
-                                                                  cache_slots)
+      costs[(name, batch, tokens)] = with_mesh(timing.time_calls)(model, batch, tokens, cache_slots)
     return costs[(name, batch, tokens)]
 
   for mode in parse_list(config.modes):
     warp = MODES[mode]
     for batch_size in parse_list(config.batch_sizes, int):
-      batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
+      batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
       lengths = np.full((batch_size,), prompts.shape[1], np.int32)
-      common = dict(max_new_tokens=max_new, temperature=warp["temperature"], top_p=warp["top_p"],
-                    pad_id=pair.tokenizer.pad_id)
+      common = dict(
+        max_new_tokens=max_new,
+        temperature=warp["temperature"],
+        top_p=warp["top_p"],
+        pad_id=pair.tokenizer.pad_id,
+      )
       ar = None
       for drafter in drafters:
-        verifiers = [SYNTHETIC] if drafter == SYNTHETIC else (
-            ["token"] if warp["temperature"] == 0 else parse_list(config.verifiers))
+        verifiers = (
+          [SYNTHETIC]
+          if drafter == SYNTHETIC
+          else (["token"] if warp["temperature"] == 0 else parse_list(config.verifiers))
+        )
         draft_name = model_drafters[0] if drafter == SYNTHETIC else drafter
         draft = pair.drafts[draft_name]
         for verifier in verifiers:
           for num_draft_tokens in parse_list(config.num_draft_tokens, int):
-            record = {"mode": mode, **warp, "batch_size": batch_size, "drafter": drafter,
-                      "verifier": verifier, "num_draft_tokens": num_draft_tokens}
+            record = {
+              "mode": mode,
+              **warp,
+              "batch_size": batch_size,
+              "drafter": drafter,
+              "verifier": verifier,
+              "num_draft_tokens": num_draft_tokens,
+            }
             if setting_key(record) in store.data["records"]:
               continue
             if ar is None:
-              ar = timing.time_sampler("autoregressive", with_mesh(lambda b, seed: autoregressive.generate(
-                  pair.target, b, lengths, jax.random.fold_in(key, seed), **common)),
-                  batches, config.calls)
+              ar = timing.time_sampler(
+                "autoregressive",
+                with_mesh(
+                  lambda b, seed: autoregressive.generate(
+                    pair.target, b, lengths, jax.random.fold_in(key, seed), **common
+                  )
+                ),
+                batches,
+                config.calls,
+              )
             extra = {}
             if verifier == SYNTHETIC:
               extra = {"synthetic_acceptance": config.synthetic_acceptance}
-            timed = timing.time_sampler("speculative", with_mesh(
+            timed = timing.time_sampler(
+              "speculative",
+              with_mesh(
                 lambda b, seed: speculative.speculative_generate(
-                    pair.target, draft, b, lengths, jax.random.fold_in(key, seed),
-                    num_draft_tokens=num_draft_tokens, verifier=verifier, cache_length=cache_slots,
-                    **common, **extra)), batches, config.calls)
+                  pair.target,
+                  draft,
+                  b,
+                  lengths,
+                  jax.random.fold_in(key, seed),
+                  num_draft_tokens=num_draft_tokens,
+                  verifier=verifier,
+                  cache_length=cache_slots,
+                  **common,
+                  **extra,
+                )
+              ),
+              batches,
+              config.calls,
+            )
             stats = speculative.summarize(timed.outputs)
             step_costs = speedup.StepCosts(
-                target_step_s=cost("target", pair.target, batch_size, 1),
-                draft_step_s=cost(f"draft_{draft_name}", draft, batch_size, 1),
-                target_score_s=cost("target", pair.target, batch_size, num_draft_tokens + 1),
-                num_draft_tokens=num_draft_tokens)
+              target_step_s=cost("target", pair.target, batch_size, 1),
+              draft_step_s=cost(f"draft_{draft_name}", draft, batch_size, 1),
+              target_score_s=cost("target", pair.target, batch_size, num_draft_tokens + 1),
+              num_draft_tokens=num_draft_tokens,
+            )
             predicted = step_costs.predicted_speedup(stats["alpha"])
             measured = ar.ms_per_token / timed.ms_per_token
             record.update(
-                synthetic_acceptance=extra.get("synthetic_acceptance", ""),
-                ms_per_token=timed.ms_per_token, tokens_per_s=timed.tokens_per_s,
-                ar_ms_per_token=ar.ms_per_token, ar_tokens_per_s=ar.tokens_per_s,
-                speedup=measured, acceptance_rate=stats["acceptance_rate"],
-                alpha=stats["alpha"], tokens_per_call=stats["tokens_per_target_call"],
-                tokens_per_call_se=tokens_per_call_se(stats["accepted_histogram"]),
-                acceptance_at_position=stats["acceptance_at_position"],
-                accepted_histogram=stats["accepted_histogram"],
-                target_step_ms=step_costs.target_step_s * 1e3,
-                draft_step_ms=step_costs.draft_step_s * 1e3,
-                score_ms=step_costs.target_score_s * 1e3, predicted_speedup=predicted,
-                efficiency=measured / predicted, calls=config.calls, compile_s=timed.compile_s)
+              synthetic_acceptance=extra.get("synthetic_acceptance", ""),
+              ms_per_token=timed.ms_per_token,
+              tokens_per_s=timed.tokens_per_s,
+              ar_ms_per_token=ar.ms_per_token,
+              ar_tokens_per_s=ar.tokens_per_s,
+              speedup=measured,
+              acceptance_rate=stats["acceptance_rate"],
+              alpha=stats["alpha"],
+              tokens_per_call=stats["tokens_per_target_call"],
+              tokens_per_call_se=tokens_per_call_se(stats["accepted_histogram"]),
+              acceptance_at_position=stats["acceptance_at_position"],
+              accepted_histogram=stats["accepted_histogram"],
+              target_step_ms=step_costs.target_step_s * 1e3,
+              draft_step_ms=step_costs.draft_step_s * 1e3,
+              score_ms=step_costs.target_score_s * 1e3,
+              predicted_speedup=predicted,
+              efficiency=measured / predicted,
+              calls=config.calls,
+              compile_s=timed.compile_s,
+            )
             store.data["records"][setting_key(record)] = record
             store.save()
-            log(f"{mode:>7} b={batch_size:<2} {drafter:>9}/{verifier:<9} K={num_draft_tokens}: "
-                f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
-                f"{measured:4.2f}x, predicted {predicted:4.2f}x, efficiency "
-                f"{measured / predicted:4.2f}; alpha {stats['alpha']:.3f}, "
-                f"{stats['tokens_per_target_call']:.2f} tokens/call")
+            log(
+              f"{mode:>7} b={batch_size:<2} {drafter:>9}/{verifier:<9} K={num_draft_tokens}: "
+              f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
+              f"{measured:4.2f}x, predicted {predicted:4.2f}x, efficiency "
+              f"{measured / predicted:4.2f}; alpha {stats['alpha']:.3f}, "
+              f"{stats['tokens_per_target_call']:.2f} tokens/call"
+            )
   store.write_csv()
   return store.data
 
@@ -320,60 +427,137 @@ def summary_tables(results: dict) -> str:
   format_table = perf_model.format_table
   records = list(results["records"].values())
   out = []
-  detail = [r for r in records if r["batch_size"] == min(x["batch_size"] for x in records)
-            and r["drafter"] != SYNTHETIC and r["verifier"] == "token"]
+  detail = [
+    r
+    for r in records
+    if r["batch_size"] == min(x["batch_size"] for x in records)
+    and r["drafter"] != SYNTHETIC
+    and r["verifier"] == "token"
+  ]
   for mode in [m for m in MODES if any(r["mode"] == m for r in detail)]:
     for drafter in sorted({r["drafter"] for r in detail}):
-      rows = sorted((r for r in detail if r["mode"] == mode and r["drafter"] == drafter),
-                    key=lambda r: r["num_draft_tokens"])
+      rows = sorted(
+        (r for r in detail if r["mode"] == mode and r["drafter"] == drafter),
+        key=lambda r: r["num_draft_tokens"],
+      )
       if rows:
-        out += [f"**{mode}** (T={rows[0]['temperature']}, top-p {rows[0]['top_p']}), draft "
-                f"'{drafter}', token-wise, batch {rows[0]['batch_size']}:", "",
-                format_table(rows, ["num_draft_tokens", "ms_per_token", "ar_ms_per_token",
-                                    "speedup", "predicted_speedup", "efficiency", "alpha",
-                                    "tokens_per_call", "draft_step_ms", "score_ms"]), ""]
+        out += [
+          f"**{mode}** (T={rows[0]['temperature']}, top-p {rows[0]['top_p']}), draft "
+          f"'{drafter}', token-wise, batch {rows[0]['batch_size']}:",
+          "",
+          format_table(
+            rows,
+            [
+              "num_draft_tokens",
+              "ms_per_token",
+              "ar_ms_per_token",
+              "speedup",
+              "predicted_speedup",
+              "efficiency",
+              "alpha",
+              "tokens_per_call",
+              "draft_step_ms",
+              "score_ms",
+            ],
+          ),
+          "",
+        ]
   best = []
   groups: dict[tuple, list] = {}
   for r in records:
     groups.setdefault((r["mode"], r["batch_size"], r["drafter"], r["verifier"]), []).append(r)
   for (mode, batch, drafter, verifier), group in sorted(groups.items()):
     top = max(group, key=lambda r: r["speedup"])
-    best.append({"mode": mode, "batch": batch, "drafter": drafter, "verifier": verifier,
-                 "best_k": top["num_draft_tokens"], "speedup": top["speedup"],
-                 "predicted": top["predicted_speedup"], "efficiency": top["efficiency"],
-                 "ms_per_token": top["ms_per_token"], "ar_ms_per_token": top["ar_ms_per_token"],
-                 "tokens_per_s": top["tokens_per_s"], "ar_tokens_per_s": top["ar_tokens_per_s"]})
+    best.append(
+      {
+        "mode": mode,
+        "batch": batch,
+        "drafter": drafter,
+        "verifier": verifier,
+        "best_k": top["num_draft_tokens"],
+        "speedup": top["speedup"],
+        "predicted": top["predicted_speedup"],
+        "efficiency": top["efficiency"],
+        "ms_per_token": top["ms_per_token"],
+        "ar_ms_per_token": top["ar_ms_per_token"],
+        "tokens_per_s": top["tokens_per_s"],
+        "ar_tokens_per_s": top["ar_tokens_per_s"],
+      }
+    )
   out += ["Best K per setting:", "", format_table(best, list(best[0])), ""] if best else []
   comparison = []
   sampled = [r for r in records if r["verifier"] in ("token", "block") and r["temperature"] > 0]
-  for (mode, drafter, num_draft_tokens) in sorted({(r["mode"], r["drafter"], r["num_draft_tokens"])
-                                    for r in sampled}):
-    pools = {v: [r for r in sampled if (r["mode"], r["drafter"], r["num_draft_tokens"], r["verifier"])
-                 == (mode, drafter, num_draft_tokens, v)] for v in ("token", "block")}
+  for mode, drafter, num_draft_tokens in sorted(
+    {(r["mode"], r["drafter"], r["num_draft_tokens"]) for r in sampled}
+  ):
+    pools = {
+      v: [
+        r
+        for r in sampled
+        if (r["mode"], r["drafter"], r["num_draft_tokens"], r["verifier"])
+        == (mode, drafter, num_draft_tokens, v)
+      ]
+      for v in ("token", "block")
+    }
     if pools["token"] and pools["block"]:
-      (token, token_se), (block, block_se) = (_pooled_tokens_per_call(pools[v])
-                                              for v in ("token", "block"))
-      comparison.append({"mode": mode, "drafter": drafter, "K": num_draft_tokens, "token_wise": token,
-                         "token_se": token_se, "block": block, "block_se": block_se,
-                         "gain": block / token - 1})
+      (token, token_se), (block, block_se) = (
+        _pooled_tokens_per_call(pools[v]) for v in ("token", "block")
+      )
+      comparison.append(
+        {
+          "mode": mode,
+          "drafter": drafter,
+          "K": num_draft_tokens,
+          "token_wise": token,
+          "token_se": token_se,
+          "block": block,
+          "block_se": block_se,
+          "gain": block / token - 1,
+        }
+      )
   if comparison:
-    out += ["Tokens per target call, block vs token-wise verification (pooled over batch sizes; "
-            "se = standard error):", "", format_table(comparison, list(comparison[0])), ""]
-  synthetic = [dict(r) for r in sorted(
+    out += [
+      "Tokens per target call, block vs token-wise verification (pooled over batch sizes; "
+      "se = standard error):",
+      "",
+      format_table(comparison, list(comparison[0])),
+      "",
+    ]
+  synthetic = [
+    dict(r)
+    for r in sorted(
       (r for r in records if r["drafter"] == SYNTHETIC),
-      key=lambda r: (r["mode"], r["batch_size"], r["num_draft_tokens"]))]
+      key=lambda r: (r["mode"], r["batch_size"], r["num_draft_tokens"]),
+    )
+  ]
   for r in synthetic:
     # Where the time goes: one iteration as measured, against the model calls it makes.
     r["iteration_ms"] = r["ms_per_token"] * r["tokens_per_call"]
     r["model_calls_ms"] = r["num_draft_tokens"] * r["draft_step_ms"] + r["score_ms"]
     r["ar_overhead_ms"] = r["ar_ms_per_token"] - r["target_step_ms"]
   if synthetic:
-    out += [f"Synthetic drafter (acceptance forced to {synthetic[0]['synthetic_acceptance']}): "
-            "the loop's own efficiency. iteration_ms = ms/token x tokens/call; model_calls_ms = "
-            "K draft steps + scoring, as timed alone; ar_overhead_ms = autoregressive ms/token "
-            "- a target step:", "",
-            format_table(synthetic, ["mode", "batch_size", "num_draft_tokens", "alpha",
-                                     "tokens_per_call", "speedup", "predicted_speedup",
-                                     "efficiency", "iteration_ms", "model_calls_ms",
-                                     "ar_overhead_ms"]), ""]
+    out += [
+      f"Synthetic drafter (acceptance forced to {synthetic[0]['synthetic_acceptance']}): "
+      "the loop's own efficiency. iteration_ms = ms/token x tokens/call; model_calls_ms = "
+      "K draft steps + scoring, as timed alone; ar_overhead_ms = autoregressive ms/token "
+      "- a target step:",
+      "",
+      format_table(
+        synthetic,
+        [
+          "mode",
+          "batch_size",
+          "num_draft_tokens",
+          "alpha",
+          "tokens_per_call",
+          "speedup",
+          "predicted_speedup",
+          "efficiency",
+          "iteration_ms",
+          "model_calls_ms",
+          "ar_overhead_ms",
+        ],
+      ),
+      "",
+    ]
   return "\n".join(out)

@@ -27,7 +27,8 @@ setting) and a Markdown table.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -35,8 +36,14 @@ import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments import pair as pair_lib
-from specsamp.experiments.benchmark import (MODES, Store, check_choices, fingerprint,
-                                             pair_config, parse_list)
+from specsamp.experiments.benchmark import (
+  MODES,
+  Store,
+  check_choices,
+  fingerprint,
+  pair_config,
+  parse_list,
+)
 from specsamp.experiments.timing import time_sampler
 from specsamp.sampling import autoregressive, drafters, speculative
 
@@ -49,7 +56,7 @@ def grounded_prompts(prompts: np.ndarray, repeat_tokens: int) -> np.ndarray:
   length = prompts.shape[1]
   if not 0 < repeat_tokens < length // 2:
     raise ValueError(f"repeat_tokens must be in (0, {length // 2}), got {repeat_tokens}.")
-  return np.concatenate([prompts[:, :length - repeat_tokens], prompts[:, :repeat_tokens]], axis=1)
+  return np.concatenate([prompts[:, : length - repeat_tokens], prompts[:, :repeat_tokens]], axis=1)
 
 
 def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters.Drafter:
@@ -61,8 +68,10 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     return drafters.PromptLookupDrafter(max_ngram=config.lookup_max_ngram)
   if name.startswith("self") and name[4:].isdigit():
     return drafters.self_speculative(pair.target, int(name[4:]))
-  raise ValueError(f"Unknown drafter {name!r}: use model, model_confident, lookup or selfL "
-                   "(L = layers of the target, e.g. self2).")
+  raise ValueError(
+    f"Unknown drafter {name!r}: use model, model_confident, lookup or selfL "
+    "(L = layers of the target, e.g. self2)."
+  )
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -73,16 +82,19 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError("num_draft_tokens and calls must be >= 1.")
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | None = None,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+  config: ml_collections.ConfigDict, workdir: str | None = None, log: Callable[[str], None] = print
+) -> dict[str, Any]:
   """Runs the comparison (resuming), writes results.json and summary.md; returns the results."""
   check_config(config)
   store = Store(config.output_dir, fingerprint(config, ("repeat_tokens",)), config.resume)
   pair = pair_lib.prepare(pair_config(config), workdir, log=log)
   names = parse_list(config.drafters)
   built = {name: make_drafter(name, pair, config) for name in names}
-  tasks = {"continue": pair.prompts,
-           "grounded": grounded_prompts(pair.prompts, config.repeat_tokens)}
+  tasks = {
+    "continue": pair.prompts,
+    "grounded": grounded_prompts(pair.prompts, config.repeat_tokens),
+  }
   key = jax.random.key(config.seed)
   max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))
   cache_slots = config.prompt_tokens + config.max_new_tokens + max_num_draft_tokens + 1
@@ -92,6 +104,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
     def sample(batch, seed):
       with sharding.use_mesh(pair.mesh):
         return fn(batch, jax.random.fold_in(key, seed))
+
     return sample
 
   for task in parse_list(config.tasks):
@@ -102,32 +115,64 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None,
       for name in names:
         for schedule in parse_list(config.schedules):
           for num_draft_tokens in parse_list(config.num_draft_tokens, int):
-            record = {"task": task, "mode": mode, "drafter": name, "schedule": schedule,
-                      "num_draft_tokens": num_draft_tokens}
+            record = {
+              "task": task,
+              "mode": mode,
+              "drafter": name,
+              "schedule": schedule,
+              "num_draft_tokens": num_draft_tokens,
+            }
             record_key = "/".join(str(v) for v in record.values())
             if record_key in store.data["records"]:
               continue
             if ar is None:
-              ar = time_sampler("autoregressive", sampler(lambda b, rng: autoregressive.generate(
-                  pair.target, b, lengths, rng, **warp)), batches, config.calls)
-            timed = time_sampler("speculative", sampler(lambda b, rng: speculative.speculative_generate(
-                pair.target, built[name], b, lengths, rng, num_draft_tokens=num_draft_tokens,
-                schedule=schedule, cache_length=cache_slots, **warp)), batches, config.calls)
+              ar = time_sampler(
+                "autoregressive",
+                sampler(
+                  lambda b, rng: autoregressive.generate(pair.target, b, lengths, rng, **warp)
+                ),
+                batches,
+                config.calls,
+              )
+            timed = time_sampler(
+              "speculative",
+              sampler(
+                lambda b, rng: speculative.speculative_generate(
+                  pair.target,
+                  built[name],
+                  b,
+                  lengths,
+                  rng,
+                  num_draft_tokens=num_draft_tokens,
+                  schedule=schedule,
+                  cache_length=cache_slots,
+                  **warp,
+                )
+              ),
+              batches,
+              config.calls,
+            )
             stats = speculative.summarize(timed.outputs)
             record.update(
-                ms_per_token=timed.ms_per_token, tokens_per_s=timed.tokens_per_s,
-                ar_ms_per_token=ar.ms_per_token, speedup=ar.ms_per_token / timed.ms_per_token,
-                tokens_per_call=stats["tokens_per_target_call"],
-                mean_draft_length=stats["mean_draft_length"],
-                acceptance_rate=stats["acceptance_rate"], alpha=stats["alpha"],
-                draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1))
+              ms_per_token=timed.ms_per_token,
+              tokens_per_s=timed.tokens_per_s,
+              ar_ms_per_token=ar.ms_per_token,
+              speedup=ar.ms_per_token / timed.ms_per_token,
+              tokens_per_call=stats["tokens_per_target_call"],
+              mean_draft_length=stats["mean_draft_length"],
+              acceptance_rate=stats["acceptance_rate"],
+              alpha=stats["alpha"],
+              draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1),
+            )
             store.data["records"][record_key] = record
             store.save()
-            log(f"{task:>9} {mode:>7} {name:>15} {schedule:>9} K={num_draft_tokens}: "
-                f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
-                f"{record['speedup']:4.2f}x, {stats['tokens_per_target_call']:.2f} tokens/call, "
-                f"draft length {stats['mean_draft_length']:.2f}, acceptance "
-                f"{stats['acceptance_rate']:.3f}")
+            log(
+              f"{task:>9} {mode:>7} {name:>15} {schedule:>9} K={num_draft_tokens}: "
+              f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
+              f"{record['speedup']:4.2f}x, {stats['tokens_per_target_call']:.2f} tokens/call, "
+              f"draft length {stats['mean_draft_length']:.2f}, acceptance "
+              f"{stats['acceptance_rate']:.3f}"
+            )
   summary = summary_table(store.data["records"])
   with open(os.path.join(config.output_dir, "summary.md"), "w") as f:
     f.write(summary + "\n")
@@ -142,10 +187,15 @@ def summary_table(records: dict[str, dict]) -> str:
     group = (record["task"], record["mode"], record["drafter"], record["schedule"])
     if group not in best or record["speedup"] > best[group]["speedup"]:
       best[group] = record
-  lines = ["| task | mode | drafter | schedule | best K | speedup | tokens / call | "
-           "draft length | acceptance |", "|---|---|---|---|---|---|---|---|---|"]
+  lines = [
+    "| task | mode | drafter | schedule | best K | speedup | tokens / call | "
+    "draft length | acceptance |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
   for (task, mode, name, schedule), r in sorted(best.items()):
-    lines.append(f"| {task} | {mode} | {name} | {schedule} | {r['num_draft_tokens']} | "
-                 f"{r['speedup']:.2f}x | {r['tokens_per_call']:.2f} | "
-                 f"{r['mean_draft_length']:.2f} | {r['acceptance_rate']:.3f} |")
+    lines.append(
+      f"| {task} | {mode} | {name} | {schedule} | {r['num_draft_tokens']} | "
+      f"{r['speedup']:.2f}x | {r['tokens_per_call']:.2f} | "
+      f"{r['mean_draft_length']:.2f} | {r['acceptance_rate']:.3f} |"
+    )
   return "\n".join(lines)

@@ -35,7 +35,8 @@ import functools
 import itertools
 import math
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -45,17 +46,17 @@ from scipy import stats
 
 from specsamp import sharding
 from specsamp.models import TransformerConfig, transformer
-from specsamp.sampling import draws, drafters, speculative, verification, warping
+from specsamp.sampling import drafters, draws, speculative, verification, warping
 
 VOCAB = 8
 NEW_TOKENS = 4
 NUM_DRAFT = 3
 WARPINGS = {
-    "T=1": warping.SamplingConfig(1.0),
-    "T=0.7": warping.SamplingConfig(0.7),
-    "top-k=3": warping.SamplingConfig(1.0, top_k=3),
-    "top-p=0.8": warping.SamplingConfig(1.0, top_p=0.8),
-    "T=0.7,k=4,p=0.9": warping.SamplingConfig(0.7, top_k=4, top_p=0.9),
+  "T=1": warping.SamplingConfig(1.0),
+  "T=0.7": warping.SamplingConfig(0.7),
+  "top-k=3": warping.SamplingConfig(1.0, top_k=3),
+  "top-p=0.8": warping.SamplingConfig(1.0, top_p=0.8),
+  "T=0.7,k=4,p=0.9": warping.SamplingConfig(0.7, top_k=4, top_p=0.9),
 }
 VERIFIERS = ("token", "block")
 DRAFTERS = ("model", "lookup", "self_speculative", "confidence_stop")
@@ -84,8 +85,15 @@ class Case:
 
   @property
   def name(self) -> str:
-    parts = [self.model, self.verifier, self.drafter, self.schedule, self.warping,
-             f"batch={self.batch}", f"mesh={self.mesh}"]
+    parts = [
+      self.model,
+      self.verifier,
+      self.drafter,
+      self.schedule,
+      self.warping,
+      f"batch={self.batch}",
+      f"mesh={self.mesh}",
+    ]
     return " ".join(parts) + (f" BUG={self.bug}" if self.bug else "")
 
 
@@ -111,31 +119,50 @@ def all_cases(scope: str = "full") -> list[Case]:
   warpings = list(WARPINGS)
   table_drafters = [d for d in DRAFTERS if d != "self_speculative"]
   if scope == "full":
-    cases = [Case("trigram", v, d, s, w, b, "1") for b in BATCHES for v in VERIFIERS
-             for d in table_drafters for s in SCHEDULES for w in warpings]
-    cases += [Case("transformer", v, d, s, warpings[i % len(warpings)], BATCHES[i % 2], "1")
-              for i, (v, d, s) in enumerate(itertools.product(VERIFIERS, DRAFTERS, SCHEDULES))]
-    cases += [Case("transformer", VERIFIERS[i % 2], d, SCHEDULES[i // 2 % 2],
-                   warpings[(i + 2) % len(warpings)], "ragged16", "2x4")
-              for i, d in enumerate(DRAFTERS)]
+    cases = [
+      Case("trigram", v, d, s, w, b, "1")
+      for b in BATCHES
+      for v in VERIFIERS
+      for d in table_drafters
+      for s in SCHEDULES
+      for w in warpings
+    ]
+    cases += [
+      Case("transformer", v, d, s, warpings[i % len(warpings)], BATCHES[i % 2], "1")
+      for i, (v, d, s) in enumerate(itertools.product(VERIFIERS, DRAFTERS, SCHEDULES))
+    ]
+    cases += [
+      Case(
+        "transformer",
+        VERIFIERS[i % 2],
+        d,
+        SCHEDULES[i // 2 % 2],
+        warpings[(i + 2) % len(warpings)],
+        "ragged16",
+        "2x4",
+      )
+      for i, d in enumerate(DRAFTERS)
+    ]
   else:
-    cases = [Case("trigram", v, d, SCHEDULES[i % 2], warpings[i % len(warpings)],
-                  BATCHES[i // 2 % 2], "1")
-             for i, (v, d) in enumerate(itertools.product(VERIFIERS, table_drafters))]
-    cases += [Case("transformer", "block", "self_speculative", "heuristic", "T=0.7",
-                   "ragged16", "1"),
-              Case("transformer", "token", "model", "fixed", "top-p=0.8", "ragged16", "2x4")]
+    cases = [
+      Case("trigram", v, d, SCHEDULES[i % 2], warpings[i % len(warpings)], BATCHES[i // 2 % 2], "1")
+      for i, (v, d) in enumerate(itertools.product(VERIFIERS, table_drafters))
+    ]
+    cases += [
+      Case("transformer", "block", "self_speculative", "heuristic", "T=0.7", "ragged16", "1"),
+      Case("transformer", "token", "model", "fixed", "top-p=0.8", "ragged16", "2x4"),
+    ]
   return cases + bug_cases()
 
 
 def bug_cases() -> list[Case]:
   """One planted bug per family, each in a setting where the fault has room to show."""
   return [
-      Case("trigram", "token", "model", "fixed", "T=1", "1", "1", bug="residual_from_p"),
-      Case("trigram", "block", "model", "fixed", "top-k=3", "1", "1", bug="unweighted_block"),
-      Case("trigram", "block", "model", "fixed", "top-p=0.8", "1", "1", bug="coarse_le"),
-      Case("trigram", "token", "model", "fixed", "T=0.7", "1", "1", bug="bits8"),
-      Case("trigram", "token", "lookup", "fixed", "T=1", "1", "1", bug="misreported_q"),
+    Case("trigram", "token", "model", "fixed", "T=1", "1", "1", bug="residual_from_p"),
+    Case("trigram", "block", "model", "fixed", "top-k=3", "1", "1", bug="unweighted_block"),
+    Case("trigram", "block", "model", "fixed", "top-p=0.8", "1", "1", bug="coarse_le"),
+    Case("trigram", "token", "model", "fixed", "T=0.7", "1", "1", bug="bits8"),
+    Case("trigram", "token", "lookup", "fixed", "T=1", "1", "1", bug="misreported_q"),
   ]
 
 
@@ -165,23 +192,36 @@ class Trigram:
     return self.logits_PVV.shape[1]
 
   def init_cache(self, batch_size: int, max_length: int) -> TokenCache:
-    return TokenCache(tokens=jnp.zeros((batch_size, max_length), jnp.int32),
-                      lengths=jnp.zeros((batch_size,), jnp.int32))
+    return TokenCache(
+      tokens=jnp.zeros((batch_size, max_length), jnp.int32),
+      lengths=jnp.zeros((batch_size,), jnp.int32),
+    )
 
   def __call__(self, tokens_BT, positions_BT, cache):
     rows_B1 = jnp.arange(tokens_BT.shape[0])[:, None]
     fed_BS = cache.tokens.at[rows_B1, positions_BT].set(tokens_BT)
-    previous_BT = jnp.where(positions_BT > 0, fed_BS[rows_B1, jnp.maximum(positions_BT - 1, 0)],
-                            self.vocab_size)
-    return (self.logits_PVV[previous_BT, tokens_BT],
-            cache.replace(tokens=fed_BS, lengths=positions_BT[:, -1] + 1))
+    previous_BT = jnp.where(
+      positions_BT > 0, fed_BS[rows_B1, jnp.maximum(positions_BT - 1, 0)], self.vocab_size
+    )
+    return (
+      self.logits_PVV[previous_BT, tokens_BT],
+      cache.replace(tokens=fed_BS, lengths=positions_BT[:, -1] + 1),
+    )
 
 
 def model_config(num_layers: int = 2, tensor_parallel: str = "auto") -> TransformerConfig:
   """The certificate's tiny Transformer: vocabulary 8, 2 layers, grouped-query attention."""
-  return TransformerConfig(vocab_size=VOCAB, num_layers=num_layers, d_model=32, num_heads=4,
-                           num_kv_heads=2, ffn_dim=64, dtype="float32", param_dtype="float32",
-                           tensor_parallel=tensor_parallel)
+  return TransformerConfig(
+    vocab_size=VOCAB,
+    num_layers=num_layers,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    ffn_dim=64,
+    dtype="float32",
+    param_dtype="float32",
+    tensor_parallel=tensor_parallel,
+  )
 
 
 def _noisy_copy(model: Any, scale: float, seed: int) -> Any:
@@ -193,8 +233,10 @@ def _noisy_copy(model: Any, scale: float, seed: int) -> Any:
   graphdef, state = nnx.split(model)
   leaves, treedef = jax.tree.flatten(state)
   keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [jax.device_put(x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype),
-                          x.sharding) for x, k in zip(leaves, keys)]
+  noisy = [
+    jax.device_put(x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype), x.sharding)
+    for x, k in zip(leaves, keys)
+  ]
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
 
 
@@ -235,8 +277,10 @@ def make_setup(model: str, mesh_name: str) -> Setup:
     target = transformer.create(model_config(), seed=10)
     return Setup(target, _noisy_copy(target, 0.6, seed=11), None)
   if len(jax.devices()) < 8:
-    raise ValueError(f"The 2x4 mesh needs 8 devices, found {len(jax.devices())}; on a CPU set "
-                     "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts.")
+    raise ValueError(
+      f"The 2x4 mesh needs 8 devices, found {len(jax.devices())}; on a CPU set "
+      "XLA_FLAGS=--xla_force_host_platform_device_count=8 before jax starts."
+    )
   mesh = sharding.make_mesh({"data": 2, "tensor": 4}, jax.devices()[:8])
   target = transformer.create(model_config(tensor_parallel="shard_map"), mesh, seed=10)
   return Setup(target, _noisy_copy(target, 0.6, seed=11), mesh)
@@ -257,28 +301,32 @@ def prompts(batch: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.partial(jax.jit, static_argnames=("sampling", "count"))
-def _last_distributions(model: Any, tokens_BT: jax.Array, sampling: warping.SamplingConfig,
-                        count: int) -> jax.Array:
+def _last_distributions(
+  model: Any, tokens_BT: jax.Array, sampling: warping.SamplingConfig, count: int
+) -> jax.Array:
   """[B, count, V]: the warped next-token distributions at each row's last ``count``
   positions, through the decode protocol (one causal pass gives every prefix's)."""
   batch, length = tokens_BT.shape
   positions_BT = jnp.broadcast_to(jnp.arange(length), (batch, length))
   logits_BTV, _ = model(tokens_BT, positions_BT, model.init_cache(batch, length))
-  return warping.probabilities(logits_BTV[:, length - count:], sampling)
+  return warping.probabilities(logits_BTV[:, length - count :], sampling)
 
 
-def exact_distribution(target: Any, prompt: tuple[int, ...], sampling: warping.SamplingConfig
-                       ) -> np.ndarray:
+def exact_distribution(
+  target: Any, prompt: tuple[int, ...], sampling: warping.SamplingConfig
+) -> np.ndarray:
   """P(x_1..x_N | prompt) under the warped target, [V^N] in lexicographic order (float64).
 
   One forward pass over the V^(N-1) sequences prompt + x_1..x_{N-1} gives every factor
   p(x_t | prompt, x_<t) of the chain rule at positions L-1..L+N-2.
   """
   prefixes = np.asarray(list(itertools.product(range(VOCAB), repeat=NEW_TOKENS - 1)), np.int32)
-  seqs = np.concatenate([np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes],
-                        axis=1)
-  step = np.asarray(_last_distributions(target, jnp.asarray(seqs), sampling, NEW_TOKENS),
-                    np.float64)
+  seqs = np.concatenate(
+    [np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes], axis=1
+  )
+  step = np.asarray(
+    _last_distributions(target, jnp.asarray(seqs), sampling, NEW_TOKENS), np.float64
+  )
   step /= step.sum(-1, keepdims=True)
   rows = np.arange(len(prefixes))
   probs = np.ones(len(prefixes))
@@ -299,25 +347,35 @@ def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any
   big = expected >= 5
   if np.any(counts[probs <= 0] > 0):
     cells = int(big.sum()) + 1
-    return {"G": math.inf, "cells": cells, "threshold": float(stats.chi2.isf(level, cells - 1)),
-            "impossible": int(counts[probs <= 0].sum())}
+    return {
+      "G": math.inf,
+      "cells": cells,
+      "threshold": float(stats.chi2.isf(level, cells - 1)),
+      "impossible": int(counts[probs <= 0].sum()),
+    }
   observed_cells = np.append(counts[big], counts[~big & (probs > 0)].sum())
   expected_cells = np.append(expected[big], expected[~big & (probs > 0)].sum())
   keep = expected_cells > 0
   observed_cells, expected_cells = observed_cells[keep], expected_cells[keep]
   nonzero = observed_cells > 0
-  g = 2.0 * np.sum(observed_cells[nonzero] * np.log(observed_cells[nonzero]
-                                                    / expected_cells[nonzero]))
+  g = 2.0 * np.sum(
+    observed_cells[nonzero] * np.log(observed_cells[nonzero] / expected_cells[nonzero])
+  )
   dof = len(observed_cells) - 1
-  return {"G": float(g), "cells": len(observed_cells), "threshold": float(stats.chi2.isf(level, dof)),
-          "impossible": 0}
+  return {
+    "G": float(g),
+    "cells": len(observed_cells),
+    "threshold": float(stats.chi2.isf(level, dof)),
+    "impossible": 0,
+  }
 
 
 # --- Sampling. ----------------------------------------------------------------------------------
 
 
-def _sampler(setup: Setup, case: Case, prompts_BT: np.ndarray, lengths_B: np.ndarray
-             ) -> Callable[[jax.Array], jax.Array]:
+def _sampler(
+  setup: Setup, case: Case, prompts_BT: np.ndarray, lengths_B: np.ndarray
+) -> Callable[[jax.Array], jax.Array]:
   """keys [I] -> continuations [I, B, NEW_TOKENS]: I independent runs of the loop."""
   sampling = WARPINGS[case.warping]
   drafter = setup.drafter(case.drafter)
@@ -326,9 +384,20 @@ def _sampler(setup: Setup, case: Case, prompts_BT: np.ndarray, lengths_B: np.nda
 
   def one(key):
     out = speculative.speculative_generate(
-        setup.target, drafter, prompts_BT, lengths_B, key, max_new_tokens=NEW_TOKENS,
-        num_draft_tokens=NUM_DRAFT, temperature=sampling.temperature, top_k=sampling.top_k,
-        top_p=sampling.top_p, verifier=case.verifier, schedule=case.schedule, check_nan=False)
+      setup.target,
+      drafter,
+      prompts_BT,
+      lengths_B,
+      key,
+      max_new_tokens=NEW_TOKENS,
+      num_draft_tokens=NUM_DRAFT,
+      temperature=sampling.temperature,
+      top_k=sampling.top_k,
+      top_p=sampling.top_p,
+      verifier=case.verifier,
+      schedule=case.schedule,
+      check_nan=False,
+    )
     return out.tokens[rows_B[:, None], jnp.asarray(lengths_B)[:, None] + offsets[None, :]]
 
   return jax.jit(jax.vmap(one))
@@ -339,8 +408,9 @@ def _codes(continuations: np.ndarray) -> np.ndarray:
   return continuations.astype(np.int64) @ (VOCAB ** np.arange(NEW_TOKENS - 1, -1, -1))
 
 
-def draw_counts(setup: Setup, case: Case, num_samples: int, seed: int = 0,
-                chunk_rows: int = 1 << 16) -> np.ndarray:
+def draw_counts(
+  setup: Setup, case: Case, num_samples: int, seed: int = 0, chunk_rows: int = 1 << 16
+) -> np.ndarray:
   """[B, V^N] counts of ``num_samples`` continuations (over all rows) drawn by the loop."""
   prompts_BT, lengths_B = prompts(case.batch)
   rows = len(lengths_B)
@@ -351,10 +421,10 @@ def draw_counts(setup: Setup, case: Case, num_samples: int, seed: int = 0,
     sample = _sampler(setup, case, prompts_BT, lengths_B)
     keys = jax.random.split(jax.random.key(seed), runs)
     for start in range(0, runs, per_chunk):
-      chunk = keys[start:start + per_chunk]
+      chunk = keys[start : start + per_chunk]
       if len(chunk) < per_chunk:  # One compiled shape: pad the last chunk, drop the extra.
-        chunk = jnp.concatenate([chunk, keys[:per_chunk - len(chunk)]])
-      codes = _codes(np.asarray(sample(chunk)))[:min(per_chunk, runs - start)]
+        chunk = jnp.concatenate([chunk, keys[: per_chunk - len(chunk)]])
+      codes = _codes(np.asarray(sample(chunk)))[: min(per_chunk, runs - start)]
       for row in range(rows):
         counts[row] += np.bincount(codes[:, row], minlength=VOCAB**NEW_TOKENS)
   return counts
@@ -382,12 +452,20 @@ def planted(bug: str | None) -> Iterator[None]:
     original = verification.residual
     patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: original(p_BV, q_BV))
   elif bug == "coarse_le":
-    patch(draws, "bernoulli_from_words", lambda words, a: (
-        (words[0] >> 24).astype(jnp.float32) / 256.0 <= jnp.asarray(a, jnp.float32)))
+    patch(
+      draws,
+      "bernoulli_from_words",
+      lambda words, a: (
+        (words[0] >> 24).astype(jnp.float32) / 256.0 <= jnp.asarray(a, jnp.float32)
+      ),
+    )
   elif bug == "bits8":
-    patch(draws, "random_words", lambda key, shape: jax.random.bits(
-        key, (2, *shape), jnp.uint32) & jnp.asarray([[0xFF000000], [0]], jnp.uint32).reshape(
-            (2,) + (1,) * len(shape)))
+    patch(
+      draws,
+      "random_words",
+      lambda key, shape: jax.random.bits(key, (2, *shape), jnp.uint32)
+      & jnp.asarray([[0xFF000000], [0]], jnp.uint32).reshape((2,) + (1,) * len(shape)),
+    )
   elif bug == "misreported_q":
     original_propose = drafters.PromptLookupDrafter.propose
 
@@ -430,8 +508,13 @@ class Result:
     return self.rejected if self.case.bug else not self.rejected
 
 
-def certify(cases: list[Case], num_samples: int, level: float, seed: int = 0,
-            log: Callable[[str], None] = print) -> list[Result]:
+def certify(
+  cases: list[Case],
+  num_samples: int,
+  level: float,
+  seed: int = 0,
+  log: Callable[[str], None] = print,
+) -> list[Result]:
   """Runs every case; ``level`` is each G-test's false-rejection probability."""
   setups: dict[str, Setup] = {}
   exact: dict[tuple[str, ...], np.ndarray] = {}
@@ -445,28 +528,37 @@ def certify(cases: list[Case], num_samples: int, level: float, seed: int = 0,
     prompts_BT, lengths_B = prompts(case.batch)
     if key not in exact:
       with setup.context():
-        exact[key] = np.stack([exact_distribution(setup.target, tuple(row[:n]),
-                                                  WARPINGS[case.warping])
-                               for row, n in zip(prompts_BT.tolist(), lengths_B.tolist())])
+        exact[key] = np.stack(
+          [
+            exact_distribution(setup.target, tuple(row[:n]), WARPINGS[case.warping])
+            for row, n in zip(prompts_BT.tolist(), lengths_B.tolist())
+          ]
+        )
     with planted(case.bug):
       counts = draw_counts(setup, case, num_samples, seed=seed + index)
     # Rows are sampled equally often: each row's exact distribution, weighted 1/B.
     test = g_test(counts, exact[key] / len(lengths_B), level)
     result = Result(case=case, n=int(counts.sum()), seconds=time.perf_counter() - start, **test)
     results.append(result)
-    log(f"[{index + 1}/{len(cases)}] {case.name}: G={result.G:.1f} threshold="
-        f"{result.threshold:.1f} -> {'PASS' if result.passed else 'FAIL'} ({result.seconds:.1f} s)")
+    log(
+      f"[{index + 1}/{len(cases)}] {case.name}: G={result.G:.1f} threshold="
+      f"{result.threshold:.1f} -> {'PASS' if result.passed else 'FAIL'} ({result.seconds:.1f} s)"
+    )
   return results
 
 
 def format_table(results: list[Result], level: float) -> str:
   """The certificate as a Markdown table (case, n, G, cells, threshold, verdict)."""
-  lines = [f"| case | n | G | cells | threshold (level {level:g}) | result |",
-           "|---|---|---|---|---|---|"]
+  lines = [
+    f"| case | n | G | cells | threshold (level {level:g}) | result |",
+    "|---|---|---|---|---|---|",
+  ]
   for r in results:
-    verdict = ("rejected, as it must be" if r.rejected else "NOT REJECTED") if r.case.bug else (
-        "pass" if r.passed else "FAIL")
+    verdict = (
+      ("rejected, as it must be" if r.rejected else "NOT REJECTED")
+      if r.case.bug
+      else ("pass" if r.passed else "FAIL")
+    )
     g = "inf (impossible token drawn)" if math.isinf(r.G) else f"{r.G:.1f}"
-    lines.append(f"| {r.case.name} | {r.n:,} | {g} | {r.cells} | {r.threshold:.1f} | "
-                 f"{verdict} |")
+    lines.append(f"| {r.case.name} | {r.n:,} | {g} | {r.cells} | {r.threshold:.1f} | {verdict} |")
   return "\n".join(lines)

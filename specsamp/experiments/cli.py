@@ -14,24 +14,34 @@ built from the config spans the whole slice.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 from absl import app, flags, logging
 
-_DISTRIBUTED = flags.DEFINE_enum("distributed", "off", ["off", "auto", "manual"],
-                                 "Multi-host initialisation: off, auto (Cloud TPU etc.), manual.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
-                                   "host:port of process 0 (--distributed=manual).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
-                                      "Number of processes (--distributed=manual).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None,
-                                   "This process's id in [0, num_processes) (--distributed=manual).")
+_DISTRIBUTED = flags.DEFINE_enum(
+  "distributed",
+  "off",
+  ["off", "auto", "manual"],
+  "Multi-host initialisation: off, auto (Cloud TPU etc.), manual.",
+)
+_COORDINATOR = flags.DEFINE_string(
+  "coordinator_address", None, "host:port of process 0 (--distributed=manual)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+  "num_processes", None, "Number of processes (--distributed=manual)."
+)
+_PROCESS_ID = flags.DEFINE_integer(
+  "process_id", None, "This process's id in [0, num_processes) (--distributed=manual)."
+)
 
 
-def initialize_distributed(mode: str, coordinator_address: str | None = None,
-                           num_processes: int | None = None, process_id: int | None = None
-                           ) -> None:
+def initialize_distributed(
+  mode: str,
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+) -> None:
   """Joins the processes of a multi-host job (a no-op for 'off')."""
   if mode == "off":
     return
@@ -40,15 +50,22 @@ def initialize_distributed(mode: str, coordinator_address: str | None = None,
   if mode == "auto":
     jax.distributed.initialize()
     return
-  missing = [name for name, value in (("coordinator_address", coordinator_address),
-                                      ("num_processes", num_processes),
-                                      ("process_id", process_id)) if value is None]
+  missing = [
+    name
+    for name, value in (
+      ("coordinator_address", coordinator_address),
+      ("num_processes", num_processes),
+      ("process_id", process_id),
+    )
+    if value is None
+  ]
   if missing:
     raise app.UsageError(f"--distributed=manual needs --{', --'.join(missing)}.")
   if not 0 <= process_id < num_processes:
     raise app.UsageError(f"--process_id={process_id} must be in [0, {num_processes}).")
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  jax.distributed.initialize(
+    coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+  )
 
 
 def start(argv: Sequence[str]) -> None:
@@ -57,8 +74,12 @@ def start(argv: Sequence[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO; --verbosity=0 shows it.
     logging.set_verbosity(logging.WARNING)
-  initialize_distributed(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
-                         _PROCESS_ID.value)
+  initialize_distributed(
+    _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
+  )
   if jax.process_count() > 1:
-    print(f"process {jax.process_index()} of {jax.process_count()}: "
-          f"{jax.local_device_count()} local of {jax.device_count()} devices", flush=True)
+    print(
+      f"process {jax.process_index()} of {jax.process_count()}: "
+      f"{jax.local_device_count()} local of {jax.device_count()} devices",
+      flush=True,
+    )

@@ -21,17 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-from specsamp.training import checkpoint, data, train
 from specsamp import sharding
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import model_protocol, speculative
+from specsamp.training import checkpoint, data, train
 from specsamp.training.tokenizer import Tokenizer
 
 
@@ -69,13 +70,16 @@ def default_workdir(config: ml_collections.ConfigDict) -> str:
 def model_config(section: ml_collections.ConfigDict, tokenizer: Tokenizer) -> TransformerConfig:
   config = TransformerConfig.from_config(section.model)
   if config.vocab_size < tokenizer.vocab_size:
-    raise ValueError(f"The model's vocab_size {config.vocab_size} is smaller than the "
-                     f"tokenizer's {tokenizer.vocab_size} pieces ({tokenizer.path}).")
+    raise ValueError(
+      f"The model's vocab_size {config.vocab_size} is smaller than the "
+      f"tokenizer's {tokenizer.vocab_size} pieces ({tokenizer.path})."
+    )
   return config
 
 
-def load_tokenizer(config: ml_collections.ConfigDict, workdir: str, split: data.Split,
-                   log: Callable[[str], None]) -> Tokenizer:
+def load_tokenizer(
+  config: ml_collections.ConfigDict, workdir: str, split: data.Split, log: Callable[[str], None]
+) -> Tokenizer:
   """config.tokenizer.path when set; else the one beside a target checkpoint; else the
   workdir's tokenizer, trained when missing."""
   if config.tokenizer.path:
@@ -83,52 +87,80 @@ def load_tokenizer(config: ml_collections.ConfigDict, workdir: str, split: data.
   if config.target.get("checkpoint"):
     path = os.path.join(os.path.expanduser(config.target.checkpoint), "tokenizer.model")
     if not os.path.exists(path):
-      raise FileNotFoundError(f"target.checkpoint {config.target.checkpoint} has no "
-                              "tokenizer.model beside it; set --config.tokenizer.path.")
+      raise FileNotFoundError(
+        f"target.checkpoint {config.target.checkpoint} has no "
+        "tokenizer.model beside it; set --config.tokenizer.path."
+      )
     return Tokenizer.load(path)
   path = os.path.join(workdir, "tokenizer.model")
   if os.path.exists(path):
     tokenizer = Tokenizer.load(path)
     if tokenizer.vocab_size != config.tokenizer.vocab_size:
-      raise ValueError(f"{path} has {tokenizer.vocab_size} pieces but the config asks for "
-                       f"{config.tokenizer.vocab_size}; use another --workdir (or delete this "
-                       "one) to train a new tokenizer.")
+      raise ValueError(
+        f"{path} has {tokenizer.vocab_size} pieces but the config asks for "
+        f"{config.tokenizer.vocab_size}; use another --workdir (or delete this "
+        "one) to train a new tokenizer."
+      )
     return tokenizer
-  log(f"tokenizer: training {config.tokenizer.vocab_size} {config.tokenizer.model_type} pieces "
-      f"on up to {config.tokenizer.max_chars:,} characters of {len(split.train)} training files")
+  log(
+    f"tokenizer: training {config.tokenizer.vocab_size} {config.tokenizer.model_type} pieces "
+    f"on up to {config.tokenizer.max_chars:,} characters of {len(split.train)} training files"
+  )
   chunks = data.text_chunks(data.shuffled(split.train, config.seed), config.tokenizer.max_chars)
-  return Tokenizer.train(chunks, config.tokenizer.vocab_size, path=path,
-                         model_type=config.tokenizer.model_type, seed=config.seed)
+  return Tokenizer.train(
+    chunks,
+    config.tokenizer.vocab_size,
+    path=path,
+    model_type=config.tokenizer.model_type,
+    seed=config.seed,
+  )
 
 
-def load_corpus(config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: data.Split
-                ) -> Corpus:
+def load_corpus(
+  config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: data.Split
+) -> Corpus:
   return Corpus(
-      split=split,
-      train_stream=data.token_stream(tokenizer, data.shuffled(split.train, config.seed),
-                                     config.data.max_train_tokens),
-      eval_stream=data.token_stream(tokenizer, split.validation, config.data.max_eval_tokens))
+    split=split,
+    train_stream=data.token_stream(
+      tokenizer, data.shuffled(split.train, config.seed), config.data.max_train_tokens
+    ),
+    eval_stream=data.token_stream(tokenizer, split.validation, config.data.max_eval_tokens),
+  )
 
 
-def _load_checkpoint(name: str, path: str, tokenizer: Tokenizer, mesh,
-                     log: Callable[[str], None]):
+def _load_checkpoint(name: str, path: str, tokenizer: Tokenizer, mesh, log: Callable[[str], None]):
   """A model from a checkpoint given in the config, checked against the tokenizer."""
   model, _ = checkpoint.load_model(path, mesh, tokenizer=tokenizer, role=name)
   log(f"{name}: loaded {model.config.num_layers} layers x {model.config.d_model} from {path}")
   return model
 
 
-def _train_model(name: str, section: ml_collections.ConfigDict, tokenizer: Tokenizer,
-                 get_corpus: Callable[[], Corpus], mesh, directory: str, seed: int,
-                 data_config: dict,
-                 teacher=None, log: Callable[[str], None] = print):
+def _parameters(config: TransformerConfig) -> int:
+  return sharding.count_parameters(lambda rngs: transformer.Transformer(config, rngs=rngs))
+
+
+def _train_model(
+  name: str,
+  section: ml_collections.ConfigDict,
+  tokenizer: Tokenizer,
+  get_corpus: Callable[[], Corpus],
+  mesh,
+  directory: str,
+  seed: int,
+  data_config: dict,
+  teacher=None,
+  log: Callable[[str], None] = print,
+):
   if section.get("checkpoint"):
     return _load_checkpoint(name, section.checkpoint, tokenizer, mesh, log)
   model_cfg = model_config(section, tokenizer)
   train_cfg = train.TrainConfig.from_config(section.train)
   # What the checkpoint must match to be reused: model, tokenizer and the data it was trained on.
-  meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint,
-          "data": data_config}
+  meta = {
+    "model": dataclasses.asdict(model_cfg),
+    "tokenizer": tokenizer.fingerprint,
+    "data": data_config,
+  }
   store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints)
   latest = store.latest_step()
   if latest is not None and latest >= train_cfg.steps:
@@ -136,22 +168,29 @@ def _train_model(name: str, section: ml_collections.ConfigDict, tokenizer: Token
     log(f"{name}: loaded step {latest} from {directory}")
     return model
   if latest is None:
-    log(f"{name}: training {model_cfg.num_layers} x {model_cfg.d_model} "
-        f"({sharding.count_parameters(lambda rngs: transformer.Transformer(model_cfg, rngs=rngs)) / 1e6:.1f}M "
-        f"parameters) for {train_cfg.steps} steps of {train_cfg.batch_size} x "
-        f"{train_cfg.seq_len} tokens into {directory}")
+    log(
+      f"{name}: training {model_cfg.num_layers} x {model_cfg.d_model} "
+      f"({_parameters(model_cfg) / 1e6:.1f}M "
+      f"parameters) for {train_cfg.steps} steps of {train_cfg.batch_size} x "
+      f"{train_cfg.seq_len} tokens into {directory}"
+    )
   trainer = train.Trainer(model_cfg, train_cfg, mesh, teacher=teacher, seed=seed)
   corpus = get_corpus()  # Tokenized only when some stage trains.
   batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
-  eval_batches = data.Batches.pack(corpus.eval_stream, train_cfg.seq_len,
-                                   train_cfg.batch_size).first(train_cfg.eval_batches)
+  eval_batches = data.Batches.pack(
+    corpus.eval_stream, train_cfg.seq_len, train_cfg.batch_size
+  ).first(train_cfg.eval_batches)
   state = train.fit(trainer, batches, eval_batches, store, meta, name=name, log=log)
   return trainer.model(state.params)
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
-            draft_modes: Sequence[str] | None = None,
-            log: Callable[[str], None] = print) -> Pair:
+def prepare(
+  config: ml_collections.ConfigDict,
+  workdir: str | None = None,
+  *,
+  draft_modes: Sequence[str] | None = None,
+  log: Callable[[str], None] = print,
+) -> Pair:
   """Loads the pair from ``workdir``, training whatever is missing (see the module docstring).
 
   Args:
@@ -164,9 +203,12 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   workdir = os.path.abspath(workdir or default_workdir(config))
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.mesh_from_config(config.mesh)
-  split = data.split_files(data.corpus_files(config.data.corpus),
-                           config.data.validation_fraction, config.data.prompt_fraction,
-                           config.seed)
+  split = data.split_files(
+    data.corpus_files(config.data.corpus),
+    config.data.validation_fraction,
+    config.data.prompt_fraction,
+    config.seed,
+  )
   tokenizer = load_tokenizer(config, workdir, split, log)
   corpus: Corpus | None = None
 
@@ -174,14 +216,25 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     nonlocal corpus
     if corpus is None:
       corpus = load_corpus(config, tokenizer, split)
-      log(f"data: {len(corpus.train_stream):,} training and {len(corpus.eval_stream):,} "
-          f"validation tokens ({len(split.train)}/{len(split.validation)}/{len(split.prompts)} "
-          "train/validation/prompt files)")
+      log(
+        f"data: {len(corpus.train_stream):,} training and {len(corpus.eval_stream):,} "
+        f"validation tokens ({len(split.train)}/{len(split.validation)}/{len(split.prompts)} "
+        "train/validation/prompt files)"
+      )
     return corpus
 
   target_dir = os.path.join(workdir, "target")
-  target = _train_model("target", config.target, tokenizer, get_corpus, mesh, target_dir,
-                        config.seed, config.data.to_dict(), log=log)
+  target = _train_model(
+    "target",
+    config.target,
+    tokenizer,
+    get_corpus,
+    mesh,
+    target_dir,
+    config.seed,
+    config.data.to_dict(),
+    log=log,
+  )
   drafts = {}
   if config.draft.get("checkpoint"):
     drafts["checkpoint"] = _load_checkpoint("draft", config.draft.checkpoint, tokenizer, mesh, log)
@@ -191,21 +244,47 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     section.train.distill.mode = mode
     directory = os.path.join(workdir, f"draft_{mode}")
     drafts[mode] = _train_model(
-        f"draft ({'from scratch' if mode == 'none' else mode + ' distillation'})", section,
-        tokenizer, get_corpus, mesh, directory, config.seed + 1, config.data.to_dict(),
-        teacher=target, log=log)
-  prompts = data.held_out_prompts(tokenizer, split.prompts, config.sampling.num_prompts,
-                                  config.sampling.prompt_tokens, config.seed)
+      f"draft ({'from scratch' if mode == 'none' else mode + ' distillation'})",
+      section,
+      tokenizer,
+      get_corpus,
+      mesh,
+      directory,
+      config.seed + 1,
+      config.data.to_dict(),
+      teacher=target,
+      log=log,
+    )
+  prompts = data.held_out_prompts(
+    tokenizer,
+    split.prompts,
+    config.sampling.num_prompts,
+    config.sampling.prompt_tokens,
+    config.seed,
+  )
   return Pair(tokenizer=tokenizer, target=target, drafts=drafts, prompts=prompts, mesh=mesh)
 
 
-def acceptance(pair: Pair, draft: Any, *, temperature: float, num_draft_tokens: int,
-               max_new_tokens: int, seed: int = 0) -> dict[str, Any]:
+def acceptance(
+  pair: Pair,
+  draft: Any,
+  *,
+  temperature: float,
+  num_draft_tokens: int,
+  max_new_tokens: int,
+  seed: int = 0,
+) -> dict[str, Any]:
   """Speculative statistics of ``draft`` against the target on all held-out prompts at once."""
   prompts = pair.prompts
   with sharding.use_mesh(pair.mesh):
     out = speculative.speculative_generate(
-        pair.target, draft, prompts, np.full((len(prompts),), prompts.shape[1], np.int32),
-        jax.random.key(seed), max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens,
-        temperature=temperature)
+      pair.target,
+      draft,
+      prompts,
+      np.full((len(prompts),), prompts.shape[1], np.int32),
+      jax.random.key(seed),
+      max_new_tokens=max_new_tokens,
+      num_draft_tokens=num_draft_tokens,
+      temperature=temperature,
+    )
   return out.summary()

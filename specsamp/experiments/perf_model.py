@@ -34,12 +34,12 @@ draft for a measured alpha.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from specsamp.models.config import TransformerConfig
 from specsamp.experiments.speedup import expected_tokens_per_call, predicted_speedup
+from specsamp.models.config import TransformerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,18 +55,19 @@ class Hardware:
 
 
 PRESETS = {
-    # Chen et al. used 16 of these. 1.2 TB/s and 275 TFLOP/s are Google's published numbers;
-    # ICI ~300 GB/s per chip (6 links); decode collectives are tiny, so latency dominates.
-    "tpu_v4": Hardware("TPU v4", 1.2e12, 275e12, 300e9, 10e-6, 32 * 2**30),
-    "tpu_v5e": Hardware("TPU v5e", 819e9, 197e12, 200e9, 10e-6, 16 * 2**30),
-    # H100 SXM: HBM3 3.35 TB/s, 989 TFLOP/s dense bf16, NVLink 4 at 450 GB/s per direction.
-    "h100": Hardware("H100 SXM", 3.35e12, 989e12, 450e9, 15e-6, 80e9),
-    "h200": Hardware("H200", 4.8e12, 989e12, 450e9, 15e-6, 141e9),
+  # Chen et al. used 16 of these. 1.2 TB/s and 275 TFLOP/s are Google's published numbers;
+  # ICI ~300 GB/s per chip (6 links); decode collectives are tiny, so latency dominates.
+  "tpu_v4": Hardware("TPU v4", 1.2e12, 275e12, 300e9, 10e-6, 32 * 2**30),
+  "tpu_v5e": Hardware("TPU v5e", 819e9, 197e12, 200e9, 10e-6, 16 * 2**30),
+  # H100 SXM: HBM3 3.35 TB/s, 989 TFLOP/s dense bf16, NVLink 4 at 450 GB/s per direction.
+  "h100": Hardware("H100 SXM", 3.35e12, 989e12, 450e9, 15e-6, 80e9),
+  "h200": Hardware("H200", 4.8e12, 989e12, 450e9, 15e-6, 141e9),
 }
 
 
-def cpu_hardware(memory_bandwidth: float, peak_flops: float, name: str = "CPU (measured)"
-                 ) -> Hardware:
+def cpu_hardware(
+  memory_bandwidth: float, peak_flops: float, name: str = "CPU (measured)"
+) -> Hardware:
   """This machine as the benchmark measured it (``timing.measure_*``); one device, no links."""
   return Hardware(name, memory_bandwidth, peak_flops, float("inf"), 0.0, float("inf"))
 
@@ -127,13 +128,23 @@ def parameter_counts(config: TransformerConfig) -> dict[str, int]:
   attention = d * n * h * 2 + d * k * h * 2
   mlp = d * f * (3 if config.gated_mlp else 2)
   small = (4 if config.post_norms else 2) * d + (n * h + 2 * k * h if config.qkv_bias else 0)
-  return {"matmul_per_layer": attention + mlp, "small_per_layer": small,
-          "embedding": v * d, "head": 0 if config.tie_embeddings else d * v,
-          "final_norm": d}
+  return {
+    "matmul_per_layer": attention + mlp,
+    "small_per_layer": small,
+    "embedding": v * d,
+    "head": 0 if config.tie_embeddings else d * v,
+    "final_norm": d,
+  }
 
 
-def call_cost(config: TransformerConfig, hardware: Hardware, mesh: MeshShape, batch_size: int,
-              num_tokens: int, cache_length: int) -> Call:
+def call_cost(
+  config: TransformerConfig,
+  hardware: Hardware,
+  mesh: MeshShape,
+  batch_size: int,
+  num_tokens: int,
+  cache_length: int,
+) -> Call:
   """The roofline terms of one call on T = ``num_tokens`` tokens per row."""
   if batch_size < 1 or num_tokens < 1 or cache_length < 1:
     raise ValueError("batch_size, num_tokens and cache_length must be >= 1.")
@@ -142,12 +153,23 @@ def call_cost(config: TransformerConfig, hardware: Hardware, mesh: MeshShape, ba
   weight_itemsize = np.dtype(config.param_dtype).itemsize
   act_itemsize = np.dtype(config.dtype).itemsize
   head_params = counts["head"] or counts["embedding"]  # Tied: the table is the head.
-  read_params = layers * (counts["matmul_per_layer"] + counts["small_per_layer"]) + head_params \
-      + counts["final_norm"]
-  weight_bytes = (read_params * weight_itemsize
-                  + tokens * config.d_model * weight_itemsize) / mesh.tensor
-  kv_bytes = (batch_size * cache_length * layers * 2 * config.num_kv_heads
-              * config.resolved_head_dim * act_itemsize) / mesh.chips
+  read_params = (
+    layers * (counts["matmul_per_layer"] + counts["small_per_layer"])
+    + head_params
+    + counts["final_norm"]
+  )
+  weight_bytes = (
+    read_params * weight_itemsize + tokens * config.d_model * weight_itemsize
+  ) / mesh.tensor
+  kv_bytes = (
+    batch_size
+    * cache_length
+    * layers
+    * 2
+    * config.num_kv_heads
+    * config.resolved_head_dim
+    * act_itemsize
+  ) / mesh.chips
   matmul_flops = 2 * (layers * counts["matmul_per_layer"] + head_params) * tokens
   attention_flops = 4 * layers * tokens * cache_length * config.num_heads * config.resolved_head_dim
   flops = (matmul_flops + attention_flops) / mesh.chips
@@ -155,15 +177,23 @@ def call_cost(config: TransformerConfig, hardware: Hardware, mesh: MeshShape, ba
   if mesh.tensor > 1:
     ring = (mesh.tensor - 1) / mesh.tensor
     rows = tokens / mesh.data
-    all_reduce = hardware.collective_latency_s + 2 * ring * rows * config.d_model * act_itemsize \
-        / hardware.interconnect_bandwidth
-    all_gather = hardware.collective_latency_s + ring * rows * config.vocab_size * 4 \
-        / hardware.interconnect_bandwidth
+    all_reduce = (
+      hardware.collective_latency_s
+      + 2 * ring * rows * config.d_model * act_itemsize / hardware.interconnect_bandwidth
+    )
+    all_gather = (
+      hardware.collective_latency_s
+      + ring * rows * config.vocab_size * 4 / hardware.interconnect_bandwidth
+    )
     collectives = layers * 2 * all_reduce + all_gather
-  return Call(weight_bytes=weight_bytes, kv_bytes=kv_bytes, flops=flops,
-              collectives_s=collectives,
-              memory_s=(weight_bytes + kv_bytes) / hardware.memory_bandwidth,
-              compute_s=flops / hardware.peak_flops)
+  return Call(
+    weight_bytes=weight_bytes,
+    kv_bytes=kv_bytes,
+    flops=flops,
+    collectives_s=collectives,
+    memory_s=(weight_bytes + kv_bytes) / hardware.memory_bandwidth,
+    compute_s=flops / hardware.peak_flops,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,9 +219,16 @@ class Calibration:
     return [p / o.measured_s - 1 for p, o in zip(self.predictions_s, self.observations)]
 
   def table(self) -> list[dict]:
-    return [{"call": o.name, "bound": o.call.bound, "measured_ms": o.measured_s * 1e3,
-             "predicted_ms": p * 1e3, "error": e}
-            for o, p, e in zip(self.observations, self.predictions_s, self.relative_errors)]
+    return [
+      {
+        "call": o.name,
+        "bound": o.call.bound,
+        "measured_ms": o.measured_s * 1e3,
+        "predicted_ms": p * 1e3,
+        "error": e,
+      }
+      for o, p, e in zip(self.observations, self.predictions_s, self.relative_errors)
+    ]
 
 
 def calibrate(observations: Sequence[Observation], fit_tau: bool = True) -> Calibration:
@@ -218,15 +255,18 @@ def calibrate(observations: Sequence[Observation], fit_tau: bool = True) -> Cali
   return Calibration(Efficiency(eta=min(1 / inverse_eta, 1.5), tau_s=tau), tuple(observations))
 
 
-def implied_acceptance(ms_per_token: float, num_draft_tokens: int, draft_step_ms: float,
-                       score_ms: float) -> float:
+def implied_acceptance(
+  ms_per_token: float, num_draft_tokens: int, draft_step_ms: float, score_ms: float
+) -> float:
   """The alpha at which K draft steps plus one scoring call give ``ms_per_token``:
   solves (K t_draft + t_score) / E[tokens per call](alpha) = ms_per_token by bisection."""
   iteration_ms = num_draft_tokens * draft_step_ms + score_ms
   tokens = iteration_ms / ms_per_token
   if not 1 <= tokens <= num_draft_tokens + 1:
-    raise ValueError(f"{ms_per_token} ms/token needs {tokens:.2f} tokens per call, outside "
-                     f"[1, K+1={num_draft_tokens + 1}].")
+    raise ValueError(
+      f"{ms_per_token} ms/token needs {tokens:.2f} tokens per call, outside "
+      f"[1, K+1={num_draft_tokens + 1}]."
+    )
   low, high = 0.0, 1.0
   for _ in range(60):
     middle = (low + high) / 2
@@ -248,12 +288,23 @@ class Choice:
   score_s: float
 
 
-def speedup_by_k(target: TransformerConfig, draft: TransformerConfig, alpha: float,
-                 hardware: Hardware, mesh: MeshShape, efficiency: Efficiency, *, batch_size: int,
-                 cache_length: int, max_num_draft_tokens: int = 16, draft_mesh: MeshShape | None = None,
-                 draft_efficiency: Efficiency | None = None, name: str = "draft"
-                 ) -> list[Choice]:
+def speedup_by_k(
+  target: TransformerConfig,
+  draft: TransformerConfig,
+  alpha: float,
+  hardware: Hardware,
+  mesh: MeshShape,
+  efficiency: Efficiency,
+  *,
+  batch_size: int,
+  cache_length: int,
+  max_num_draft_tokens: int = 16,
+  draft_mesh: MeshShape | None = None,
+  draft_efficiency: Efficiency | None = None,
+  name: str = "draft",
+) -> list[Choice]:
   """Predicted speedup for K = 1..max_num_draft_tokens, all times from the calibrated roofline."""
+
   def seconds(config, m, eff, tokens):
     return call_cost(config, hardware, m, batch_size, tokens, cache_length).seconds(eff)
 
@@ -262,22 +313,47 @@ def speedup_by_k(target: TransformerConfig, draft: TransformerConfig, alpha: flo
   choices = []
   for num_draft_tokens in range(1, max_num_draft_tokens + 1):
     score = seconds(target, mesh, efficiency, num_draft_tokens + 1)
-    choices.append(Choice(name, num_draft_tokens, alpha,
-                          predicted_speedup(alpha, num_draft_tokens, target_step, draft_step, score),
-                          target_step, draft_step, score))
+    choices.append(
+      Choice(
+        name,
+        num_draft_tokens,
+        alpha,
+        predicted_speedup(alpha, num_draft_tokens, target_step, draft_step, score),
+        target_step,
+        draft_step,
+        score,
+      )
+    )
   return choices
 
 
-def recommend(target: TransformerConfig, drafts: Mapping[str, tuple[TransformerConfig, float]],
-              hardware: Hardware, mesh: MeshShape, efficiency: Efficiency, *, batch_size: int,
-              cache_length: int, max_num_draft_tokens: int = 16) -> Choice:
+def recommend(
+  target: TransformerConfig,
+  drafts: Mapping[str, tuple[TransformerConfig, float]],
+  hardware: Hardware,
+  mesh: MeshShape,
+  efficiency: Efficiency,
+  *,
+  batch_size: int,
+  cache_length: int,
+  max_num_draft_tokens: int = 16,
+) -> Choice:
   """The (draft, K) with the highest predicted speedup; ``drafts`` maps a name to its config
   and its measured alpha (acceptance depends on the draft, so each brings its own)."""
   best: Choice | None = None
   for name, (config, alpha) in drafts.items():
-    for choice in speedup_by_k(target, config, alpha, hardware, mesh, efficiency,
-                               batch_size=batch_size, cache_length=cache_length, max_num_draft_tokens=max_num_draft_tokens,
-                               name=name):
+    for choice in speedup_by_k(
+      target,
+      config,
+      alpha,
+      hardware,
+      mesh,
+      efficiency,
+      batch_size=batch_size,
+      cache_length=cache_length,
+      max_num_draft_tokens=max_num_draft_tokens,
+      name=name,
+    ):
       if best is None or choice.predicted_speedup > best.predicted_speedup:
         best = choice
   if best is None:
@@ -289,64 +365,94 @@ def recommend(target: TransformerConfig, drafts: Mapping[str, tuple[TransformerC
 # The paper's setting (Chen et al. 2023, section 4 and Table 1): 16 TPU v4, batch 1, K = 4.
 
 PAPER = {
-    "num_draft_tokens": 4,
-    "chips": 16,
-    "target_ms": 14.1,  # Chinchilla 70B, autoregressive, ms/token.
-    "draft_ms": 1.8,  # The 4B draft (8 layers, d_model 6144), ms/token.
-    # Speculative ms/token (Table 1) and the speedups the paper prints.
-    "speculative_ms": {"HumanEval nucleus": 5.73, "XSum greedy": 7.00, "XSum nucleus": 7.52},
-    "speedups": {"HumanEval nucleus": 2.46, "XSum greedy": 2.01, "XSum nucleus": 1.92},
-    # Assumed, not stated in the paper: prompt plus 128 new tokens in a 1024-slot cache.
-    "cache_length": 1024,
+  "num_draft_tokens": 4,
+  "chips": 16,
+  "target_ms": 14.1,  # Chinchilla 70B, autoregressive, ms/token.
+  "draft_ms": 1.8,  # The 4B draft (8 layers, d_model 6144), ms/token.
+  # Speculative ms/token (Table 1) and the speedups the paper prints.
+  "speculative_ms": {"HumanEval nucleus": 5.73, "XSum greedy": 7.00, "XSum nucleus": 7.52},
+  "speedups": {"HumanEval nucleus": 2.46, "XSum greedy": 2.01, "XSum nucleus": 1.92},
+  # Assumed, not stated in the paper: prompt plus 128 new tokens in a 1024-slot cache.
+  "cache_length": 1024,
 }
 
 
-def paper_check(target: TransformerConfig, draft: TransformerConfig,
-                hardware: Hardware = PRESETS["tpu_v4"]) -> dict:
+def paper_check(
+  target: TransformerConfig, draft: TransformerConfig, hardware: Hardware = PRESETS["tpu_v4"]
+) -> dict:
   """Calibrates (eta, tau) to the paper's two step times, reports the errors (and those of an
   eta-only fit), the model's scoring cost of K+1 tokens, and the alpha each speculative
   ms/token implies."""
   mesh = MeshShape(data=1, tensor=PAPER["chips"])
   cache, num_draft_tokens = PAPER["cache_length"], PAPER["num_draft_tokens"]
-  calls = {name: call_cost(config, hardware, mesh, 1, 1, cache)
-           for name, config in (("target 70B", target), ("draft 4B", draft))}
-  observations = [Observation("target 70B", calls["target 70B"], PAPER["target_ms"] / 1e3),
-                  Observation("draft 4B", calls["draft 4B"], PAPER["draft_ms"] / 1e3)]
+  calls = {
+    name: call_cost(config, hardware, mesh, 1, 1, cache)
+    for name, config in (("target 70B", target), ("draft 4B", draft))
+  }
+  observations = [
+    Observation("target 70B", calls["target 70B"], PAPER["target_ms"] / 1e3),
+    Observation("draft 4B", calls["draft 4B"], PAPER["draft_ms"] / 1e3),
+  ]
   fit = calibrate(observations)
   eta_only = calibrate(observations, fit_tau=False)
   # Scoring K+1 tokens over a decode step, from the model, for K = 1..8.
-  score_ratios = {kk: call_cost(target, hardware, mesh, 1, kk + 1, cache).seconds(fit.efficiency)
-                  / fit.predictions_s[0] for kk in range(1, 9)}
+  score_ratios = {
+    kk: call_cost(target, hardware, mesh, 1, kk + 1, cache).seconds(fit.efficiency)
+    / fit.predictions_s[0]
+    for kk in range(1, 9)
+  }
   score_ratio = score_ratios[num_draft_tokens]
   implied = {}
   for task, ms in PAPER["speculative_ms"].items():
     # Measured step times; the scoring call at the model's ratio to a step.
-    alpha = implied_acceptance(ms, num_draft_tokens, PAPER["draft_ms"], PAPER["target_ms"] * score_ratio)
-    best = max(score_ratios, key=lambda kk: predicted_speedup(
-        alpha, kk, PAPER["target_ms"], PAPER["draft_ms"], PAPER["target_ms"] * score_ratios[kk]))
-    implied[task] = {"speculative_ms": ms, "alpha": alpha,
-                     "tokens_per_call": expected_tokens_per_call(alpha, num_draft_tokens),
-                     # The paper's Figure 1 plots accepted tokens / (K + 1); the bonus token
-                     # is not an accepted draft token, hence the - 1.
-                     "accepted_over_k_plus_1": (expected_tokens_per_call(alpha, num_draft_tokens) - 1) / (num_draft_tokens + 1),
-                     "best_k": best}
-  return {"hardware": hardware.name, "mesh": dataclasses.asdict(mesh),
-          "calls": {name: {"bound": c.bound, "weight_gb_per_chip": c.weight_bytes / 1e9,
-                           "kv_gb_per_chip": c.kv_bytes / 1e9, "memory_floor_ms": c.memory_s * 1e3,
-                           "compute_ms": c.compute_s * 1e3, "collectives_ms": c.collectives_s * 1e3}
-                    for name, c in calls.items()},
-          "fit": {"eta": fit.efficiency.eta, "tau_ms": fit.efficiency.tau_s * 1e3,
-                  "table": fit.table()},
-          "eta_only_fit": {"eta": eta_only.efficiency.eta, "table": eta_only.table()},
-          "score_ratio": score_ratio, "implied": implied}
+    alpha = implied_acceptance(
+      ms, num_draft_tokens, PAPER["draft_ms"], PAPER["target_ms"] * score_ratio
+    )
+    best = max(
+      score_ratios,
+      key=lambda kk: predicted_speedup(
+        alpha, kk, PAPER["target_ms"], PAPER["draft_ms"], PAPER["target_ms"] * score_ratios[kk]
+      ),
+    )
+    implied[task] = {
+      "speculative_ms": ms,
+      "alpha": alpha,
+      "tokens_per_call": expected_tokens_per_call(alpha, num_draft_tokens),
+      # The paper's Figure 1 plots accepted tokens / (K + 1); the bonus token
+      # is not an accepted draft token, hence the - 1.
+      "accepted_over_k_plus_1": (expected_tokens_per_call(alpha, num_draft_tokens) - 1)
+      / (num_draft_tokens + 1),
+      "best_k": best,
+    }
+  return {
+    "hardware": hardware.name,
+    "mesh": dataclasses.asdict(mesh),
+    "calls": {
+      name: {
+        "bound": c.bound,
+        "weight_gb_per_chip": c.weight_bytes / 1e9,
+        "kv_gb_per_chip": c.kv_bytes / 1e9,
+        "memory_floor_ms": c.memory_s * 1e3,
+        "compute_ms": c.compute_s * 1e3,
+        "collectives_ms": c.collectives_s * 1e3,
+      }
+      for name, c in calls.items()
+    },
+    "fit": {"eta": fit.efficiency.eta, "tau_ms": fit.efficiency.tau_s * 1e3, "table": fit.table()},
+    "eta_only_fit": {"eta": eta_only.efficiency.eta, "table": eta_only.table()},
+    "score_ratio": score_ratio,
+    "implied": implied,
+  }
 
 
 def format_table(rows: Iterable[dict], columns: Sequence[str]) -> str:
   """A Markdown table of ``rows`` (floats to 3 significant digits)."""
+
   def cell(value):
     if isinstance(value, float):
       return f"{value:.3g}"
     return str(value)
+
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(cell(row[c]) for c in columns) + " |" for row in rows]
   return "\n".join(lines)

@@ -1,9 +1,9 @@
 """Benchmark figures (matplotlib, no display needed), modelled on Chen et al. Figure 1.
 
-  speedup_vs_k.png            measured speedup over K, one panel per sampling mode, a line per
-                              drafter/verifier, the predicted speedup dashed in the same colour
-  acceptance_per_position.png P(draft token t accepted), t = 1..K, at the largest K swept
-  ms_per_token.png            autoregressive vs speculative ms/token (best K) per mode and batch
+speedup_vs_k.png            measured speedup over K, one panel per sampling mode, a line per
+                            drafter/verifier, the predicted speedup dashed in the same colour
+acceptance_per_position.png P(draft token t accepted), t = 1..K, at the largest K swept
+ms_per_token.png            autoregressive vs speculative ms/token (best K) per mode and batch
 """
 
 from __future__ import annotations
@@ -34,16 +34,21 @@ def speedup_vs_k(records: list[dict], batch_size: int, path: str) -> str:
   for axis, mode in zip(axes[0], modes):
     chosen = [r for r in records if r["mode"] == mode and r["batch_size"] == batch_size]
     for index, ((drafter, verifier), group) in enumerate(
-        sorted(_by(chosen, "drafter", "verifier").items())):
+      sorted(_by(chosen, "drafter", "verifier").items())
+    ):
       group.sort(key=lambda r: r["num_draft_tokens"])
       ks = [r["num_draft_tokens"] for r in group]
       color = f"C{index}"
-      axis.plot(ks, [r["speedup"] for r in group], "o-", color=color,
-                label=_label(drafter, verifier))
+      axis.plot(
+        ks, [r["speedup"] for r in group], "o-", color=color, label=_label(drafter, verifier)
+      )
       axis.plot(ks, [r["predicted_speedup"] for r in group], "--", color=color, alpha=0.7)
     axis.axhline(1.0, color="gray", lw=0.8)
-    axis.set(title=f"{mode}, batch {batch_size}", xlabel="K (draft tokens per target call)",
-             ylabel="speedup over autoregressive")
+    axis.set(
+      title=f"{mode}, batch {batch_size}",
+      xlabel="K (draft tokens per target call)",
+      ylabel="speedup over autoregressive",
+    )
     axis.legend(fontsize=8, title="solid: measured, dashed: predicted", title_fontsize=7)
   figure.tight_layout()
   figure.savefig(path, dpi=110)
@@ -60,13 +65,26 @@ def acceptance_per_position(records: list[dict], batch_size: int, path: str) -> 
       continue
     num_draft_tokens = max(r["num_draft_tokens"] for r in chosen)
     for index, ((drafter, verifier), group) in enumerate(
-        sorted(_by([r for r in chosen if r["num_draft_tokens"] == num_draft_tokens],
-                   "drafter", "verifier").items())):
+      sorted(
+        _by(
+          [r for r in chosen if r["num_draft_tokens"] == num_draft_tokens], "drafter", "verifier"
+        ).items()
+      )
+    ):
       at = group[0]["acceptance_at_position"]
-      axis.plot(range(1, len(at) + 1), at, "o-", color=f"C{index}",
-                label=f"{_label(drafter, verifier)}: alpha {group[0]['alpha']:.2f}")
-    axis.set(title=f"{mode}, K={num_draft_tokens}, batch {batch_size}", xlabel="draft position t",
-             ylabel="P(draft token t accepted)", ylim=(0, 1.02))
+      axis.plot(
+        range(1, len(at) + 1),
+        at,
+        "o-",
+        color=f"C{index}",
+        label=f"{_label(drafter, verifier)}: alpha {group[0]['alpha']:.2f}",
+      )
+    axis.set(
+      title=f"{mode}, K={num_draft_tokens}, batch {batch_size}",
+      xlabel="draft position t",
+      ylabel="P(draft token t accepted)",
+      ylim=(0, 1.02),
+    )
     axis.legend(fontsize=8)
   figure.tight_layout()
   figure.savefig(path, dpi=110)
@@ -78,21 +96,34 @@ def ms_per_token(records: list[dict], drafter: str, verifier: str, path: str) ->
   """Autoregressive vs the best K of one drafter/verifier (greedy uses 'token')."""
   bars = []
   for (mode, batch), group in sorted(_by(records, "mode", "batch_size").items()):
-    mine = [r for r in group if r["drafter"] == drafter
-            and r["verifier"] == (verifier if r["temperature"] > 0 else "token")]
+    mine = [
+      r
+      for r in group
+      if r["drafter"] == drafter
+      and r["verifier"] == (verifier if r["temperature"] > 0 else "token")
+    ]
     if mine:
       best = min(mine, key=lambda r: r["ms_per_token"])
-      bars.append((f"{mode}\nb={batch}", best["ar_ms_per_token"], best["ms_per_token"],
-                   best["num_draft_tokens"]))
+      bars.append(
+        (
+          f"{mode}\nb={batch}",
+          best["ar_ms_per_token"],
+          best["ms_per_token"],
+          best["num_draft_tokens"],
+        )
+      )
   figure, axis = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4))
   xs = range(len(bars))
   axis.bar([x - 0.2 for x in xs], [b[1] for b in bars], 0.4, label="autoregressive")
   axis.bar([x + 0.2 for x in xs], [b[2] for b in bars], 0.4, label=f"speculative ({drafter})")
   for x, bar in zip(xs, bars):
-    axis.annotate(f"K={bar[3]}\n{bar[1] / bar[2]:.2f}x", (x + 0.2, bar[2]), ha="center",
-                  va="bottom", fontsize=7)
+    axis.annotate(
+      f"K={bar[3]}\n{bar[1] / bar[2]:.2f}x", (x + 0.2, bar[2]), ha="center", va="bottom", fontsize=7
+    )
   axis.set_xticks(list(xs), [b[0] for b in bars], fontsize=8)
-  axis.set(ylabel="ms per token (per row)", title="ms/token: autoregressive vs speculative (best K)")
+  axis.set(
+    ylabel="ms per token (per row)", title="ms/token: autoregressive vs speculative (best K)"
+  )
   axis.legend(fontsize=8)
   figure.tight_layout()
   figure.savefig(path, dpi=110)
@@ -105,11 +136,16 @@ def write_all(results: dict, output_dir: str, batch_size: int = 1) -> list[str]:
   records = list(results["records"].values())
   if not records:
     return []
-  drafter = next((r["drafter"] for r in records if r["drafter"] != "synthetic"),
-                 records[0]["drafter"])
-  batch = batch_size if any(r["batch_size"] == batch_size for r in records) \
-      else records[0]["batch_size"]
-  return [speedup_vs_k(records, batch, os.path.join(output_dir, "speedup_vs_k.png")),
-          acceptance_per_position(records, batch,
-                                  os.path.join(output_dir, "acceptance_per_position.png")),
-          ms_per_token(records, drafter, "token", os.path.join(output_dir, "ms_per_token.png"))]
+  drafter = next(
+    (r["drafter"] for r in records if r["drafter"] != "synthetic"), records[0]["drafter"]
+  )
+  batch = (
+    batch_size if any(r["batch_size"] == batch_size for r in records) else records[0]["batch_size"]
+  )
+  return [
+    speedup_vs_k(records, batch, os.path.join(output_dir, "speedup_vs_k.png")),
+    acceptance_per_position(
+      records, batch, os.path.join(output_dir, "acceptance_per_position.png")
+    ),
+    ms_per_token(records, drafter, "token", os.path.join(output_dir, "ms_per_token.png")),
+  ]

@@ -10,15 +10,15 @@ costs, the speedup the formula predicts from them, and sample text.
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-from specsamp.experiments import pair as pair_lib
 from specsamp import sharding
+from specsamp.experiments import pair as pair_lib
 from specsamp.experiments import speedup, timing
 from specsamp.sampling import autoregressive, speculative
 
@@ -47,55 +47,90 @@ def _generated(outputs: list[Any]) -> list[list[int]]:
   return [out.generated(row).tolist() for out in outputs for row in range(out.tokens.shape[0])]
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | None = None,
-        log: Callable[[str], None] = print) -> SampleReport:
+def run(
+  config: ml_collections.ConfigDict, workdir: str | None = None, log: Callable[[str], None] = print
+) -> SampleReport:
   """Prepares the pair and samples its held-out prompts both ways."""
   s, num_draft_tokens = config.sampling, config.speculative.num_draft_tokens
   if s.batch_size < 1 or s.num_prompts % s.batch_size:
-    raise ValueError(f"sampling.num_prompts ({s.num_prompts}) must be a multiple of "
-                     f"sampling.batch_size ({s.batch_size}).")
+    raise ValueError(
+      f"sampling.num_prompts ({s.num_prompts}) must be a multiple of "
+      f"sampling.batch_size ({s.batch_size})."
+    )
   pair = pair_lib.prepare(config, workdir, log=log)
   tokenizer, target, draft, prompts = pair.tokenizer, pair.target, pair.draft, pair.prompts
   lengths = np.full((s.batch_size,), prompts.shape[1], np.int32)
-  common = dict(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
-                top_p=s.top_p, eos_id=tokenizer.eos_id if s.use_eos else None,
-                pad_id=tokenizer.pad_id)
+  common = dict(
+    max_new_tokens=s.max_new_tokens,
+    temperature=s.temperature,
+    top_k=s.top_k,
+    top_p=s.top_p,
+    eos_id=tokenizer.eos_id if s.use_eos else None,
+    pad_id=tokenizer.pad_id,
+  )
   key = jax.random.key(config.seed)
 
   # Batch i samples with fold_in(key, i) in both samplers.
   def sample_autoregressive(batch, index):
     with sharding.use_mesh(pair.mesh):
-      return autoregressive.generate(target, batch, lengths, jax.random.fold_in(key, index),
-                                     **common)
+      return autoregressive.generate(
+        target, batch, lengths, jax.random.fold_in(key, index), **common
+      )
 
   def sample_speculative(batch, index):
     with sharding.use_mesh(pair.mesh):
       return speculative.speculative_generate(
-          target, draft, batch, lengths, jax.random.fold_in(key, index), num_draft_tokens=num_draft_tokens,
-          verifier=config.speculative.verifier, **common)
+        target,
+        draft,
+        batch,
+        lengths,
+        jax.random.fold_in(key, index),
+        num_draft_tokens=num_draft_tokens,
+        verifier=config.speculative.verifier,
+        **common,
+      )
 
-  log(f"sampling {len(prompts)} held-out prompts of {prompts.shape[1]} tokens, "
-      f"{s.max_new_tokens} new tokens each, {s.batch_size} per call")
-  batches = [prompts[i:i + s.batch_size] for i in range(0, len(prompts), s.batch_size)]
+  log(
+    f"sampling {len(prompts)} held-out prompts of {prompts.shape[1]} tokens, "
+    f"{s.max_new_tokens} new tokens each, {s.batch_size} per call"
+  )
+  batches = [prompts[i : i + s.batch_size] for i in range(0, len(prompts), s.batch_size)]
   ar = timing.time_sampler("autoregressive", sample_autoregressive, batches)
   sps = timing.time_sampler("speculative", sample_speculative, batches)
   tokens = {"autoregressive": _generated(ar.outputs), "speculative": _generated(sps.outputs)}
   cache_length = prompts.shape[1] + s.max_new_tokens + num_draft_tokens + 1
-  costs = speedup.measure_costs(target, draft, s.batch_size, num_draft_tokens, cache_length, pair.mesh)
-  texts = {"prompt": [tokenizer.decode(p) for p in prompts],
-           **{name: [tokenizer.decode(t) for t in ids] for name, ids in tokens.items()}}
-  return SampleReport(prompts=prompts.tolist(), texts=texts, tokens=tokens, autoregressive=ar,
-                      speculative=sps, stats=speculative.summarize(sps.outputs), costs=costs)
+  costs = speedup.measure_costs(
+    target, draft, s.batch_size, num_draft_tokens, cache_length, pair.mesh
+  )
+  texts = {
+    "prompt": [tokenizer.decode(p) for p in prompts],
+    **{name: [tokenizer.decode(t) for t in ids] for name, ids in tokens.items()},
+  }
+  return SampleReport(
+    prompts=prompts.tolist(),
+    texts=texts,
+    tokens=tokens,
+    autoregressive=ar,
+    speculative=sps,
+    stats=speculative.summarize(sps.outputs),
+    costs=costs,
+  )
 
 
 def report_json(report: SampleReport) -> dict[str, Any]:
   """The report as JSON-ready data: prompts, texts, generated ids and statistics per sampler,
   step costs, and the measured and predicted speedups."""
-  return {"prompts": report.prompts, "texts": report.texts, "tokens": report.tokens,
-          "autoregressive": report.autoregressive.summary(),
-          "speculative": report.speculative.summary(), "stats": report.stats,
-          "costs": dataclasses.asdict(report.costs), "speedup": report.speedup,
-          "predicted_speedup": report.predicted_speedup}
+  return {
+    "prompts": report.prompts,
+    "texts": report.texts,
+    "tokens": report.tokens,
+    "autoregressive": report.autoregressive.summary(),
+    "speculative": report.speculative.summary(),
+    "stats": report.stats,
+    "costs": dataclasses.asdict(report.costs),
+    "speedup": report.speedup,
+    "predicted_speedup": report.predicted_speedup,
+  }
 
 
 def format_report(report: SampleReport, num_samples: int = 2) -> str:
@@ -109,23 +144,26 @@ def format_report(report: SampleReport, num_samples: int = 2) -> str:
       lines.append(report.texts[name][row])
   lines.append("-" * 64)
   for r in (report.autoregressive, report.speculative):
-    lines.append(f"{r.name:>14}: {r.ms_per_token:7.2f} ms/token  {r.tokens_per_s:8.1f} tokens/s  "
-                 f"({r.run_s:.2f} s for {len(report.prompts)} prompts; compile {r.compile_s:.1f} s)")
+    lines.append(
+      f"{r.name:>14}: {r.ms_per_token:7.2f} ms/token  {r.tokens_per_s:8.1f} tokens/s  "
+      f"({r.run_s:.2f} s for {len(report.prompts)} prompts; compile {r.compile_s:.1f} s)"
+    )
   stats, costs = report.stats, report.costs
   num_draft_tokens = stats["num_draft_tokens"]
   per_position = " ".join(f"{a:.2f}" for a in stats["acceptance_at_position"])
   lines += [
-      f"       speedup: {report.speedup:.2f}x measured (autoregressive ms/token over speculative)",
-      f"    acceptance: {stats['acceptance_rate']:.3f} of draft tokens accepted; alpha "
-      f"{stats['alpha']:.3f}; P(token t accepted), t=1..{num_draft_tokens}: {per_position}",
-      f"tokens/target call: {stats['tokens_per_target_call']:.2f} (K={num_draft_tokens}); accepted-count "
-      f"histogram {stats['accepted_histogram']}",
-      f"    step costs: target {costs.target_step_s * 1e3:.3f} ms, draft "
-      f"{costs.draft_step_s * 1e3:.3f} ms (c = {costs.draft_ratio:.3f}), target scoring {num_draft_tokens + 1} "
-      f"tokens {costs.target_score_s * 1e3:.3f} ms ({costs.score_ratio:.2f}x a step)",
-      f"     predicted: {report.predicted_speedup:.2f}x = E[tokens/call] "
-      f"{speedup.expected_tokens_per_call(stats['alpha'], num_draft_tokens):.2f} x target step / "
-      f"({num_draft_tokens} draft steps + scoring); efficiency (measured / predicted) "
-      f"{report.speedup / report.predicted_speedup:.2f}",
+    f"       speedup: {report.speedup:.2f}x measured (autoregressive ms/token over speculative)",
+    f"    acceptance: {stats['acceptance_rate']:.3f} of draft tokens accepted; alpha "
+    f"{stats['alpha']:.3f}; P(token t accepted), t=1..{num_draft_tokens}: {per_position}",
+    f"tokens/target call: {stats['tokens_per_target_call']:.2f} (K={num_draft_tokens}); "
+    f"accepted-count histogram {stats['accepted_histogram']}",
+    f"    step costs: target {costs.target_step_s * 1e3:.3f} ms, draft "
+    f"{costs.draft_step_s * 1e3:.3f} ms (c = {costs.draft_ratio:.3f}), target scoring "
+    f"{num_draft_tokens + 1} tokens {costs.target_score_s * 1e3:.3f} ms "
+    f"({costs.score_ratio:.2f}x a step)",
+    f"     predicted: {report.predicted_speedup:.2f}x = E[tokens/call] "
+    f"{speedup.expected_tokens_per_call(stats['alpha'], num_draft_tokens):.2f} x target step / "
+    f"({num_draft_tokens} draft steps + scoring); efficiency (measured / predicted) "
+    f"{report.speedup / report.predicted_speedup:.2f}",
   ]
   return "\n".join(lines)

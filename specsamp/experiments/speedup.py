@@ -30,8 +30,13 @@ def expected_tokens_per_call(alpha: float, num_draft_tokens: int) -> float:
   return (1 - alpha ** (num_draft_tokens + 1)) / (1 - alpha)
 
 
-def predicted_speedup(alpha: float, num_draft_tokens: int, target_step_s: float,
-                      draft_step_s: float, target_score_s: float) -> float:
+def predicted_speedup(
+  alpha: float,
+  num_draft_tokens: int,
+  target_step_s: float,
+  draft_step_s: float,
+  target_score_s: float,
+) -> float:
   """Speedup over autoregressive sampling predicted from acceptance and costs."""
   iteration_s = num_draft_tokens * draft_step_s + target_score_s
   return expected_tokens_per_call(alpha, num_draft_tokens) * target_step_s / iteration_s
@@ -57,19 +62,30 @@ class StepCosts:
     return self.target_score_s / self.target_step_s
 
   def predicted_speedup(self, alpha: float) -> float:
-    return predicted_speedup(alpha, self.num_draft_tokens, self.target_step_s,
-                             self.draft_step_s, self.target_score_s)
+    return predicted_speedup(
+      alpha, self.num_draft_tokens, self.target_step_s, self.draft_step_s, self.target_score_s
+    )
 
 
-def measure_costs(target, draft, batch_size: int, num_draft_tokens: int, cache_length: int,
-                  mesh: jax.sharding.Mesh | None = None) -> StepCosts:
+def measure_costs(
+  target,
+  draft,
+  batch_size: int,
+  num_draft_tokens: int,
+  cache_length: int,
+  mesh: jax.sharding.Mesh | None = None,
+) -> StepCosts:
   """Times a target step, a draft step and the target scoring K+1 tokens."""
+
   def timed(model, tokens):
     if mesh is None:
       return time_calls(model, batch_size, tokens, cache_length)
     with sharding.use_mesh(mesh):
       return time_calls(model, batch_size, tokens, cache_length)
 
-  return StepCosts(target_step_s=timed(target, 1), draft_step_s=timed(draft, 1),
-                   target_score_s=timed(target, num_draft_tokens + 1),
-                   num_draft_tokens=num_draft_tokens)
+  return StepCosts(
+    target_step_s=timed(target, 1),
+    draft_step_s=timed(draft, 1),
+    target_score_s=timed(target, num_draft_tokens + 1),
+    num_draft_tokens=num_draft_tokens,
+  )

@@ -19,14 +19,14 @@ import dataclasses
 import functools
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specsamp.sampling import model_protocol
-
 
 WARMUP_INDEX = 1_000_000
 """The index (seed) of the untimed compile-and-warm-up call; no timed call uses it."""
@@ -59,8 +59,9 @@ class Timed:
   @property
   def ms_per_token(self) -> float:
     """Median over calls of wall time / the longest row's tokens: latency per token."""
-    return 1e3 * statistics.median(s / max(n, 1) for s, n in zip(self.seconds,
-                                                                  self.sequential_tokens))
+    return 1e3 * statistics.median(
+      s / max(n, 1) for s, n in zip(self.seconds, self.sequential_tokens)
+    )
 
   @property
   def tokens_per_s(self) -> float:
@@ -69,9 +70,15 @@ class Timed:
 
   def summary(self) -> dict[str, Any]:
     """The numbers, without the outputs (JSON-ready)."""
-    return {"name": self.name, "ms_per_token": self.ms_per_token,
-            "tokens_per_s": self.tokens_per_s, "run_s": self.run_s, "calls": len(self.seconds),
-            "tokens": sum(self.tokens), "compile_s": self.compile_s}
+    return {
+      "name": self.name,
+      "ms_per_token": self.ms_per_token,
+      "tokens_per_s": self.tokens_per_s,
+      "run_s": self.run_s,
+      "calls": len(self.seconds),
+      "tokens": sum(self.tokens),
+      "compile_s": self.compile_s,
+    }
 
 
 def generated_tokens(output: Any) -> tuple[int, int]:
@@ -80,9 +87,13 @@ def generated_tokens(output: Any) -> tuple[int, int]:
   return int(generated.sum()), int(generated.max())
 
 
-def time_sampler(name: str, sample: Callable[[Any, int], Any], inputs: Sequence[Any],
-                 calls: int | None = None,
-                 count: Callable[[Any], tuple[int, int]] = generated_tokens) -> Timed:
+def time_sampler(
+  name: str,
+  sample: Callable[[Any, int], Any],
+  inputs: Sequence[Any],
+  calls: int | None = None,
+  count: Callable[[Any], tuple[int, int]] = generated_tokens,
+) -> Timed:
   """Times ``sample(inputs[i % len(inputs)], i)`` for i < calls (default: each input once),
   after one untimed call on ``inputs[0]`` with index ``WARMUP_INDEX``.
 
@@ -108,8 +119,14 @@ def time_sampler(name: str, sample: Callable[[Any, int], Any], inputs: Sequence[
     tokens.append(total)
     sequential.append(longest)
     outputs.append(out)
-  return Timed(name=name, seconds=seconds, tokens=tokens, sequential_tokens=sequential,
-               compile_s=max(first_s - statistics.mean(seconds), 0.0), outputs=outputs)
+  return Timed(
+    name=name,
+    seconds=seconds,
+    tokens=tokens,
+    sequential_tokens=sequential,
+    compile_s=max(first_s - statistics.mean(seconds), 0.0),
+    outputs=outputs,
+  )
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
@@ -141,8 +158,9 @@ def _chain(graphdef, state, tokens_BT, cache, start, num_calls):
   return jax.lax.fori_loop(0, num_calls, body, (tokens_BT, cache))[0]
 
 
-def time_calls(model, batch_size: int, num_tokens: int, cache_length: int,
-               num_calls: int = 32, repeats: int = 5) -> float:
+def time_calls(
+  model, batch_size: int, num_tokens: int, cache_length: int, num_calls: int = 32, repeats: int = 5
+) -> float:
   """Median seconds per model call processing ``num_tokens`` per row, with a cache of
   ``cache_length`` slots half full."""
   graphdef, state = model_protocol.split_model(model)
@@ -168,8 +186,10 @@ def measure_memory_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> 
   the better of a sum and a matrix-vector product (the decode step's access pattern)."""
   probe = jnp.ones((num_bytes // (4 * 4096), 4096), jnp.float32)
   vector = jnp.ones((4096,), jnp.float32)
-  seconds = min(median_seconds(lambda: _sum(probe), repeats),
-                median_seconds(lambda: _matvec(probe, vector), repeats))
+  seconds = min(
+    median_seconds(lambda: _sum(probe), repeats),
+    median_seconds(lambda: _matvec(probe, vector), repeats),
+  )
   return probe.size * 4 / seconds
 
 
@@ -182,4 +202,4 @@ def measure_matmul_flops(size: int = 2048, repeats: int = 5) -> float:
   """FLOP/s of a float32 [size, size] x [size, size] matmul."""
   a = jnp.ones((size, size), jnp.float32)
   b = jnp.ones((size, size), jnp.float32)
-  return 2 * size ** 3 / median_seconds(lambda: _matmul(a, b), repeats)
+  return 2 * size**3 / median_seconds(lambda: _matmul(a, b), repeats)

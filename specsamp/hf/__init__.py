@@ -12,5 +12,11 @@ An imported checkpoint loads like any other: ``specsamp.training.checkpoint.load
 from specsamp.hf.architectures import SUPPORTED_MODEL_TYPES, UnsupportedArchitecture
 from specsamp.hf.convert import export_model, import_model, import_to_checkpoint, load_tokenizer
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "UnsupportedArchitecture", "export_model", "import_model",
-           "import_to_checkpoint", "load_tokenizer"]
+__all__ = [
+  "SUPPORTED_MODEL_TYPES",
+  "UnsupportedArchitecture",
+  "export_model",
+  "import_model",
+  "import_to_checkpoint",
+  "load_tokenizer",
+]

@@ -15,20 +15,21 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specsamp.training import checkpoint, train
 from specsamp import sharding
 from specsamp.hf import architectures, safetensors_io, weights
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
-from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.sampling import model_protocol
+from specsamp.training import checkpoint, train
+from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.training.tokenizer import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.model"
@@ -42,22 +43,31 @@ def load_tokenizer(hf_dir: str) -> Tokenizer:
 def _cast(name: str, shard: np.ndarray, dtype: jnp.dtype) -> np.ndarray:
   """``shard`` in ``dtype``; refuses integer tensors, NaN/inf weights and overflowing casts."""
   if not jnp.issubdtype(shard.dtype, jnp.floating):
-    raise ValueError(f"Tensor {name!r} is stored as {shard.dtype}, not a float: quantized or "
-                     "corrupt weights, which specsamp does not import.")
+    raise ValueError(
+      f"Tensor {name!r} is stored as {shard.dtype}, not a float: quantized or "
+      "corrupt weights, which specsamp does not import."
+    )
   with np.errstate(over="ignore"):  # Overflow is reported below, with the tensor's name.
     out = np.asarray(shard, dtype=dtype)
   if not np.isfinite(out).all():
     if not np.isfinite(np.asarray(shard, np.float32)).all():
       raise ValueError(f"Tensor {name!r} of the checkpoint holds NaN or inf values.")
-    raise ValueError(f"Tensor {name!r} overflows {jnp.dtype(dtype).name} (largest magnitude "
-                     f"{float(np.abs(np.asarray(shard, np.float32)).max()):.3g}); import it with "
-                     "param_dtype='bfloat16' or 'float32'.")
+    raise ValueError(
+      f"Tensor {name!r} overflows {jnp.dtype(dtype).name} (largest magnitude "
+      f"{float(np.abs(np.asarray(shard, np.float32)).max()):.3g}); import it with "
+      "param_dtype='bfloat16' or 'float32'."
+    )
   return out
 
 
-def import_model(hf_dir: str, mesh: jax.sharding.Mesh | None = None, *,
-                 param_dtype: str | None = None, dtype: str | None = None,
-                 tensor_parallel: str = "auto") -> tuple[transformer.Transformer, dict[str, Any]]:
+def import_model(
+  hf_dir: str,
+  mesh: jax.sharding.Mesh | None = None,
+  *,
+  param_dtype: str | None = None,
+  dtype: str | None = None,
+  tensor_parallel: str = "auto",
+) -> tuple[transformer.Transformer, dict[str, Any]]:
   """Reads an HF model directory into a specsamp Transformer placed on ``mesh``.
 
   Args:
@@ -74,8 +84,9 @@ def import_model(hf_dir: str, mesh: jax.sharding.Mesh | None = None, *,
   """
   hf_dir = os.path.expanduser(hf_dir)
   hf_config = architectures.read_config(hf_dir)
-  config = architectures.from_hf(hf_config, param_dtype=param_dtype, dtype=dtype,
-                                 tensor_parallel=tensor_parallel)
+  config = architectures.from_hf(
+    hf_config, param_dtype=param_dtype, dtype=dtype, tensor_parallel=tensor_parallel
+  )
   tensors = safetensors_io.Checkpoint(hf_dir)
   mesh = mesh or checkpoint.default_mesh()
   model = sharding.abstract_model(lambda rngs: transformer.Transformer(config, rngs=rngs), mesh)
@@ -85,76 +96,103 @@ def import_model(hf_dir: str, mesh: jax.sharding.Mesh | None = None, *,
   missing = sorted(expected - set(tensors.keys()))
   if missing:
     raise architectures.UnsupportedArchitecture(
-        f"{hf_dir} lacks {len(missing)} tensors a {hf_config['model_type']} model with this "
-        f"config.json needs, e.g. {missing[:4]}.")
-  unexpected = sorted(name for name in set(tensors.keys()) - expected
-                      if not name.endswith(weights.IGNORED_SUFFIXES)
-                      and not (config.tie_embeddings and name == "lm_head.weight"))
+      f"{hf_dir} lacks {len(missing)} tensors a {hf_config['model_type']} model with this "
+      f"config.json needs, e.g. {missing[:4]}."
+    )
+  unexpected = sorted(
+    name
+    for name in set(tensors.keys()) - expected
+    if not name.endswith(weights.IGNORED_SUFFIXES)
+    and not (config.tie_embeddings and name == "lm_head.weight")
+  )
   if unexpected:
     raise architectures.UnsupportedArchitecture(
-        f"{hf_dir} has {len(unexpected)} tensors that specsamp's {hf_config['model_type']} model "
-        f"has no place for, e.g. {unexpected[:4]}: the architecture differs from what "
-        "config.json says, or uses a feature specsamp lacks.")
+      f"{hf_dir} has {len(unexpected)} tensors that specsamp's {hf_config['model_type']} model "
+      f"has no place for, e.g. {unexpected[:4]}: the architecture differs from what "
+      "config.json says, or uses a feature specsamp lacks."
+    )
   params: dict = jax.tree.map(lambda x: None, abstract)
   for entry in table:
     stored = tensors.tensor(entry.hf_name)
     if tuple(stored.shape) != entry.hf_shape:
-      raise ValueError(f"{entry.hf_name} has shape {tuple(stored.shape)}; config.json implies "
-                       f"{entry.hf_shape}.")
+      raise ValueError(
+        f"{entry.hf_name} has shape {tuple(stored.shape)}; config.json implies {entry.hf_shape}."
+      )
     view = entry.to_ours(stored)
     target = weights.get(abstract, entry.path)
     assert view.shape == target.shape, (entry.hf_name, view.shape, target.shape)
     array = jax.make_array_from_callback(
-        target.shape, weights.get(shardings, entry.path),
-        lambda index, view=view, name=entry.hf_name, dtype=target.dtype: _cast(
-            name, view[index], dtype))
+      target.shape,
+      weights.get(shardings, entry.path),
+      lambda index, view=view, name=entry.hf_name, dtype=target.dtype: _cast(
+        name, view[index], dtype
+      ),
+    )
     weights.put(params, entry.path, array)
   return nnx.merge(graphdef, params), hf_config
 
 
 def _source_meta(hf_dir: str, hf_config: Mapping[str, Any]) -> dict[str, Any]:
-  return {"format": "huggingface", "path": os.path.abspath(hf_dir),
-          "model_type": hf_config["model_type"]}
+  return {
+    "format": "huggingface",
+    "path": os.path.abspath(hf_dir),
+    "model_type": hf_config["model_type"],
+  }
 
 
-def import_to_checkpoint(hf_dir: str, output_dir: str, mesh: jax.sharding.Mesh | None = None,
-                         **import_options: Any) -> TransformerConfig:
+def import_to_checkpoint(
+  hf_dir: str, output_dir: str, mesh: jax.sharding.Mesh | None = None, **import_options: Any
+) -> TransformerConfig:
   """Imports ``hf_dir`` and saves it as an orbax checkpoint (step 0) in ``output_dir``,
   with the model config, tokenizer fingerprint and source in its metadata. Refuses a
   directory that already holds a checkpoint (nothing saved is overwritten)."""
   hf_dir = os.path.expanduser(hf_dir)
   store = checkpoint.Checkpoints(os.path.expanduser(output_dir), max_to_keep=None)
   if store.latest_step() is not None:
-    raise FileExistsError(f"{store.directory} already holds a checkpoint (steps "
-                          f"{store.all_steps()}); choose another output directory.")
+    raise FileExistsError(
+      f"{store.directory} already holds a checkpoint (steps "
+      f"{store.all_steps()}); choose another output directory."
+    )
   model, hf_config = import_model(hf_dir, mesh, **import_options)
   fingerprint = None
   if os.path.exists(os.path.join(hf_dir, TOKENIZER_FILE)):
     tokenizer = load_tokenizer(hf_dir)
     if tokenizer.vocab_size > model.vocab_size:
-      raise ValueError(f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} pieces but the model "
-                       f"only {model.vocab_size} embeddings.")
+      raise ValueError(
+        f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} pieces but the model "
+        f"only {model.vocab_size} embeddings."
+      )
     fingerprint = tokenizer.fingerprint
-  meta = {"model": dataclasses.asdict(model.config), "tokenizer": fingerprint,
-          "source": _source_meta(hf_dir, hf_config)}
+  meta = {
+    "model": dataclasses.asdict(model.config),
+    "tokenizer": fingerprint,
+    "source": _source_meta(hf_dir, hf_config),
+  }
   store.save(0, {"params": train.params_of(model)}, meta)
   store.wait()
   if fingerprint is not None:  # Beside the step directories; orbax lists only those.
-    shutil.copyfile(os.path.join(hf_dir, TOKENIZER_FILE),
-                    os.path.join(store.directory, TOKENIZER_FILE))
+    shutil.copyfile(
+      os.path.join(hf_dir, TOKENIZER_FILE), os.path.join(store.directory, TOKENIZER_FILE)
+    )
   return model.config
 
 
 def _to_host(array: jax.Array) -> np.ndarray:
   if not array.is_fully_addressable:
     from jax.experimental import multihost_utils
+
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
   return np.asarray(jax.device_get(array))
 
 
-def export_model(model: transformer.Transformer, output_dir: str, *,
-                 tokenizer: Tokenizer | None = None, dtype: str | None = None,
-                 max_shard_bytes: int = 5 << 30) -> list[str]:
+def export_model(
+  model: transformer.Transformer,
+  output_dir: str,
+  *,
+  tokenizer: Tokenizer | None = None,
+  dtype: str | None = None,
+  max_shard_bytes: int = 5 << 30,
+) -> list[str]:
   """Writes ``model`` as an HF model directory (config.json, generation_config.json,
   safetensors shards, and tokenizer.model when given) that transformers loads with
   ``AutoModelForCausalLM.from_pretrained``. One tensor at a time is on the host.
@@ -165,13 +203,17 @@ def export_model(model: transformer.Transformer, output_dir: str, *,
   dtype = dtype or config.param_dtype
   ids = {}
   if tokenizer is not None:
-    ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-           "pad_token_id": tokenizer.pad_id}
+    ids = {
+      "bos_token_id": tokenizer.bos_id,
+      "eos_token_id": tokenizer.eos_id,
+      "pad_token_id": tokenizer.pad_id,
+    }
     ids = {key: value for key, value in ids.items() if value is not None and value >= 0}
   hf_config = architectures.to_hf(config, dtype=dtype, special_ids=ids)
   if os.path.exists(os.path.join(output_dir, "config.json")):
-    raise FileExistsError(f"{output_dir} already holds a model (config.json); choose another "
-                          "directory.")
+    raise FileExistsError(
+      f"{output_dir} already holds a model (config.json); choose another directory."
+    )
   params = train.params_of(model)
   np_dtype = jnp.dtype(dtype)
 
@@ -196,8 +238,12 @@ def export_model(model: transformer.Transformer, output_dir: str, *,
   return names
 
 
-def check_pair(target: Any, draft: Any, target_tokenizer: Tokenizer | None = None,
-               draft_tokenizer: Tokenizer | None = None) -> None:
+def check_pair(
+  target: Any,
+  draft: Any,
+  target_tokenizer: Tokenizer | None = None,
+  draft_tokenizer: Tokenizer | None = None,
+) -> None:
   """Refuses a target/draft pair that cannot speculate together: different vocab sizes, or
   tokenizers (when both are known) that map text to different ids."""
   model_protocol.check_same_vocabulary(target, draft)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -22,11 +22,18 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 _DTYPES = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+  "F64": np.dtype(np.float64),
+  "F32": np.dtype(np.float32),
+  "F16": np.dtype(np.float16),
+  "BF16": np.dtype(ml_dtypes.bfloat16),
+  "I64": np.dtype(np.int64),
+  "I32": np.dtype(np.int32),
+  "I16": np.dtype(np.int16),
+  "I8": np.dtype(np.int8),
+  "U8": np.dtype(np.uint8),
+  "BOOL": np.dtype(np.bool_),
+  "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+  "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
 }
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
@@ -65,10 +72,12 @@ class SafetensorsFile:
   def tensor(self, name: str) -> np.ndarray:
     entry = self._entries[name]
     if entry["dtype"] not in _DTYPES:
-      raise SafetensorsError(f"{self.path}: tensor {name!r} has dtype {entry['dtype']}, which "
-                             f"specsamp cannot read (known: {sorted(_DTYPES)}).")
+      raise SafetensorsError(
+        f"{self.path}: tensor {name!r} has dtype {entry['dtype']}, which "
+        f"specsamp cannot read (known: {sorted(_DTYPES)})."
+      )
     begin, end = entry["data_offsets"]
-    raw = self._map[self._data_start + begin:self._data_start + end]
+    raw = self._map[self._data_start + begin : self._data_start + end]
     return raw.view(_DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
 
@@ -88,12 +97,13 @@ class Checkpoint:
     else:
       present = sorted(os.listdir(directory)) if os.path.isdir(directory) else "no such directory"
       raise FileNotFoundError(
-          f"No {SINGLE_FILE} or {INDEX_FILE} in {directory} (found: {present}). specsamp reads "
-          "Hugging Face safetensors checkpoints; convert a PyTorch .bin checkpoint with "
-          "transformers' save_pretrained(..., safe_serialization=True) first.")
+        f"No {SINGLE_FILE} or {INDEX_FILE} in {directory} (found: {present}). specsamp reads "
+        "Hugging Face safetensors checkpoints; convert a PyTorch .bin checkpoint with "
+        "transformers' save_pretrained(..., safe_serialization=True) first."
+      )
     self.files = {name: SafetensorsFile(os.path.join(directory, name)) for name in files}
     self._where = {}
-    for file_name, file in self.files.items():
+    for file in self.files.values():
       for key in file.keys():
         self._where[key] = file
     if weight_map is not None:
@@ -116,8 +126,9 @@ class Checkpoint:
     return {file.dtype_name(key) for key, file in self._where.items()}
 
 
-def write_file(path: str, tensors: Mapping[str, np.ndarray],
-               metadata: Mapping[str, str] | None = None) -> None:
+def write_file(
+  path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+) -> None:
   """Writes ``tensors`` (name -> array) to one .safetensors file."""
   header, offset = {}, 0
   arrays = {}
@@ -125,8 +136,11 @@ def write_file(path: str, tensors: Mapping[str, np.ndarray],
     array = np.ascontiguousarray(array)
     if array.dtype not in _NAMES:
       raise SafetensorsError(f"Cannot write {name!r} of dtype {array.dtype} as safetensors.")
-    header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
-                    "data_offsets": [offset, offset + array.nbytes]}
+    header[name] = {
+      "dtype": _NAMES[array.dtype],
+      "shape": list(array.shape),
+      "data_offsets": [offset, offset + array.nbytes],
+    }
     arrays[name] = array
     offset += array.nbytes
   if metadata:
@@ -140,8 +154,9 @@ def write_file(path: str, tensors: Mapping[str, np.ndarray],
       f.write(array.tobytes())
 
 
-def write_sharded(directory: str, tensors: Iterable[tuple[str, np.ndarray]],
-                  max_shard_bytes: int = 5 << 30) -> list[str]:
+def write_sharded(
+  directory: str, tensors: Iterable[tuple[str, np.ndarray]], max_shard_bytes: int = 5 << 30
+) -> list[str]:
   """Writes tensors (produced one at a time) into shards of at most ``max_shard_bytes``
   plus the index; a single shard is written as ``model.safetensors`` with no index.
   Returns the file names."""
@@ -177,4 +192,3 @@ def write_sharded(directory: str, tensors: Iterable[tuple[str, np.ndarray]],
   with open(os.path.join(directory, INDEX_FILE), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
   return names
-

@@ -10,7 +10,7 @@ only that shard's bytes. ``to_hf`` is the exact inverse.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -41,15 +41,13 @@ def _transpose(x: np.ndarray) -> np.ndarray:
 def _split_out(*dims: int) -> tuple[Callable, Callable]:
   """HF [out=prod(dims[1:]), in=dims[0]] <-> ours [in, *heads] (q/k/v projections)."""
   d = dims[0]
-  return (lambda w: w.T.reshape(dims),
-          lambda a: a.reshape(d, -1).T)
+  return (lambda w: w.T.reshape(dims), lambda a: a.reshape(d, -1).T)
 
 
 def _split_in(*dims: int) -> tuple[Callable, Callable]:
   """HF [out=dims[-1], in=prod(dims[:-1])] <-> ours [*heads, out] (the output projection)."""
   d = dims[-1]
-  return (lambda w: w.T.reshape(dims),
-          lambda a: a.reshape(-1, d).T)
+  return (lambda w: w.T.reshape(dims), lambda a: a.reshape(-1, d).T)
 
 
 def _reshape(*dims: int) -> tuple[Callable, Callable]:
@@ -61,14 +59,18 @@ def entries(config: TransformerConfig) -> list[Entry]:
   """Every parameter of a specsamp Transformer with ``config``, in HF order."""
   d, f, v = config.d_model, config.ffn_dim, config.vocab_size
   n, k, h = config.num_heads, config.num_kv_heads, config.resolved_head_dim
-  out: list[Entry] = [Entry(("embedder", "table_VD"), "model.embed_tokens.weight", (v, d),
-                            _identity, _identity)]
+  out: list[Entry] = [
+    Entry(("embedder", "table_VD"), "model.embed_tokens.weight", (v, d), _identity, _identity)
+  ]
   # Gemma 2's norms after each branch take the pre-MLP norm's HF name; in the
   # other families 'post_attention_layernorm' IS the pre-MLP norm.
   norms = {"attn_norm": "input_layernorm"}
   if config.post_norms:
-    norms.update(attn_post_norm="post_attention_layernorm", mlp_norm="pre_feedforward_layernorm",
-                 mlp_post_norm="post_feedforward_layernorm")
+    norms.update(
+      attn_post_norm="post_attention_layernorm",
+      mlp_norm="pre_feedforward_layernorm",
+      mlp_post_norm="post_feedforward_layernorm",
+    )
   else:
     norms["mlp_norm"] = "post_attention_layernorm"
   for layer in range(config.num_layers):

@@ -22,8 +22,14 @@ from specsamp.models.layers import apply_rope, make_param, rope_frequencies, sof
 _MASKED = -1e30
 
 
-def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, positions_BT: jax.Array,
-           logit_cap: float | None = None, window: int | None = None) -> jax.Array:
+def attend(
+  q_BTNH: jax.Array,
+  k_BSKH: jax.Array,
+  v_BSKH: jax.Array,
+  positions_BT: jax.Array,
+  logit_cap: float | None = None,
+  window: int | None = None,
+) -> jax.Array:
   """Causal attention of T queries over S cache slots; slot s is visible iff s <= position
   (and, with a sliding ``window``, s > position - window).
 
@@ -33,8 +39,9 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, positions_BT
   batch, length, num_heads, head_dim = q_BTNH.shape
   num_kv_heads = k_BSKH.shape[2]
   q_BTKRH = q_BTNH.reshape(batch, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
-  logits_BKRTS = jnp.einsum("BTKRH,BSKH->BKRTS", q_BTKRH, k_BSKH,
-                            preferred_element_type=jnp.float32)
+  logits_BKRTS = jnp.einsum(
+    "BTKRH,BSKH->BKRTS", q_BTKRH, k_BSKH, preferred_element_type=jnp.float32
+  )
   logits_BKRTS = softcap(logits_BKRTS, logit_cap)
   slots_S = jnp.arange(k_BSKH.shape[1])
   visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
@@ -46,10 +53,17 @@ def attend(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, positions_BT
   return out_BTKRH.reshape(batch, length, num_heads, head_dim)
 
 
-def attention_forward(x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.Array,
-                      values_BSKH: jax.Array, weights: dict[str, jax.Array], *,
-                      config: TransformerConfig, window: int | None = None,
-                      kv_head_offset: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+def attention_forward(
+  x_BTD: jax.Array,
+  positions_BT: jax.Array,
+  keys_BSKH: jax.Array,
+  values_BSKH: jax.Array,
+  weights: dict[str, jax.Array],
+  *,
+  config: TransformerConfig,
+  window: int | None = None,
+  kv_head_offset: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Attention on arrays: returns (out_BTD, keys_BSKH, values_BSKH) with the cache updated.
 
   Under tensor parallelism the weights hold a slice of the heads and out_BTD is
@@ -79,7 +93,7 @@ def attention_forward(x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.
   k_BTKH = apply_rope(project("k_DKH", "k_KH"), positions_BT, inv_freq)
   v_BTKH = project("v_DKH", "v_KH")
   query_scalar = config.query_pre_attn_scalar or q_BTNH.shape[-1]
-  q_BTNH = q_BTNH * jnp.asarray(query_scalar ** -0.5, dtype)
+  q_BTNH = q_BTNH * jnp.asarray(query_scalar**-0.5, dtype)
   q_BTNH = sharding.constrain(q_BTNH, ("act_batch", "act_length", "act_heads", "act_head_dim"))
 
   keys_BSKH = kv_cache.write(keys_BSKH, k_BTKH, positions_BT)
@@ -107,8 +121,13 @@ class Attention(nnx.Module):
     self.q_DNH = make_param(rngs, init, (d, n, h), ("embed", "heads", "head_dim"), dtype)
     self.k_DKH = make_param(rngs, init, (d, k, h), ("embed", "kv_heads", "head_dim"), dtype)
     self.v_DKH = make_param(rngs, init, (d, k, h), ("embed", "kv_heads", "head_dim"), dtype)
-    self.o_NHD = make_param(rngs, nnx.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
-                            (n, h, d), ("heads", "head_dim", "embed"), dtype)
+    self.o_NHD = make_param(
+      rngs,
+      nnx.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
+      (n, h, d),
+      ("heads", "head_dim", "embed"),
+      dtype,
+    )
     if config.qkv_bias:
       zeros = nnx.initializers.zeros
       self.q_NH = make_param(rngs, zeros, (n, h), ("heads", "head_dim"), dtype)

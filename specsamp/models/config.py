@@ -16,7 +16,6 @@ One dataclass covers the three families specsamp has to load:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
 
 import jax.numpy as jnp
 
@@ -113,19 +112,24 @@ class TransformerConfig(ConfigFields):
         raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}.")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
-          f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}: "
-          "each key/value head serves a whole group of query heads.")
+        f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}: "
+        "each key/value head serves a whole group of query heads."
+      )
     if self.head_dim is None and self.d_model % self.num_heads:
       raise ValueError(
-          f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
-          "set head_dim explicitly.")
+        f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+        "set head_dim explicitly."
+      )
     if self.resolved_head_dim < 2 or self.resolved_head_dim % 2:
       raise ValueError(f"head_dim must be even for RoPE, got {self.resolved_head_dim}.")
     if self.mlp_activation not in MLP_ACTIVATIONS:
-      raise ValueError(f"mlp_activation must be one of {MLP_ACTIVATIONS}, got {self.mlp_activation!r}.")
+      raise ValueError(
+        f"mlp_activation must be one of {MLP_ACTIVATIONS}, got {self.mlp_activation!r}."
+      )
     if self.tensor_parallel not in TENSOR_PARALLEL_MODES:
       raise ValueError(
-          f"tensor_parallel must be one of {TENSOR_PARALLEL_MODES}, got {self.tensor_parallel!r}.")
+        f"tensor_parallel must be one of {TENSOR_PARALLEL_MODES}, got {self.tensor_parallel!r}."
+      )
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in DTYPES:
         raise ValueError(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}.")
@@ -134,19 +138,27 @@ class TransformerConfig(ConfigFields):
       if value is not None and value <= 0:
         raise ValueError(f"{name} must be positive or None, got {value}.")
     if self.sliding_window is not None and (
-        not isinstance(self.sliding_window, int) or self.sliding_window < 1):
-      raise ValueError(f"sliding_window must be a positive int or None, got {self.sliding_window!r}.")
+      not isinstance(self.sliding_window, int) or self.sliding_window < 1
+    ):
+      raise ValueError(
+        f"sliding_window must be a positive int or None, got {self.sliding_window!r}."
+      )
     if not isinstance(self.sliding_window_pattern, int) or self.sliding_window_pattern < 1:
       raise ValueError(
-          f"sliding_window_pattern must be an int >= 1, got {self.sliding_window_pattern!r}.")
+        f"sliding_window_pattern must be an int >= 1, got {self.sliding_window_pattern!r}."
+      )
     if self.rope_scaling not in ROPE_SCALINGS:
       raise ValueError(f"rope_scaling must be one of {ROPE_SCALINGS}, got {self.rope_scaling!r}.")
-    if self.rope_scaling_factor <= 0 or self.rope_high_freq_factor <= self.rope_low_freq_factor \
-        and self.rope_scaling == "llama3":
+    if (
+      self.rope_scaling_factor <= 0
+      or self.rope_high_freq_factor <= self.rope_low_freq_factor
+      and self.rope_scaling == "llama3"
+    ):
       raise ValueError(
-          f"rope scaling needs factor > 0 and (for llama3) high_freq_factor > low_freq_factor; got "
-          f"factor={self.rope_scaling_factor}, low={self.rope_low_freq_factor}, "
-          f"high={self.rope_high_freq_factor}.")
+        f"rope scaling needs factor > 0 and (for llama3) high_freq_factor > low_freq_factor; got "
+        f"factor={self.rope_scaling_factor}, low={self.rope_low_freq_factor}, "
+        f"high={self.rope_high_freq_factor}."
+      )
 
   @property
   def resolved_head_dim(self) -> int:
@@ -170,4 +182,3 @@ class TransformerConfig(ConfigFields):
   @property
   def weight_dtype(self) -> jnp.dtype:
     return jnp.dtype(self.param_dtype)
-

@@ -36,20 +36,30 @@ class KVCache:
   lengths: jax.Array
 
   @classmethod
-  def create(cls, num_layers: int, batch_size: int, max_length: int, num_kv_heads: int,
-             head_dim: int, dtype: jnp.dtype) -> "KVCache":
+  def create(
+    cls,
+    num_layers: int,
+    batch_size: int,
+    max_length: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: jnp.dtype,
+  ) -> KVCache:
     """An empty cache, sharded by the rules table when a mesh is active."""
     if batch_size < 1 or max_length < 1:
-      raise ValueError(f"Cache needs batch_size >= 1 and max_length >= 1, got "
-                       f"{batch_size} and {max_length}.")
+      raise ValueError(
+        f"Cache needs batch_size >= 1 and max_length >= 1, got {batch_size} and {max_length}."
+      )
     shape = (batch_size, max_length, num_kv_heads, head_dim)
 
     def empty():
       return sharding.constrain(jnp.zeros(shape, dtype), CACHE_AXES)
 
-    return cls(keys=tuple(empty() for _ in range(num_layers)),
-               values=tuple(empty() for _ in range(num_layers)),
-               lengths=jnp.zeros((batch_size,), jnp.int32))
+    return cls(
+      keys=tuple(empty() for _ in range(num_layers)),
+      values=tuple(empty() for _ in range(num_layers)),
+      lengths=jnp.zeros((batch_size,), jnp.int32),
+    )
 
   @property
   def batch_size(self) -> int:

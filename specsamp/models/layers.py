@@ -8,7 +8,7 @@ inside ``shard_map`` (see ``tensor_parallel.py``).
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,15 +18,21 @@ from specsamp import sharding
 from specsamp.models.config import TransformerConfig
 
 
-def make_param(rngs: nnx.Rngs, init: nnx.Initializer, shape: Sequence[int],
-               logical_axes: Sequence[str | None], dtype: jnp.dtype) -> nnx.Param:
+def make_param(
+  rngs: nnx.Rngs,
+  init: nnx.Initializer,
+  shape: Sequence[int],
+  logical_axes: Sequence[str | None],
+  dtype: jnp.dtype,
+) -> nnx.Param:
   """A parameter carrying its logical axis names (never mesh axes).
 
   ``eager_sharding=False``: the names are logical and only become mesh axes
   through ``sharding.LOGICAL_AXIS_RULES``, never by Flax directly.
   """
-  return nnx.Param(init(rngs.params(), tuple(shape), dtype),
-                   out_sharding=tuple(logical_axes), eager_sharding=False)
+  return nnx.Param(
+    init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(logical_axes), eager_sharding=False
+  )
 
 
 def softcap(x: jax.Array, cap: float | None) -> jax.Array:
@@ -56,14 +62,18 @@ class Embedder(nnx.Module):
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
-    self.table_VD = make_param(rngs, nnx.initializers.normal(stddev=1.0),
-                               (config.vocab_size, config.d_model), ("vocab", "embed"),
-                               config.weight_dtype)
+    self.table_VD = make_param(
+      rngs,
+      nnx.initializers.normal(stddev=1.0),
+      (config.vocab_size, config.d_model),
+      ("vocab", "embed"),
+      config.weight_dtype,
+    )
 
   def encode(self, tokens_BT: jax.Array) -> jax.Array:
     x_BTD = jnp.take(self.table_VD[...], tokens_BT, axis=0).astype(self.config.activation_dtype)
     if self.config.scale_embeddings:
-      x_BTD = x_BTD * jnp.asarray(self.config.d_model ** 0.5, x_BTD.dtype)
+      x_BTD = x_BTD * jnp.asarray(self.config.d_model**0.5, x_BTD.dtype)
     return sharding.constrain(x_BTD, ("act_batch", "act_length", "act_embed"))
 
   def decode(self, x_BTD: jax.Array) -> jax.Array:
@@ -75,8 +85,13 @@ class OutputHead(nnx.Module):
   """Untied output projection D -> V."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-    self.w_DV = make_param(rngs, nnx.initializers.lecun_normal(), (config.d_model, config.vocab_size),
-                           ("embed", "vocab"), config.weight_dtype)
+    self.w_DV = make_param(
+      rngs,
+      nnx.initializers.lecun_normal(),
+      (config.d_model, config.vocab_size),
+      ("embed", "vocab"),
+      config.weight_dtype,
+    )
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     return jnp.einsum("BTD,DV->BTV", x_BTD, self.w_DV[...].astype(x_BTD.dtype))
@@ -86,12 +101,16 @@ def activation_fn(config: TransformerConfig):
   """The MLP's nonlinearity (of the gate branch when gated)."""
   if config.mlp_activation in ("gelu", "geglu"):
     return functools.partial(jax.nn.gelu, approximate=config.gelu_approximate)
-  return {"relu": jax.nn.relu, "relu2": lambda x: jnp.square(jax.nn.relu(x)),
-          "swiglu": jax.nn.silu}[config.mlp_activation]
+  return {
+    "relu": jax.nn.relu,
+    "relu2": lambda x: jnp.square(jax.nn.relu(x)),
+    "swiglu": jax.nn.silu,
+  }[config.mlp_activation]
 
 
-def mlp_forward(x_BTD: jax.Array, weights: dict[str, jax.Array], config: TransformerConfig
-                ) -> jax.Array:
+def mlp_forward(
+  x_BTD: jax.Array, weights: dict[str, jax.Array], config: TransformerConfig
+) -> jax.Array:
   """MLP on arrays: down(act(gate(x)) * up(x)) when gated, down(act(up(x))) otherwise.
 
   Under tensor parallelism each device holds an F-slice of the weights; the
@@ -130,7 +149,7 @@ def rope_frequencies(config: TransformerConfig) -> jax.Array:
   """The H/2 inverse frequencies of RoPE, with the config's scaling applied (float32)."""
   head_dim = config.resolved_head_dim
   exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
-  inv_freq = 1.0 / (config.rope_theta ** exponents)
+  inv_freq = 1.0 / (config.rope_theta**exponents)
   factor = config.rope_scaling_factor
   if config.rope_scaling == "linear":
     inv_freq = inv_freq / factor
@@ -142,8 +161,11 @@ def rope_frequencies(config: TransformerConfig) -> jax.Array:
     low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
     smooth = (original / wavelength - low) / (high - low)
     blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    inv_freq = jnp.where(wavelength > original / low, inv_freq / factor,
-                         jnp.where(wavelength < original / high, inv_freq, blended))
+    inv_freq = jnp.where(
+      wavelength > original / low,
+      inv_freq / factor,
+      jnp.where(wavelength < original / high, inv_freq, blended),
+    )
   return inv_freq
 
 

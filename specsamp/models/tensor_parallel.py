@@ -15,13 +15,13 @@ computes and caches only its own rows; 'fsdp' is left out of the WEIGHT specs
 only (parameters enter whole along d_model, jit inserts their all-gathers,
 ZeRO-3 style). Which mesh axes these are comes from the rules table: the axis of
 'heads' (and 'mlp') is the one the psums reduce over, the axes of 'embed' are
-gathered; this file names no mesh axis. Without an active mesh the block runs on one device exactly as
-in 'auto' mode.
+gathered; this file names no mesh axis. Without an active mesh the block runs on
+one device exactly as in 'auto' mode.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 from flax import nnx
@@ -32,13 +32,16 @@ from specsamp.models.attention import Attention, attention_forward
 from specsamp.models.config import TransformerConfig
 from specsamp.models.layers import MLP, mlp_forward
 
+
 def _tensor_axis() -> str:
   """The mesh axis the rules table splits heads over: the axis the psums reduce."""
   axes = sharding.mesh_axes_of("heads")
   if len(axes) != 1 or sharding.mesh_axes_of("mlp") != axes:
-    raise ValueError(f"tensor_parallel='shard_map' needs the rules to split 'heads' and 'mlp' "
-                     f"over one and the same mesh axis; they map to {axes} and "
-                     f"{sharding.mesh_axes_of('mlp')}.")
+    raise ValueError(
+      f"tensor_parallel='shard_map' needs the rules to split 'heads' and 'mlp' "
+      f"over one and the same mesh axis; they map to {axes} and "
+      f"{sharding.mesh_axes_of('mlp')}."
+    )
   return axes[0]
 
 
@@ -55,9 +58,10 @@ def _tensor_parallel_size(config: TransformerConfig) -> int | None:
 def _check_divides(tp: int, what: str, size: int):
   if size % tp:
     raise ValueError(
-        f"tensor_parallel='shard_map' splits {what}={size} over the {_tensor_axis()!r} mesh axis of "
-        f"size {tp}, which does not divide it; use a tensor axis that divides {what} or "
-        "tensor_parallel='auto'.")
+      f"tensor_parallel='shard_map' splits {what}={size} over the {_tensor_axis()!r} mesh axis of "
+      f"size {tp}, which does not divide it; use a tensor axis that divides {what} or "
+      "tensor_parallel='auto'."
+    )
 
 
 def _spec(logical_axes: Sequence[str | None], array: jax.Array) -> jax.sharding.PartitionSpec:
@@ -69,30 +73,40 @@ def _values_and_specs(params: dict[str, nnx.Param]):
   """Weights and their specs without 'fsdp': gathered along d_model before the block."""
   values = {name: param[...] for name, param in params.items()}
   gathered = sharding.mesh_axes_of("embed")  # d_model's axes (fsdp): gathered by jit.
-  specs = {name: sharding.logical_to_spec(sharding.logical_axes_of(param), values[name].shape,
-                                          exclude=gathered)
-           for name, param in params.items()}
+  specs = {
+    name: sharding.logical_to_spec(
+      sharding.logical_axes_of(param), values[name].shape, exclude=gathered
+    )
+    for name, param in params.items()
+  }
   return values, specs
 
 
-def attention_block(attn: Attention, x_BTD: jax.Array, positions_BT: jax.Array,
-                    keys_BSKH: jax.Array, values_BSKH: jax.Array, window: int | None = None
-                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def attention_block(
+  attn: Attention,
+  x_BTD: jax.Array,
+  positions_BT: jax.Array,
+  keys_BSKH: jax.Array,
+  values_BSKH: jax.Array,
+  window: int | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Runs attention (and its cache update) in the config's tensor-parallel mode."""
   config = attn.config
   tp = _tensor_parallel_size(config)
   weights, weight_specs = _values_and_specs(attn.weights())
   if tp is None:
-    return attention_forward(x_BTD, positions_BT, keys_BSKH, values_BSKH, weights, config=config,
-                             window=window)
+    return attention_forward(
+      x_BTD, positions_BT, keys_BSKH, values_BSKH, weights, config=config, window=window
+    )
 
   num_heads, num_kv_heads = config.num_heads, config.num_kv_heads
   _check_divides(tp, "num_heads", num_heads)
   kv_sharded = num_kv_heads % tp == 0
   if not kv_sharded and tp % num_kv_heads:
     raise ValueError(
-        f"tensor_parallel='shard_map' with num_kv_heads={num_kv_heads} needs a tensor axis "
-        f"that divides it or that it divides; got {tp}.")
+      f"tensor_parallel='shard_map' with num_kv_heads={num_kv_heads} needs a tensor axis "
+      f"that divides it or that it divides; got {tp}."
+    )
 
   axis = _tensor_axis()
 
@@ -100,16 +114,23 @@ def attention_block(attn: Attention, x_BTD: jax.Array, positions_BT: jax.Array,
     offset = None
     if not kv_sharded:  # every device holds all K kv heads; pick its query heads' one.
       offset = jax.lax.axis_index(axis) * (num_heads // tp) // (num_heads // num_kv_heads)
-    out, keys, values = attention_forward(x, positions, keys, values, local_weights,
-                                          config=config, window=window, kv_head_offset=offset)
+    out, keys, values = attention_forward(
+      x, positions, keys, values, local_weights, config=config, window=window, kv_head_offset=offset
+    )
     return jax.lax.psum(out, axis), keys, values
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
   cache_spec = _spec(kv_cache.CACHE_AXES, keys_BSKH)
-  in_specs = (x_spec, _spec(("act_batch", "act_length"), positions_BT), cache_spec, cache_spec,
-              weight_specs)
+  in_specs = (
+    x_spec,
+    _spec(("act_batch", "act_length"), positions_BT),
+    cache_spec,
+    cache_spec,
+    weight_specs,
+  )
   return jax.shard_map(body, in_specs=in_specs, out_specs=(x_spec, cache_spec, cache_spec))(
-      x_BTD, positions_BT, keys_BSKH, values_BSKH, weights)
+    x_BTD, positions_BT, keys_BSKH, values_BSKH, weights
+  )
 
 
 def mlp_block(mlp: MLP, x_BTD: jax.Array) -> jax.Array:

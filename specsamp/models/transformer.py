@@ -28,8 +28,9 @@ from specsamp.models.layers import MLP, Embedder, OutputHead, RMSNorm, softcap
 _RESIDUAL_AXES = ("act_batch", "act_length", "act_embed")
 
 
-def create(config: TransformerConfig, mesh: jax.sharding.Mesh | None = None,
-           seed: int = 0) -> "Transformer":
+def create(
+  config: TransformerConfig, mesh: jax.sharding.Mesh | None = None, seed: int = 0
+) -> Transformer:
   """A Transformer with initialised parameters, born sharded on ``mesh`` when given."""
   if mesh is None:
     return Transformer(config, rngs=nnx.Rngs(seed))
@@ -51,11 +52,13 @@ class Block(nnx.Module):
       self.mlp_post_norm = RMSNorm(config, rngs=rngs)
     self.post_norms = config.post_norms
 
-  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.Array,
-               values_BSKH: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  def __call__(
+    self, x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.Array
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     with jax.named_scope("attention"):
       h_BTD, keys_BSKH, values_BSKH = tensor_parallel.attention_block(
-          self.attn, self.attn_norm(x_BTD), positions_BT, keys_BSKH, values_BSKH, self.window)
+        self.attn, self.attn_norm(x_BTD), positions_BT, keys_BSKH, values_BSKH, self.window
+      )
       if self.post_norms:
         h_BTD = self.attn_post_norm(h_BTD)
     x_BTD = sharding.constrain(x_BTD + h_BTD, _RESIDUAL_AXES)
@@ -82,16 +85,26 @@ class Transformer(nnx.Module):
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
-  def init_cache(self, batch_size: int, max_length: int, num_layers: int | None = None
-                 ) -> KVCache:
+  def init_cache(self, batch_size: int, max_length: int, num_layers: int | None = None) -> KVCache:
     """An empty cache of ``max_length`` slots per row (for the first ``num_layers`` blocks)."""
     config = self.config
-    return KVCache.create(num_layers or config.num_layers, batch_size, max_length,
-                          config.num_kv_heads, config.resolved_head_dim, config.activation_dtype)
+    return KVCache.create(
+      num_layers or config.num_layers,
+      batch_size,
+      max_length,
+      config.num_kv_heads,
+      config.resolved_head_dim,
+      config.activation_dtype,
+    )
 
-  def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None,
-               cache: KVCache | None = None, *, num_layers: int | None = None
-               ) -> tuple[jax.Array, KVCache | None]:
+  def __call__(
+    self,
+    tokens_BT: jax.Array,
+    positions_BT: jax.Array | None = None,
+    cache: KVCache | None = None,
+    *,
+    num_layers: int | None = None,
+  ) -> tuple[jax.Array, KVCache | None]:
     """Processes T >= 1 tokens per row; returns float32 logits and the updated cache.
 
     Args:
@@ -129,8 +142,9 @@ class Transformer(nnx.Module):
       values.append(v)
     x_BTD = self.final_norm(x_BTD)
     with jax.named_scope("logits"):
-      logits_BTV = (self.embedder.decode(x_BTD) if self.config.tie_embeddings
-                    else self.head(x_BTD)).astype(jnp.float32)
+      logits_BTV = (
+        self.embedder.decode(x_BTD) if self.config.tie_embeddings else self.head(x_BTD)
+      ).astype(jnp.float32)
       logits_BTV = softcap(logits_BTV, self.config.final_logit_softcap)
       logits_BTV = sharding.constrain(logits_BTV, ("act_batch", "act_length", "act_vocab"))
     new_cache = KVCache(keys=tuple(keys), values=tuple(values), lengths=positions_BT[:, -1] + 1)
@@ -144,8 +158,10 @@ class EarlyExit(nnx.Module):
 
   def __init__(self, model: Transformer, num_layers: int):
     if not 1 <= num_layers < model.config.num_layers:
-      raise ValueError(f"An early exit needs 1 <= num_layers < {model.config.num_layers} (the "
-                       f"target's depth), got {num_layers}.")
+      raise ValueError(
+        f"An early exit needs 1 <= num_layers < {model.config.num_layers} (the "
+        f"target's depth), got {num_layers}."
+      )
     self.model = model
     self.num_layers = num_layers
 
@@ -160,6 +176,7 @@ class EarlyExit(nnx.Module):
   def init_cache(self, batch_size: int, max_length: int) -> KVCache:
     return self.model.init_cache(batch_size, max_length, self.num_layers)
 
-  def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None,
-               cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+  def __call__(
+    self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None, cache: KVCache | None = None
+  ) -> tuple[jax.Array, KVCache | None]:
     return self.model(tokens_BT, positions_BT, cache, num_layers=self.num_layers)

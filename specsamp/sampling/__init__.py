@@ -1,10 +1,10 @@
 """Sampling: logits -> warped distributions, and the on-device generation loops.
 
-  warping.py         temperature / top-k / top-p / greedy, as pure functions.
-  model_protocol.py  the decode protocol any target or draft model follows.
-  autoregressive.py  autoregressive generation as one jitted while_loop.
-  verification.py    token-wise, block and greedy verification of a draft block.
-  speculative.py     speculative sampling as one jitted while_loop.
+warping.py         temperature / top-k / top-p / greedy, as pure functions.
+model_protocol.py  the decode protocol any target or draft model follows.
+autoregressive.py  autoregressive generation as one jitted while_loop.
+verification.py    token-wise, block and greedy verification of a draft block.
+speculative.py     speculative sampling as one jitted while_loop.
 """
 
 from specsamp.sampling.autoregressive import GenerationOutput, generate
@@ -12,5 +12,14 @@ from specsamp.sampling.model_protocol import DecodeModel
 from specsamp.sampling.speculative import SpeculativeOutput, speculative_generate
 from specsamp.sampling.warping import SamplingConfig, probabilities, sample, warp_logits
 
-__all__ = ["GenerationOutput", "generate", "DecodeModel", "SamplingConfig", "probabilities",
-           "sample", "warp_logits", "SpeculativeOutput", "speculative_generate"]
+__all__ = [
+  "GenerationOutput",
+  "generate",
+  "DecodeModel",
+  "SamplingConfig",
+  "probabilities",
+  "sample",
+  "warp_logits",
+  "SpeculativeOutput",
+  "speculative_generate",
+]

@@ -46,7 +46,7 @@ class GenerationOutput:
   def generated(self, row: int) -> np.ndarray:
     """Host copy of one row's generated tokens."""
     end = int(self.lengths[row])
-    return np.asarray(self.tokens[row, end - int(self.num_generated[row]):end])
+    return np.asarray(self.tokens[row, end - int(self.num_generated[row]) : end])
 
 
 @struct.dataclass
@@ -58,8 +58,13 @@ class _LoopState:
   cache: Any
 
 
-def check_prompts(prompts: Any, prompt_lengths: Any, max_new_tokens: int,
-                  cache_length: int | None, extra_slots: int = 0) -> tuple[jax.Array, jax.Array, int]:
+def check_prompts(
+  prompts: Any,
+  prompt_lengths: Any,
+  max_new_tokens: int,
+  cache_length: int | None,
+  extra_slots: int = 0,
+) -> tuple[jax.Array, jax.Array, int]:
   """Validates a batch of right-padded prompts; returns them as int32 and the cache length.
 
   Args:
@@ -72,29 +77,38 @@ def check_prompts(prompts: Any, prompt_lengths: Any, max_new_tokens: int,
   prompts = jnp.asarray(prompts, jnp.int32)
   prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
   if prompts.ndim != 2 or prompts.shape[1] < 1:
-    raise ValueError(f"prompts must be [batch, length] with length >= 1, got shape {prompts.shape}.")
+    raise ValueError(
+      f"prompts must be [batch, length] with length >= 1, got shape {prompts.shape}."
+    )
   if prompt_lengths.shape != (prompts.shape[0],):
-    raise ValueError(f"prompt_lengths must have shape ({prompts.shape[0]},), got {prompt_lengths.shape}.")
+    raise ValueError(
+      f"prompt_lengths must have shape ({prompts.shape[0]},), got {prompt_lengths.shape}."
+    )
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
   if not isinstance(prompt_lengths, jax.core.Tracer):
     lengths = np.asarray(prompt_lengths)
     if lengths.min() < 1 or lengths.max() > prompts.shape[1]:
-      raise ValueError(f"prompt_lengths must be in [1, {prompts.shape[1]}], got {lengths.tolist()}.")
+      raise ValueError(
+        f"prompt_lengths must be in [1, {prompts.shape[1]}], got {lengths.tolist()}."
+      )
   needed = prompts.shape[1] + max_new_tokens + extra_slots
   if cache_length is None:
     cache_length = needed
   if cache_length < needed:
     raise ValueError(
-        f"The cache has {cache_length} slots per row but prompts of length {prompts.shape[1]} "
-        f"+ max_new_tokens={max_new_tokens}" + (f" + {extra_slots} draft slots" if extra_slots else "")
-        + f" need {needed}: the prompt is too long for the cache; raise cache_length or "
-        "shorten the prompt.")
+      f"The cache has {cache_length} slots per row but prompts of length {prompts.shape[1]} "
+      f"+ max_new_tokens={max_new_tokens}"
+      + (f" + {extra_slots} draft slots" if extra_slots else "")
+      + f" need {needed}: the prompt is too long for the cache; raise cache_length or "
+      "shorten the prompt."
+    )
   return prompts, prompt_lengths, int(cache_length)
 
 
-def prefill(model: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array, cache: Any
-            ) -> tuple[jax.Array, Any]:
+def prefill(
+  model: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array, cache: Any
+) -> tuple[jax.Array, Any]:
   """Runs the padded prompts through the model; returns each row's last logits and the cache.
 
   Padding tokens write cache slots at or beyond their row's length; those are
@@ -107,8 +121,9 @@ def prefill(model: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array, cach
   return last_BV, cache.replace(lengths=prompt_lengths_B)
 
 
-def initial_tokens(prompts_BT: jax.Array, prompt_lengths_B: jax.Array, width: int, pad_id: int
-                   ) -> jax.Array:
+def initial_tokens(
+  prompts_BT: jax.Array, prompt_lengths_B: jax.Array, width: int, pad_id: int
+) -> jax.Array:
   """The [B, width] token buffer: each row's prompt, then pad_id."""
   batch, length = prompts_BT.shape
   valid_BT = jnp.arange(length)[None, :] < prompt_lengths_B[:, None]
@@ -137,8 +152,9 @@ class AutoregressiveLoop:
   cache_length: int
 
   @functools.partial(jax.jit, static_argnums=0)
-  def __call__(self, model_dynamic: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array,
-               rng: jax.Array) -> GenerationOutput:
+  def __call__(
+    self, model_dynamic: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array, rng: jax.Array
+  ) -> GenerationOutput:
     """Runs the loop on right-padded prompts; token t is drawn with ``fold_in(rng, t)``."""
     batch, prompt_width = prompts_BT.shape
     rows_B = jnp.arange(batch)
@@ -147,14 +163,16 @@ class AutoregressiveLoop:
       cache = model.init_cache(batch, self.cache_length)
       last_logits_BV, cache = prefill(model, prompts_BT, prompt_lengths_B, cache)
     first_B = sample(jax.random.fold_in(rng, 0), last_logits_BV, self.sampling)
-    tokens_BW = initial_tokens(prompts_BT, prompt_lengths_B, prompt_width + self.max_new_tokens,
-                               self.pad_id)
+    tokens_BW = initial_tokens(
+      prompts_BT, prompt_lengths_B, prompt_width + self.max_new_tokens, self.pad_id
+    )
     tokens_BW = tokens_BW.at[rows_B, prompt_lengths_B].set(first_B)
     done_B = jnp.full((batch,), self.max_new_tokens == 1)
     if self.eos_id is not None:
       done_B = done_B | (first_B == self.eos_id)
-    state = _LoopState(step=jnp.int32(1), tokens=tokens_BW, lengths=prompt_lengths_B + 1,
-                       done=done_B, cache=cache)
+    state = _LoopState(
+      step=jnp.int32(1), tokens=tokens_BW, lengths=prompt_lengths_B + 1, done=done_B, cache=cache
+    )
 
     def cond(state: _LoopState) -> jax.Array:
       return (state.step < self.max_new_tokens) & ~jnp.all(state.done)
@@ -167,24 +185,41 @@ class AutoregressiveLoop:
       next_B = sample(jax.random.fold_in(rng, state.step), logits_B1V[:, 0], self.sampling)
       active_B = ~state.done
       tokens_BW = state.tokens.at[rows_B, state.lengths].set(
-          jnp.where(active_B, next_B, self.pad_id), mode="drop")
+        jnp.where(active_B, next_B, self.pad_id), mode="drop"
+      )
       lengths_B = state.lengths + active_B
       done_B = state.done | (lengths_B - prompt_lengths_B >= self.max_new_tokens)
       if self.eos_id is not None:
         done_B = done_B | (active_B & (next_B == self.eos_id))
-      return _LoopState(step=state.step + 1, tokens=tokens_BW, lengths=lengths_B, done=done_B,
-                        cache=cache)
+      return _LoopState(
+        step=state.step + 1, tokens=tokens_BW, lengths=lengths_B, done=done_B, cache=cache
+      )
 
     state = jax.lax.while_loop(cond, body, state)
-    return sharding.replicated(GenerationOutput(
-        tokens=state.tokens, lengths=state.lengths,
-        num_generated=state.lengths - prompt_lengths_B, model_calls=state.step))
+    return sharding.replicated(
+      GenerationOutput(
+        tokens=state.tokens,
+        lengths=state.lengths,
+        num_generated=state.lengths - prompt_lengths_B,
+        model_calls=state.step,
+      )
+    )
 
 
-def generate(model: Any, prompts: Any, prompt_lengths: Any, rng: jax.Array, *,
-             max_new_tokens: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             eos_id: int | None = None, pad_id: int = 0, cache_length: int | None = None
-             ) -> GenerationOutput:
+def generate(
+  model: Any,
+  prompts: Any,
+  prompt_lengths: Any,
+  rng: jax.Array,
+  *,
+  max_new_tokens: int,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  eos_id: int | None = None,
+  pad_id: int = 0,
+  cache_length: int | None = None,
+) -> GenerationOutput:
   """Samples up to ``max_new_tokens`` per row from ``model``, autoregressively, on device.
 
   Args:
@@ -204,10 +239,16 @@ def generate(model: Any, prompts: Any, prompt_lengths: Any, rng: jax.Array, *,
   """
   model_protocol.check_model(model)
   sampling = SamplingConfig(temperature, top_k, top_p)
-  prompts, prompt_lengths, cache_length = check_prompts(prompts, prompt_lengths, max_new_tokens,
-                                                        cache_length)
+  prompts, prompt_lengths, cache_length = check_prompts(
+    prompts, prompt_lengths, max_new_tokens, cache_length
+  )
   static, dynamic = model_protocol.split_model(model)
-  loop = AutoregressiveLoop(model_static=static, max_new_tokens=int(max_new_tokens),
-                            sampling=sampling, eos_id=None if eos_id is None else int(eos_id),
-                            pad_id=int(pad_id), cache_length=cache_length)
+  loop = AutoregressiveLoop(
+    model_static=static,
+    max_new_tokens=int(max_new_tokens),
+    sampling=sampling,
+    eos_id=None if eos_id is None else int(eos_id),
+    pad_id=int(pad_id),
+    cache_length=cache_length,
+  )
   return loop(dynamic, prompts, prompt_lengths, rng)

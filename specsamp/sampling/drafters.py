@@ -76,14 +76,16 @@ class Drafter:
   def split(self) -> tuple[Any, Any]:
     """(static, dynamic): the hashable structure, and the arrays to pass into jit."""
     model = getattr(self, "model", None)
-    settings = tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
-                     if f.name != "model")
-    model_static, model_dynamic = (None, None) if model is None else model_protocol.split_model(
-        model)
+    settings = tuple(
+      (f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "model"
+    )
+    model_static, model_dynamic = (
+      (None, None) if model is None else model_protocol.split_model(model)
+    )
     return (type(self), settings, model_static), model_dynamic
 
   @staticmethod
-  def merge(static: Any, dynamic: Any) -> "Drafter":
+  def merge(static: Any, dynamic: Any) -> Drafter:
     cls, settings, model_static = static
     fields = dict(settings)
     if model_static is not None:
@@ -96,8 +98,17 @@ class Drafter:
   def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
     raise NotImplementedError
 
-  def propose(self, state, tokens_BW, lengths_B, key, num_draft_tokens: int, limit_B,
-              sampling: SamplingConfig, vocab_size: int):
+  def propose(
+    self,
+    state,
+    tokens_BW,
+    lengths_B,
+    key,
+    num_draft_tokens: int,
+    limit_B,
+    sampling: SamplingConfig,
+    vocab_size: int,
+  ):
     raise NotImplementedError
 
   def rollback(self, state, lengths_B):
@@ -128,12 +139,22 @@ class ModelDrafter(Drafter):
 
   def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
     batch = prompts_BT.shape[0]
-    logits, cache = prefill(self.model, prompts_BT, prompt_lengths_B,
-                            self.model.init_cache(batch, cache_length))
+    logits, cache = prefill(
+      self.model, prompts_BT, prompt_lengths_B, self.model.init_cache(batch, cache_length)
+    )
     return cache.replace(lengths=prompt_lengths_B - 1), model_protocol.has_nan(logits)
 
-  def propose(self, cache, tokens_BW, lengths_B, key, num_draft_tokens: int, limit_B,
-              sampling: SamplingConfig, vocab_size: int):
+  def propose(
+    self,
+    cache,
+    tokens_BW,
+    lengths_B,
+    key,
+    num_draft_tokens: int,
+    limit_B,
+    sampling: SamplingConfig,
+    vocab_size: int,
+  ):
     batch = tokens_BW.shape[0]
     rows_B = jnp.arange(batch)
     # The first call takes the tokens at n-2 and n-1: re-feeding n-2 rewrites the same cache
@@ -153,12 +174,18 @@ class ModelDrafter(Drafter):
         confident_B = own_B >= self.confidence_threshold
       count_B = count_B + active_B
       active_B = active_B & (t + 1 < limit_B) & confident_B
-      return (tokens_BG.at[:, t].set(token_B), probs_BGV.at[:, t].set(q_BV), active_B, count_B,
-              model_protocol.has_nan(logits_BV))
+      return (
+        tokens_BG.at[:, t].set(token_B),
+        probs_BGV.at[:, t].set(q_BV),
+        active_B,
+        count_B,
+        model_protocol.has_nan(logits_BV),
+      )
 
     active_B = limit_B > 0
     tokens_BG, probs_BGV, active_B, count_B, nan_B = draw(
-        0, logits_B2V[:, -1], tokens_BG, probs_BGV, active_B, jnp.zeros((batch,), jnp.int32))
+      0, logits_B2V[:, -1], tokens_BG, probs_BGV, active_B, jnp.zeros((batch,), jnp.int32)
+    )
 
     def cond(carry):
       t, active_B = carry[0], carry[4]
@@ -166,16 +193,20 @@ class ModelDrafter(Drafter):
 
     def body(carry):
       t, cache, tokens_BG, probs_BGV, active_B, count_B, nan_B = carry
-      logits_B1V, cache = self.model(tokens_BG[:, t - 1][:, None], (lengths_B + t - 1)[:, None],
-                                     cache)
+      logits_B1V, cache = self.model(
+        tokens_BG[:, t - 1][:, None], (lengths_B + t - 1)[:, None], cache
+      )
       tokens_BG, probs_BGV, active_B, count_B, step_nan_B = draw(
-          t, logits_B1V[:, 0], tokens_BG, probs_BGV, active_B, count_B)
+        t, logits_B1V[:, 0], tokens_BG, probs_BGV, active_B, count_B
+      )
       return t + 1, cache, tokens_BG, probs_BGV, active_B, count_B, nan_B | step_nan_B
 
     steps, cache, tokens_BG, probs_BGV, _, count_B, nan_B = jax.lax.while_loop(
-        cond, body, (jnp.int32(1), cache, tokens_BG, probs_BGV, active_B, count_B, nan_B))
-    return Proposal(tokens=tokens_BG, probs=probs_BGV, num_proposed=count_B,
-                    model_calls=steps, nan=nan_B), cache
+      cond, body, (jnp.int32(1), cache, tokens_BG, probs_BGV, active_B, count_B, nan_B)
+    )
+    return Proposal(
+      tokens=tokens_BG, probs=probs_BGV, num_proposed=count_B, model_calls=steps, nan=nan_B
+    ), cache
 
   def rollback(self, cache, lengths_B):
     return cache.replace(lengths=lengths_B - 1)
@@ -197,14 +228,24 @@ class PromptLookupDrafter(Drafter):
 
   def check(self, target: Any) -> None:
     if not 1 <= self.min_ngram <= self.max_ngram:
-      raise ValueError(f"Prompt lookup needs 1 <= min_ngram <= max_ngram, got "
-                       f"{self.min_ngram}, {self.max_ngram}.")
+      raise ValueError(
+        f"Prompt lookup needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}."
+      )
 
   def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
     return (), jnp.zeros(prompts_BT.shape[:1], bool)
 
-  def propose(self, state, tokens_BW, lengths_B, key, num_draft_tokens: int, limit_B,
-              sampling: SamplingConfig, vocab_size: int):
+  def propose(
+    self,
+    state,
+    tokens_BW,
+    lengths_B,
+    key,
+    num_draft_tokens: int,
+    limit_B,
+    sampling: SamplingConfig,
+    vocab_size: int,
+  ):
     batch, width = tokens_BW.shape
     rows_B = jnp.arange(batch)
     starts_W = jnp.arange(width)
@@ -224,16 +265,23 @@ class PromptLookupDrafter(Drafter):
     count_B = jnp.clip(jnp.minimum(available_B, limit_B), 0, num_draft_tokens).astype(jnp.int32)
     offsets_G = jnp.arange(num_draft_tokens)
     source_BG = jnp.clip(best_start_B[:, None] + offsets_G[None, :], 0, width - 1)
-    tokens_BG = jnp.where(offsets_G[None, :] < count_B[:, None], tokens_BW[rows_B[:, None], source_BG],
-                          0).astype(jnp.int32)
+    tokens_BG = jnp.where(
+      offsets_G[None, :] < count_B[:, None], tokens_BW[rows_B[:, None], source_BG], 0
+    ).astype(jnp.int32)
     probs_BGV = jax.nn.one_hot(tokens_BG, vocab_size, dtype=jnp.float32)
-    return Proposal(tokens=tokens_BG, probs=probs_BGV, num_proposed=count_B,
-                    model_calls=jnp.int32(0), nan=jnp.zeros((batch,), bool)), state
+    return Proposal(
+      tokens=tokens_BG,
+      probs=probs_BGV,
+      num_proposed=count_B,
+      model_calls=jnp.int32(0),
+      nan=jnp.zeros((batch,), bool),
+    ), state
 
 
 def self_speculative(target: Any, num_layers: int, **options: Any) -> ModelDrafter:
   """A drafter from the target's first ``num_layers`` layers (its weights, no copy)."""
   from specsamp.models.transformer import EarlyExit
+
   return ModelDrafter(EarlyExit(target, num_layers), **options)
 
 

@@ -81,7 +81,7 @@ def exponential_from_words(words: jax.Array) -> jax.Array:
   hi = jnp.where(upper, ~hi, hi)
   lo = jnp.where(upper, ~lo, lo)
   # min(U, 1 - U) in (0, 1/2], to float32 relative precision.
-  small = (hi.astype(jnp.float32) * 2.0**-32 + lo.astype(jnp.float32) * 2.0**-64 + 2.0**-65)
+  small = hi.astype(jnp.float32) * 2.0**-32 + lo.astype(jnp.float32) * 2.0**-64 + 2.0**-65
   return jnp.where(upper, -jnp.log1p(-small), -jnp.log(small))
 
 

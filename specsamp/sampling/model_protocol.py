@@ -33,25 +33,29 @@ class DecodeModel(Protocol):
 
   def init_cache(self, batch_size: int, max_length: int) -> Any: ...
 
-  def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array, cache: Any
-               ) -> tuple[jax.Array, Any]: ...
+  def __call__(
+    self, tokens_BT: jax.Array, positions_BT: jax.Array, cache: Any
+  ) -> tuple[jax.Array, Any]: ...
 
 
 def check_model(model: Any, role: str = "model") -> None:
   """Raises a clear error if ``model`` does not follow the decode protocol."""
   missing = [name for name in ("vocab_size", "init_cache", "__call__") if not hasattr(model, name)]
   if missing:
-    raise TypeError(f"The {role} ({type(model).__name__}) does not follow specsamp's decode "
-                    f"protocol: missing {missing}. See specsamp.sampling.model_protocol.")
+    raise TypeError(
+      f"The {role} ({type(model).__name__}) does not follow specsamp's decode "
+      f"protocol: missing {missing}. See specsamp.sampling.model_protocol."
+    )
 
 
 def check_same_vocabulary(target: Any, draft: Any) -> None:
   """Raises a clear error unless draft and target share one vocabulary size."""
   if target.vocab_size != draft.vocab_size:
     raise ValueError(
-        f"The draft's vocabulary ({draft.vocab_size}) differs from the target's "
-        f"({target.vocab_size}); speculative sampling compares token ids, so both models need "
-        "one shared vocabulary (same tokenizer, same embedding size).")
+      f"The draft's vocabulary ({draft.vocab_size}) differs from the target's "
+      f"({target.vocab_size}); speculative sampling compares token ids, so both models need "
+      "one shared vocabulary (same tokenizer, same embedding size)."
+    )
 
 
 def has_nan(logits: jax.Array) -> jax.Array:

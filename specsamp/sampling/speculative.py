@@ -40,8 +40,12 @@ from flax import struct
 
 from specsamp import sharding
 from specsamp.sampling import drafters, model_protocol, verification
-from specsamp.sampling.autoregressive import GenerationOutput, check_prompts, initial_tokens, \
-    prefill
+from specsamp.sampling.autoregressive import (
+  GenerationOutput,
+  check_prompts,
+  initial_tokens,
+  prefill,
+)
 from specsamp.sampling.warping import SamplingConfig, probabilities
 
 
@@ -84,7 +88,7 @@ class SpeculativeOutput(GenerationOutput):
     return summarize([self])
 
 
-def summarize(outputs: "list[SpeculativeOutput]") -> dict[str, Any]:
+def summarize(outputs: list[SpeculativeOutput]) -> dict[str, Any]:
   """Statistics over all rows of one or more speculative runs (e.g. one per prompt batch)."""
   pooled = lambda name: np.concatenate([np.asarray(getattr(o, name)) for o in outputs]).sum(0)
   histogram, at_position = pooled("accepted_histogram"), pooled("accepted_at_position")
@@ -96,23 +100,23 @@ def summarize(outputs: "list[SpeculativeOutput]") -> dict[str, Any]:
   # Every active row-iteration appends at least one token; together they are all generated.
   generated = float(sum(np.asarray(o.num_generated).sum() for o in outputs))
   return {
-      "num_draft_tokens": num_draft_tokens,
-      "target_calls": int(sum(int(o.target_calls) for o in outputs)),
-      "draft_calls": int(sum(int(o.draft_calls) for o in outputs)),
-      "row_iterations": int(histogram.sum()),
-      "accepted_histogram": histogram.tolist(),
-      # P(draft token t accepted), t = 1..K, and P(accepted | t-1 accepted).
-      "acceptance_at_position": (at_position / iterations).tolist(),
-      "conditional_acceptance_at_position": (at_position / np.maximum(reached, 1)).tolist(),
-      # Fraction of proposed draft tokens accepted, mean proposal length, and mean tokens per
-      # target call (bonus included).
-      "acceptance_rate": accepted / max(proposed, 1.0),
-      "mean_draft_length": proposed / iterations,
-      # alpha: P(a draft token is accepted | it was verified), pooled over positions; the
-      # i.i.d. acceptance of Leviathan et al. that predicts tokens per call.
-      "alpha": float(at_position.sum() / max(reached.sum(), 1)),
-      "tokens_per_target_call": generated / iterations,
-      "generated_per_row": np.concatenate([np.asarray(o.num_generated) for o in outputs]).tolist(),
+    "num_draft_tokens": num_draft_tokens,
+    "target_calls": int(sum(int(o.target_calls) for o in outputs)),
+    "draft_calls": int(sum(int(o.draft_calls) for o in outputs)),
+    "row_iterations": int(histogram.sum()),
+    "accepted_histogram": histogram.tolist(),
+    # P(draft token t accepted), t = 1..K, and P(accepted | t-1 accepted).
+    "acceptance_at_position": (at_position / iterations).tolist(),
+    "conditional_acceptance_at_position": (at_position / np.maximum(reached, 1)).tolist(),
+    # Fraction of proposed draft tokens accepted, mean proposal length, and mean tokens per
+    # target call (bonus included).
+    "acceptance_rate": accepted / max(proposed, 1.0),
+    "mean_draft_length": proposed / iterations,
+    # alpha: P(a draft token is accepted | it was verified), pooled over positions; the
+    # i.i.d. acceptance of Leviathan et al. that predicts tokens per call.
+    "alpha": float(at_position.sum() / max(reached.sum(), 1)),
+    "tokens_per_target_call": generated / iterations,
+    "generated_per_row": np.concatenate([np.asarray(o.num_generated) for o in outputs]).tolist(),
   }
 
 
@@ -136,8 +140,13 @@ class _LoopState:
   nan_logits: jax.Array
 
 
-STATISTICS = ("iterations", "accepted_histogram", "accepted_at_position", "verified_at_position",
-              "proposed")
+STATISTICS = (
+  "iterations",
+  "accepted_histogram",
+  "accepted_at_position",
+  "verified_at_position",
+  "proposed",
+)
 
 
 def count_appended(active_B, proposed_B, accepted_B, count_B, num_draft_tokens: int) -> dict:
@@ -155,19 +164,26 @@ def count_appended(active_B, proposed_B, accepted_B, count_B, num_draft_tokens: 
   cut_B = count_B <= accepted_B
   realised_proposed_B = jnp.where(cut_B, count_B, proposed_B)
   return {
-      "iterations": active_i32,
-      "accepted_histogram": active_i32[:, None] * jax.nn.one_hot(
-          kept_B, num_draft_tokens + 1, dtype=jnp.int32),
-      "accepted_at_position": active_i32[:, None] * (positions_G < kept_B[:, None]),
-      "verified_at_position": active_i32[:, None] * (
-          (positions_G < realised_proposed_B[:, None]) & (positions_G <= accepted_B[:, None])),
-      "proposed": active_i32 * realised_proposed_B,
+    "iterations": active_i32,
+    "accepted_histogram": active_i32[:, None]
+    * jax.nn.one_hot(kept_B, num_draft_tokens + 1, dtype=jnp.int32),
+    "accepted_at_position": active_i32[:, None] * (positions_G < kept_B[:, None]),
+    "verified_at_position": active_i32[:, None]
+    * ((positions_G < realised_proposed_B[:, None]) & (positions_G <= accepted_B[:, None])),
+    "proposed": active_i32 * realised_proposed_B,
   }
 
 
-def append(tokens_BW: jax.Array, lengths_B: jax.Array, active_B: jax.Array,
-           draft_tokens_BG: jax.Array, verdict: verification.Verdict, limit_B: jax.Array,
-           eos_id: int | None, pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def append(
+  tokens_BW: jax.Array,
+  lengths_B: jax.Array,
+  active_B: jax.Array,
+  draft_tokens_BG: jax.Array,
+  verdict: verification.Verdict,
+  limit_B: jax.Array,
+  eos_id: int | None,
+  pad_id: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Writes each active row's accepted drafts and its emitted token after its last token.
 
   Args:
@@ -187,9 +203,11 @@ def append(tokens_BW: jax.Array, lengths_B: jax.Array, active_B: jax.Array,
   rows_B = jnp.arange(tokens_BW.shape[0])
   offsets_G1 = jnp.arange(draft_tokens_BG.shape[1] + 1)
   accepted_B = verdict.num_accepted
-  emitted_BG1 = jnp.where(offsets_G1 < accepted_B[:, None],
-                          jnp.concatenate([draft_tokens_BG, draft_tokens_BG[:, :1]], axis=1),
-                          verdict.next_token[:, None])
+  emitted_BG1 = jnp.where(
+    offsets_G1 < accepted_B[:, None],
+    jnp.concatenate([draft_tokens_BG, draft_tokens_BG[:, :1]], axis=1),
+    verdict.next_token[:, None],
+  )
   count_B = jnp.minimum(accepted_B + 1, limit_B)
   ended_B = jnp.zeros_like(active_B)
   if eos_id is not None:
@@ -199,7 +217,8 @@ def append(tokens_BW: jax.Array, lengths_B: jax.Array, active_B: jax.Array,
   count_B = jnp.where(active_B, count_B, 0)
   keep_BG1 = offsets_G1 < count_B[:, None]
   tokens_BW = tokens_BW.at[rows_B[:, None], lengths_B[:, None] + offsets_G1].set(
-      jnp.where(keep_BG1, emitted_BG1, pad_id))
+    jnp.where(keep_BG1, emitted_BG1, pad_id)
+  )
   return tokens_BW, count_B, ended_B & active_B
 
 
@@ -207,15 +226,21 @@ SCHEDULES = ("fixed", "heuristic")
 EXACT_VERIFIERS = ("token", "block")  # A user's choice; temperature 0 verifies by argmax.
 
 
-def next_draft_limit(schedule: str, limit_B: jax.Array, proposed_B: jax.Array,
-                     accepted_B: jax.Array, num_draft_tokens: int) -> jax.Array:
+def next_draft_limit(
+  schedule: str,
+  limit_B: jax.Array,
+  proposed_B: jax.Array,
+  accepted_B: jax.Array,
+  num_draft_tokens: int,
+) -> jax.Array:
   """k_b for the next iteration. 'heuristic' (HF's): +2 after a fully accepted non-empty
   draft, -1 otherwise, within [1, K]."""
   if schedule == "fixed":
     return limit_B
   full_B = (accepted_B == proposed_B) & (proposed_B > 0)
   return jnp.clip(jnp.where(full_B, limit_B + 2, limit_B - 1), 1, num_draft_tokens).astype(
-      jnp.int32)
+    jnp.int32
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,9 +280,15 @@ class SpeculativeLoop:
     return verification.VERIFIERS["greedy" if self.sampling.greedy else self.verifier]
 
   @functools.partial(jax.jit, static_argnums=0)
-  def __call__(self, target_dynamic: Any, drafter_dynamic: Any, prompts_BT: jax.Array,
-               prompt_lengths_B: jax.Array, rng: jax.Array, synthetic_acceptance: jax.Array
-               ) -> SpeculativeOutput:
+  def __call__(
+    self,
+    target_dynamic: Any,
+    drafter_dynamic: Any,
+    prompts_BT: jax.Array,
+    prompt_lengths_B: jax.Array,
+    rng: jax.Array,
+    synthetic_acceptance: jax.Array,
+  ) -> SpeculativeOutput:
     """Runs the loop on right-padded prompts; iteration i uses ``fold_in(rng, i)``."""
     batch, prompt_width = prompts_BT.shape
     num_draft_tokens = self.num_draft_tokens
@@ -268,25 +299,28 @@ class SpeculativeLoop:
     verify = self._verify(synthetic_acceptance)
     with jax.named_scope("prefill"):
       # Both take the prompt; the last prompt token is fed by the first iteration.
-      target_logits, target_cache = prefill(target, prompts_BT, prompt_lengths_B,
-                                            target.init_cache(batch, self.cache_length))
+      target_logits, target_cache = prefill(
+        target, prompts_BT, prompt_lengths_B, target.init_cache(batch, self.cache_length)
+      )
       drafter_state, drafter_nan = drafter.init(prompts_BT, prompt_lengths_B, self.cache_length)
     width = prompt_width + self.max_new_tokens + num_draft_tokens + 1
     zeros_B = jnp.zeros((batch,), jnp.int32)
     state = _LoopState(
-        step=jnp.int32(0),
-        tokens=initial_tokens(prompts_BT, prompt_lengths_B, width, self.pad_id),
-        lengths=prompt_lengths_B, done=jnp.zeros((batch,), bool),
-        target_cache=target_cache.replace(lengths=prompt_lengths_B - 1),
-        drafter_state=drafter_state,
-        draft_limit=jnp.full((batch,), num_draft_tokens, jnp.int32),
-        draft_calls=jnp.int32(drafter.model_calls_per_prefill),
-        iterations=zeros_B,
-        accepted_histogram=jnp.zeros((batch, num_draft_tokens + 1), jnp.int32),
-        accepted_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
-        verified_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
-        proposed=zeros_B,
-        nan_logits=model_protocol.has_nan(target_logits) | drafter_nan)
+      step=jnp.int32(0),
+      tokens=initial_tokens(prompts_BT, prompt_lengths_B, width, self.pad_id),
+      lengths=prompt_lengths_B,
+      done=jnp.zeros((batch,), bool),
+      target_cache=target_cache.replace(lengths=prompt_lengths_B - 1),
+      drafter_state=drafter_state,
+      draft_limit=jnp.full((batch,), num_draft_tokens, jnp.int32),
+      draft_calls=jnp.int32(drafter.model_calls_per_prefill),
+      iterations=zeros_B,
+      accepted_histogram=jnp.zeros((batch, num_draft_tokens + 1), jnp.int32),
+      accepted_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
+      verified_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
+      proposed=zeros_B,
+      nan_logits=model_protocol.has_nan(target_logits) | drafter_nan,
+    )
 
     def body(state: _LoopState) -> _LoopState:
       target = model_protocol.merge_model(self.target_static, target_dynamic)
@@ -299,51 +333,98 @@ class SpeculativeLoop:
       limit_B = jnp.where(active_B, jnp.minimum(state.draft_limit, remaining_B - 1), 0)
       with jax.named_scope("draft"):
         proposal, drafter_state = drafter.propose(
-            state.drafter_state, state.tokens, lengths_B, jax.random.fold_in(key, 0),
-            num_draft_tokens, limit_B, self.sampling, target.vocab_size)
+          state.drafter_state,
+          state.tokens,
+          lengths_B,
+          jax.random.fold_in(key, 0),
+          num_draft_tokens,
+          limit_B,
+          self.sampling,
+          target.vocab_size,
+        )
         proposed_B = jnp.minimum(proposal.num_proposed, limit_B)
       with jax.named_scope("score"):
         last_B = state.tokens[rows_B, lengths_B - 1]
         target_logits_BG1V, target_cache = target(
-            jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
-            lengths_B[:, None] - 1 + offsets_G1, state.target_cache)
+          jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
+          lengths_B[:, None] - 1 + offsets_G1,
+          state.target_cache,
+        )
       with jax.named_scope("verify"):
-        verdict = verify(jax.random.fold_in(key, 1), proposal.tokens, proposal.probs,
-                         probabilities(target_logits_BG1V, self.sampling), proposed_B)
+        verdict = verify(
+          jax.random.fold_in(key, 1),
+          proposal.tokens,
+          proposal.probs,
+          probabilities(target_logits_BG1V, self.sampling),
+          proposed_B,
+        )
       with jax.named_scope("append"):
-        tokens_BW, count_B, ended_B = append(state.tokens, lengths_B, active_B, proposal.tokens,
-                                             verdict, remaining_B, self.eos_id, self.pad_id)
+        tokens_BW, count_B, ended_B = append(
+          state.tokens,
+          lengths_B,
+          active_B,
+          proposal.tokens,
+          verdict,
+          remaining_B,
+          self.eos_id,
+          self.pad_id,
+        )
         new_lengths_B = lengths_B + count_B
         done_B = state.done | ended_B | (new_lengths_B - prompt_lengths_B >= self.max_new_tokens)
       with jax.named_scope("statistics"):
-        counted = count_appended(active_B, proposed_B, verdict.num_accepted, count_B,
-                                 num_draft_tokens)
+        counted = count_appended(
+          active_B, proposed_B, verdict.num_accepted, count_B, num_draft_tokens
+        )
       return state.replace(
-          step=state.step + 1, tokens=tokens_BW, lengths=new_lengths_B, done=done_B,
-          target_cache=target_cache.replace(lengths=new_lengths_B - 1),
-          drafter_state=drafter.rollback(drafter_state, new_lengths_B),
-          draft_limit=next_draft_limit(self.schedule, state.draft_limit, proposed_B,
-                                       verdict.num_accepted, num_draft_tokens),
-          draft_calls=state.draft_calls + proposal.model_calls,
-          nan_logits=state.nan_logits | (active_B & (
-              model_protocol.has_nan(target_logits_BG1V) | proposal.nan)),
-          **{name: getattr(state, name) + counted[name] for name in STATISTICS})
+        step=state.step + 1,
+        tokens=tokens_BW,
+        lengths=new_lengths_B,
+        done=done_B,
+        target_cache=target_cache.replace(lengths=new_lengths_B - 1),
+        drafter_state=drafter.rollback(drafter_state, new_lengths_B),
+        draft_limit=next_draft_limit(
+          self.schedule, state.draft_limit, proposed_B, verdict.num_accepted, num_draft_tokens
+        ),
+        draft_calls=state.draft_calls + proposal.model_calls,
+        nan_logits=state.nan_logits
+        | (active_B & (model_protocol.has_nan(target_logits_BG1V) | proposal.nan)),
+        **{name: getattr(state, name) + counted[name] for name in STATISTICS},
+      )
 
     state = jax.lax.while_loop(lambda state: ~jnp.all(state.done), body, state)
-    return sharding.replicated(SpeculativeOutput(
-        tokens=state.tokens[:, :prompt_width + self.max_new_tokens], lengths=state.lengths,
-        num_generated=state.lengths - prompt_lengths_B, model_calls=state.step + 1,
-        draft_calls=state.draft_calls, nan_logits=state.nan_logits,
-        **{name: getattr(state, name) for name in STATISTICS}))
+    return sharding.replicated(
+      SpeculativeOutput(
+        tokens=state.tokens[:, : prompt_width + self.max_new_tokens],
+        lengths=state.lengths,
+        num_generated=state.lengths - prompt_lengths_B,
+        model_calls=state.step + 1,
+        draft_calls=state.draft_calls,
+        nan_logits=state.nan_logits,
+        **{name: getattr(state, name) for name in STATISTICS},
+      )
+    )
 
 
-def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: Any,
-                         rng: jax.Array, *, max_new_tokens: int, num_draft_tokens: int,
-                         temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                         verifier: str = "token", schedule: str = "fixed",
-                         eos_id: int | None = None, pad_id: int = 0,
-                         cache_length: int | None = None, check_nan: bool = True,
-                         synthetic_acceptance: float | None = None) -> SpeculativeOutput:
+def speculative_generate(
+  target: Any,
+  draft: Any,
+  prompts: Any,
+  prompt_lengths: Any,
+  rng: jax.Array,
+  *,
+  max_new_tokens: int,
+  num_draft_tokens: int,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  verifier: str = "token",
+  schedule: str = "fixed",
+  eos_id: int | None = None,
+  pad_id: int = 0,
+  cache_length: int | None = None,
+  check_nan: bool = True,
+  synthetic_acceptance: float | None = None,
+) -> SpeculativeOutput:
   """Samples from ``target`` with drafts from ``draft``; the output is distributed as target's.
 
   Args:
@@ -379,33 +460,54 @@ def speculative_generate(target: Any, draft: Any, prompts: Any, prompt_lengths: 
   drafter.check(target)
   if schedule not in SCHEDULES:
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
-  if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, (int, np.integer)) \
-      or num_draft_tokens < 1:
+  if (
+    isinstance(num_draft_tokens, bool)
+    or not isinstance(num_draft_tokens, (int, np.integer))
+    or num_draft_tokens < 1
+  ):
     raise ValueError(f"num_draft_tokens (K) must be an int >= 1, got {num_draft_tokens!r}.")
   if verifier not in (*EXACT_VERIFIERS, "synthetic"):
-    raise ValueError(f"verifier must be one of {EXACT_VERIFIERS} (both exact), got {verifier!r} "
-                     "('synthetic' also exists, for benchmarks only: it is not exact).")
+    raise ValueError(
+      f"verifier must be one of {EXACT_VERIFIERS} (both exact), got {verifier!r} "
+      "('synthetic' also exists, for benchmarks only: it is not exact)."
+    )
   if (verifier == "synthetic") != (synthetic_acceptance is not None):
-    raise ValueError("synthetic_acceptance is set with verifier='synthetic', and only then "
-                     f"(got verifier={verifier!r}, synthetic_acceptance={synthetic_acceptance!r}).")
+    raise ValueError(
+      "synthetic_acceptance is set with verifier='synthetic', and only then "
+      f"(got verifier={verifier!r}, synthetic_acceptance={synthetic_acceptance!r})."
+    )
   if synthetic_acceptance is not None and not 0.0 <= synthetic_acceptance <= 1.0:
     raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance!r}.")
   sampling = SamplingConfig(temperature, top_k, top_p)
   prompts, prompt_lengths, cache_length = check_prompts(
-      prompts, prompt_lengths, max_new_tokens, cache_length, extra_slots=num_draft_tokens + 1)
+    prompts, prompt_lengths, max_new_tokens, cache_length, extra_slots=num_draft_tokens + 1
+  )
   target_static, target_dynamic = model_protocol.split_model(target)
   drafter_static, drafter_dynamic = drafter.split()
   loop = SpeculativeLoop(
-      target_static=target_static, drafter_static=drafter_static,
-      max_new_tokens=int(max_new_tokens), num_draft_tokens=int(num_draft_tokens),
-      sampling=sampling, verifier=verifier, schedule=schedule,
-      eos_id=None if eos_id is None else int(eos_id), pad_id=int(pad_id),
-      cache_length=cache_length)
-  out = loop(target_dynamic, drafter_dynamic, prompts, prompt_lengths, rng,
-             jnp.float32(synthetic_acceptance or 0.0))
+    target_static=target_static,
+    drafter_static=drafter_static,
+    max_new_tokens=int(max_new_tokens),
+    num_draft_tokens=int(num_draft_tokens),
+    sampling=sampling,
+    verifier=verifier,
+    schedule=schedule,
+    eos_id=None if eos_id is None else int(eos_id),
+    pad_id=int(pad_id),
+    cache_length=cache_length,
+  )
+  out = loop(
+    target_dynamic,
+    drafter_dynamic,
+    prompts,
+    prompt_lengths,
+    rng,
+    jnp.float32(synthetic_acceptance or 0.0),
+  )
   if check_nan and bool(jnp.any(out.nan_logits)):
     rows = np.flatnonzero(np.asarray(out.nan_logits)).tolist()
     raise FloatingPointError(
-        f"NaN logits from the target or draft model in rows {rows}: check the weights and "
-        "inputs (e.g. a bad checkpoint, or float16 overflow).")
+      f"NaN logits from the target or draft model in rows {rows}: check the weights and "
+      "inputs (e.g. a bad checkpoint, or float16 overflow)."
+    )
   return out

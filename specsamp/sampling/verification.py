@@ -55,7 +55,7 @@ with m_i = 0 is 0.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -120,11 +120,15 @@ def _pad_q(q_BGV: jax.Array) -> jax.Array:
   return jnp.concatenate([q_BGV, jnp.zeros_like(q_BGV[:, :1])], axis=1)
 
 
-def mask_unproposed(q_BGV: jax.Array, num_proposed_B: jax.Array | None
-                    ) -> tuple[jax.Array, jax.Array]:
+def mask_unproposed(
+  q_BGV: jax.Array, num_proposed_B: jax.Array | None
+) -> tuple[jax.Array, jax.Array]:
   """(q with rows zeroed past each row's proposal, the [B, G] proposed mask)."""
-  proposed_BG = jnp.ones(q_BGV.shape[:2], bool) if num_proposed_B is None else (
-      jnp.arange(q_BGV.shape[1])[None, :] < num_proposed_B[:, None])
+  proposed_BG = (
+    jnp.ones(q_BGV.shape[:2], bool)
+    if num_proposed_B is None
+    else (jnp.arange(q_BGV.shape[1])[None, :] < num_proposed_B[:, None])
+  )
   return jnp.where(proposed_BG[..., None], q_BGV, 0.0), proposed_BG
 
 
@@ -137,20 +141,28 @@ def _emit(key: jax.Array, num_accepted_B, p_BG1V, q_BGV, weight_B=1.0) -> Verdic
   return Verdict(num_accepted=num_accepted_B.astype(jnp.int32), next_token=token_B)
 
 
-def acceptance_probabilities(draft_tokens_BG: jax.Array, q_BGV: jax.Array,
-                             p_BG1V: jax.Array) -> jax.Array:
+def acceptance_probabilities(
+  draft_tokens_BG: jax.Array, q_BGV: jax.Array, p_BG1V: jax.Array
+) -> jax.Array:
   """min(1, p_t(x~_t) / q_t(x~_t)) per draft position (1 where q = 0 < p)."""
   return _clipped_ratio(_gather(p_BG1V[:, :-1], draft_tokens_BG), _gather(q_BGV, draft_tokens_BG))
 
 
-def token_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
-                 p_BG1V: jax.Array, num_proposed_B: jax.Array | None = None) -> Verdict:
+def token_verify(
+  key: jax.Array,
+  draft_tokens_BG: jax.Array,
+  q_BGV: jax.Array,
+  p_BG1V: jax.Array,
+  num_proposed_B: jax.Array | None = None,
+) -> Verdict:
   """Chen et al. Algorithm 2: accept each x~_t w.p. min(1, p/q), resample at the first rejection.
   ``num_proposed_B``: verify only each row's first k tokens (default all K)."""
   q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
   accept_key, emit_key = jax.random.split(key)
-  accepted_BG = draws.bernoulli(
-      accept_key, acceptance_probabilities(draft_tokens_BG, q_BGV, p_BG1V)) & proposed_BG
+  accepted_BG = (
+    draws.bernoulli(accept_key, acceptance_probabilities(draft_tokens_BG, q_BGV, p_BG1V))
+    & proposed_BG
+  )
   return _emit(emit_key, _leading_count(accepted_BG), p_BG1V, q_BGV)
 
 
@@ -164,8 +176,9 @@ def block_weights(draft_tokens_BG: jax.Array, q_BGV: jax.Array, p_BG1V: jax.Arra
   return jnp.stack(weights, axis=1)
 
 
-def block_stop_probabilities(weights_BG1: jax.Array, q_BGV: jax.Array, p_BG1V: jax.Array
-                             ) -> jax.Array:
+def block_stop_probabilities(
+  weights_BG1: jax.Array, q_BGV: jax.Array, p_BG1V: jax.Array
+) -> jax.Array:
   """h_1..h_K of block verification, [B, K]."""
   w_BG = weights_BG1[:, 1:]
   # m_i uses the distributions at position i+1 (after x~_i), i = 1..K-1.
@@ -175,8 +188,13 @@ def block_stop_probabilities(weights_BG1: jax.Array, q_BGV: jax.Array, p_BG1V: j
   return jnp.concatenate([h_inner, w_BG[:, -1:]], axis=1)
 
 
-def block_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
-                 p_BG1V: jax.Array, num_proposed_B: jax.Array | None = None) -> Verdict:
+def block_verify(
+  key: jax.Array,
+  draft_tokens_BG: jax.Array,
+  q_BGV: jax.Array,
+  p_BG1V: jax.Array,
+  num_proposed_B: jax.Array | None = None,
+) -> Verdict:
   """Sun et al. 2024 block verification: tau = max{i : eta_i < h_i}, residual weighted by w_tau.
   ``num_proposed_B``: verify only each row's first k tokens (default all K)."""
   q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
@@ -191,8 +209,13 @@ def block_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
   return _emit(emit_key, tau_B, p_BG1V, q_BGV, _at(weights_BG1, tau_B))
 
 
-def greedy_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
-                  p_BG1V: jax.Array, num_proposed_B: jax.Array | None = None) -> Verdict:
+def greedy_verify(
+  key: jax.Array,
+  draft_tokens_BG: jax.Array,
+  q_BGV: jax.Array,
+  p_BG1V: jax.Array,
+  num_proposed_B: jax.Array | None = None,
+) -> Verdict:
   """Accept while the draft token is the target's argmax; emit the argmax after them.
 
   Under greedy sampling p is one-hot on the target's argmax (``warping``), so argmax p is
@@ -207,24 +230,34 @@ def greedy_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
   return Verdict(num_accepted=num_accepted_B, next_token=_at(best_BG1, num_accepted_B))
 
 
-def synthetic_verify(key: jax.Array, draft_tokens_BG: jax.Array, q_BGV: jax.Array,
-                     p_BG1V: jax.Array, num_proposed_B: jax.Array | None = None, *,
-                     acceptance: jax.Array | float) -> Verdict:
+def synthetic_verify(
+  key: jax.Array,
+  draft_tokens_BG: jax.Array,
+  q_BGV: jax.Array,
+  p_BG1V: jax.Array,
+  num_proposed_B: jax.Array | None = None,
+  *,
+  acceptance: jax.Array | float,
+) -> Verdict:
   """Accepts each draft token with probability ``acceptance`` regardless of p and q; emits from
   the residual at the first rejection (the bonus token after a full accept). Benchmarks only:
   the output is NOT distributed as the target's."""
   q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
   accept_key, emit_key = jax.random.split(key)
   accepted_BG = draws.bernoulli(
-      accept_key, jnp.broadcast_to(jnp.asarray(acceptance, jnp.float32), draft_tokens_BG.shape))
+    accept_key, jnp.broadcast_to(jnp.asarray(acceptance, jnp.float32), draft_tokens_BG.shape)
+  )
   return _emit(emit_key, _leading_count(accepted_BG & proposed_BG), p_BG1V, q_BGV)
 
 
 Verifier = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array | None], Verdict]
 """Every verifier: (key, draft_tokens_BG, q_BGV, p_BG1V, num_proposed_B) -> Verdict."""
 
-VERIFIERS: dict[str, Verifier] = {"token": token_verify, "block": block_verify,
-                                  "greedy": greedy_verify}
+VERIFIERS: dict[str, Verifier] = {
+  "token": token_verify,
+  "block": block_verify,
+  "greedy": greedy_verify,
+}
 """The exact verifiers by name; 'greedy' is what any of them amounts to at temperature 0."""
 
 

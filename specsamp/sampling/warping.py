@@ -36,9 +36,14 @@ class SamplingConfig:
   top_p: float = 1.0
 
   def __post_init__(self):
-    if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
-        or self.temperature < 0:
-      raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}.")
+    if (
+      not isinstance(self.temperature, (int, float))
+      or not math.isfinite(self.temperature)
+      or self.temperature < 0
+    ):
+      raise ValueError(
+        f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}."
+      )
     if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
       raise ValueError(f"top_k must be an int >= 0 (0 = no top-k), got {self.top_k!r}.")
     if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
@@ -75,8 +80,12 @@ def warp_logits(logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
   # Undo the sort with a scatter (a second argsort would cost as much as the first on a CPU).
   flat_order = order_BV.reshape(-1, vocab)  # Any leading dims (e.g. [B, G, V]) as rows.
   rows = jnp.arange(flat_order.shape[0])[:, None]
-  keep_BV = jnp.zeros(flat_order.shape, bool).at[rows, flat_order].set(
-      keep_sorted_BV.reshape(-1, vocab)).reshape(order_BV.shape)
+  keep_BV = (
+    jnp.zeros(flat_order.shape, bool)
+    .at[rows, flat_order]
+    .set(keep_sorted_BV.reshape(-1, vocab))
+    .reshape(order_BV.shape)
+  )
   return jnp.where(keep_BV, logits_BV, -jnp.inf)
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -33,8 +34,9 @@ def default_mesh() -> jax.sharding.Mesh:
 
 def abstract_arrays(tree: Any, shardings: Any) -> Any:
   """ShapeDtypeStructs of ``tree`` (arrays or structs) placed with ``shardings``."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      tree, shardings)
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
 
 
 class Checkpoints:
@@ -80,9 +82,10 @@ class Checkpoints:
       raise FileNotFoundError(f"No checkpoint directory at {self.directory}.")
     if not steps:
       raise FileNotFoundError(
-          f"{self.directory} holds no finished checkpoint (entries: "
-          f"{sorted(os.listdir(self.directory))[:8]}). Train first, or point at the right "
-          "directory.")
+        f"{self.directory} holds no finished checkpoint (entries: "
+        f"{sorted(os.listdir(self.directory))[:8]}). Train first, or point at the right "
+        "directory."
+      )
     if step is None:
       return max(steps)
     if step not in steps:
@@ -94,13 +97,15 @@ class Checkpoints:
     step = self._step_to_read(step)
     try:
       restored = self._open(create=False).restore(
-          step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+      )
     except Exception as error:  # orbax raises many types for unreadable files.
       raise self._corrupt(step, "meta", error) from error
     return dict(restored["meta"])
 
-  def restore(self, abstract: Mapping[str, Any], step: int | None = None
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
+  def restore(
+    self, abstract: Mapping[str, Any], step: int | None = None
+  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restores the items named in ``abstract`` (trees of ShapeDtypeStruct with shardings);
     items not named (e.g. the optimizer state, when sampling) stay on disk.
 
@@ -118,16 +123,18 @@ class Checkpoints:
     for name, tree in abstract.items():
       want, got = jax.tree.structure(tree), jax.tree.structure(items[name])
       if want != got:
-        raise CheckpointError(f"Step {step} in {self.directory}: '{name}' has structure {got}, "
-                              f"expected {want}.")
+        raise CheckpointError(
+          f"Step {step} in {self.directory}: '{name}' has structure {got}, expected {want}."
+        )
     return items, meta
 
   def _corrupt(self, step: int, what: str, error: Exception) -> CheckpointError:
     message = str(error).splitlines()[0][:300] if str(error) else ""
     return CheckpointError(
-        f"Could not read '{what}' of checkpoint step {step} in {self.directory}: "
-        f"{type(error).__name__}: {message}. The checkpoint is corrupt, incomplete, or was written "
-        f"for a different model. Steps present: {self.all_steps()}; nothing was deleted.")
+      f"Could not read '{what}' of checkpoint step {step} in {self.directory}: "
+      f"{type(error).__name__}: {message}. The checkpoint is corrupt, incomplete, or was written "
+      f"for a different model. Steps present: {self.all_steps()}; nothing was deleted."
+    )
 
 
 def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: str) -> None:
@@ -141,19 +148,27 @@ def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: 
     saved = meta.get(key)
     if key == "model" and isinstance(saved, Mapping) and isinstance(want, Mapping):
       saved = dataclasses.asdict(TransformerConfig.from_config(saved))
-      saved, want = ({k: v for k, v in config.items() if k not in EXECUTION_FIELDS}
-                     for config in (saved, want))
+      saved, want = (
+        {k: v for k, v in config.items() if k not in EXECUTION_FIELDS} for config in (saved, want)
+      )
     if saved != want:
       raise CheckpointError(
-          f"The checkpoint in {directory} was written with a different {key}:\n  saved:     "
-          f"{meta.get(key)}\n  requested: {want}\nUse another --workdir, or delete this directory "
-          "to retrain.")
+        f"The checkpoint in {directory} was written with a different {key}:\n  saved:     "
+        f"{meta.get(key)}\n  requested: {want}\nUse another --workdir, or delete this directory "
+        "to retrain."
+      )
 
 
-def load_model(directory: str, mesh: jax.sharding.Mesh | None = None, *,
-               config: TransformerConfig | None = None, step: int | None = None,
-               expected_meta: Mapping[str, Any] | None = None, tokenizer: Any = None,
-               role: str = "model") -> tuple[transformer.Transformer, dict[str, Any]]:
+def load_model(
+  directory: str,
+  mesh: jax.sharding.Mesh | None = None,
+  *,
+  config: TransformerConfig | None = None,
+  step: int | None = None,
+  expected_meta: Mapping[str, Any] | None = None,
+  tokenizer: Any = None,
+  role: str = "model",
+) -> tuple[transformer.Transformer, dict[str, Any]]:
   """The one way to load a model: trained, distilled or imported from Hugging Face.
 
   The parameters are restored shard by shard onto ``mesh`` (any mesh: each device reads
@@ -186,13 +201,16 @@ def load_model(directory: str, mesh: jax.sharding.Mesh | None = None, *,
   if tokenizer is not None:
     if meta.get("tokenizer") not in (None, tokenizer.fingerprint):
       raise CheckpointError(
-          f"The {role} checkpoint {store.directory} was made with tokenizer {meta['tokenizer']}, "
-          f"not {tokenizer.path} ({tokenizer.fingerprint}).")
+        f"The {role} checkpoint {store.directory} was made with tokenizer {meta['tokenizer']}, "
+        f"not {tokenizer.path} ({tokenizer.fingerprint})."
+      )
     if config.vocab_size < tokenizer.vocab_size:
       raise CheckpointError(
-          f"The {role} checkpoint {store.directory} has {config.vocab_size} embeddings, fewer "
-          f"than the tokenizer's {tokenizer.vocab_size} pieces.")
-  abstract = sharding.abstract_model(lambda rngs: transformer.Transformer(config, rngs=rngs),
-                                     mesh or default_mesh())
+        f"The {role} checkpoint {store.directory} has {config.vocab_size} embeddings, fewer "
+        f"than the tokenizer's {tokenizer.vocab_size} pieces."
+      )
+  abstract = sharding.abstract_model(
+    lambda rngs: transformer.Transformer(config, rngs=rngs), mesh or default_mesh()
+  )
   restored, meta = store.restore({"params": abstract.arrays()}, step=meta["step"])
   return abstract.merge(restored["params"]), meta

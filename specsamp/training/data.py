@@ -19,7 +19,7 @@ import glob
 import hashlib
 import os
 import sysconfig
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -42,9 +42,15 @@ def corpus_files(corpus: str | None) -> list[str]:
     files = stdlib_files()
     where = "the Python standard library at " + sysconfig.get_paths()["stdlib"]
   else:
-    files = sorted({f for pattern in corpus.split(",") if pattern
-                    for f in glob.glob(os.path.expanduser(pattern), recursive=True)
-                    if os.path.isfile(f)})
+    files = sorted(
+      {
+        f
+        for pattern in corpus.split(",")
+        if pattern
+        for f in glob.glob(os.path.expanduser(pattern), recursive=True)
+        if os.path.isfile(f)
+      }
+    )
     where = f"--corpus={corpus!r}"
   if not files:
     raise FileNotFoundError(f"No files in {where}.")
@@ -60,11 +66,13 @@ class Split:
   prompts: tuple[str, ...]
 
 
-def split_files(files: Sequence[str], validation_fraction: float, prompt_fraction: float,
-                seed: int = 0) -> Split:
+def split_files(
+  files: Sequence[str], validation_fraction: float, prompt_fraction: float, seed: int = 0
+) -> Split:
   """Deterministic split by a hash of each file's path below the files' common root."""
-  if not (0 < validation_fraction and 0 < prompt_fraction
-          and validation_fraction + prompt_fraction < 1):
+  if not (
+    0 < validation_fraction and 0 < prompt_fraction and validation_fraction + prompt_fraction < 1
+  ):
     raise ValueError("Need 0 < validation_fraction, 0 < prompt_fraction and their sum < 1.")
   root = os.path.commonpath([os.path.abspath(f) for f in files]) if len(files) > 1 else ""
   parts: dict[str, list[str]] = {"train": [], "validation": [], "prompts": []}
@@ -72,8 +80,13 @@ def split_files(files: Sequence[str], validation_fraction: float, prompt_fractio
     relative = os.path.relpath(os.path.abspath(f), root) if root else os.path.basename(f)
     digest = hashlib.sha256(f"{seed}:{relative}".encode()).digest()
     u = int.from_bytes(digest[:8], "little") / 2.0**64
-    name = ("validation" if u < validation_fraction else
-            "prompts" if u < validation_fraction + prompt_fraction else "train")
+    name = (
+      "validation"
+      if u < validation_fraction
+      else "prompts"
+      if u < validation_fraction + prompt_fraction
+      else "train"
+    )
     parts[name].append(f)
   for name, chosen in parts.items():
     if not chosen:
@@ -97,7 +110,7 @@ def text_chunks(files: Sequence[str], max_chars: int, lines_per_chunk: int = 8) 
   for path in files:
     lines = read_text(path).splitlines(keepends=True)
     for start in range(0, len(lines), lines_per_chunk):
-      chunk = "".join(lines[start:start + lines_per_chunk])
+      chunk = "".join(lines[start : start + lines_per_chunk])
       yield chunk
       total += len(chunk)
       if total >= max_chars:
@@ -129,12 +142,14 @@ class Batches:
   seed: int = 0
 
   @classmethod
-  def pack(cls, stream: np.ndarray, seq_len: int, batch_size: int, seed: int = 0) -> "Batches":
+  def pack(cls, stream: np.ndarray, seq_len: int, batch_size: int, seed: int = 0) -> Batches:
     num = len(stream) // (seq_len + 1)
     if num < batch_size:
-      raise ValueError(f"{len(stream)} tokens make {num} sequences of {seq_len + 1}, fewer than "
-                       f"one batch of {batch_size}; use more text or shorter sequences.")
-    return cls(stream[:num * (seq_len + 1)].reshape(num, seq_len + 1), batch_size, seed)
+      raise ValueError(
+        f"{len(stream)} tokens make {num} sequences of {seq_len + 1}, fewer than "
+        f"one batch of {batch_size}; use more text or shorter sequences."
+      )
+    return cls(stream[: num * (seq_len + 1)].reshape(num, seq_len + 1), batch_size, seed)
 
   @property
   def steps_per_epoch(self) -> int:
@@ -143,17 +158,19 @@ class Batches:
   def at(self, step: int) -> np.ndarray:
     epoch, index = divmod(step, self.steps_per_epoch)
     order = np.random.default_rng((self.seed, epoch)).permutation(len(self.sequences))
-    return self.sequences[order[index * self.batch_size:(index + 1) * self.batch_size]]
+    return self.sequences[order[index * self.batch_size : (index + 1) * self.batch_size]]
 
   def first(self, num_batches: int) -> list[np.ndarray]:
     """The first ``num_batches`` batches in file order (a fixed evaluation set)."""
     num_batches = min(num_batches, self.steps_per_epoch)
-    return [self.sequences[i * self.batch_size:(i + 1) * self.batch_size]
-            for i in range(num_batches)]
+    return [
+      self.sequences[i * self.batch_size : (i + 1) * self.batch_size] for i in range(num_batches)
+    ]
 
 
-def held_out_prompts(tokenizer, files: Sequence[str], num_prompts: int, prompt_tokens: int,
-                     seed: int = 0) -> np.ndarray:
+def held_out_prompts(
+  tokenizer, files: Sequence[str], num_prompts: int, prompt_tokens: int, seed: int = 0
+) -> np.ndarray:
   """``[num_prompts, prompt_tokens]`` ids: windows starting at a line start of held-out files.
 
   Each prompt comes from a different file when there are enough files; the
@@ -175,5 +192,6 @@ def held_out_prompts(tokenizer, files: Sequence[str], num_prompts: int, prompt_t
     prompts.append(ids[:prompt_tokens])
     if len(prompts) == num_prompts:
       return np.asarray(prompts, np.int32)
-  raise ValueError(f"The prompt files hold fewer than {num_prompts} windows of {prompt_tokens} "
-                   "tokens.")
+  raise ValueError(
+    f"The prompt files hold fewer than {num_prompts} windows of {prompt_tokens} tokens."
+  )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
 
@@ -31,26 +31,38 @@ class Tokenizer:
     try:
       self._processor.LoadFromSerializedProto(model_proto)
     except Exception as error:  # sentencepiece raises plain RuntimeError/OSError.
-      raise ValueError(f"Not a valid SentencePiece model: {path or '<bytes>'} ({error}).") from error
+      raise ValueError(
+        f"Not a valid SentencePiece model: {path or '<bytes>'} ({error})."
+      ) from error
     self.model_proto = model_proto
     self.path = path
 
   @classmethod
-  def load(cls, path: str) -> "Tokenizer":
+  def load(cls, path: str) -> Tokenizer:
     """Loads a ``.model`` file (ours, or e.g. a Llama 2 / Gemma tokenizer.model)."""
     if not os.path.isfile(path):
       if os.path.basename(path) == "tokenizer.model" and os.path.isfile(
-          os.path.join(os.path.dirname(path), "tokenizer.json")):
+        os.path.join(os.path.dirname(path), "tokenizer.json")
+      ):
         raise FileNotFoundError(
-            f"{path} does not exist; the directory has only tokenizer.json (a Hugging Face fast "
-            "tokenizer), which specsamp does not read. Provide the SentencePiece tokenizer.model.")
+          f"{path} does not exist; the directory has only tokenizer.json (a Hugging Face fast "
+          "tokenizer), which specsamp does not read. Provide the SentencePiece tokenizer.model."
+        )
       raise FileNotFoundError(f"No SentencePiece model at {path}.")
     with open(path, "rb") as f:
       return cls(f.read(), path)
 
   @classmethod
-  def train(cls, texts: Iterable[str], vocab_size: int, *, path: str | None = None,
-            model_type: str = "bpe", max_sentences: int = 100_000, seed: int = 0) -> "Tokenizer":
+  def train(
+    cls,
+    texts: Iterable[str],
+    vocab_size: int,
+    *,
+    path: str | None = None,
+    model_type: str = "bpe",
+    max_sentences: int = 100_000,
+    seed: int = 0,
+  ) -> Tokenizer:
     """Trains a code tokenizer on ``texts`` (each a chunk of a few lines); saves it to ``path``.
 
     Args:
@@ -62,19 +74,37 @@ class Tokenizer:
       seed: the sampling seed.
     """
     if vocab_size < 300:
-      raise ValueError(f"vocab_size must be at least 300 (4 special ids + 256 byte pieces + "
-                       f"merges), got {vocab_size}.")
+      raise ValueError(
+        f"vocab_size must be at least 300 (4 special ids + 256 byte pieces + "
+        f"merges), got {vocab_size}."
+      )
     buffer = io.BytesIO()
     spm.set_random_generator_seed(seed)
     try:
       spm.SentencePieceTrainer.train(
-          sentence_iterator=iter(texts), model_writer=buffer, vocab_size=vocab_size,
-          model_type=model_type, byte_fallback=True, normalization_rule_name="identity",
-          remove_extra_whitespaces=False, add_dummy_prefix=False, split_by_whitespace=False,
-          allow_whitespace_only_pieces=True, split_digits=True, user_defined_symbols=["\n"],
-          max_sentence_length=1 << 16, input_sentence_size=max_sentences,
-          shuffle_input_sentence=True, character_coverage=0.995, pad_id=PAD_ID, unk_id=UNK_ID,
-          bos_id=BOS_ID, eos_id=EOS_ID, num_threads=os.cpu_count() or 1, minloglevel=2)
+        sentence_iterator=iter(texts),
+        model_writer=buffer,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        split_by_whitespace=False,
+        allow_whitespace_only_pieces=True,
+        split_digits=True,
+        user_defined_symbols=["\n"],
+        max_sentence_length=1 << 16,
+        input_sentence_size=max_sentences,
+        shuffle_input_sentence=True,
+        character_coverage=0.995,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+      )
     except RuntimeError as error:  # e.g. vocab_size below the characters the text needs.
       raise ValueError(f"SentencePiece training failed: {error}") from error
     tokenizer = cls(buffer.getvalue(), path)
@@ -130,12 +160,14 @@ class Tokenizer:
     return self._processor.IdToPiece(int(i))
 
 
-def check_same(first: Tokenizer, second: Tokenizer, names: tuple[str, str] = ("target", "draft")
-               ) -> None:
+def check_same(
+  first: Tokenizer, second: Tokenizer, names: tuple[str, str] = ("target", "draft")
+) -> None:
   """Raises ValueError unless both tokenizers map text to the same ids."""
   if first.fingerprint != second.fingerprint:
     raise ValueError(
-        f"The {names[0]} and {names[1]} use different tokenizers ({first.path or 'unsaved'}, "
-        f"fingerprint {first.fingerprint}, {first.vocab_size} pieces vs {second.path or 'unsaved'}, "
-        f"fingerprint {second.fingerprint}, {second.vocab_size} pieces). Speculative sampling "
-        "compares token ids, so both models must share one tokenizer.")
+      f"The {names[0]} and {names[1]} use different tokenizers ({first.path or 'unsaved'}, "
+      f"fingerprint {first.fingerprint}, {first.vocab_size} pieces vs {second.path or 'unsaved'}, "
+      f"fingerprint {second.fingerprint}, {second.vocab_size} pieces). Speculative sampling "
+      "compares token ids, so both models must share one tokenizer."
+    )

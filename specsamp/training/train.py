@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,17 +33,23 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from specsamp.config_fields import ConfigFields
-from specsamp.training import checkpoint
 from specsamp import sharding
-from specsamp.training.data import Batches
+from specsamp.config_fields import ConfigFields
 from specsamp.models import transformer
-from specsamp.models.config import EXECUTION_FIELDS, TransformerConfig
+from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive
+from specsamp.training import checkpoint
+from specsamp.training.data import Batches
 
 DISTILL_MODES = ("none", "token", "sequence")
 # Fields that change how a run is logged, not what it computes; a resumed run may change them.
-_LOGGING_FIELDS = ("log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints")
+_LOGGING_FIELDS = (
+  "log_every",
+  "eval_every",
+  "eval_batches",
+  "checkpoint_every",
+  "keep_checkpoints",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,18 +102,27 @@ class TrainConfig(ConfigFields):
 def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
   """Linear warmup to the peak, cosine decay to ``end_learning_rate_fraction`` of it."""
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=config.learning_rate, warmup_steps=config.warmup_steps,
-      decay_steps=max(config.steps, config.warmup_steps + 1),
-      end_value=config.learning_rate * config.end_learning_rate_fraction)
+    init_value=0.0,
+    peak_value=config.learning_rate,
+    warmup_steps=config.warmup_steps,
+    decay_steps=max(config.steps, config.warmup_steps + 1),
+    end_value=config.learning_rate * config.end_learning_rate_fraction,
+  )
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
   """Clipping, then AdamW with decay on matrices only."""
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
   return optax.chain(
-      optax.clip_by_global_norm(config.grad_clip),
-      optax.adamw(learning_rate_schedule(config), b1=config.b1, b2=config.b2,
-                  weight_decay=config.weight_decay, mask=decay_mask))
+    optax.clip_by_global_norm(config.grad_clip),
+    optax.adamw(
+      learning_rate_schedule(config),
+      b1=config.b1,
+      b2=config.b2,
+      weight_decay=config.weight_decay,
+      mask=decay_mask,
+    ),
+  )
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
@@ -114,8 +130,9 @@ def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
 
 
-def distillation_kl(student_BTV: jax.Array, teacher_BTV: jax.Array, temperature: float
-                    ) -> jax.Array:
+def distillation_kl(
+  student_BTV: jax.Array, teacher_BTV: jax.Array, temperature: float
+) -> jax.Array:
   """Mean token-level KL(teacher || student), both at ``temperature``."""
   teacher_logp = jax.nn.log_softmax(teacher_BTV / temperature, axis=-1)
   student_logp = jax.nn.log_softmax(student_BTV / temperature, axis=-1)
@@ -148,46 +165,69 @@ class Trainer:
     seed: parameter init seed.
   """
 
-  def __init__(self, model_config: TransformerConfig, config: TrainConfig,
-               mesh: jax.sharding.Mesh, teacher: nnx.Module | None = None, seed: int = 0):
+  def __init__(
+    self,
+    model_config: TransformerConfig,
+    config: TrainConfig,
+    mesh: jax.sharding.Mesh,
+    teacher: nnx.Module | None = None,
+    seed: int = 0,
+  ):
     if config.distill_mode != "none":
       if teacher is None:
         raise ValueError(f"distill.mode={config.distill_mode!r} needs a teacher (the target).")
       if teacher.vocab_size != model_config.vocab_size:
-        raise ValueError(f"Teacher vocab_size {teacher.vocab_size} differs from the student's "
-                         f"{model_config.vocab_size}; distillation compares distributions.")
+        raise ValueError(
+          f"Teacher vocab_size {teacher.vocab_size} differs from the student's "
+          f"{model_config.vocab_size}; distillation compares distributions."
+        )
     self.model_config, self.config, self.mesh, self.seed = model_config, config, mesh, seed
     self.optimizer = make_optimizer(config)
     abstract = sharding.abstract_model(
-        lambda rngs: transformer.Transformer(model_config, rngs=rngs), mesh, seed)
+      lambda rngs: transformer.Transformer(model_config, rngs=rngs), mesh, seed
+    )
     self.graphdef, self.param_shardings = abstract.graphdef, abstract.shardings
     abstract_params = abstract.shapes
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
     opt_shardings = optax.tree_map_params(
-        self.optimizer, lambda _, s: s, abstract_opt, self.param_shardings,
-        transform_non_params=lambda _: replicated)
-    self.state_shardings = TrainState(step=replicated, params=self.param_shardings,
-                                      opt_state=opt_shardings)
+      self.optimizer,
+      lambda _, s: s,
+      abstract_opt,
+      self.param_shardings,
+      transform_non_params=lambda _: replicated,
+    )
+    self.state_shardings = TrainState(
+      step=replicated, params=self.param_shardings, opt_state=opt_shardings
+    )
     self.abstract_state = checkpoint.abstract_arrays(
-        TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
-                   opt_state=abstract_opt), self.state_shardings)
+      TrainState(
+        step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt
+      ),
+      self.state_shardings,
+    )
     self._teacher = None
     if teacher is not None and config.distill_mode != "none":
       self._teacher = nnx.split(teacher)
-    self._batch_sharding = NamedSharding(mesh, sharding.logical_to_spec(
-        ("act_batch", "act_length"), (config.batch_size, config.seq_len + 1), dict(mesh.shape)))
+    self._batch_sharding = NamedSharding(
+      mesh,
+      sharding.logical_to_spec(
+        ("act_batch", "act_length"), (config.batch_size, config.seq_len + 1), dict(mesh.shape)
+      ),
+    )
     self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
-    self._step = jax.jit(self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings,
-                                                                         replicated))
+    self._step = jax.jit(
+      self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated)
+    )
     self._eval = jax.jit(self._eval_fn, out_shardings=replicated)
 
   # --- jitted bodies -------------------------------------------------------------------------
   def _init_fn(self) -> TrainState:
     model = transformer.Transformer(self.model_config, rngs=nnx.Rngs(self.seed))
     params = params_of(model)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=self.optimizer.init(params))
+    return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
+    )
 
   def _logits(self, params, tokens_BT):
     logits_BTV, _ = nnx.merge(self.graphdef, params)(tokens_BT)
@@ -201,13 +241,15 @@ class Trainer:
       return ce, {"ce": ce}
     teacher_graphdef, _ = self._teacher
     teacher_BTV, _ = nnx.merge(teacher_graphdef, teacher_state)(inputs_BT)
-    kl = distillation_kl(logits_BTV, jax.lax.stop_gradient(teacher_BTV),
-                         self.config.distill_temperature)
+    kl = distillation_kl(
+      logits_BTV, jax.lax.stop_gradient(teacher_BTV), self.config.distill_temperature
+    )
     return kl, {"ce": ce, "kl": kl}
 
   def _step_fn(self, state: TrainState, batch_BT, teacher_state):
     (loss, parts), grads = jax.value_and_grad(self._loss, has_aux=True)(
-        state.params, batch_BT, teacher_state)
+      state.params, batch_BT, teacher_state
+    )
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(parts, loss=loss, grad_norm=optax.tree.norm(grads))
@@ -226,8 +268,9 @@ class Trainer:
     devices (on a multi-host slice, every host builds the same step-addressed batch and
     transfers its share)."""
     batch = np.asarray(batch, np.int32)
-    return jax.make_array_from_callback(batch.shape, self._batch_sharding,
-                                        lambda index: batch[index])
+    return jax.make_array_from_callback(
+      batch.shape, self._batch_sharding, lambda index: batch[index]
+    )
 
   def _sequence_batch(self, batch: np.ndarray, step: int) -> np.ndarray:
     """Corpus prefixes continued by the teacher (sequence-level distillation)."""
@@ -236,10 +279,14 @@ class Trainer:
     rows = batch.shape[0]
     with sharding.use_mesh(self.mesh):
       out = autoregressive.generate(
-          nnx.merge(teacher_graphdef, teacher_state), batch[:, :prefix],
-          np.full((rows,), prefix, np.int32), jax.random.fold_in(jax.random.key(self.seed), step),
-          max_new_tokens=batch.shape[1] - prefix, temperature=self.config.distill_temperature)
-    return np.asarray(out.tokens)[:, :batch.shape[1]]
+        nnx.merge(teacher_graphdef, teacher_state),
+        batch[:, :prefix],
+        np.full((rows,), prefix, np.int32),
+        jax.random.fold_in(jax.random.key(self.seed), step),
+        max_new_tokens=batch.shape[1] - prefix,
+        temperature=self.config.distill_temperature,
+      )
+    return np.asarray(out.tokens)[:, : batch.shape[1]]
 
   def train_step(self, state: TrainState, batch: np.ndarray) -> tuple[TrainState, dict]:
     if self.config.distill_mode == "sequence":
@@ -272,9 +319,17 @@ def _as_items(state: TrainState) -> dict[str, Any]:
   return {"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}}
 
 
-def fit(trainer: Trainer, batches: Batches, eval_batches: Sequence[np.ndarray],
-        checkpoints: checkpoint.Checkpoints, meta: Mapping[str, Any], *, name: str = "train",
-        log: Callable[[str], None] = print, stop_after: int | None = None) -> TrainState:
+def fit(
+  trainer: Trainer,
+  batches: Batches,
+  eval_batches: Sequence[np.ndarray],
+  checkpoints: checkpoint.Checkpoints,
+  meta: Mapping[str, Any],
+  *,
+  name: str = "train",
+  log: Callable[[str], None] = print,
+  stop_after: int | None = None,
+) -> TrainState:
   """Trains to ``config.steps``, resuming from the newest checkpoint in ``checkpoints``.
 
   Args:
@@ -302,8 +357,11 @@ def fit(trainer: Trainer, batches: Batches, eval_batches: Sequence[np.ndarray],
   else:
     checkpoint.check_meta(checkpoints.read_meta(start), meta, checkpoints.directory)
     restored, _ = checkpoints.restore(_as_items(trainer.abstract_state), step=start)
-    state = TrainState(step=restored["optimizer"]["step"], params=restored["params"],
-                       opt_state=restored["optimizer"]["opt_state"])
+    state = TrainState(
+      step=restored["optimizer"]["step"],
+      params=restored["params"],
+      opt_state=restored["optimizer"]["opt_state"],
+    )
     if start < config.steps:
       log(f"{name}: resuming from step {start} in {checkpoints.directory}")
   end = config.steps if stop_after is None else min(config.steps, start + stop_after)
@@ -320,16 +378,23 @@ def fit(trainer: Trainer, batches: Batches, eval_batches: Sequence[np.ndarray],
       if step % config.log_every == 0 or step == end:
         loss = float(metrics["loss"])  # Waits for the step.
         if not math.isfinite(loss):
-          raise FloatingPointError(f"{name}: loss is {loss} at step {step}; lower the learning "
-                                   "rate or check the data. Checkpoints up to now are kept.")
+          raise FloatingPointError(
+            f"{name}: loss is {loss} at step {step}; lower the learning "
+            "rate or check the data. Checkpoints up to now are kept."
+          )
         now = time.perf_counter()
         rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
         eta = (config.steps - step) * tokens_per_step / max(rate, 1e-9)
-        extra = f"  kl {float(metrics['kl']):.3f}  ce {float(metrics['ce']):.3f}" if (
-            "kl" in metrics) else ""
-        log(f"{name} step {step:>5}/{config.steps}  loss {loss:.3f}{extra}  "
-            f"lr {trainer.learning_rate(step):.2e}  {rate:,.0f} tokens/s  "
-            f"ETA {_format_duration(eta)}")
+        extra = (
+          f"  kl {float(metrics['kl']):.3f}  ce {float(metrics['ce']):.3f}"
+          if ("kl" in metrics)
+          else ""
+        )
+        log(
+          f"{name} step {step:>5}/{config.steps}  loss {loss:.3f}{extra}  "
+          f"lr {trainer.learning_rate(step):.2e}  {rate:,.0f} tokens/s  "
+          f"ETA {_format_duration(eta)}"
+        )
         window_start, window_steps = now, 0
       if step % config.eval_every == 0 or step == config.steps:
         loss = trainer.evaluate(state.params, eval_batches)
