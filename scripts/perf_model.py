@@ -57,29 +57,9 @@ def main(argv):
       batch_size=_BATCH.value,
       cache_length=_CACHE.value,
     )
-    best = max(choices, key=lambda c: c.predicted_speedup)
     output["recommendation"] = [vars(c) for c in choices]
-    print(
-      f"## {perf_model.PRESETS[_HARDWARE.value].name} x {_TENSOR.value}, batch "
-      f"{_BATCH.value}, alpha {_ALPHA.value} (eta {efficiency.eta:.3f}, tau "
-      f"{efficiency.tau_s * 1e3:.3f} ms)\n"
-    )
-    print(
-      perf_model.format_table(
-        [
-          {
-            "K": c.num_draft_tokens,
-            "speedup": c.predicted_speedup,
-            "target_ms": c.target_step_s * 1e3,
-            "draft_ms": c.draft_step_s * 1e3,
-            "score_ms": c.score_s * 1e3,
-          }
-          for c in choices
-        ],
-        ["K", "speedup", "target_ms", "draft_ms", "score_ms"],
-      )
-    )
-    print(f"\nRecommended K = {best.num_draft_tokens}: {best.predicted_speedup:.2f}x predicted.")
+    title = f"{perf_model.PRESETS[_HARDWARE.value].name} x {_TENSOR.value}, batch {_BATCH.value}"
+    print(perf_report.format_recommendation(choices, title, _ALPHA.value, efficiency))
   if _RESULTS.value:
     with open(_RESULTS.value) as f:
       report = output["cpu"] = perf_report.cpu_report(json.load(f))

@@ -19,18 +19,10 @@ import json
 
 import jax
 from absl import app, flags
-from ml_collections import config_flags
 
 from specsamp.experiments import cli, sample_job
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
-_CORPUS = flags.DEFINE_string(
-  "corpus",
-  None,
-  "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets "
-  "config.data.corpus. Default: this Python's standard library source.",
-)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<config name>.")
+_PAIR = cli.define_pair_flags()
 _OUTPUT = flags.DEFINE_string(
   "output",
   None,
@@ -41,10 +33,7 @@ _OUTPUT = flags.DEFINE_string(
 
 def main(argv):
   cli.start(argv)
-  config = _CONFIG.value
-  if _CORPUS.value is not None:
-    config.data.corpus = _CORPUS.value
-  report = sample_job.run(config, _WORKDIR.value)
+  report = sample_job.run(_PAIR.pair_config(), _PAIR.workdir.value)
   print(sample_job.format_report(report), flush=True)
   if _OUTPUT.value and jax.process_index() == 0:
     with open(_OUTPUT.value, "w", encoding="utf-8") as f:

@@ -15,18 +15,10 @@ temperature 1.
 """
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from specsamp.experiments import cli, pair
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
-_CORPUS = flags.DEFINE_string(
-  "corpus",
-  None,
-  "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets "
-  "config.data.corpus. Default: this Python's standard library source.",
-)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint directory; default workdir/<name>.")
+_PAIR = cli.define_pair_flags()
 _DRAFTS = flags.DEFINE_list(
   "drafts",
   None,
@@ -37,10 +29,8 @@ _DRAFTS = flags.DEFINE_list(
 
 def main(argv):
   cli.start(argv)
-  config = _CONFIG.value
-  if _CORPUS.value is not None:
-    config.data.corpus = _CORPUS.value
-  prepared = pair.prepare(config, _WORKDIR.value, draft_modes=_DRAFTS.value)
+  config = _PAIR.pair_config()
+  prepared = pair.prepare(config, _PAIR.workdir.value, draft_modes=_DRAFTS.value)
   num_draft_tokens, new = config.speculative.num_draft_tokens, config.sampling.max_new_tokens
   print(
     f"\nAcceptance on {len(prepared.prompts)} held-out prompts (K={num_draft_tokens}, "

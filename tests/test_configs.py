@@ -35,7 +35,8 @@ def test_tiny_families(family):
   config = load_config("tiny", family)
   model_config = TransformerConfig.from_config(config.model)
   assert sharding.count_parameters(lambda rngs: Transformer(model_config, rngs=rngs)) > 0
-  assert set(config.mesh.keys()) == set(sharding.MESH_AXES)
+  assert set(config.mesh.keys()) == {*sharding.MESH_AXES, "rules"}
+  sharding.parse_rules(config.mesh.rules)  # valid overrides (none by default)
 
 
 def test_unknown_tiny_family_is_refused():

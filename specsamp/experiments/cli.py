@@ -14,7 +14,9 @@ built from the config spans the whole slice.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 from absl import app, flags, logging
@@ -83,3 +85,36 @@ def start(argv: Sequence[str]) -> None:
       f"{jax.local_device_count()} local of {jax.device_count()} devices",
       flush=True,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class PairFlags:
+  """The flags of a script driven by a pair config (``define_pair_flags``)."""
+
+  config: Any
+  corpus: flags.FlagHolder
+  workdir: flags.FlagHolder
+
+  def pair_config(self) -> Any:
+    """The pair config, with --corpus applied."""
+    config = self.config.value
+    if self.corpus.value is not None:
+      config.data.corpus = self.corpus.value
+    return config
+
+
+def define_pair_flags() -> PairFlags:
+  """--config (a pair config, default configs/code_pair.py), --corpus and --workdir: define
+  them at a script's import, as absl wants."""
+  from ml_collections import config_flags
+
+  return PairFlags(
+    config=config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config."),
+    corpus=flags.DEFINE_string(
+      "corpus",
+      None,
+      "Comma-separated globs of text files (e.g. '~/src/**/*.py'); sets config.data.corpus. "
+      "Default: this Python's standard library source.",
+    ),
+    workdir=flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<name>."),
+  )

@@ -207,3 +207,27 @@ def format_cpu_report(report: dict) -> str:
       ),
     ]
   )
+
+
+def format_recommendation(
+  choices: list[perf_model.Choice], title: str, alpha: float, efficiency: perf_model.Efficiency
+) -> str:
+  """The predicted speedup for each K on some hardware, and the K to use."""
+  best = max(choices, key=lambda c: c.predicted_speedup)
+  rows = [
+    {
+      "K": c.num_draft_tokens,
+      "speedup": c.predicted_speedup,
+      "target_ms": c.target_step_s * 1e3,
+      "draft_ms": c.draft_step_s * 1e3,
+      "score_ms": c.score_s * 1e3,
+    }
+    for c in choices
+  ]
+  return (
+    f"## {title}, alpha {alpha} (eta {efficiency.eta:.3f}, tau "
+    f"{efficiency.tau_s * 1e3:.3f} ms)\n\n"
+    + perf_model.format_table(rows, ["K", "speedup", "target_ms", "draft_ms", "score_ms"])
+    + f"\n\nRecommended K = {best.num_draft_tokens}: {best.predicted_speedup:.2f}x "
+    "predicted."
+  )
