@@ -11,7 +11,7 @@ prints one line per setting.
 Then run scripts/perf_model.py --results=<output_dir>/results.json.
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from specsamp.experiments import benchmark, cli, plots
@@ -34,4 +34,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

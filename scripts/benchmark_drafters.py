@@ -11,7 +11,7 @@ mean draft length and acceptance; writes results.json (resumable) and
 summary.md to --config.output_dir.
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from specsamp.experiments import benchmark_drafters, cli
@@ -28,4 +28,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

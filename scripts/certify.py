@@ -17,7 +17,7 @@ os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from specsamp.experiments import certify, cli  # noqa: E402
 
@@ -52,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

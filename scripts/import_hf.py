@@ -15,7 +15,7 @@ Supported: llama (Llama 2/3/3.1+, SmolLM), mistral, qwen2, arcee, gemma, gemma2.
 
 import os
 
-from absl import app, flags
+from absl import flags
 
 from specsamp import sharding
 from specsamp.experiments import cli
@@ -52,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

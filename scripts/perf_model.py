@@ -11,7 +11,7 @@ assumptions: specsamp/experiments/perf_model.py.
 
 import json
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from specsamp.experiments import cli, perf_model, perf_report
@@ -71,4 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -18,7 +18,7 @@ call, the measured step costs and the speedup they predict.
 import json
 
 import jax
-from absl import app, flags
+from absl import flags
 
 from specsamp.experiments import cli, sample_job
 
@@ -41,4 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

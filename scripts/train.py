@@ -14,7 +14,7 @@ acceptance against the target on the held-out prompts is printed, greedy and at
 temperature 1.
 """
 
-from absl import app, flags
+from absl import flags
 
 from specsamp.experiments import cli, pair
 
@@ -55,4 +55,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -108,16 +108,22 @@ def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
   assert sorted(os.listdir(copy)) == sorted(os.listdir(workdir))  # nothing deleted
 
 
-def test_sample_script_reports_bad_overrides(trained_workdir):
-  workdir, _ = trained_workdir
+@pytest.mark.parametrize(
+  "override,message",
+  [
+    ("--config.sampling.top_p=1.5", "--config.sampling.top_p=1.5: must be in (0, 1]"),
+    ("--config.speculative.verifier=magic", "--config.speculative.verifier='magic': must be one"),
+  ],
+)
+def test_sample_script_reports_bad_overrides_in_one_line(tmp_path, override, message):
+  """Checked before anything trains or compiles: one line naming the flag, exit status 2."""
   result = run_script(
-    "sample.py",
-    "--config=configs/code_pair.py:test",
-    f"--workdir={workdir}",
-    "--config.sampling.top_p=1.5",
+    "sample.py", "--config=configs/code_pair.py:test", f"--workdir={tmp_path / 'w'}", override
   )
-  assert result.returncode != 0
-  assert "top_p must be in (0, 1]" in result.stderr
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.stderr
+  assert not (tmp_path / "w").exists()  # nothing was created, trained or compiled
 
 
 def test_a_workdir_trained_on_another_corpus_is_refused(trained_workdir, tmp_path):

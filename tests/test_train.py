@@ -138,8 +138,11 @@ def test_missing_empty_and_corrupt_checkpoints_are_clear_errors(uninterrupted, t
 
 def test_checkpoint_of_another_model_is_refused(uninterrupted):
   directory, _ = uninterrupted
-  with pytest.raises(checkpoint.CheckpointError, match="different model"):
+  # The message names only the field that differs, not the two whole configs.
+  with pytest.raises(checkpoint.CheckpointError, match="different model") as error:
     checkpoint.load_model(directory, config=MODEL.replace(num_layers=3))
+  assert "num_layers: saved 1, requested 3. Use another --workdir" in str(error.value)
+  assert "d_model" not in str(error.value)
 
 
 def test_bad_train_configs():

@@ -15,7 +15,8 @@ built from the config spans the whole slice.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -85,6 +86,35 @@ def start(argv: Sequence[str]) -> None:
       f"{jax.local_device_count()} local of {jax.device_count()} devices",
       flush=True,
     )
+
+
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, FloatingPointError)
+"""What bad input raises (a bad config value, a missing checkpoint, NaN logits...): a script
+reports these in one line and exits with status 2."""
+
+
+def run(main: Callable[[Sequence[str]], Any]) -> None:
+  """``app.run(main)``, with errors a user can act on reported in one line.
+
+  A ``USER_ERRORS`` exception prints ``error: <message>`` on stderr and exits with status 2
+  (``--verbosity=1`` shows the traceback instead). Ctrl-C exits with status 130 and one line
+  (training saves a checkpoint before it gets here).
+  """
+
+  def guarded(argv):
+    try:
+      return main(argv)
+    except USER_ERRORS as error:
+      if flags.FLAGS["verbosity"].present and flags.FLAGS.verbosity >= 1:
+        raise
+      message = " ".join(str(error).split("\n"))
+      print(f"error: {message}  (--verbosity=1 shows the traceback)", file=sys.stderr)
+      sys.exit(2)
+    except KeyboardInterrupt:
+      print("interrupted.", file=sys.stderr)
+      sys.exit(130)
+
+  app.run(guarded)
 
 
 @dataclasses.dataclass(frozen=True)

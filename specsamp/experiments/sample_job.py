@@ -10,6 +10,7 @@ costs, the speedup the formula predicts from them, and sample text.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -47,16 +48,81 @@ def _generated(outputs: list[Any]) -> list[list[int]]:
   return [out.generated(row).tolist() for out in outputs for row in range(out.tokens.shape[0])]
 
 
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_settings(config: ml_collections.ConfigDict) -> None:
+  """Validates the sampling and speculative sections before anything trains or compiles.
+
+  Raises:
+    ValueError: one line naming the flag, its value and what is allowed, e.g.
+      ``--config.sampling.top_p=0.0: must be in (0, 1]``.
+  """
+  s, spec = config.sampling, config.speculative
+  checks = [
+    (
+      "sampling.max_new_tokens",
+      s.max_new_tokens,
+      _is_int(s.max_new_tokens) and s.max_new_tokens >= 1,
+      "must be an int >= 1",
+    ),
+    (
+      "sampling.temperature",
+      s.temperature,
+      _is_number(s.temperature) and s.temperature >= 0,
+      "must be a finite number >= 0 (0 is greedy)",
+    ),
+    (
+      "sampling.top_k",
+      s.top_k,
+      _is_int(s.top_k) and s.top_k >= 0,
+      "must be an int >= 0 (0 keeps all)",
+    ),
+    ("sampling.top_p", s.top_p, _is_number(s.top_p) and 0 < s.top_p <= 1, "must be in (0, 1]"),
+    (
+      "sampling.batch_size",
+      s.batch_size,
+      _is_int(s.batch_size) and s.batch_size >= 1,
+      "must be an int >= 1",
+    ),
+    (
+      "sampling.num_prompts",
+      s.num_prompts,
+      _is_int(s.num_prompts)
+      and s.num_prompts >= 1
+      and _is_int(s.batch_size)
+      and s.num_prompts % max(s.batch_size, 1) == 0,
+      f"must be a positive multiple of sampling.batch_size ({s.batch_size})",
+    ),
+    (
+      "speculative.num_draft_tokens",
+      spec.num_draft_tokens,
+      _is_int(spec.num_draft_tokens) and spec.num_draft_tokens >= 1,
+      "must be an int >= 1 (K)",
+    ),
+    (
+      "speculative.verifier",
+      spec.verifier,
+      spec.verifier in speculative.EXACT_VERIFIERS,
+      f"must be one of {speculative.EXACT_VERIFIERS}",
+    ),
+  ]
+  for path, value, ok, allowed in checks:
+    if not ok:
+      raise ValueError(f"--config.{path}={value!r}: {allowed}")
+
+
 def run(
   config: ml_collections.ConfigDict, workdir: str | None = None, log: Callable[[str], None] = print
 ) -> SampleReport:
   """Prepares the pair and samples its held-out prompts both ways."""
+  check_settings(config)
   s, num_draft_tokens = config.sampling, config.speculative.num_draft_tokens
-  if s.batch_size < 1 or s.num_prompts % s.batch_size:
-    raise ValueError(
-      f"sampling.num_prompts ({s.num_prompts}) must be a multiple of "
-      f"sampling.batch_size ({s.batch_size})."
-    )
   pair = pair_lib.prepare(config, workdir, log=log)
   tokenizer, target, draft, prompts = pair.tokenizer, pair.target, pair.draft, pair.prompts
   lengths = np.full((s.batch_size,), prompts.shape[1], np.int32)

@@ -153,10 +153,23 @@ def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: 
       )
     if saved != want:
       raise CheckpointError(
-        f"The checkpoint in {directory} was written with a different {key}:\n  saved:     "
-        f"{meta.get(key)}\n  requested: {want}\nUse another --workdir, or delete this directory "
-        "to retrain."
+        f"The checkpoint in {directory} was written with a different {key}: "
+        f"{_differences(saved, want)}. Use another --workdir, or delete this directory to "
+        "retrain."
       )
+
+
+def _differences(saved: Any, want: Any) -> str:
+  """Only the fields that differ ("name: saved X, requested Y"), or both values when they are
+  not both mappings."""
+  if not (isinstance(saved, Mapping) and isinstance(want, Mapping)):
+    return f"saved {saved!r}, requested {want!r}"
+  names = sorted(set(saved) | set(want), key=str)
+  return "; ".join(
+    f"{name}: saved {saved.get(name, '(absent)')!r}, requested {want.get(name, '(absent)')!r}"
+    for name in names
+    if saved.get(name, "(absent)") != want.get(name, "(absent)")
+  )
 
 
 def load_model(
