@@ -51,7 +51,7 @@ def test_quick_certificate_passes_and_rejects_every_planted_bug():
   assert {c.drafter for c in cases} == set(certify.DRAFTERS)
   assert {c.schedule for c in cases} == set(certify.SCHEDULES)
   assert {c.warping for c in cases} == set(certify.WARPINGS)
-  assert {(c.batch, c.mesh) for c in cases} >= {("1", "1"), ("ragged16", "1"), ("ragged16", "2x4")}
+  assert {(c.batch, c.mesh) for c in cases} >= {("1", "1"), ("ragged16", "1")}
   assert {c.bug for c in cases} == {None, *certify.BUGS}
   results = certify.certify(cases, 100_000, level=1e-4, log=lambda line: None)
   failed = [(r.case.name, r.G, r.threshold) for r in results if not r.passed]

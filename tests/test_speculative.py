@@ -43,8 +43,10 @@ def drafts(target):
   return {"same": target, "unrelated": unrelated, "close": perturbed(target, 0.1, seed=4)}
 
 
-@pytest.mark.parametrize("draft_name", ["same", "unrelated", "close"])
-@pytest.mark.parametrize("num_draft_tokens", [1, 3, 8])
+@pytest.mark.parametrize(
+  "draft_name,num_draft_tokens",
+  [("same", 3), ("unrelated", 3), ("close", 3), ("close", 1), ("same", 8), ("unrelated", 8)],
+)
 def test_greedy_speculative_equals_greedy_autoregressive(
   target, drafts, draft_name, num_draft_tokens
 ):
@@ -154,7 +156,7 @@ def test_speculative_is_one_while_loop_on_device(target, drafts):
   assert [eqn.primitive.name for eqn in inner.eqns].count("while") == 1
 
 
-# --- Exact distribution: enumerate every 3-token continuation of the target. -------------------
+# --- The small pair: block verification accepts more than token-wise. -----------------------
 
 EXACT_PROMPT = np.array([3, 6])
 
@@ -162,10 +164,6 @@ EXACT_PROMPT = np.array([3, 6])
 @pytest.fixture(scope="module")
 def small_pair():
   return exact.small_pair()
-
-
-def _exact_target_distribution(model, sampling):
-  return exact.target_distribution(model, EXACT_PROMPT, sampling)
 
 
 def _sampled(small_pair, sampling, num_draft_tokens, verifier, seed=0):
@@ -187,21 +185,9 @@ def _sampled(small_pair, sampling, num_draft_tokens, verifier, seed=0):
   return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT) :])), out.summary()
 
 
-# Every verifier x drafter x schedule x warping is certified by tests/test_certify.py (10^5
-# sequences per case, with planted bugs that must be rejected) and scripts/certify.py (10^6).
-EXACT_CASES = [  # (sampling, K, verifier) on the Transformer pair.
-  (warping.SamplingConfig(1.0), 4, "token"),
-  (warping.SamplingConfig(1.0, top_p=0.8), 4, "block"),
-]
-
-
-@pytest.mark.parametrize("sampling,num_draft_tokens,verifier", EXACT_CASES)
-def test_samples_follow_the_exact_target_distribution(
-  small_pair, sampling, num_draft_tokens, verifier
-):
-  observed, stats = _sampled(small_pair, sampling, num_draft_tokens, verifier)
-  assert 0.2 < stats["acceptance_rate"] < 0.95  # both accepting and rejecting are exercised
-  assert g_test_p_value(observed, _exact_target_distribution(small_pair[0], sampling)) > 1e-3
+# Every verifier x drafter x schedule x warping is certified against exact enumeration by
+# tests/test_certify.py (10^5 sequences per case, with planted bugs that must be rejected) and
+# scripts/certify.py (10^6); tests/test_drafters.py G-tests the Transformer pair here too.
 
 
 def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):

@@ -108,9 +108,11 @@ def all_cases(scope: str = "full") -> list[Case]:
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
       warpings in rotation: 4 cases.
-  'quick' (8 cases): each verifier x drafter once on the trigram (schedules, warpings
-    and batches in rotation), self-speculative on the transformer, and a model drafter on
-    the 2x4 mesh.
+  'quick' (7 cases, what the test suite runs): each verifier x drafter once on the
+    trigram (schedules, warpings and batches in rotation) and self-speculative on the
+    transformer. The mesh is left to the full certificate: the suite checks that the 2x4
+    mesh samples the same tokens as one device for the same key
+    (tests/test_speculative.py), so its exactness follows from one device's.
   The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
   covering set above rather than the full product.
   """
@@ -149,8 +151,7 @@ def all_cases(scope: str = "full") -> list[Case]:
       for i, (v, d) in enumerate(itertools.product(VERIFIERS, table_drafters))
     ]
     cases += [
-      Case("transformer", "block", "self_speculative", "heuristic", "T=0.7", "ragged16", "1"),
-      Case("transformer", "token", "model", "fixed", "top-p=0.8", "ragged16", "2x4"),
+      Case("transformer", "block", "self_speculative", "heuristic", "T=0.7", "ragged16", "1")
     ]
   return cases + bug_cases()
 
