@@ -302,6 +302,20 @@ def test_outputs_are_replicated_on_a_data_mesh(target, drafts):
     assert array.sharding.is_fully_replicated, name
 
 
+def test_prompt_ids_outside_the_vocabulary_are_refused_by_both_samplers(target):
+  """Padding past a row's length may hold anything; a real token must be a vocabulary id."""
+  prompts = np.array([[5, 9, 14], [8, 999, 0]])
+  for call in (
+    lambda p, n: generate(target, p, n, jax.random.key(0), max_new_tokens=2),
+    lambda p, n: speculative_generate(
+      target, target, p, n, jax.random.key(0), max_new_tokens=2, num_draft_tokens=2
+    ),
+  ):
+    with pytest.raises(ValueError, match=r"id 999 \(row 1, position 1\) is outside .*\[0, 264\)"):
+      call(prompts, np.array([3, 2]))
+    call(np.array([[5, 9, 14], [8, 2, -7]]), np.array([3, 2]))  # -7 is padding: fine
+
+
 def test_bad_input_gives_clear_errors(target):
   key = jax.random.key(0)
   kwargs = dict(max_new_tokens=4, num_draft_tokens=2)

@@ -64,6 +64,7 @@ def check_prompts(
   max_new_tokens: int,
   cache_length: int | None,
   extra_slots: int = 0,
+  vocab_size: int | None = None,
 ) -> tuple[jax.Array, jax.Array, int]:
   """Validates a batch of right-padded prompts; returns them as int32 and the cache length.
 
@@ -73,6 +74,8 @@ def check_prompts(
     max_new_tokens: tokens to generate per row (>= 1).
     cache_length: slots per row; None picks T + max_new_tokens + extra_slots.
     extra_slots: slots a sampler needs beyond prompt + new tokens (drafts).
+    vocab_size: when given, every prompt token (up to its row's length) must be an id in
+      [0, vocab_size): an embedding lookup would silently clip an out-of-range id.
   """
   prompts = jnp.asarray(prompts, jnp.int32)
   prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
@@ -92,6 +95,16 @@ def check_prompts(
       raise ValueError(
         f"prompt_lengths must be in [1, {prompts.shape[1]}], got {lengths.tolist()}."
       )
+    if vocab_size is not None and not isinstance(prompts, jax.core.Tracer):
+      ids = np.asarray(prompts)
+      valid = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+      bad = valid & ((ids < 0) | (ids >= vocab_size))
+      if bad.any():
+        row, column = (int(i[0]) for i in np.nonzero(bad))
+        raise ValueError(
+          f"Prompt token id {int(ids[row, column])} (row {row}, position {column}) is outside "
+          f"the model's vocabulary [0, {vocab_size}): tokenize with the model's tokenizer."
+        )
   needed = prompts.shape[1] + max_new_tokens + extra_slots
   if cache_length is None:
     cache_length = needed
@@ -240,7 +253,7 @@ def generate(
   model_protocol.check_model(model)
   sampling = SamplingConfig(temperature, top_k, top_p)
   prompts, prompt_lengths, cache_length = check_prompts(
-    prompts, prompt_lengths, max_new_tokens, cache_length
+    prompts, prompt_lengths, max_new_tokens, cache_length, vocab_size=model.vocab_size
   )
   static, dynamic = model_protocol.split_model(model)
   loop = AutoregressiveLoop(

@@ -480,7 +480,12 @@ def speculative_generate(
     raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance!r}.")
   sampling = SamplingConfig(temperature, top_k, top_p)
   prompts, prompt_lengths, cache_length = check_prompts(
-    prompts, prompt_lengths, max_new_tokens, cache_length, extra_slots=num_draft_tokens + 1
+    prompts,
+    prompt_lengths,
+    max_new_tokens,
+    cache_length,
+    extra_slots=num_draft_tokens + 1,
+    vocab_size=target.vocab_size,
   )
   target_static, target_dynamic = model_protocol.split_model(target)
   drafter_static, drafter_dynamic = drafter.split()
