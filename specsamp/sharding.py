@@ -282,6 +282,13 @@ def state_shardings(state: nnx.State, mesh: Mesh, exclude: Sequence[str] = ()) -
   return jax.tree.map(sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def abstract_arrays(tree: Any, shardings: Any) -> Any:
+  """ShapeDtypeStructs of ``tree`` (arrays or structs) placed with ``shardings``."""
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class AbstractModel:
   """A model's structure, parameter shapes and their shardings, with nothing allocated.
@@ -298,9 +305,7 @@ class AbstractModel:
 
   def arrays(self) -> Any:
     """Shapes with their shardings: what a checkpoint restores into, shard by shard."""
-    return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), self.shapes, self.shardings
-    )
+    return abstract_arrays(self.shapes, self.shardings)
 
   def merge(self, params: Any) -> nnx.Module:
     """The module with ``params`` (a pure dict of arrays) as its parameters."""

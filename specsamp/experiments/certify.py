@@ -225,7 +225,7 @@ def model_config(num_layers: int = 2, tensor_parallel: str = "auto") -> Transfor
   )
 
 
-def _noisy_copy(model: Any, scale: float, seed: int) -> Any:
+def noisy_copy(model: Any, scale: float, seed: int) -> Any:
   """``model`` with Gaussian noise of ``scale`` x each tensor's std: a draft that agrees with
   the target often but not always. Keeps each parameter's sharding."""
   if isinstance(model, Trigram):
@@ -271,12 +271,12 @@ def make_setup(model: str, mesh_name: str) -> Setup:
     if mesh_name != "1":
       raise ValueError("The trigram pair runs on one device.")
     target = Trigram(1.5 * jax.random.normal(jax.random.key(10), (VOCAB + 1, VOCAB, VOCAB)))
-    return Setup(target, _noisy_copy(target, 0.5, seed=11), None)
+    return Setup(target, noisy_copy(target, 0.5, seed=11), None)
   if model != "transformer":
     raise ValueError(f"Unknown model {model!r}: 'trigram' or 'transformer'.")
   if mesh_name == "1":
     target = transformer.create(model_config(), seed=10)
-    return Setup(target, _noisy_copy(target, 0.6, seed=11), None)
+    return Setup(target, noisy_copy(target, 0.6, seed=11), None)
   if len(jax.devices()) < 8:
     raise ValueError(
       f"The 2x4 mesh needs 8 devices, found {len(jax.devices())}; on a CPU set "
@@ -284,7 +284,7 @@ def make_setup(model: str, mesh_name: str) -> Setup:
     )
   mesh = sharding.make_mesh({"data": 2, "tensor": 4}, jax.devices()[:8])
   target = transformer.create(model_config(tensor_parallel="shard_map"), mesh, seed=10)
-  return Setup(target, _noisy_copy(target, 0.6, seed=11), mesh)
+  return Setup(target, noisy_copy(target, 0.6, seed=11), mesh)
 
 
 def prompts(batch: str) -> tuple[np.ndarray, np.ndarray]:

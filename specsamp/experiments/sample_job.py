@@ -223,12 +223,12 @@ def report_json(report: SampleReport) -> dict[str, Any]:
   }
 
 
-def rows_jsonl(report: SampleReport, outputs: list[Any] | None = None) -> list[dict[str, Any]]:
+def rows_jsonl(report: SampleReport) -> list[dict[str, Any]]:
   """One record per prompt: its text, both continuations, and the speculative row's own
   statistics (tokens generated, iterations, tokens per target call, accepted-count
   histogram, draft tokens proposed)."""
   rows = []
-  for out in report.speculative.outputs if outputs is None else outputs:
+  for out in report.speculative.outputs:
     generated = np.asarray(out.num_generated)
     iterations = np.asarray(out.iterations)
     for b in range(len(generated)):

@@ -204,7 +204,7 @@ def block_verify(
   lengths_G = jnp.arange(1, h_BG.shape[1] + 1)
   # eta_i < h_i, strictly: a stop probability of 0 (a token outside p's support, a position
   # past the proposal) is never taken, whatever eta is drawn.
-  stop_BG = draws.bernoulli(stop_key, h_BG) & proposed_BG
+  stop_BG = draws.bernoulli(stop_key, h_BG)
   tau_B = jnp.max(jnp.where(stop_BG, lengths_G, 0), axis=1)
   return _emit(emit_key, tau_B, p_BG1V, q_BGV, _at(weights_BG1, tau_B))
 

@@ -32,13 +32,6 @@ def default_mesh() -> jax.sharding.Mesh:
   return sharding.make_mesh({"data": -1})
 
 
-def abstract_arrays(tree: Any, shardings: Any) -> Any:
-  """ShapeDtypeStructs of ``tree`` (arrays or structs) placed with ``shardings``."""
-  return jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-  )
-
-
 class Checkpoints:
   """A directory of numbered checkpoint steps, managed by orbax's CheckpointManager."""
 

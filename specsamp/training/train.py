@@ -200,7 +200,7 @@ class Trainer:
     self.state_shardings = TrainState(
       step=replicated, params=self.param_shardings, opt_state=opt_shardings
     )
-    self.abstract_state = checkpoint.abstract_arrays(
+    self.abstract_state = sharding.abstract_arrays(
       TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt
       ),
