@@ -9,7 +9,9 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS above)
+import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "configs"))
@@ -34,7 +36,11 @@ def tiny_model():
 
 def perturbed(model, scale: float, seed: int):
   """A copy of ``model`` with Gaussian noise of ``scale`` x each tensor's std added: a draft
-  that agrees with its target often but not always (the certificate's ``noisy_copy``)."""
-  from specsamp.experiments.certify import noisy_copy
-
-  return noisy_copy(model, scale, seed)
+  that agrees with its target often but not always."""
+  graphdef, state = nnx.split(model)
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [
+    x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)
+  ]
+  return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
