@@ -43,6 +43,9 @@ def get_config(arg=None):
   config.drafters = "token,none,synthetic"  # Draft distillation modes, and 'synthetic'.
   config.synthetic_acceptance = 0.8  # The synthetic drafter's acceptance probability.
 
+  # 'held_out' (num_prompts windows of prompt_tokens), 'text:TEXT', 'file:PATH' or 'humaneval':
+  # as code_pair's sampling.prompt_source (flags --prompt, --prompts_file, --humaneval).
+  config.prompt_source = "held_out"
   config.num_prompts = 16  # Held-out prompts; calls cycle through them in batches.
   config.prompt_tokens = 32  # Tokens per prompt.
   config.max_new_tokens = 64  # Tokens generated per row and call.

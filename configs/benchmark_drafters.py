@@ -37,6 +37,9 @@ def get_config(arg=None):
   config.confidence_threshold = 0.4  # model_confident's stop (HF's default).
   config.lookup_max_ngram = 3  # Prompt lookup tries 3-, 2-, then 1-grams.
 
+  # 'held_out' (num_prompts windows of prompt_tokens), 'text:TEXT', 'file:PATH' or 'humaneval':
+  # as code_pair's sampling.prompt_source (flags --prompt, --prompts_file, --humaneval).
+  config.prompt_source = "held_out"
   config.num_prompts = 8  # Held-out prompts (batch 1, one per call).
   config.prompt_tokens = 64  # Tokens per prompt.
   config.repeat_tokens = 8  # grounded: how much of the window's start is repeated.

@@ -77,7 +77,11 @@ def get_config(arg=None):
     raise ValueError(f"configs/code_pair.py: unknown variant {arg!r}; use one of {VARIANTS}.")
   config = ml_collections.ConfigDict()
   config.name = f"code_pair_{variant}" if variant != "cpu" else "code_pair"  # Default workdir.
-  config.seed = 0  # Init, data order and sampling seed.
+  # Training seed: initialisation, data order, the tokenizer's sample and the file split.
+  config.seed = 0
+  # Which checkpoint step a workdir stage or a checkpoint loads: 'latest', or 'latest_intact' (a
+  # corrupt newest step is moved aside to <dir>.corrupt/<step> and the previous one is read).
+  config.resume_from = "latest"
 
   config.data = ml_collections.ConfigDict()
   config.data.corpus = ""  # '' = this Python's standard library source; else comma-separated globs.
@@ -113,6 +117,8 @@ def get_config(arg=None):
   config.mesh.rules = ""  # Sharding rule overrides, e.g. "embed=none" (sharding.parse_rules).
 
   config.sampling = ml_collections.ConfigDict()
+  config.sampling.seed = 0  # The sampling key: batch i samples with fold_in(key(seed), i).
+  config.sampling.prompt_seed = 0  # Which held-out windows are the prompts.
   config.sampling.num_prompts = 8  # Held-out prompts sampled (batches of batch_size rows).
   config.sampling.batch_size = 1  # Rows per call; 1 is the paper's latency setting.
   config.sampling.prompt_tokens = 32  # Tokens of each held-out prompt.

@@ -8,21 +8,26 @@ r"""Benchmarks autoregressive vs speculative sampling on the default pair (confi
 Trains the pair first if --workdir lacks it. Writes results.json, results.csv,
 summary.md (Markdown tables) and the PNG figures into config.output_dir, and
 prints one line per setting.
-Then run scripts/perf_model.py --results=<output_dir>/results.json.
+--prompt, --prompts_file or --humaneval time those prompts instead of held-out windows
+(config.prompt_source). Then run scripts/perf_model.py --results=<output_dir>/results.json.
 """
 
 from absl import flags
-from ml_collections import config_flags
 
 from specsamp.experiments import benchmark, cli, plots
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/benchmark.py", "Benchmark config.")
+_CONFIG = cli.define_config("config", "configs/benchmark.py", "Benchmark config.")
+_PROMPTS = cli.define_prompt_flags()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Pair cache; default workdir/<pair name>.")
+
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
 
 def main(argv):
   cli.start(argv)
   config = _CONFIG.value
+  if _PROMPTS.source():
+    config.prompt_source = _PROMPTS.source()
   results = benchmark.run(config, _WORKDIR.value, log=lambda line: print(line, flush=True))
   summary = benchmark.summary_tables(results)
   with open(f"{config.output_dir}/summary.md", "w") as f:

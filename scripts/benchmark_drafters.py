@@ -8,23 +8,27 @@ adaptive draft length, on held-out code and on an input-grounded task.
 Prepares (or loads) the pair, then for each setting times autoregressive and
 speculative sampling at batch 1 and prints speedup, tokens per target call,
 mean draft length and acceptance; writes results.json (resumable) and
-summary.md to --config.output_dir.
+summary.md to --config.output_dir. --prompt, --prompts_file or --humaneval sample those
+prompts instead of held-out windows (config.prompt_source).
 """
 
 from absl import flags
-from ml_collections import config_flags
 
 from specsamp.experiments import benchmark_drafters, cli
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config", "configs/benchmark_drafters.py", "Comparison config."
-)
+_CONFIG = cli.define_config("config", "configs/benchmark_drafters.py", "Comparison config.")
+_PROMPTS = cli.define_prompt_flags()
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<pair name>.")
+
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
 
 def main(argv):
   cli.start(argv)
-  benchmark_drafters.run(_CONFIG.value, _WORKDIR.value)
+  config = _CONFIG.value
+  if _PROMPTS.source():
+    config.prompt_source = _PROMPTS.source()
+  benchmark_drafters.run(config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ _LEVEL = flags.DEFINE_float("level", 1e-4, "Each G-test's false-rejection probab
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (case i uses seed + i).")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the table (Markdown) to this file.")
 
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
+
 
 def main(argv):
   cli.start(argv)

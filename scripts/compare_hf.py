@@ -16,12 +16,11 @@ import json
 import os
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from specsamp.experiments import cli, compare_hf
 from specsamp.experiments import pair as pair_lib
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config.")
+_CONFIG = cli.define_config("config", "configs/code_pair.py", "Pair config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<config name>.")
 _MODES = flags.DEFINE_list("modes", ["greedy", "nucleus"], f"Any of {sorted(compare_hf.MODES)}.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Default: config.sampling.max_new_tokens.")
@@ -29,6 +28,8 @@ _K = flags.DEFINE_integer(
   "num_draft_tokens", None, "K; default config.speculative.num_draft_tokens."
 )
 _OUTPUT = flags.DEFINE_string("output", None, "JSON results; default <workdir>/compare_hf.json.")
+
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
 
 def main(argv):

@@ -44,6 +44,9 @@ def _find_tokenizer(checkpoint: str) -> str | None:
   return None
 
 
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
+
+
 def main(argv):
   cli.start(argv)
   checkpoint = os.path.expanduser(_CHECKPOINT.value)

@@ -33,6 +33,8 @@ _DATA = flags.DEFINE_integer("mesh_data", -1, "Data-parallel axis (-1: the devic
 _FSDP = flags.DEFINE_integer("mesh_fsdp", 1, "FSDP axis (parameters sharded along d_model).")
 _TENSOR = flags.DEFINE_integer("mesh_tensor", 1, "Tensor-parallel axis.")
 
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
+
 
 def main(argv):
   cli.start(argv)

@@ -12,13 +12,12 @@ assumptions: specsamp/experiments/perf_model.py.
 import json
 
 from absl import flags
-from ml_collections import config_flags
 
 from specsamp.experiments import cli, perf_model, perf_report
 from specsamp.models.config import TransformerConfig
 
-_TARGET = config_flags.DEFINE_config_file("target", "configs/chinchilla_70b.py", "Target config.")
-_DRAFT = config_flags.DEFINE_config_file("draft", "configs/chinchilla_4b.py", "Draft config.")
+_TARGET = cli.define_config("target", "configs/chinchilla_70b.py", "Target config.")
+_DRAFT = cli.define_config("draft", "configs/chinchilla_4b.py", "Draft config.")
 _RESULTS = flags.DEFINE_string("results", None, "A benchmark results.json to calibrate on.")
 _HARDWARE = flags.DEFINE_enum(
   "hardware", None, sorted(perf_model.PRESETS), "Recommend K for the target/draft on this hardware."
@@ -30,6 +29,8 @@ _CACHE = flags.DEFINE_integer("cache_length", 1024, "KV cache slots (with --hard
 _ETA = flags.DEFINE_float("eta", None, "Roofline efficiency; default: the paper calibration's.")
 _TAU = flags.DEFINE_float("tau_ms", None, "Per-call overhead; default: the paper calibration's.")
 _JSON = flags.DEFINE_string("json", None, "Also write everything printed as JSON here.")
+
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
 
 def main(argv):

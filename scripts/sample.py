@@ -26,13 +26,7 @@ from absl import flags
 from specsamp.experiments import cli, sample_job
 
 _PAIR = cli.define_pair_flags()
-_PROMPT = flags.DEFINE_string("prompt", None, "Sample this prompt (sets prompt_source=text:...).")
-_PROMPTS_FILE = flags.DEFINE_string(
-  "prompts_file",
-  None,
-  "Sample the prompts of this file: JSONL with 'prompt' fields, or one per line.",
-)
-_HUMANEVAL = flags.DEFINE_bool("humaneval", False, "Sample HumanEval's 164 prompts (the paper's).")
+_PROMPTS = cli.define_prompt_flags()
 _OUTPUT_JSONL = flags.DEFINE_string(
   "output_jsonl", None, "Write each prompt's continuations and statistics here, one JSON per line."
 )
@@ -43,20 +37,14 @@ _OUTPUT = flags.DEFINE_string(
   "texts, statistics, timings) as JSON to this file (process 0).",
 )
 
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
+
 
 def main(argv):
   cli.start(argv)
   config = _PAIR.pair_config()
-  sources = [
-    (_PROMPT.value is not None, f"text:{_PROMPT.value}"),
-    (_PROMPTS_FILE.value is not None, f"file:{_PROMPTS_FILE.value}"),
-    (_HUMANEVAL.value, "humaneval"),
-  ]
-  chosen = [source for given, source in sources if given]
-  if len(chosen) > 1:
-    raise ValueError("--prompt, --prompts_file and --humaneval: give at most one.")
-  if chosen:
-    config.sampling.prompt_source = chosen[0]
+  if _PROMPTS.source():
+    config.sampling.prompt_source = _PROMPTS.source()
   report = sample_job.run(config, _PAIR.workdir.value)
   print(sample_job.format_report(report), flush=True)
   if _OUTPUT.value and jax.process_index() == 0:

@@ -26,6 +26,8 @@ _DRAFTS = flags.DEFINE_list(
   "(none, token, sequence); default the config's draft.train.distill.mode.",
 )
 
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
+
 
 def main(argv):
   cli.start(argv)

@@ -68,5 +68,6 @@ def test_held_out_prompts_come_from_the_prompt_files(tmp_path):
   joined = ",".join(map(str, codes))
   for row in prompts:
     assert ",".join(map(str, row)) in joined
-  with pytest.raises(ValueError, match="fewer than"):
+  longest = max(len(p.read_text()) for p in tmp_path.iterdir())  # One token per character.
+  with pytest.raises(ValueError, match=f"fewer than 2 windows.*can be at most {longest}"):
     data.held_out_prompts(_CharTokenizer(), paths, num_prompts=2, prompt_tokens=10_000)

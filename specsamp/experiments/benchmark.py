@@ -42,6 +42,7 @@ import numpy as np
 from specsamp import sharding
 from specsamp.experiments import pair as pair_lib
 from specsamp.experiments import perf_model, speedup, timing
+from specsamp.experiments import prompts as prompts_lib
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, speculative
@@ -108,7 +109,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if num_draft_tokens < 1:
       raise ValueError(f"num_draft_tokens must all be >= 1, got {num_draft_tokens}.")
   for b in parse_list(config.batch_sizes, int):
-    if b < 1 or config.num_prompts % b:
+    if b < 1 or (config.prompt_source == "held_out" and config.num_prompts % b):
       raise ValueError(f"Every batch size must divide num_prompts={config.num_prompts}; got {b}.")
   if not set(parse_list(config.verifiers)) <= {"token", "block"}:
     raise ValueError(f"verifiers must be 'token' and/or 'block', got {config.verifiers!r}.")
@@ -177,6 +178,8 @@ def fingerprint(config: ml_collections.ConfigDict, extra_fields: tuple[str, ...]
     "max_new_tokens": config.max_new_tokens,
     **{name: config[name] for name in extra_fields},
   }
+  if config.prompt_source != "held_out":  # Held-out records keep their earlier fingerprints.
+    identity["prompt_source"] = config.prompt_source
   return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -254,6 +257,7 @@ def pair_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   pair = ml_collections.ConfigDict(config.pair.to_dict())
   pair.sampling.num_prompts = config.num_prompts
   pair.sampling.prompt_tokens = config.prompt_tokens
+  pair.sampling.prompt_source = config.prompt_source
   return pair
 
 
@@ -288,9 +292,10 @@ def run(
     pair_section.draft.train.distill.mode
   ]
   pair = pair_lib.prepare(pair_section, workdir, draft_modes=model_drafters, log=log)
-  prompts = pair.prompts
+  prompts = prompts_lib.of_pair(pair, config.prompt_source)
   max_new = config.max_new_tokens
-  cache_slots = prompts.shape[1] + max_new + max(parse_list(config.num_draft_tokens, int)) + 1
+  max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))
+  cache_slots = prompts.tokens.shape[1] + max_new + max_num_draft_tokens + 1
   key = jax.random.key(config.seed)
 
   def with_mesh(fn):
@@ -310,8 +315,7 @@ def run(
   for mode in parse_list(config.modes):
     warp = MODES[mode]
     for batch_size in parse_list(config.batch_sizes, int):
-      batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-      lengths = np.full((batch_size,), prompts.shape[1], np.int32)
+      batches = prompts_lib.batches(prompts, batch_size)
       common = dict(
         max_new_tokens=max_new,
         temperature=warp["temperature"],
@@ -344,7 +348,7 @@ def run(
                 "autoregressive",
                 with_mesh(
                   lambda b, seed: autoregressive.generate(
-                    pair.target, b, lengths, jax.random.fold_in(key, seed), **common
+                    pair.target, *b, jax.random.fold_in(key, seed), **common
                   )
                 ),
                 batches,
@@ -359,8 +363,7 @@ def run(
                 lambda b, seed: speculative.speculative_generate(
                   pair.target,
                   draft,
-                  b,
-                  lengths,
+                  *b,
                   jax.random.fold_in(key, seed),
                   num_draft_tokens=num_draft_tokens,
                   verifier=verifier,

@@ -36,6 +36,7 @@ import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments import pair as pair_lib
+from specsamp.experiments import prompts as prompts_lib
 from specsamp.experiments.benchmark import (
   MODES,
   Store,
@@ -50,13 +51,21 @@ from specsamp.sampling import autoregressive, drafters, speculative
 TASKS = ("continue", "grounded")
 
 
-def grounded_prompts(prompts: np.ndarray, repeat_tokens: int) -> np.ndarray:
-  """Each window W of ``prompts`` as W[:L - r] + W[:r] (L the prompt length, r =
-  ``repeat_tokens``): the code, then its beginning again, to be continued by copying."""
-  length = prompts.shape[1]
-  if not 0 < repeat_tokens < length // 2:
-    raise ValueError(f"repeat_tokens must be in (0, {length // 2}), got {repeat_tokens}.")
-  return np.concatenate([prompts[:, : length - repeat_tokens], prompts[:, :repeat_tokens]], axis=1)
+def grounded_prompts(prompts: prompts_lib.Prompts, repeat_tokens: int) -> prompts_lib.Prompts:
+  """Each prompt W of length L as W[:L - r] + W[:r] (r = ``repeat_tokens``): the code, then
+  its beginning again, to be continued by copying. Lengths are kept."""
+  shortest = int(prompts.lengths.min())
+  if not 0 < repeat_tokens < shortest // 2:
+    raise ValueError(
+      f"repeat_tokens must be in (0, {shortest // 2}) for prompts of {shortest} tokens or more, "
+      f"got {repeat_tokens}."
+    )
+  tokens = prompts.tokens.copy()
+  for row, length in enumerate(prompts.lengths):
+    window = prompts.tokens[row, :length]
+    repeated = [window[: length - repeat_tokens], window[:repeat_tokens]]
+    tokens[row, :length] = np.concatenate(repeated)
+  return prompts_lib.Prompts(tokens, prompts.lengths.copy())
 
 
 def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters.Drafter:
@@ -91,14 +100,11 @@ def run(
   pair = pair_lib.prepare(pair_config(config), workdir, log=log)
   names = parse_list(config.drafters)
   built = {name: make_drafter(name, pair, config) for name in names}
-  tasks = {
-    "continue": pair.prompts,
-    "grounded": grounded_prompts(pair.prompts, config.repeat_tokens),
-  }
+  prompts = prompts_lib.of_pair(pair, config.prompt_source)
+  tasks = {"continue": prompts, "grounded": grounded_prompts(prompts, config.repeat_tokens)}
   key = jax.random.key(config.seed)
   max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))
-  cache_slots = config.prompt_tokens + config.max_new_tokens + max_num_draft_tokens + 1
-  lengths = np.full((1,), config.prompt_tokens, np.int32)
+  cache_slots = prompts.tokens.shape[1] + config.max_new_tokens + max_num_draft_tokens + 1
 
   def sampler(fn):
     def sample(batch, seed):
@@ -108,7 +114,7 @@ def run(
     return sample
 
   for task in parse_list(config.tasks):
-    batches = [row[None] for row in tasks[task]]  # Batch 1: the latency setting.
+    batches = prompts_lib.batches(tasks[task], 1)  # Batch 1: the latency setting.
     for mode in parse_list(config.modes):
       warp = dict(MODES[mode], max_new_tokens=config.max_new_tokens, pad_id=pair.tokenizer.pad_id)
       ar = None
@@ -128,9 +134,7 @@ def run(
             if ar is None:
               ar = time_sampler(
                 "autoregressive",
-                sampler(
-                  lambda b, rng: autoregressive.generate(pair.target, b, lengths, rng, **warp)
-                ),
+                sampler(lambda b, rng: autoregressive.generate(pair.target, *b, rng, **warp)),
                 batches,
                 config.calls,
               )
@@ -140,8 +144,7 @@ def run(
                 lambda b, rng: speculative.speculative_generate(
                   pair.target,
                   built[name],
-                  b,
-                  lengths,
+                  *b,
                   rng,
                   num_draft_tokens=num_draft_tokens,
                   schedule=schedule,

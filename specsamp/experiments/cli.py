@@ -15,12 +15,15 @@ built from the config spans the whole slice.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 from absl import app, flags, logging
+
+import specsamp
 
 _DISTRIBUTED = flags.DEFINE_enum(
   "distributed",
@@ -124,22 +127,39 @@ class PairFlags:
   config: Any
   corpus: flags.FlagHolder
   workdir: flags.FlagHolder
+  resume: flags.FlagHolder
 
   def pair_config(self) -> Any:
-    """The pair config, with --corpus applied."""
+    """The pair config, with --corpus and --resume applied."""
     config = self.config.value
     if self.corpus.value is not None:
       config.data.corpus = self.corpus.value
+    if self.resume.value is not None:
+      config.resume_from = self.resume.value
     return config
+
+
+def define_config(name: str, default: str, title: str) -> flags.FlagHolder:
+  """A config-file flag whose ``--help`` lists every field of the default config, its value
+  and its comment (``config_files.describe``)."""
+  from ml_collections import config_flags
+
+  from specsamp.experiments import config_files
+
+  path = default.split(":")[0]
+  if not os.path.isfile(path):  # Run from elsewhere than the repository root.
+    path = os.path.join(os.path.dirname(specsamp.__file__), os.pardir, path)
+  help_text = f"{title} Override any field with --{name}.<field>=<value>."
+  if os.path.isfile(path):
+    help_text += f" The fields of {default}:\n" + config_files.describe(path)
+  return config_flags.DEFINE_config_file(name, default, help_text)
 
 
 def define_pair_flags() -> PairFlags:
   """--config (a pair config, default configs/code_pair.py), --corpus and --workdir: define
   them at a script's import, as absl wants."""
-  from ml_collections import config_flags
-
   return PairFlags(
-    config=config_flags.DEFINE_config_file("config", "configs/code_pair.py", "Pair config."),
+    config=define_config("config", "configs/code_pair.py", "Pair config."),
     corpus=flags.DEFINE_string(
       "corpus",
       None,
@@ -147,4 +167,50 @@ def define_pair_flags() -> PairFlags:
       "Default: this Python's standard library source.",
     ),
     workdir=flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<name>."),
+    resume=flags.DEFINE_enum(
+      "resume",
+      None,
+      ["latest", "latest_intact"],
+      "Sets config.resume_from: latest_intact moves a corrupt newest checkpoint step aside "
+      "(to <dir>.corrupt/<step>) and loads or resumes from the previous one.",
+    ),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFlags:
+  """--prompt, --prompts_file and --humaneval (``define_prompt_flags``)."""
+
+  prompt: flags.FlagHolder
+  prompts_file: flags.FlagHolder
+  humaneval: flags.FlagHolder
+
+  def source(self) -> str | None:
+    """The prompt source the flags name ('text:...', 'file:...', 'humaneval'), or None."""
+    chosen = [
+      source
+      for given, source in (
+        (self.prompt.value is not None, f"text:{self.prompt.value}"),
+        (self.prompts_file.value is not None, f"file:{self.prompts_file.value}"),
+        (self.humaneval.value, "humaneval"),
+      )
+      if given
+    ]
+    if len(chosen) > 1:
+      raise ValueError("--prompt, --prompts_file and --humaneval: give at most one.")
+    return chosen[0] if chosen else None
+
+
+def define_prompt_flags() -> PromptFlags:
+  """The prompt-source flags of the sample and benchmark scripts (``experiments/prompts.py``)."""
+  return PromptFlags(
+    prompt=flags.DEFINE_string("prompt", None, "Sample this prompt (prompt source text:...)."),
+    prompts_file=flags.DEFINE_string(
+      "prompts_file",
+      None,
+      "Sample the prompts of this file: JSONL with 'prompt' fields, or one per line.",
+    ),
+    humaneval=flags.DEFINE_bool(
+      "humaneval", False, "Sample HumanEval's 164 prompts (the paper's code benchmark)."
+    ),
   )

@@ -128,9 +128,11 @@ def load_corpus(
   )
 
 
-def _load_checkpoint(name: str, path: str, tokenizer: Tokenizer, mesh, log: Callable[[str], None]):
+def _load_checkpoint(
+  name: str, path: str, tokenizer: Tokenizer, mesh, resume: str, log: Callable[[str], None]
+):
   """A model from a checkpoint given in the config, checked against the tokenizer."""
-  model, _ = checkpoint.load_model(path, mesh, tokenizer=tokenizer, role=name)
+  model, _ = checkpoint.load_model(path, mesh, tokenizer=tokenizer, role=name, resume=resume)
   log(f"{name}: loaded {model.config.num_layers} layers x {model.config.d_model} from {path}")
   return model
 
@@ -149,10 +151,11 @@ def _train_model(
   seed: int,
   data_config: dict,
   teacher=None,
+  resume: str = "latest",
   log: Callable[[str], None] = print,
 ):
   if section.get("checkpoint"):
-    return _load_checkpoint(name, section.checkpoint, tokenizer, mesh, log)
+    return _load_checkpoint(name, section.checkpoint, tokenizer, mesh, resume, log)
   model_cfg = model_config(section, tokenizer)
   train_cfg = train.TrainConfig.from_config(section.train)
   # What the checkpoint must match to be reused: model, tokenizer and the data it was trained on.
@@ -161,13 +164,25 @@ def _train_model(
     "tokenizer": tokenizer.fingerprint,
     "data": data_config,
   }
-  store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints)
+  store = checkpoint.Checkpoints(
+    directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
+  )
   latest = store.latest_step()
   if latest is not None and latest >= train_cfg.steps:
-    model, _ = checkpoint.load_model(directory, mesh, config=model_cfg, expected_meta=meta)
-    log(f"{name}: loaded step {latest} from {directory}")
-    return model
+    model, saved = checkpoint.load_model(
+      directory, mesh, config=model_cfg, expected_meta=meta, resume=resume
+    )
+    if saved["step"] >= train_cfg.steps:
+      log(f"{name}: loaded step {saved['step']} from {directory}")
+      return model
+    # The finished step was corrupt and moved aside: train on from the intact one.
+    latest = saved["step"]
+    store = checkpoint.Checkpoints(
+      directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
+    )
   if latest is None:
+    if os.path.isdir(directory):  # A workdir stage is a cache: empty means not trained yet.
+      log(f"{name}: {directory} holds no checkpoint; training from scratch")
     log(
       f"{name}: training {model_cfg.num_layers} x {model_cfg.d_model} "
       f"({_parameters(model_cfg) / 1e6:.1f}M "
@@ -233,11 +248,14 @@ def prepare(
     target_dir,
     config.seed,
     config.data.to_dict(),
+    resume=config.resume_from,
     log=log,
   )
   drafts = {}
   if config.draft.get("checkpoint"):
-    drafts["checkpoint"] = _load_checkpoint("draft", config.draft.checkpoint, tokenizer, mesh, log)
+    drafts["checkpoint"] = _load_checkpoint(
+      "draft", config.draft.checkpoint, tokenizer, mesh, config.resume_from, log
+    )
     model_protocol.check_same_vocabulary(target, drafts["checkpoint"])
   for mode in [] if drafts else (draft_modes or [config.draft.train.distill.mode]):
     section = ml_collections.ConfigDict(config.draft.to_dict())
@@ -253,6 +271,7 @@ def prepare(
       config.seed + 1,
       config.data.to_dict(),
       teacher=target,
+      resume=config.resume_from,
       log=log,
     )
   prompts = data.held_out_prompts(
@@ -260,7 +279,7 @@ def prepare(
     split.prompts,
     config.sampling.num_prompts,
     config.sampling.prompt_tokens,
-    config.seed,
+    config.sampling.prompt_seed,
   )
   return Pair(tokenizer=tokenizer, target=target, drafts=drafts, prompts=prompts, mesh=mesh)
 

@@ -85,6 +85,28 @@ def texts_of(source: str) -> list[str]:
   return texts
 
 
+def of_pair(pair: Any, source: str = "held_out") -> Prompts:
+  """The prompts of ``source`` for a prepared pair (``pair.prepare``): its held-out windows, or
+  the source's texts encoded with the pair's tokenizer."""
+  if source == "held_out":
+    return Prompts(pair.prompts, np.full(len(pair.prompts), pair.prompts.shape[1], np.int32))
+  return encode(texts_of(source), pair.tokenizer)
+
+
+def batches(prompts: Prompts, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+  """(tokens, lengths) of consecutive batches of ``batch_size`` rows; it must divide the
+  number of prompts."""
+  if batch_size < 1 or len(prompts) % batch_size:
+    raise ValueError(
+      f"A batch size of {batch_size} must divide the {len(prompts)} prompts: pick another "
+      "batch size or number of prompts."
+    )
+  return [
+    (prompts.tokens[i : i + batch_size], prompts.lengths[i : i + batch_size])
+    for i in range(0, len(prompts), batch_size)
+  ]
+
+
 def encode(texts: list[str], tokenizer: Any) -> Prompts:
   """Tokenized and right-padded prompts."""
   ids = [tokenizer.encode(text) for text in texts]

@@ -108,6 +108,22 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       "must be an int >= 1 (K)",
     ),
     (
+      "speculative.num_draft_tokens",
+      spec.num_draft_tokens,
+      not (_is_int(spec.num_draft_tokens) and _is_int(s.max_new_tokens))
+      or spec.num_draft_tokens <= s.max_new_tokens,
+      f"must be <= sampling.max_new_tokens ({s.max_new_tokens}): a row never uses more than "
+      "max_new_tokens - 1 draft tokens",
+    ),
+    ("sampling.seed", s.seed, _is_int(s.seed), "must be an int"),
+    ("sampling.prompt_seed", s.prompt_seed, _is_int(s.prompt_seed), "must be an int"),
+    (
+      "sampling.prompt_tokens",
+      s.prompt_tokens,
+      _is_int(s.prompt_tokens) and s.prompt_tokens >= 1,
+      "must be an int >= 1",
+    ),
+    (
       "speculative.verifier",
       spec.verifier,
       spec.verifier in speculative.EXACT_VERIFIERS,
@@ -119,6 +135,26 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"--config.{path}={value!r}: {allowed}")
 
 
+def context_warnings(config: ml_collections.ConfigDict, longest_prompt: int) -> list[str]:
+  """Warnings for rows that run past what a trained model saw: prompt + max_new_tokens beyond
+  its ``train.seq_len`` (models loaded from a checkpoint do not record theirs)."""
+  reach = longest_prompt + config.sampling.max_new_tokens
+  warnings = []
+  for name in ("target", "draft"):
+    section = config[name]
+    if section.get("checkpoint"):
+      continue
+    context = section.train.seq_len
+    if reach > context:
+      warnings.append(
+        f"prompts of up to {longest_prompt} tokens + max_new_tokens="
+        f"{config.sampling.max_new_tokens} reach position {reach}, {reach / context:.1f}x the "
+        f"{name}'s training context of {context} tokens (--config.{name}.train.seq_len); "
+        "quality past it is whatever RoPE extrapolation gives"
+      )
+  return warnings
+
+
 def run(
   config: ml_collections.ConfigDict, workdir: str | None = None, log: Callable[[str], None] = print
 ) -> SampleReport:
@@ -126,18 +162,18 @@ def run(
   check_settings(config)
   s, num_draft_tokens = config.sampling, config.speculative.num_draft_tokens
   source = s.get("prompt_source", "held_out")
-  texts = None if source == "held_out" else prompts_lib.texts_of(source)
+  if source != "held_out":
+    prompts_lib.texts_of(source)  # A missing prompt file fails before anything trains.
   pair = pair_lib.prepare(config, workdir, log=log)
   tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
-  if texts is None:
-    prompts = prompts_lib.Prompts(pair.prompts, np.full(len(pair.prompts), pair.prompts.shape[1]))
-  else:
-    prompts = prompts_lib.encode(texts, tokenizer)
+  prompts = prompts_lib.of_pair(pair, source)
   if len(prompts) % s.batch_size:
     raise ValueError(
       f"--config.sampling.batch_size={s.batch_size}: must divide the {len(prompts)} prompts of "
       f"{source}."
     )
+  for warning in context_warnings(config, int(prompts.lengths.max())):
+    log(f"warning: {warning}")
   common = dict(
     max_new_tokens=s.max_new_tokens,
     temperature=s.temperature,
@@ -146,7 +182,7 @@ def run(
     eos_id=tokenizer.eos_id if s.use_eos else None,
     pad_id=tokenizer.pad_id,
   )
-  key = jax.random.key(config.seed)
+  key = jax.random.key(s.seed)
 
   # Batch i samples with fold_in(key, i) in both samplers.
   def sample_autoregressive(batch, index):
@@ -169,10 +205,7 @@ def run(
     f"sampling {len(prompts)} {source} prompts of {prompts.lengths.min()}-"
     f"{prompts.lengths.max()} tokens, {s.max_new_tokens} new tokens each, {s.batch_size} per call"
   )
-  batches = [
-    (prompts.tokens[i : i + s.batch_size], prompts.lengths[i : i + s.batch_size])
-    for i in range(0, len(prompts), s.batch_size)
-  ]
+  batches = prompts_lib.batches(prompts, s.batch_size)
   ar = timing.time_sampler("autoregressive", sample_autoregressive, batches)
   sps = timing.time_sampler("speculative", sample_speculative, batches)
   tokens = {"autoregressive": _generated(ar.outputs), "speculative": _generated(sps.outputs)}
@@ -181,7 +214,7 @@ def run(
     target, draft, s.batch_size, num_draft_tokens, cache_length, pair.mesh
   )
   texts = {
-    "prompt": texts or [tokenizer.decode(p) for p in prompts.rows()],
+    "prompt": [tokenizer.decode(p) for p in prompts.rows()],
     **{name: [tokenizer.decode(t) for t in ids] for name, ids in tokens.items()},
   }
   return SampleReport(
@@ -201,7 +234,8 @@ def run(
       "verifier": config.speculative.verifier,
       "batch_size": s.batch_size,
       "max_new_tokens": s.max_new_tokens,
-      "seed": config.seed,
+      "seed": s.seed,
+      "prompt_seed": s.prompt_seed,
     },
   )
 

@@ -22,7 +22,7 @@ import numpy as np
 from flax import struct
 
 from specsamp import sharding
-from specsamp.sampling import model_protocol
+from specsamp.sampling import memory, model_protocol
 from specsamp.sampling.warping import SamplingConfig, sample
 
 
@@ -254,6 +254,10 @@ def generate(
   sampling = SamplingConfig(temperature, top_k, top_p)
   prompts, prompt_lengths, cache_length = check_prompts(
     prompts, prompt_lengths, max_new_tokens, cache_length, vocab_size=model.vocab_size
+  )
+  memory.check_fits(
+    {"KV cache": memory.cache_bytes(model, prompts.shape[0], cache_length)},
+    f"{prompts.shape[0]} rows x {cache_length} cache slots",
   )
   static, dynamic = model_protocol.split_model(model)
   loop = AutoregressiveLoop(

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specsamp.sampling import model_protocol
+from specsamp.sampling import memory, model_protocol
 from specsamp.sampling.autoregressive import prefill
 from specsamp.sampling.verification import sample_from
 from specsamp.sampling.warping import SamplingConfig, probabilities
@@ -98,6 +98,11 @@ class Drafter:
   def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
     raise NotImplementedError
 
+  def state_bytes(self, batch_size: int, cache_length: int) -> int:
+    """Bytes of the state ``init`` allocates (a draft model's KV cache), for the memory check
+    the sampler runs before allocating."""
+    return 0
+
   def propose(
     self,
     state,
@@ -136,6 +141,9 @@ class ModelDrafter(Drafter):
     model_protocol.check_same_vocabulary(target, self.model)
     if not 0.0 <= self.confidence_threshold < 1.0:
       raise ValueError(f"confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
+
+  def state_bytes(self, batch_size: int, cache_length: int) -> int:
+    return memory.cache_bytes(self.model, batch_size, cache_length)
 
   def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
     batch = prompts_BT.shape[0]

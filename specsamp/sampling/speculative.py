@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any
 
 import jax
@@ -39,7 +40,7 @@ import numpy as np
 from flax import struct
 
 from specsamp import sharding
-from specsamp.sampling import drafters, model_protocol, verification
+from specsamp.sampling import drafters, memory, model_protocol, verification
 from specsamp.sampling.autoregressive import (
   GenerationOutput,
   check_prompts,
@@ -487,6 +488,27 @@ def speculative_generate(
     extra_slots=num_draft_tokens + 1,
     vocab_size=target.vocab_size,
   )
+  if num_draft_tokens > max_new_tokens:
+    warnings.warn(
+      f"num_draft_tokens={num_draft_tokens} > max_new_tokens={max_new_tokens}: a row never "
+      f"drafts more than max_new_tokens - 1 = {max_new_tokens - 1} tokens, so the rest of K only "
+      "enlarges the buffers.",
+      stacklevel=2,
+    )
+  batch_size = prompts.shape[0]
+  shape = f"{batch_size} rows x {cache_length} cache slots with K={num_draft_tokens}"
+  memory.check_fits(
+    {
+      "target KV cache": memory.cache_bytes(target, batch_size, cache_length),
+      "drafter state": drafter.state_bytes(batch_size, cache_length),
+      # q of K draft tokens and p of K + 1 positions, float32 over the vocabulary.
+      "draft and target distributions": batch_size
+      * (2 * num_draft_tokens + 1)
+      * target.vocab_size
+      * 4,
+    },
+    shape,
+  )
   target_static, target_dynamic = model_protocol.split_model(target)
   drafter_static, drafter_dynamic = drafter.split()
   loop = SpeculativeLoop(
@@ -501,15 +523,21 @@ def speculative_generate(
     pad_id=int(pad_id),
     cache_length=cache_length,
   )
-  out = loop(
-    target_dynamic,
-    drafter_dynamic,
-    prompts,
-    prompt_lengths,
-    rng,
-    jnp.float32(synthetic_acceptance or 0.0),
-  )
-  if check_nan and bool(jnp.any(out.nan_logits)):
+  try:
+    out = loop(
+      target_dynamic,
+      drafter_dynamic,
+      prompts,
+      prompt_lengths,
+      rng,
+      jnp.float32(synthetic_acceptance or 0.0),
+    )
+    nan = check_nan and bool(jnp.any(out.nan_logits))  # Waits: an allocation failure shows here.
+  except jax.errors.JaxRuntimeError as error:
+    if memory.is_out_of_memory(error):
+      raise memory.out_of_memory_error(error, shape) from error
+    raise
+  if nan:
     rows = np.flatnonzero(np.asarray(out.nan_logits)).tolist()
     raise FloatingPointError(
       f"NaN logits from the target or draft model in rows {rows}: check the weights and "

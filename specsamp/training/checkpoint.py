@@ -11,8 +11,12 @@ deleted except by orbax's keep-the-last-N policy on save.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-from collections.abc import Mapping
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -32,13 +36,89 @@ def default_mesh() -> jax.sharding.Mesh:
   return sharding.make_mesh({"data": -1})
 
 
-class Checkpoints:
-  """A directory of numbered checkpoint steps, managed by orbax's CheckpointManager."""
+RESUME = ("latest", "latest_intact")
+"""Which step a read without an explicit step takes: 'latest' (the newest; a corrupt one is an
+error), or 'latest_intact' (the newest that reads: each newer corrupt step is moved aside to
+``<directory>.corrupt/<step>``, never deleted)."""
 
-  def __init__(self, directory: str, *, max_to_keep: int | None = 3):
+
+class _AbandonedReadNoise(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "exception was never retrieved" not in record.getMessage()
+
+
+def _is_abandoned_read_noise(error: BaseException | None) -> bool:
+  text = str(error)
+  return (isinstance(error, RuntimeError) and "Event loop is closed" in text) or (
+    "Encountered error while reading array index" in text
+  )
+
+
+def _quiet_abandoned_reads() -> None:
+  """After a failed restore, orbax's other pending reads fail later, in background threads and
+  in coroutines collected at exit, printing "exception was never retrieved", "Event loop is
+  closed" and "Encountered error while reading array index" tracebacks. The failure is already
+  reported as one ``CheckpointError``; these echoes of it are dropped, and only these."""
+  asyncio_logger = logging.getLogger("asyncio")
+  if not any(isinstance(f, _AbandonedReadNoise) for f in asyncio_logger.filters):
+    asyncio_logger.addFilter(_AbandonedReadNoise())
+  if getattr(sys.excepthook, "specsamp_quiet", False):
+    return
+  previous_except, previous_thread, previous_unraisable = (
+    sys.excepthook,
+    threading.excepthook,
+    sys.unraisablehook,
+  )
+
+  def except_hook(kind, error, traceback):
+    if not _is_abandoned_read_noise(error):
+      previous_except(kind, error, traceback)
+
+  def thread_hook(args):
+    if not _is_abandoned_read_noise(args.exc_value):
+      previous_thread(args)
+
+  def unraisable_hook(unraisable):
+    if not _is_abandoned_read_noise(unraisable.exc_value):
+      previous_unraisable(unraisable)
+
+  except_hook.specsamp_quiet = True
+  sys.excepthook, threading.excepthook, sys.unraisablehook = (
+    except_hook,
+    thread_hook,
+    unraisable_hook,
+  )
+
+
+def _print_to_stderr(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
+
+
+class Checkpoints:
+  """A directory of numbered checkpoint steps, managed by orbax's CheckpointManager.
+
+  Args:
+    directory: where the steps are.
+    max_to_keep: the newest steps kept on save (orbax deletes older ones).
+    resume: one of ``RESUME``: what reading the latest step does when it is corrupt.
+    log: where a step moved aside is reported.
+  """
+
+  def __init__(
+    self,
+    directory: str,
+    *,
+    max_to_keep: int | None = 3,
+    resume: str = "latest",
+    log: Callable[[str], None] = _print_to_stderr,
+  ):
+    if resume not in RESUME:
+      raise ValueError(f"resume must be one of {RESUME}, got {resume!r}.")
     self.directory = os.path.abspath(os.path.expanduser(directory))
     self._max_to_keep = max_to_keep
     self._manager: ocp.CheckpointManager | None = None
+    self.resume = resume
+    self._log = log
 
   def _open(self, create: bool) -> ocp.CheckpointManager:
     if self._manager is None:
@@ -86,8 +166,10 @@ class Checkpoints:
     return step
 
   def read_meta(self, step: int | None = None) -> dict[str, Any]:
-    """The JSON metadata of ``step`` (default: the latest)."""
-    step = self._step_to_read(step)
+    """The JSON metadata of ``step`` (default: the latest, as ``resume`` says)."""
+    return self._newest_intact(self._read_meta, step)
+
+  def _read_meta(self, step: int) -> dict[str, Any]:
     try:
       restored = self._open(create=False).restore(
         step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
@@ -103,10 +185,12 @@ class Checkpoints:
     items not named (e.g. the optimizer state, when sampling) stay on disk.
 
     Returns:
-      (items, meta) of ``step`` (default: the latest).
+      (items, meta) of ``step`` (default: the latest, as ``resume`` says).
     """
-    step = self._step_to_read(step)
-    meta = self.read_meta(step)
+    return self._newest_intact(lambda s: self._restore(abstract, s), step)
+
+  def _restore(self, abstract: Mapping[str, Any], step: int) -> tuple[dict, dict]:
+    meta = self._read_meta(step)
     args = {name: ocp.args.StandardRestore(tree) for name, tree in abstract.items()}
     try:
       restored = self._open(create=False).restore(step, args=ocp.args.Composite(**args))
@@ -121,12 +205,58 @@ class Checkpoints:
         )
     return items, meta
 
+  def _newest_intact(self, read: Callable[[int], Any], step: int | None) -> Any:
+    """``read(step)``; without a step, of the latest, or (resume='latest_intact') of the newest
+    step that reads, moving each corrupt newer one aside."""
+    if step is not None or self.resume == "latest":
+      return read(self._step_to_read(step))
+    while True:
+      latest = self._step_to_read(None)
+      try:
+        return read(latest)
+      except CheckpointError as error:
+        if not [s for s in self.all_steps() if s < latest]:
+          raise
+        self._move_aside(latest, error)
+
+  def _move_aside(self, step: int, error: Exception) -> None:
+    if jax.process_count() > 1:
+      raise CheckpointError(
+        f"{error} On a multi-host run, move {self.directory}/{step} aside by hand (every host "
+        "must agree on the step to resume from)."
+      ) from error
+    self.wait()
+    aside = f"{self.directory}.corrupt"
+    destination = os.path.join(aside, str(step))
+    suffix = 1
+    while os.path.exists(destination):
+      destination = os.path.join(aside, f"{step}.{suffix}")
+      suffix += 1
+    os.makedirs(aside, exist_ok=True)
+    shutil.move(os.path.join(self.directory, str(step)), destination)
+    self._manager = None  # Re-reads the steps present.
+    self._log(
+      f"checkpoint step {step} in {self.directory} is corrupt; moved it to {destination} "
+      f"(resume=latest_intact) and reading step {self.latest_step()} instead."
+    )
+
   def _corrupt(self, step: int, what: str, error: Exception) -> CheckpointError:
-    message = str(error).splitlines()[0][:300] if str(error) else ""
+    _quiet_abandoned_reads()
+    # TensorStore appends a repr of its spec ("See full TensorStore details: <bound method...");
+    # the first sentence says what failed.
+    message = str(error).split("See full TensorStore details")[0].strip()
+    message = " ".join(message.split())[:240]
+    older = [s for s in self.all_steps() if s < step]
+    remedy = (
+      f" resume=latest_intact (--config.resume_from=latest_intact, or --resume=latest_intact) "
+      f"reads step {max(older)} instead, moving step {step} aside."
+      if older
+      else ""
+    )
     return CheckpointError(
       f"Could not read '{what}' of checkpoint step {step} in {self.directory}: "
-      f"{type(error).__name__}: {message}. The checkpoint is corrupt, incomplete, or was written "
-      f"for a different model. Steps present: {self.all_steps()}; nothing was deleted."
+      f"{type(error).__name__}: {message} The step is corrupt, incomplete, or was written for a "
+      f"different model; steps present: {self.all_steps()}, nothing was deleted.{remedy}"
     )
 
 
@@ -174,6 +304,7 @@ def load_model(
   expected_meta: Mapping[str, Any] | None = None,
   tokenizer: Any = None,
   role: str = "model",
+  resume: str = "latest",
 ) -> tuple[transformer.Transformer, dict[str, Any]]:
   """The one way to load a model: trained, distilled or imported from Hugging Face.
 
@@ -191,11 +322,13 @@ def load_model(
     tokenizer: a ``Tokenizer`` the checkpoint must have been made with (when it records
       one), and whose every piece it must embed.
     role: what the model is ('target', 'draft'), for error messages.
+    resume: without ``step``, 'latest' or 'latest_intact' (``RESUME``): whether a corrupt
+      latest step is an error or is moved aside for the newest intact one.
 
   Returns:
     (model, metadata).
   """
-  store = Checkpoints(directory)
+  store = Checkpoints(directory, resume=resume)
   meta = store.read_meta(step)
   if "model" not in meta:
     raise CheckpointError(f"{store.directory} has no model config in its metadata.")
@@ -218,5 +351,7 @@ def load_model(
   abstract = sharding.abstract_model(
     lambda rngs: transformer.Transformer(config, rngs=rngs), mesh or default_mesh()
   )
-  restored, meta = store.restore({"params": abstract.arrays()}, step=meta["step"])
-  return abstract.merge(restored["params"]), meta
+  restored, read = store.restore({"params": abstract.arrays()}, step=step)
+  if read["step"] != meta["step"]:  # An older intact step was read: it must match as well.
+    check_meta(read, {"model": meta["model"]}, store.directory)
+  return abstract.merge(restored["params"]), read

@@ -178,6 +178,7 @@ def held_out_prompts(
   """
   rng = np.random.default_rng(seed)
   prompts = []
+  file_tokens: dict[str, int] = {}  # Tokens of each whole file read.
   for path in shuffled(files, seed) * num_prompts:
     lines = read_text(path).splitlines(keepends=True)
     starts = [i for i in range(len(lines)) if lines[i].strip()]
@@ -187,11 +188,15 @@ def held_out_prompts(
     ids = tokenizer.encode("".join(lines[start:]))
     if len(ids) < prompt_tokens:
       ids = tokenizer.encode("".join(lines))
+      file_tokens[path] = len(ids)
       if len(ids) < prompt_tokens:
         continue
     prompts.append(ids[:prompt_tokens])
     if len(prompts) == num_prompts:
       return np.asarray(prompts, np.int32)
+  longest = max(file_tokens.values(), default=0)
   raise ValueError(
-    f"The prompt files hold fewer than {num_prompts} windows of {prompt_tokens} tokens."
+    f"The {len(files)} prompt files hold fewer than {num_prompts} windows of {prompt_tokens} "
+    f"tokens (--config.sampling.prompt_tokens): the longest holds {longest} tokens, so "
+    f"prompt_tokens can be at most {longest}; or lower --config.sampling.num_prompts."
   )

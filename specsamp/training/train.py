@@ -350,13 +350,15 @@ def fit(
   """
   config = trainer.config
   meta = dict(meta, train=config.identity())
-  start = checkpoints.latest_step()
-  if start is None:
+  if checkpoints.latest_step() is None:
     state = trainer.init_state()
     start = 0
   else:
-    checkpoint.check_meta(checkpoints.read_meta(start), meta, checkpoints.directory)
-    restored, _ = checkpoints.restore(_as_items(trainer.abstract_state), step=start)
+    checkpoint.check_meta(checkpoints.read_meta(), meta, checkpoints.directory)
+    # The latest step, or with resume='latest_intact' the newest one that reads.
+    restored, saved = checkpoints.restore(_as_items(trainer.abstract_state))
+    checkpoint.check_meta(saved, meta, checkpoints.directory)
+    start = saved["step"]
     state = TrainState(
       step=restored["optimizer"]["step"],
       params=restored["params"],
