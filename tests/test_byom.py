@@ -1,68 +1,16 @@
-"""docs/bring_your_own_model.md's example, run: a user's own Flax NNX model (not specsamp's
-Transformer) wrapped in the decode protocol, used as target and draft."""
+"""docs/bring_your_own_model.md's example, checked: a user's own Flax NNX model (not specsamp's
+Transformer), taken from the page itself, wrapped in the decode protocol and used as target and
+draft."""
 
+import docs_blocks
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from specsamp.sampling import generate, speculative_generate
 
-
-@struct.dataclass
-class MyCache:
-  keys: jax.Array  # [L, B, S, H, D]
-  values: jax.Array  # [L, B, S, H, D]
-  lengths: jax.Array  # [B] int32: the one field specsamp touches
-
-
-class MyBlock(nnx.Module):
-  """Attention over a cache written at the given positions, then an MLP."""
-
-  def __init__(self, heads, dim, *, rngs):
-    width = heads * dim
-    self.heads, self.dim = heads, dim
-    self.qkv = nnx.Linear(width, 3 * width, rngs=rngs)
-    self.proj = nnx.Linear(width, width, rngs=rngs)
-    self.mlp = nnx.Linear(width, width, rngs=rngs)
-
-  def __call__(self, x, positions, keys, values):
-    batch, length, _ = x.shape
-    q, k, v = (
-      a.reshape(batch, length, self.heads, self.dim) for a in jnp.split(self.qkv(x), 3, axis=-1)
-    )
-    rows = jnp.arange(batch)[:, None]
-    keys, values = keys.at[rows, positions].set(k), values.at[rows, positions].set(v)
-    scores = jnp.einsum("bthd,bshd->bhts", q, keys) / self.dim**0.5
-    # Slots after a query's position (the future, or entries a rollback left) are never read.
-    visible = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]
-    scores = jnp.where(visible[:, None], scores, -1e30)
-    attended = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), values)
-    x = x + self.proj(attended.reshape(batch, length, -1))
-    return x + jax.nn.gelu(self.mlp(x)), keys, values
-
-
-class MyLM(nnx.Module):
-  def __init__(self, vocab, layers, heads, dim, *, rngs):
-    self.vocab_size = vocab
-    self.layers, self.heads, self.dim = layers, heads, dim
-    self.embed = nnx.Embed(vocab, heads * dim, rngs=rngs)
-    self.blocks = nnx.List([MyBlock(heads, dim, rngs=rngs) for _ in range(layers)])
-    self.out = nnx.Linear(heads * dim, vocab, rngs=rngs)
-
-  def init_cache(self, batch_size, max_length):
-    shape = (self.layers, batch_size, max_length, self.heads, self.dim)
-    return MyCache(jnp.zeros(shape), jnp.zeros(shape), jnp.zeros((batch_size,), jnp.int32))
-
-  def __call__(self, tokens_BT, positions_BT, cache):
-    x = self.embed(tokens_BT)
-    keys, values = [], []
-    for i, block in enumerate(self.blocks):
-      x, k, v = block(x, positions_BT, cache.keys[i], cache.values[i])
-      keys.append(k)
-      values.append(v)
-    logits = self.out(x).astype(jnp.float32)
-    return logits, MyCache(jnp.stack(keys), jnp.stack(values), positions_BT[:, -1] + 1)
+MyLM = docs_blocks.run_page("docs/bring_your_own_model.md")["MyLM"]
 
 
 def test_a_users_own_flax_model_runs_speculatively():

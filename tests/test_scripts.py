@@ -131,6 +131,14 @@ def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
   [
     ("--config.sampling.top_p=1.5", "--config.sampling.top_p=1.5: must be in (0, 1]"),
     ("--config.speculative.verifier=magic", "--config.speculative.verifier='magic': must be one"),
+    (
+      "--config.sampling.topp=1",
+      "--config.sampling.topp=1: the config has no field 'topp'; did you mean 'top_p'?",
+    ),
+    (
+      "--config.speculative.num_draft_tokens=200",
+      "--config.speculative.num_draft_tokens=200: must be <= sampling.max_new_tokens (8)",
+    ),
   ],
 )
 def test_sample_script_reports_bad_overrides_in_one_line(tmp_path, override, message):
@@ -292,13 +300,21 @@ def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_
 
   workdir, _ = trained_workdir
   output = str(tmp_path / "drafters")
+  # The user's own prompts, of different lengths (the benchmarks take every prompt source).
+  prompt_file = tmp_path / "prompts.txt"
+  prompt_file.write_text(
+    "def fibonacci(n):\\n    if n < 2:\\n        return n\n"
+    "class Stack:\\n    def __init__(self):\\n        self.items = []\\n    def push(self, x):\n"
+  )
   result = run_script(
     "benchmark_drafters.py",
     "--config=configs/benchmark_drafters.py:test",
     f"--workdir={workdir}",
     f"--config.output_dir={output}",
+    f"--prompts_file={prompt_file}",
   )
   assert result.returncode == 0, result.stderr[-3000:]
+  assert f"timing 2 file:{prompt_file} prompts of" in result.stdout
   records = json.load(open(os.path.join(output, "results.json")))["records"]
   # 2 tasks x greedy x 2 drafters x 2 schedules x K=2.
   assert len(records) == 8
@@ -388,3 +404,98 @@ def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
   assert two["tokens"] == one["tokens"]  # Generated ids of both samplers, every prompt.
   assert len(two["tokens"]["speculative"]) == 8
   assert two["stats"] == one["stats"]
+
+
+def test_help_lists_every_config_field_and_the_shared_flags():
+  missing = run_script("sample.py", "--config=configs/no_such_pair.py")
+  assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+    "error: --config=configs/no_such_pair.py: [Errno 2] No such file or directory: "
+    "'configs/no_such_pair.py'"
+  ]
+  result = run_script("sample.py", "--help")  # absl's --help exits with status 1.
+  out = " ".join(result.stdout.split())  # absl wraps long lines.
+  for needle in (
+    "--config.sampling.top_p=1.0 Nucleus mass, in (0, 1].",
+    "--config.speculative.num_draft_tokens=4 K, draft tokens per target call",
+    "--config.sampling.seed=0",
+    "--config.resume_from='latest'",
+    "--prompt:",
+    "--humaneval",
+    "--distributed:",
+    "--resume:",
+  ):
+    assert needle in out, needle
+
+
+def test_a_corrupt_latest_step_is_one_line_and_latest_intact_reads_the_previous(
+  trained_workdir, tmp_path
+):
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  latest = max(int(step) for step in os.listdir(copy / "target"))
+  for root, _, names in os.walk(copy / "target" / str(latest) / "params"):
+    for name in names:
+      if os.path.getsize(os.path.join(root, name)) > 100:
+        os.truncate(os.path.join(root, name), 20)  # A copy cut short.
+  result = run_script("sample.py", "--config=configs/code_pair.py:test", f"--workdir={copy}")
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr[-3000:]  # No traceback, no echo from orbax's threads.
+  assert f"checkpoint step {latest}" in lines[0] and "TensorStore details" not in lines[0]
+  assert "--resume=latest_intact" in lines[0] and "nothing was deleted" in lines[0]
+  assert str(latest) in os.listdir(copy / "target")  # nothing moved without being asked
+
+
+def _test_pair_config():
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  import code_pair
+
+  return code_pair.get_config("test")
+
+
+def test_sampling_and_prompt_seeds_are_separate_from_training(trained_workdir):
+  """sampling.seed changes the draws, not the prompts; prompt_seed changes the held-out
+  prompts; neither retrains (config.seed is the training seed)."""
+  from specsamp.experiments import pair as pair_lib
+  from specsamp.experiments import sample_job
+
+  workdir, _ = trained_workdir
+  logs = []
+  reports = {}
+  for seed in (0, 1):
+    config = _test_pair_config()
+    config.sampling.seed = seed
+    reports[seed] = sample_job.run(config, workdir, log=logs.append)
+  assert reports[0].prompts == reports[1].prompts
+  assert reports[0].tokens["speculative"] != reports[1].tokens["speculative"]
+  assert reports[1].settings["seed"] == 1 and reports[1].settings["prompt_seed"] == 0
+  config = _test_pair_config()
+  config.sampling.prompt_seed = 1
+  other = pair_lib.prepare(config, workdir, log=logs.append)
+  assert other.prompts.tolist() != reports[0].prompts
+  assert not any("training" in line for line in logs), logs
+
+
+def test_an_empty_workdir_stage_trains_and_an_empty_checkpoint_is_an_error(
+  trained_workdir, tmp_path
+):
+  """A workdir is a cache: an emptied target/ is trained again (and says so). A checkpoint
+  named by the config (target.checkpoint) that is empty is a clear error."""
+  from specsamp.experiments import pair as pair_lib
+
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  shutil.rmtree(copy / "target")
+  (copy / "target").mkdir()
+  logs = []
+  pair_lib.prepare(_test_pair_config(), str(copy), log=logs.append)
+  assert any("holds no checkpoint; training from scratch" in line for line in logs), logs
+  assert os.listdir(copy / "target")
+  config = _test_pair_config()
+  (tmp_path / "empty").mkdir()
+  config.target.checkpoint = str(tmp_path / "empty")
+  config.tokenizer.path = str(copy / "tokenizer.model")
+  with pytest.raises(FileNotFoundError, match="holds no finished checkpoint"):
+    pair_lib.prepare(config, str(copy), log=logs.append)

@@ -3,6 +3,7 @@ mesh and fail clearly, and distillation raises the draft's acceptance."""
 
 import dataclasses
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -207,3 +208,48 @@ def test_checkpoint_meta_written_before_a_config_field_existed_still_matches():
   )
   with pytest.raises(checkpoint.CheckpointError, match="different model"):
     checkpoint.check_meta({"model": dict(older, num_layers=7)}, {"model": current}, "/tmp/x")
+
+
+def _cut_short(step_dir) -> None:
+  """Truncates every data file of a checkpoint step's parameters, as an interrupted copy does."""
+  for root, _, names in os.walk(os.path.join(step_dir, "params")):
+    for name in names:
+      if os.path.getsize(os.path.join(root, name)) > 100:
+        os.truncate(os.path.join(root, name), 20)
+
+
+def test_latest_intact_moves_a_corrupt_step_aside_and_resumes_exactly(
+  trainer, uninterrupted, tmp_path
+):
+  """A latest step cut short: the default is a clear error; resume='latest_intact' moves it to
+  <dir>.corrupt/<step> (nothing deleted), reads the previous step, and training resumed from it
+  ends with exactly the uninterrupted parameters."""
+  directory, final = uninterrupted
+  copy = tmp_path / "run"
+  shutil.copytree(directory, copy)
+  steps = checkpoint.Checkpoints(str(copy)).all_steps()
+  latest, previous = steps[-1], steps[-2]
+  _cut_short(copy / str(latest))
+  with pytest.raises(checkpoint.CheckpointError) as error:
+    checkpoint.load_model(str(copy))
+  message = str(error.value)
+  assert f"step {latest}" in message and f"reads step {previous} instead" in message
+  assert "TensorStore details" not in message and "\n" not in message
+  assert checkpoint.Checkpoints(str(copy)).all_steps() == steps  # nothing moved unasked
+  _, meta = checkpoint.load_model(str(copy), resume="latest_intact")
+  assert meta["step"] == previous and os.listdir(f"{copy}.corrupt") == [str(latest)]
+  # The same corruption, now resumed by training: it ends as the uninterrupted run did.
+  shutil.rmtree(copy)
+  shutil.rmtree(f"{copy}.corrupt")
+  shutil.copytree(directory, copy)
+  _cut_short(copy / str(latest))
+  logged = []
+  store = checkpoint.Checkpoints(
+    str(copy), max_to_keep=5, resume="latest_intact", log=logged.append
+  )
+  state = train.fit(trainer, BATCHES, EVAL, store, META, log=logged.append)
+  assert any(f"moved it to {copy}.corrupt/{latest}" in line for line in logged), logged
+  assert any(f"resuming from step {previous}" in line for line in logged), logged
+  for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(final.params)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert os.listdir(f"{copy}.corrupt") == [str(latest)]  # the cut copy is kept, not deleted

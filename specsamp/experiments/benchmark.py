@@ -293,6 +293,7 @@ def run(
   ]
   pair = pair_lib.prepare(pair_section, workdir, draft_modes=model_drafters, log=log)
   prompts = prompts_lib.of_pair(pair, config.prompt_source)
+  log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}")
   max_new = config.max_new_tokens
   max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))
   cache_slots = prompts.tokens.shape[1] + max_new + max_num_draft_tokens + 1

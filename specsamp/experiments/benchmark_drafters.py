@@ -101,6 +101,7 @@ def run(
   names = parse_list(config.drafters)
   built = {name: make_drafter(name, pair, config) for name in names}
   prompts = prompts_lib.of_pair(pair, config.prompt_source)
+  log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}, one per call")
   tasks = {"continue": prompts, "grounded": grounded_prompts(prompts, config.repeat_tokens)}
   key = jax.random.key(config.seed)
   max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -96,6 +97,46 @@ USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, Floati
 reports these in one line and exits with status 2."""
 
 
+def _exit_with_error(message: str) -> None:
+  print(f"error: {' '.join(message.split())}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _override_of(argv: Sequence[str], field: str) -> str:
+  """The command-line argument that names ``field`` (e.g. --config.sampling.topp=1)."""
+  return next((arg for arg in argv if re.search(rf"\.{re.escape(field)}(=|$)", arg)), field)
+
+
+def _parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing, with config-file errors (a missing file, a misspelled override, a
+  value of the wrong type) reported in one line with exit status 2 rather than a traceback."""
+  try:
+    args = flags.FLAGS(argv)
+  except flags.Error as error:
+    # 'flag --x=v: why'; a config file's get_config that raised shows as an embedded
+    # traceback, whose last line says what went wrong.
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = lines[0].removeprefix("flag ")
+    if "Traceback" in str(error):
+      message = f"{message.split(': ')[0]}: {lines[-1]}"
+    _exit_with_error(message)
+  except (AttributeError, KeyError, OSError) as error:  # From ml_collections' config flags.
+    text = str(error).replace("\\n", " ").replace("\\'", "'")
+    hint = re.search(r'Did you mean "(\w+)" instead of "(\w+)"', text)
+    if hint:
+      _exit_with_error(
+        f"{_override_of(argv, hint.group(2))}: the config has no field {hint.group(2)!r}; did "
+        f"you mean {hint.group(1)!r}? (--help lists every field)"
+      )
+    _exit_with_error(text)
+  for name in list(flags.FLAGS):
+    value = flags.FLAGS[name].value
+    if type(value).__name__ == "_ErrorConfig":  # config_flags keeps a load failure for later.
+      cause = str(object.__getattribute__(value, "_error")).strip().splitlines()[-1].strip()
+      _exit_with_error(f"--{name}={flags.FLAGS[name].config_filename}: {cause}")
+  return args
+
+
 def run(main: Callable[[Sequence[str]], Any]) -> None:
   """``app.run(main)``, with errors a user can act on reported in one line.
 
@@ -117,7 +158,7 @@ def run(main: Callable[[Sequence[str]], Any]) -> None:
       print("interrupted.", file=sys.stderr)
       sys.exit(130)
 
-  app.run(guarded)
+  app.run(guarded, flags_parser=_parse_flags)
 
 
 @dataclasses.dataclass(frozen=True)

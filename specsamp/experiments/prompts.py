@@ -93,6 +93,13 @@ def of_pair(pair: Any, source: str = "held_out") -> Prompts:
   return encode(texts_of(source), pair.tokenizer)
 
 
+def describe(prompts: Prompts, source: str) -> str:
+  """E.g. '2 file:p.txt prompts of 11-19 tokens', for progress lines."""
+  return (
+    f"{len(prompts)} {source} prompts of {prompts.lengths.min()}-{prompts.lengths.max()} tokens"
+  )
+
+
 def batches(prompts: Prompts, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
   """(tokens, lengths) of consecutive batches of ``batch_size`` rows; it must divide the
   number of prompts."""

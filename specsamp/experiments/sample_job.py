@@ -202,8 +202,8 @@ def run(
       )
 
   log(
-    f"sampling {len(prompts)} {source} prompts of {prompts.lengths.min()}-"
-    f"{prompts.lengths.max()} tokens, {s.max_new_tokens} new tokens each, {s.batch_size} per call"
+    f"sampling {prompts_lib.describe(prompts, source)}, {s.max_new_tokens} new tokens each, "
+    f"{s.batch_size} per call"
   )
   batches = prompts_lib.batches(prompts, s.batch_size)
   ar = timing.time_sampler("autoregressive", sample_autoregressive, batches)

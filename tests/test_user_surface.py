@@ -1,0 +1,83 @@
+"""What a user touches first: settings checked before anything runs, warnings, memory checks."""
+
+import sys
+import warnings
+
+import jax
+import numpy as np
+import pytest
+from bigram import random_bigram
+from conftest import ROOT
+
+from specsamp.experiments import sample_job
+from specsamp.sampling import generate, memory, speculative_generate
+
+sys.path.insert(0, f"{ROOT}/configs")
+import code_pair  # noqa: E402
+
+
+@pytest.mark.parametrize(
+  "path,value,message",
+  [
+    ("speculative.num_draft_tokens", 200, "=200: must be <= sampling.max_new_tokens (64)"),
+    ("speculative.num_draft_tokens", 0, "=0: must be an int >= 1 (K)"),
+    ("sampling.max_new_tokens", 0, "--config.sampling.max_new_tokens=0: must be an int >= 1"),
+    ("sampling.prompt_tokens", 0, "--config.sampling.prompt_tokens=0: must be an int >= 1"),
+    ("sampling.top_p", 0.0, "--config.sampling.top_p=0.0: must be in (0, 1]"),
+  ],
+)
+def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):
+  config = code_pair.get_config()
+  section, name = path.split(".")
+  config[section][name] = value
+  with pytest.raises(ValueError) as error:
+    sample_job.check_settings(config)
+  assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_rows_past_the_training_context_are_warned():
+  config = code_pair.get_config()  # Both models trained on 128-token sequences.
+  assert sample_job.context_warnings(config, longest_prompt=64) == []  # 64 + 64 = 128
+  [target, draft] = sample_job.context_warnings(config, longest_prompt=960)
+  assert "reach position 1024, 8.0x the target's training context of 128 tokens" in target
+  assert "--config.target.train.seq_len" in target and "draft's" in draft
+  config.target.checkpoint = "/some/imported/model"  # Its training context is not recorded.
+  assert len(sample_job.context_warnings(config, longest_prompt=960)) == 1
+
+
+def test_cache_bytes_are_known_before_allocating():
+  model = random_bigram(32, seed=0)
+  cache = model.init_cache(3, 40)
+  assert memory.cache_bytes(model, 3, 40) == memory.tree_bytes(cache) > 0
+  available, where = memory.device_memory()
+  assert available > 0 and where
+
+
+def test_a_cache_that_cannot_fit_is_refused_before_allocating(monkeypatch):
+  model = random_bigram(32, seed=0)
+  needed = memory.cache_bytes(model, 2, 4 + 8)
+  monkeypatch.setattr(memory, "device_memory", lambda: (needed - 1, "2 test devices"))
+  prompts, lengths = np.array([[5, 6, 7, 8], [9, 10, 0, 0]]), np.array([4, 2])
+  with pytest.raises(ValueError, match=r"Sampling 2 rows x 12 cache slots needs at least"):
+    generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=8)
+  with pytest.raises(ValueError, match=r"more than the 0.00 GiB of 2 test devices"):
+    speculative_generate(
+      model, model, prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=3
+    )
+
+
+def test_more_draft_tokens_than_new_tokens_is_warned():
+  model = random_bigram(32, seed=0)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = speculative_generate(
+      model,
+      model,
+      np.array([[5, 6]]),
+      np.array([2]),
+      jax.random.key(0),
+      max_new_tokens=3,
+      num_draft_tokens=5,
+    )
+  assert any("num_draft_tokens=5 > max_new_tokens=3" in str(w.message) for w in caught)
+  assert int(out.num_generated[0]) == 3
