@@ -499,3 +499,28 @@ def test_an_empty_workdir_stage_trains_and_an_empty_checkpoint_is_an_error(
   config.tokenizer.path = str(copy / "tokenizer.model")
   with pytest.raises(FileNotFoundError, match="holds no finished checkpoint"):
     pair_lib.prepare(config, str(copy), log=logs.append)
+
+
+def test_ctrl_c_during_training_saves_and_exits_cleanly(trained_workdir, tmp_path):
+  import signal
+
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  shutil.rmtree(copy / "target")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  process = subprocess.Popen(
+    [sys.executable, "-u", os.path.join(ROOT, "scripts", "train.py"),
+     "--config=configs/code_pair.py:test", f"--workdir={copy}",
+     "--config.target.train.steps=100000", "--config.target.train.log_every=1"],
+    cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  )  # fmt: skip
+  for line in process.stdout:
+    if "target step" in line:
+      break
+  process.send_signal(signal.SIGINT)
+  stdout, stderr = process.communicate(timeout=120)
+  assert process.returncode == 130, stderr[-3000:]
+  assert "interrupted at step" in stdout and "saving a checkpoint" in stdout
+  assert stderr.strip().splitlines()[-1] == "interrupted." and "Traceback" not in stderr
+  assert os.listdir(copy / "target")  # the step it reached was saved

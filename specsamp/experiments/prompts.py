@@ -57,7 +57,7 @@ def file_texts(path: str) -> list[str]:
   """Prompts of a JSONL file ({"prompt": ...} per line) or a text file (one per line)."""
   path = os.path.expanduser(path)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"No prompt file at {path}.")
+    raise FileNotFoundError(f"No prompt file at {path} (--prompts_file, or prompt_source file:).")
   with open(path, encoding="utf-8") as f:
     lines = [line.rstrip("\n") for line in f if line.strip()]
   if lines and all(line.lstrip().startswith("{") for line in lines):
