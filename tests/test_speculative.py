@@ -190,7 +190,7 @@ def _sampled(small_pair, sampling, num_draft_tokens, verifier, seed=0):
 # scripts/certify.py (10^6); tests/test_drafters.py G-tests the Transformer pair here too.
 
 
-@pytest.mark.filterwarnings("ignore:num_draft_tokens=4 > max_new_tokens=3")  # K > new tokens on purpose.
+@pytest.mark.filterwarnings("ignore:num_draft_tokens=4 > max_new_tokens=3")  # On purpose.
 def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
   sampling = warping.SamplingConfig(1.0)
   _, token_stats = _sampled(small_pair, sampling, 4, "token")
