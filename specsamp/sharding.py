@@ -43,6 +43,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   # Parameters.
+  ("layers", None),  # The blocks' stacked layer axis (scanned over, never split).
   ("vocab", "tensor"),
   ("embed", "fsdp"),
   ("heads", "tensor"),
@@ -59,6 +60,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   ("act_mlp", "tensor"),
   ("act_vocab", "tensor"),
   # KV cache.
+  ("cache_layers", None),
   ("cache_batch", ("data", "fsdp")),
   ("cache_sequence", None),
   ("cache_kv_heads", "tensor"),

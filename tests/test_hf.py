@@ -194,9 +194,9 @@ def test_sharded_checkpoint_imports_onto_a_tensor_parallel_mesh(saved, tmp_path)
   assert (tmp_path / safetensors_io.INDEX_FILE).exists()
   mesh = sharding.make_mesh({"data": 4, "tensor": 2})
   model, _ = hf.import_model(str(tmp_path), mesh)
-  q = model.blocks[0].attn.q_DNH[...]
-  assert q.sharding.spec == jax.sharding.PartitionSpec(None, "tensor", None)
-  assert q.addressable_shards[0].data.shape == (32, 2, 8)
+  q = model.blocks.attn.q_DNH[...]
+  assert q.sharding.spec == jax.sharding.PartitionSpec(None, None, "tensor", None)
+  assert q.addressable_shards[0].data.shape[1:] == (32, 2, 8)
   with sharding.use_mesh(mesh):
     logits, _ = jax.jit(lambda m, t: m(t))(model, jnp.asarray(TOKENS))
   assert relative_error(logits, torch_logits(torch_model, TOKENS)) < 1e-4

@@ -32,7 +32,7 @@ def test_incremental_decoding_equals_full_forward(family, num_kv_heads):
   model = transformer.create(config, seed=3)
   if config.qkv_bias:  # Biases start at zero; make them matter.
     for name in ("q_NH", "k_KH", "v_KH"):
-      param = getattr(model.blocks[0].attn, name)
+      param = getattr(model.blocks.attn, name)  # [L, ...]: every layer's bias.
       param[...] = jax.random.normal(jax.random.key(7), param.shape)
   tokens = _tokens(2, 12, config.vocab_size)
   full, no_cache = model(tokens)
@@ -98,10 +98,10 @@ def test_every_parameter_has_logical_axes(tiny_model):
 def test_dtypes_follow_config():
   config = tiny_config("llama", dtype="bfloat16", param_dtype="bfloat16")
   model = transformer.create(config)
-  assert model.blocks[0].mlp.up_DF[...].dtype == jnp.bfloat16
+  assert model.blocks.mlp.up_DF[...].dtype == jnp.bfloat16
   cache = model.init_cache(1, 8)
   logits, cache = model(_tokens(1, 4, config.vocab_size), None, cache)
-  assert cache.keys[0].dtype == jnp.bfloat16 and logits.dtype == jnp.float32
+  assert cache.keys.dtype == jnp.bfloat16 and logits.dtype == jnp.float32
 
 
 @pytest.mark.parametrize(
@@ -135,3 +135,45 @@ def test_call_shape_errors(tiny_model):
     tiny_model(jnp.zeros((3, 1), jnp.int32), None, cache)
   with pytest.raises(ValueError, match="must match tokens"):
     tiny_model(jnp.zeros((2, 2), jnp.int32), jnp.zeros((2, 3), jnp.int32), cache)
+
+
+_GEMMA2 = dict(
+  post_norms=True,
+  sliding_window=3,
+  sliding_window_pattern=2,
+  query_pre_attn_scalar=24.0,
+  attn_logit_softcap=30.0,
+  final_logit_softcap=20.0,
+)
+
+
+@pytest.mark.parametrize(
+  "family,changes",
+  [
+    ("chinchilla", {}),
+    ("llama", {}),
+    ("qwen2", {}),
+    ("gemma", {}),
+    ("gemma", _GEMMA2),  # Gemma 2: sandwich norms, alternating sliding windows, soft-caps.
+  ],
+)
+def test_scanned_layers_equal_unrolled_layers(family, changes):
+  """One lax.scan over the stacked blocks computes what a Python loop over the same
+  parameters does: logits and cache, for prefill, decode and an early exit."""
+  config = tiny_config(family, num_layers=3, **changes)
+  scanned = transformer.create(config, seed=5)
+  graphdef, state = nnx.split(scanned)
+  unrolled = nnx.merge(
+    nnx.graphdef(transformer.create(config.replace(scan_layers=False), seed=5)), state
+  )
+  assert unrolled.config.scan_layers is False
+  tokens = _tokens(2, 9, config.vocab_size)
+  results = {}
+  for name, model in (("scanned", scanned), ("unrolled", unrolled)):
+    cache = model.init_cache(2, 12)
+    prefill, cache = model(tokens[:, :6], None, cache)
+    step, cache = model(tokens[:, 6:], None, cache)
+    early, _ = transformer.EarlyExit(model, 2)(tokens)
+    results[name] = (prefill, step, cache.keys, cache.values, early)
+  for got, want in zip(results["scanned"], results["unrolled"]):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=ATOL)

@@ -48,12 +48,12 @@ def test_rules_shard_only_dimensions_the_axes_divide():
 def test_parameters_are_born_sharded():
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   model = transformer.create(tiny_config("llama"), mesh)
-  q = model.blocks[0].attn.q_DNH[...]
-  assert q.sharding.spec == P("fsdp", "tensor", None)
-  assert model.blocks[0].mlp.down_FD[...].sharding.spec == P("tensor", "fsdp")
+  q = model.blocks.attn.q_DNH[...]  # [L, D, N, H]: the layer axis is never split.
+  assert q.sharding.spec == P(None, "fsdp", "tensor", None)
+  assert model.blocks.mlp.down_FD[...].sharding.spec == P(None, "tensor", "fsdp")
   assert model.embedder.table_VD[...].sharding.spec == P("tensor", "fsdp")
   # Each device holds its shard only.
-  assert q.addressable_shards[0].data.shape == (32, 2, 16)
+  assert q.addressable_shards[0].data.shape[1:] == (32, 2, 16)
 
 
 @pytest.mark.parametrize(
@@ -83,8 +83,8 @@ def test_sharded_run_equals_one_device(family, mode, batch_axis):
   np.testing.assert_array_equal(out.tokens, expected.tokens)
 
 
-def _all_reduces(num_layers: int, mesh) -> int:
-  config = tiny_config(num_layers=num_layers, tensor_parallel="shard_map")
+def _all_reduces(num_layers: int, mesh, scan_layers: bool = False) -> int:
+  config = tiny_config(num_layers=num_layers, tensor_parallel="shard_map", scan_layers=scan_layers)
   model = transformer.create(config, mesh)
   with sharding.use_mesh(mesh):
     compiled = jax.jit(lambda m, t: m(t)).lower(model, jnp.asarray(PROMPTS)).compile()
@@ -92,9 +92,13 @@ def _all_reduces(num_layers: int, mesh) -> int:
 
 
 def test_shard_map_has_two_reductions_per_layer():
-  """Megatron: one psum after attention, one after the MLP, and nothing else per layer."""
+  """Megatron: one psum after attention, one after the MLP, and nothing else per layer
+  (counted unrolled). Scanned, the program holds ONE layer's body, whatever the depth: the
+  same count as one unrolled layer."""
   mesh = sharding.make_mesh({"data": 2, "tensor": 4})
-  assert _all_reduces(3, mesh) - _all_reduces(1, mesh) == 2 * 2
+  one = _all_reduces(1, mesh)
+  assert _all_reduces(3, mesh) - one == 2 * 2
+  assert _all_reduces(1, mesh, scan_layers=True) == _all_reduces(3, mesh, scan_layers=True) == one
 
 
 def test_shard_map_refuses_heads_the_tensor_axis_does_not_divide():
@@ -111,8 +115,8 @@ def _per_layer_collectives(mesh) -> dict:
   import collections
   import re
 
-  def gathers(num_layers):
-    config = tiny_config(num_layers=num_layers, tensor_parallel="shard_map")
+  def gathers(num_layers):  # Unrolled: each layer's collectives appear in the program.
+    config = tiny_config(num_layers=num_layers, tensor_parallel="shard_map", scan_layers=False)
     model = transformer.create(config, mesh)
     with sharding.use_mesh(mesh):
       cache = jax.jit(lambda: model.init_cache(len(PROMPTS), 16))()

@@ -11,6 +11,7 @@ import pytest
 from conftest import tiny_config
 
 from specsamp import sharding
+from specsamp.models import transformer
 from specsamp.sampling import verification
 from specsamp.training import checkpoint, data, train
 
@@ -253,3 +254,23 @@ def test_latest_intact_moves_a_corrupt_step_aside_and_resumes_exactly(
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(final.params)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert os.listdir(f"{copy}.corrupt") == [str(latest)]  # the cut copy is kept, not deleted
+
+
+def test_a_checkpoint_of_unrolled_layers_loads_stacked(tmp_path):
+  """Checkpoints written before the blocks were stacked ('blocks/<i>/...') load unchanged on
+  disk: each layer is restored and stacked onto the mesh."""
+  model = transformer.create(MODEL.replace(num_layers=3), seed=2)
+  params = train.params_of(model)
+  legacy = dict(
+    params, blocks={i: jax.tree.map(lambda a, i=i: a[i], params["blocks"]) for i in range(3)}
+  )
+  store = checkpoint.Checkpoints(str(tmp_path / "old"))
+  store.save(4, {"params": legacy}, {"model": dataclasses.asdict(model.config)})
+  store.wait()
+  assert store.unrolled_blocks(4)
+  mesh = sharding.make_mesh({"data": 4, "tensor": 2})
+  loaded, meta = checkpoint.load_model(str(tmp_path / "old"), mesh)
+  assert meta["step"] == 4
+  for got, want in zip(jax.tree.leaves(train.params_of(loaded)), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert loaded.blocks.attn.q_DNH[...].sharding.mesh.shape == mesh.shape

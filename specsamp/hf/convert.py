@@ -111,24 +111,36 @@ def import_model(
       f"has no place for, e.g. {unexpected[:4]}: the architecture differs from what "
       "config.json says, or uses a feature specsamp lacks."
     )
-  params: dict = jax.tree.map(lambda x: None, abstract)
+  # Each HF tensor in our layout (a view), and its name, per parameter (one per layer).
+  views: dict[weights.Path, list[tuple[np.ndarray, str]]] = {}
   for entry in table:
     stored = tensors.tensor(entry.hf_name)
     if tuple(stored.shape) != entry.hf_shape:
       raise ValueError(
         f"{entry.hf_name} has shape {tuple(stored.shape)}; config.json implies {entry.hf_shape}."
       )
-    view = entry.to_ours(stored)
-    target = weights.get(abstract, entry.path)
-    assert view.shape == target.shape, (entry.hf_name, view.shape, target.shape)
-    array = jax.make_array_from_callback(
-      target.shape,
-      weights.get(shardings, entry.path),
-      lambda index, view=view, name=entry.hf_name, dtype=target.dtype: _cast(
-        name, view[index], dtype
-      ),
-    )
-    weights.put(params, entry.path, array)
+    views.setdefault(entry.path, []).append((entry.to_ours(stored), entry.hf_name))
+  params: dict = jax.tree.map(lambda x: None, abstract)
+  for path, layer_views in views.items():
+    target = weights.get(abstract, path)
+    if path[0] == "blocks":  # Stacked over the layers: each shard stacks its layers' slices.
+      assert (len(layer_views), *layer_views[0][0].shape) == target.shape, (path, target.shape)
+
+      def read(index, layer_views=layer_views, dtype=target.dtype):
+        layers = range(len(layer_views))[index[0]]
+        return np.stack(
+          [_cast(layer_views[i][1], layer_views[i][0][index[1:]], dtype) for i in layers]
+        )
+
+    else:
+      [(view, name)] = layer_views
+      assert view.shape == target.shape, (path, view.shape, target.shape)
+
+      def read(index, view=view, name=name, dtype=target.dtype):
+        return _cast(name, view[index], dtype)
+
+    array = jax.make_array_from_callback(target.shape, weights.get(shardings, path), read)
+    weights.put(params, path, array)
   return nnx.merge(graphdef, params), hf_config
 
 
@@ -195,7 +207,8 @@ def export_model(
 ) -> list[str]:
   """Writes ``model`` as an HF model directory (config.json, generation_config.json,
   safetensors shards, and tokenizer.model when given) that transformers loads with
-  ``AutoModelForCausalLM.from_pretrained``. One tensor at a time is on the host.
+  ``AutoModelForCausalLM.from_pretrained``. One tensor (one layer of a stacked parameter) at
+  a time is on the host.
 
   Returns the safetensors file names. Refuses a directory that already holds a model.
   """
@@ -219,7 +232,8 @@ def export_model(
 
   def tensors():
     for entry in weights.entries(config):
-      host = _to_host(weights.get(params, entry.path))
+      array = weights.get(params, entry.path)
+      host = _to_host(array if entry.layer is None else array[entry.layer])  # One layer's.
       yield entry.hf_name, np.ascontiguousarray(entry.to_hf(host)).astype(np_dtype)
 
   if jax.process_index() != 0:

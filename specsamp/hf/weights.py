@@ -16,18 +16,20 @@ import numpy as np
 
 from specsamp.models.config import TransformerConfig
 
-Path = tuple  # Keys into the parameters' pure dict, e.g. ('blocks', 0, 'attn', 'q_DNH').
+Path = tuple  # Keys into the parameters' pure dict, e.g. ('blocks', 'attn', 'q_DNH').
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """One parameter: where it lives in each format and how to move between layouts."""
+  """One HF tensor: where it lives in each format and how to move between layouts. A block's
+  tensor is one ``layer`` of a parameter stacked over the layers (its leading axis)."""
 
   path: Path
   hf_name: str
   hf_shape: tuple[int, ...]
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
+  layer: int | None = None
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
@@ -77,7 +79,7 @@ def entries(config: TransformerConfig) -> list[Entry]:
     prefix = f"model.layers.{layer}."
 
     def add(path, name, shape, transforms):
-      out.append(Entry(("blocks", layer, *path), prefix + name, shape, *transforms))
+      out.append(Entry(("blocks", *path), prefix + name, shape, *transforms, layer=layer))
 
     add(("attn", "q_DNH"), "self_attn.q_proj.weight", (n * h, d), _split_out(d, n, h))
     add(("attn", "k_DKH"), "self_attn.k_proj.weight", (k * h, d), _split_out(d, k, h))

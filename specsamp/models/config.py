@@ -23,11 +23,12 @@ from specsamp.config_fields import ConfigFields
 
 # How a model runs, not what it computes from its weights: a checkpoint trained with one value
 # loads with another (checkpoint identity checks leave these out).
-EXECUTION_FIELDS = ("dtype", "tensor_parallel")
+EXECUTION_FIELDS = ("dtype", "tensor_parallel", "scan_layers")
 MLP_ACTIVATIONS = ("gelu", "relu", "relu2", "swiglu", "geglu")
 ROPE_SCALINGS = ("none", "linear", "llama3")
 TENSOR_PARALLEL_MODES = ("auto", "shard_map")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+NO_WINDOW = 2**30  # A layer's window when it has none: wider than any cache.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,9 @@ class TransformerConfig(ConfigFields):
     tensor_parallel: 'auto' lets jit partition attention and MLP from the
       rules table; 'shard_map' runs them under ``jax.shard_map`` with explicit
       Megatron collectives (one psum after each output projection).
+    scan_layers: run the blocks as ONE ``jax.lax.scan`` over their stacked parameters
+      (compile time independent of depth); False unrolls them in a Python loop over the
+      same stacked parameters (the reference the scan is tested against).
   """
 
   vocab_size: int
@@ -104,6 +108,7 @@ class TransformerConfig(ConfigFields):
   dtype: str = "float32"
   param_dtype: str = "float32"
   tensor_parallel: str = "auto"
+  scan_layers: bool = True
 
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "ffn_dim"):
@@ -126,6 +131,8 @@ class TransformerConfig(ConfigFields):
       raise ValueError(
         f"mlp_activation must be one of {MLP_ACTIVATIONS}, got {self.mlp_activation!r}."
       )
+    if not isinstance(self.scan_layers, bool):
+      raise ValueError(f"scan_layers must be True or False, got {self.scan_layers!r}.")
     if self.tensor_parallel not in TENSOR_PARALLEL_MODES:
       raise ValueError(
         f"tensor_parallel must be one of {TENSOR_PARALLEL_MODES}, got {self.tensor_parallel!r}."
@@ -170,6 +177,14 @@ class TransformerConfig(ConfigFields):
       return None
     pattern = self.sliding_window_pattern
     return self.sliding_window if pattern == 1 or (layer + 1) % pattern else None
+
+  def layer_windows(self) -> tuple[int, ...] | None:
+    """Every layer's sliding window, with ``NO_WINDOW`` for a layer without one; None when no
+    layer has a window (attention then skips the window mask)."""
+    windows = [self.layer_window(layer) for layer in range(self.num_layers)]
+    if all(window is None for window in windows):
+      return None
+    return tuple(NO_WINDOW if window is None else window for window in windows)
 
   @property
   def gated_mlp(self) -> bool:

@@ -18,21 +18,25 @@ from flax import struct
 from specsamp import sharding
 
 CACHE_AXES = ("cache_batch", "cache_sequence", "cache_kv_heads", "cache_head_dim")
+STACKED_CACHE_AXES = ("cache_layers", *CACHE_AXES)  # All layers' caches in one array.
 
 
 @struct.dataclass
 class KVCache:
-  """Per-layer keys and values, and each row's length.
+  """Every layer's keys and values, stacked, and each row's length.
+
+  The layers are stacked on a leading axis, as the blocks' parameters are, so a scan over
+  the layers takes each layer's cache as its slice.
 
   Attributes:
-    keys: one [B, S, K, H] array per layer.
-    values: one [B, S, K, H] array per layer.
+    keys: [L, B, S, K, H].
+    values: [L, B, S, K, H].
     lengths: [B] int32, tokens of each row held in the cache (the next
       position to write when a call gives no explicit positions).
   """
 
-  keys: tuple[jax.Array, ...]
-  values: tuple[jax.Array, ...]
+  keys: jax.Array
+  values: jax.Array
   lengths: jax.Array
 
   @classmethod
@@ -50,16 +54,12 @@ class KVCache:
       raise ValueError(
         f"Cache needs batch_size >= 1 and max_length >= 1, got {batch_size} and {max_length}."
       )
-    shape = (batch_size, max_length, num_kv_heads, head_dim)
+    shape = (num_layers, batch_size, max_length, num_kv_heads, head_dim)
 
     def empty():
-      return sharding.constrain(jnp.zeros(shape, dtype), CACHE_AXES)
+      return sharding.constrain(jnp.zeros(shape, dtype), STACKED_CACHE_AXES)
 
-    return cls(
-      keys=tuple(empty() for _ in range(num_layers)),
-      values=tuple(empty() for _ in range(num_layers)),
-      lengths=jnp.zeros((batch_size,), jnp.int32),
-    )
+    return cls(keys=empty(), values=empty(), lengths=jnp.zeros((batch_size,), jnp.int32))
 
   @property
   def batch_size(self) -> int:
@@ -67,7 +67,11 @@ class KVCache:
 
   @property
   def max_length(self) -> int:
-    return self.keys[0].shape[1]
+    return self.keys.shape[2]
+
+  @property
+  def num_layers(self) -> int:
+    return self.keys.shape[0]
 
 
 def write(cache_BSKH: jax.Array, new_BTKH: jax.Array, positions_BT: jax.Array) -> jax.Array:

@@ -88,9 +88,10 @@ def attention_block(
   positions_BT: jax.Array,
   keys_BSKH: jax.Array,
   values_BSKH: jax.Array,
-  window: int | None = None,
+  window: jax.Array | int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Runs attention (and its cache update) in the config's tensor-parallel mode."""
+  """Runs attention (and its cache update) in the config's tensor-parallel mode; ``window``
+  is this layer's sliding window (a scalar, traced when the layers are scanned) or None."""
   config = attn.config
   tp = _tensor_parallel_size(config)
   weights, weight_specs = _values_and_specs(attn.weights())
@@ -110,12 +111,19 @@ def attention_block(
 
   axis = _tensor_axis()
 
-  def body(x, positions, keys, values, local_weights):
+  def body(x, positions, keys, values, local_weights, layer_window):
     offset = None
     if not kv_sharded:  # every device holds all K kv heads; pick its query heads' one.
       offset = jax.lax.axis_index(axis) * (num_heads // tp) // (num_heads // num_kv_heads)
     out, keys, values = attention_forward(
-      x, positions, keys, values, local_weights, config=config, window=window, kv_head_offset=offset
+      x,
+      positions,
+      keys,
+      values,
+      local_weights,
+      config=config,
+      window=layer_window,
+      kv_head_offset=offset,
     )
     return jax.lax.psum(out, axis), keys, values
 
@@ -127,9 +135,10 @@ def attention_block(
     cache_spec,
     cache_spec,
     weight_specs,
+    None if window is None else jax.sharding.PartitionSpec(),  # A layer's window: replicated.
   )
   return jax.shard_map(body, in_specs=in_specs, out_specs=(x_spec, cache_spec, cache_spec))(
-    x_BTD, positions_BT, keys_BSKH, values_BSKH, weights
+    x_BTD, positions_BT, keys_BSKH, values_BSKH, weights, window
   )
 
 

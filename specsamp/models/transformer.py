@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specsamp import sharding
-from specsamp.models import tensor_parallel
+from specsamp.models import kv_cache, tensor_parallel
 from specsamp.models.attention import Attention
 from specsamp.models.config import TransformerConfig
 from specsamp.models.kv_cache import KVCache
@@ -39,10 +39,11 @@ def create(
 
 class Block(nnx.Module):
   """Pre-norm Transformer block: x + attn(norm(x)), then x + mlp(norm(x)); with
-  ``post_norms`` (Gemma 2) each branch output is normed again before the add."""
+  ``post_norms`` (Gemma 2) each branch output is normed again before the add. The
+  Transformer holds ONE Block whose parameters are stacked over the layers
+  (``stacked_blocks``); a layer's sliding window comes in as an argument."""
 
-  def __init__(self, config: TransformerConfig, layer: int, *, rngs: nnx.Rngs):
-    self.window = config.layer_window(layer)
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.attn_norm = RMSNorm(config, rngs=rngs)
     self.attn = Attention(config, rngs=rngs)
     self.mlp_norm = RMSNorm(config, rngs=rngs)
@@ -53,11 +54,16 @@ class Block(nnx.Module):
     self.post_norms = config.post_norms
 
   def __call__(
-    self, x_BTD: jax.Array, positions_BT: jax.Array, keys_BSKH: jax.Array, values_BSKH: jax.Array
+    self,
+    x_BTD: jax.Array,
+    positions_BT: jax.Array,
+    keys_BSKH: jax.Array,
+    values_BSKH: jax.Array,
+    window: jax.Array | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     with jax.named_scope("attention"):
       h_BTD, keys_BSKH, values_BSKH = tensor_parallel.attention_block(
-        self.attn, self.attn_norm(x_BTD), positions_BT, keys_BSKH, values_BSKH, self.window
+        self.attn, self.attn_norm(x_BTD), positions_BT, keys_BSKH, values_BSKH, window
       )
       if self.post_norms:
         h_BTD = self.attn_post_norm(h_BTD)
@@ -70,13 +76,78 @@ class Block(nnx.Module):
     return sharding.constrain(x_BTD, _RESIDUAL_AXES), keys_BSKH, values_BSKH
 
 
+def stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
+  """``config.num_layers`` blocks as ONE Block whose every parameter has a leading layer axis
+  (logical name 'layers'), each layer initialised from its own key."""
+
+  @nnx.split_rngs(splits=config.num_layers)
+  @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+  def make(rngs):
+    return Block(config, rngs=rngs)
+
+  return make(rngs)
+
+
+def _drop_layer_axis(variable: nnx.Variable) -> nnx.Variable:
+  """A stacked parameter's metadata as one layer's (its logical axes without 'layers'); the
+  value is sliced by the scan (or the unrolled loop)."""
+  axes = variable.get_metadata().get("out_sharding")
+  if axes and axes[0] == "layers":
+    return variable.replace(out_sharding=tuple(axes[1:]))
+  return variable
+
+
+def run_blocks(
+  blocks: Block,
+  config: TransformerConfig,
+  x_BTD: jax.Array,
+  positions_BT: jax.Array,
+  keys_LBSKH: jax.Array,
+  values_LBSKH: jax.Array,
+  num_layers: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The first ``num_layers`` of the stacked ``blocks``: one ``lax.scan`` over the layers
+  (``config.scan_layers``), or a Python loop over the same slices (the unrolled reference).
+
+  Returns:
+    (x_BTD, keys_LBSKH, values_LBSKH) with each layer's cache updated.
+  """
+  graphdef, state = nnx.split(blocks)
+  state = jax.tree.map(_drop_layer_axis, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  if num_layers < config.num_layers:
+    state = jax.tree.map(lambda a: a[:num_layers], state)
+  windows = config.layer_windows()
+  windows_L = None if windows is None else jnp.asarray(windows[:num_layers], jnp.int32)
+
+  def layer(x_BTD, inputs):
+    layer_state, keys_BSKH, values_BSKH, window = inputs
+    block = nnx.merge(graphdef, layer_state)
+    x_BTD, keys_BSKH, values_BSKH = block(x_BTD, positions_BT, keys_BSKH, values_BSKH, window)
+    return x_BTD, (keys_BSKH, values_BSKH)
+
+  inputs = (state, keys_LBSKH, values_LBSKH, windows_L)
+  if config.scan_layers:
+    x_BTD, (keys_LBSKH, values_LBSKH) = jax.lax.scan(layer, x_BTD, inputs)
+  else:
+    keys, values = [], []
+    for index in range(num_layers):
+      with jax.named_scope(f"layer_{index}"):
+        x_BTD, (k, v) = layer(x_BTD, jax.tree.map(lambda a, i=index: a[i], inputs))
+      keys.append(k)
+      values.append(v)
+    keys_LBSKH, values_LBSKH = jnp.stack(keys), jnp.stack(values)
+  keys_LBSKH = sharding.constrain(keys_LBSKH, kv_cache.STACKED_CACHE_AXES)
+  values_LBSKH = sharding.constrain(values_LBSKH, kv_cache.STACKED_CACHE_AXES)
+  return x_BTD, keys_LBSKH, values_LBSKH
+
+
 class Transformer(nnx.Module):
   """Decoder-only Transformer with a per-row KV cache (see the module docstring)."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
     self.embedder = Embedder(config, rngs=rngs)
-    self.blocks = nnx.List([Block(config, layer, rngs=rngs) for layer in range(config.num_layers)])
+    self.blocks = stacked_blocks(config, rngs)
     self.final_norm = RMSNorm(config, rngs=rngs)
     if not config.tie_embeddings:
       self.head = OutputHead(config, rngs=rngs)
@@ -133,13 +204,12 @@ class Transformer(nnx.Module):
       raise ValueError(f"positions {positions_BT.shape} must match tokens {tokens_BT.shape}.")
     positions_BT = positions_BT.astype(jnp.int32)
 
+    if cache.num_layers != num_layers:
+      raise ValueError(f"The cache holds {cache.num_layers} layers; this call runs {num_layers}.")
     x_BTD = self.embedder.encode(tokens_BT)
-    keys, values = [], []
-    for index, block in enumerate(list(self.blocks)[:num_layers]):
-      with jax.named_scope(f"layer_{index}"):
-        x_BTD, k, v = block(x_BTD, positions_BT, cache.keys[index], cache.values[index])
-      keys.append(k)
-      values.append(v)
+    x_BTD, keys, values = run_blocks(
+      self.blocks, self.config, x_BTD, positions_BT, cache.keys, cache.values, num_layers
+    )
     x_BTD = self.final_norm(x_BTD)
     with jax.named_scope("logits"):
       logits_BTV = (
@@ -147,7 +217,7 @@ class Transformer(nnx.Module):
       ).astype(jnp.float32)
       logits_BTV = softcap(logits_BTV, self.config.final_logit_softcap)
       logits_BTV = sharding.constrain(logits_BTV, ("act_batch", "act_length", "act_vocab"))
-    new_cache = KVCache(keys=tuple(keys), values=tuple(values), lengths=positions_BT[:, -1] + 1)
+    new_cache = KVCache(keys=keys, values=values, lengths=positions_BT[:, -1] + 1)
     return logits_BTV, (new_cache if had_cache else None)
 
 

@@ -240,6 +240,43 @@ class Checkpoints:
       f"(resume=latest_intact) and reading step {self.latest_step()} instead."
     )
 
+  def unrolled_blocks(self, step: int) -> bool:
+    """Whether ``step`` holds the blocks' parameters one layer at a time ('blocks/0/...', the
+    layout before the blocks were stacked for ``lax.scan``)."""
+    try:
+      tree = self._open(create=False).item_metadata(step)["params"].tree
+    except Exception:  # No params item, or metadata orbax cannot read: not this layout.
+      return False
+    blocks = tree.get("blocks") if isinstance(tree, Mapping) else None
+    return isinstance(blocks, Mapping) and bool(blocks) and all(str(k).isdigit() for k in blocks)
+
+  def restore_unrolled(self, stacked: Any, step: int) -> Any:
+    """Parameters saved one layer at a time ('blocks/<i>/...'), restored and stacked into the
+    layout of ``stacked`` (abstract arrays of the stacked model, with their shardings): older
+    checkpoints load unchanged on disk."""
+
+    def one_layer(leaf):
+      spec = leaf.sharding.spec
+      return jax.ShapeDtypeStruct(
+        leaf.shape[1:],
+        leaf.dtype,
+        sharding=jax.sharding.NamedSharding(
+          leaf.sharding.mesh, jax.sharding.PartitionSpec(*spec[1:])
+        ),
+      )
+
+    num_layers = jax.tree.leaves(stacked["blocks"])[0].shape[0]
+    per_layer = jax.tree.map(one_layer, stacked["blocks"])
+    legacy = dict(stacked, blocks={str(i): per_layer for i in range(num_layers)})
+    items, _ = self.restore({"params": legacy}, step=step)
+    params = items["params"]
+    layers = [params["blocks"][str(i)] for i in range(num_layers)]
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, stacked["blocks"])
+    blocks = jax.jit(
+      lambda layers: jax.tree.map(lambda *a: jax.numpy.stack(a), *layers), out_shardings=shardings
+    )(layers)
+    return dict(params, blocks=blocks)
+
   def _corrupt(self, step: int, what: str, error: Exception) -> CheckpointError:
     _quiet_abandoned_reads()
     # TensorStore appends a repr of its spec ("See full TensorStore details: <bound method...");
@@ -351,7 +388,11 @@ def load_model(
   abstract = sharding.abstract_model(
     lambda rngs: transformer.Transformer(config, rngs=rngs), mesh or default_mesh()
   )
-  restored, read = store.restore({"params": abstract.arrays()}, step=step)
+  arrays = abstract.arrays()
+  if store.unrolled_blocks(meta["step"]):
+    params = store.restore_unrolled(arrays, meta["step"])
+    return abstract.merge(params), meta
+  restored, read = store.restore({"params": arrays}, step=step)
   if read["step"] != meta["step"]:  # An older intact step was read: it must match as well.
     check_meta(read, {"model": meta["model"]}, store.directory)
   return abstract.merge(restored["params"]), read

@@ -112,7 +112,13 @@ def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
   """Clipping, then AdamW with decay on matrices only."""
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+
+  def decay_mask(params):
+    # A matrix of one layer: the blocks' parameters carry a leading layer axis.
+    return jax.tree_util.tree_map_with_path(
+      lambda path, p: p.ndim - (getattr(path[0], "key", None) == "blocks") >= 2, params
+    )
+
   return optax.chain(
     optax.clip_by_global_norm(config.grad_clip),
     optax.adamw(
