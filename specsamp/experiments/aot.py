@@ -1,0 +1,501 @@
+"""Ahead-of-time compilation for a TPU slice on any machine: ``scripts/aot_compile.py``.
+
+libtpu (``pip install -e ".[tpu]"``) can describe a TPU topology without TPU hardware
+(``jax.experimental.topologies.get_topology_desc``), and jit can lower and compile for its
+devices, as MaxText's train_compile.py does. Nothing is allocated: parameters, caches and
+prompts are abstract shapes with their shardings. What comes back is what the TPU compiler
+decided: compile time, per-chip memory, the collectives in the program, and its cost
+analysis (FLOPs, bytes accessed).
+
+The programs compiled are the ones users run: ``AutoregressiveLoop`` and ``SpeculativeLoop``
+(prefill, draft, score, verify, in one ``while_loop``), and single model calls (a target
+decode step, a draft step, the target scoring K + 1 tokens) for per-step costs.
+
+Devices are chips: v4 and v5p are described in megacore mode (one device per chip, both
+TensorCores), as Cloud TPU runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specsamp import sharding
+from specsamp.experiments import perf_model
+from specsamp.models import kv_cache, transformer
+from specsamp.models.config import TransformerConfig
+from specsamp.sampling import autoregressive, drafters, model_protocol, speculative
+from specsamp.sampling.warping import SamplingConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+  """A TPU slice: libtpu's topology name, its chip configuration, and the chip's roofline."""
+
+  topology: str
+  chip_config: str
+  hardware: perf_model.Hardware
+
+
+V5P = perf_model.Hardware("TPU v5p", 2.765e12, 459e12, 600e9, 10e-6, 95 * 2**30)
+
+# Cloud TPU names (cores for v4/v5p, as Google counts them; chips for v5e).
+SLICES = {
+  "v4-8": Slice("v4:2x2x1", "megacore", perf_model.PRESETS["tpu_v4"]),
+  "v4-16": Slice("v4:2x2x2", "megacore", perf_model.PRESETS["tpu_v4"]),
+  "v4-32": Slice("v4:2x2x4", "megacore", perf_model.PRESETS["tpu_v4"]),
+  "v5e-4": Slice("v5e:2x2", "default", perf_model.PRESETS["tpu_v5e"]),
+  "v5e-8": Slice("v5e:2x4", "default", perf_model.PRESETS["tpu_v5e"]),
+  "v5e-16": Slice("v5e:4x4", "default", perf_model.PRESETS["tpu_v5e"]),
+  "v5p-8": Slice("v5p:2x2x1", "megacore", V5P),
+}
+
+
+def quiet_libtpu() -> None:
+  """The environment libtpu reads at initialisation, set for a machine without a TPU (only
+  where the user has not set it): without it libtpu probes for hardware and warns."""
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v4-8")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def slice_devices(name: str) -> list[Any]:
+  """The compile-only devices of a slice (``SLICES``); needs libtpu."""
+  if name not in SLICES:
+    raise ValueError(f"--topology={name!r}: must be one of {sorted(SLICES)}.")
+  try:
+    from jax.experimental import topologies
+
+    spec = SLICES[name]
+    return list(
+      topologies.get_topology_desc(
+        platform="tpu", topology_name=spec.topology, chip_config_name=spec.chip_config
+      ).devices
+    )
+  except (ImportError, RuntimeError) as error:
+    raise ValueError(
+      f'Compiling for {name} needs libtpu: pip install -e ".[tpu]" ({error}).'
+    ) from error
+
+
+def make_mesh(devices: list[Any], axes: dict[str, int]) -> jax.sharding.Mesh:
+  """A (data, fsdp, tensor) mesh over ``devices``; -1 takes the rest."""
+  sizes = dict(axes)
+  known = int(np.prod([v for v in sizes.values() if v != -1]))
+  for name, size in sizes.items():
+    if size == -1:
+      sizes[name] = len(devices) // known
+  if int(np.prod(list(sizes.values()))) != len(devices):
+    raise ValueError(f"Mesh {sizes} does not cover the slice's {len(devices)} devices.")
+  shape = [sizes.get(name, 1) for name in sharding.MESH_AXES]
+  return jax.sharding.Mesh(np.asarray(devices).reshape(shape), sharding.MESH_AXES)
+
+
+def abstract_model(config: TransformerConfig, mesh: jax.sharding.Mesh) -> Any:
+  """The model with ShapeDtypeStructs (placed by the rules table) for parameters."""
+  abstract = sharding.abstract_model(lambda rngs: transformer.Transformer(config, rngs=rngs), mesh)
+  return abstract.merge(abstract.arrays())
+
+
+def _replicated(mesh, shape, dtype) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(
+    shape, dtype, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  )
+
+
+def abstract_cache(model: Any, mesh, batch: int, length: int) -> Any:
+  """The model's KV cache as ShapeDtypeStructs sharded by the rules table."""
+  shapes = jax.eval_shape(lambda: model.init_cache(batch, length))
+  sizes = dict(mesh.shape)
+
+  def place(leaf, axes):
+    spec = sharding.logical_to_spec(axes, leaf.shape, sizes)
+    return jax.ShapeDtypeStruct(
+      leaf.shape, leaf.dtype, sharding=jax.sharding.NamedSharding(mesh, spec)
+    )
+
+  return shapes.replace(
+    keys=place(shapes.keys, kv_cache.STACKED_CACHE_AXES),
+    values=place(shapes.values, kv_cache.STACKED_CACHE_AXES),
+    lengths=_replicated(mesh, shapes.lengths.shape, shapes.lengths.dtype),
+  )
+
+
+@dataclasses.dataclass
+class Program:
+  """What the TPU compiler made of one program (memory per device, i.e. per chip)."""
+
+  name: str
+  compile_s: float
+  argument_bytes: int
+  temp_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  flops: float
+  bytes_accessed: float
+  collectives: dict[str, int]  # Per execution, while-loop bodies counted per trip.
+  hlo: str = dataclasses.field(repr=False, default="")
+
+  @property
+  def total_bytes(self) -> int:
+    """Peak per chip: arguments + temporaries + outputs not aliased to arguments."""
+    return self.argument_bytes + self.temp_bytes + self.output_bytes - self.alias_bytes
+
+
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+
+
+def count_collectives(hlo: str, trips: Callable[[str], int] | None = None) -> dict[str, int]:
+  """Collective ops of a compiled HLO module, each while body's counted ``trips(body)``
+  times (default: once); async pairs (``-start``/``-done``) count once."""
+  computations: dict[str, str] = {}
+  for match in re.finditer(r"^(?:ENTRY )?%?([\w.\-]+) .*?\{\n(.*?)^\}", hlo, re.M | re.S):
+    computations[match.group(1)] = match.group(2)
+  entry = re.search(r"^ENTRY %?([\w.\-]+)", hlo, re.M)
+
+  def count(name: str, seen: tuple[str, ...]) -> dict[str, int]:
+    body = computations.get(name, "")
+    totals = {op: len(re.findall(rf" {op}(?:-start)?\(", body)) for op in _COLLECTIVES}
+    for callee_kind, callee in re.findall(r"(body|condition|calls|to_apply)=%?([\w.\-]+)", body):
+      if callee in seen or callee_kind == "to_apply":
+        continue
+      times = (trips or (lambda _: 1))(callee) if callee_kind == "body" else 1
+      for op, n in count(callee, (*seen, callee)).items():
+        totals[op] += n * times
+    return totals
+
+  return count(entry.group(1), ()) if entry else {}
+
+
+def compile_program(name: str, lowered: Any, trips: Callable[[str], int] | None = None) -> Program:
+  """Compiles a lowered program and reads its memory, cost analysis and collectives."""
+  start = time.perf_counter()
+  compiled = lowered.compile()
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  hlo = compiled.as_text()
+  return Program(
+    name=name,
+    compile_s=seconds,
+    argument_bytes=int(memory.argument_size_in_bytes),
+    temp_bytes=int(memory.temp_size_in_bytes),
+    output_bytes=int(memory.output_size_in_bytes),
+    alias_bytes=int(memory.alias_size_in_bytes),
+    flops=float(cost.get("flops", 0.0)),
+    bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+    collectives=count_collectives(hlo, trips),
+    hlo=hlo,
+  )
+
+
+def lower_call(model: Any, mesh, batch: int, tokens: int, cache_length: int) -> Any:
+  """One cached model call of ``tokens`` per row (a decode step, or scoring K + 1)."""
+  cache = abstract_cache(model, mesh, batch, cache_length)
+  tokens_BT = _replicated(mesh, (batch, tokens), jnp.int32)
+  positions_BT = _replicated(mesh, (batch, tokens), jnp.int32)
+  with sharding.use_mesh(mesh):
+    return jax.jit(lambda m, t, p, c: m(t, p, c)).lower(model, tokens_BT, positions_BT, cache)
+
+
+def lower_speculative(
+  target: Any,
+  draft: Any,
+  mesh,
+  *,
+  batch: int,
+  prompt_length: int,
+  max_new_tokens: int,
+  num_draft_tokens: int,
+  verifier: str,
+  sampling: SamplingConfig,
+  cache_length: int,
+) -> Any:
+  """The speculative loop users run (``speculative.SpeculativeLoop``), lowered."""
+  drafter = drafters.as_drafter(draft)
+  target_static, target_dynamic = model_protocol.split_model(target)
+  drafter_static, drafter_dynamic = drafter.split()
+  loop = speculative.SpeculativeLoop(
+    target_static=target_static,
+    drafter_static=drafter_static,
+    max_new_tokens=max_new_tokens,
+    num_draft_tokens=num_draft_tokens,
+    sampling=sampling,
+    verifier=verifier,
+    schedule="fixed",
+    eos_id=None,
+    pad_id=0,
+    cache_length=cache_length,
+  )
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  with sharding.use_mesh(mesh):
+    return speculative.SpeculativeLoop.__call__.lower(
+      loop,
+      target_dynamic,
+      drafter_dynamic,
+      _replicated(mesh, (batch, prompt_length), jnp.int32),
+      _replicated(mesh, (batch,), jnp.int32),
+      _replicated(mesh, key.shape, key.dtype),
+      _replicated(mesh, (), jnp.float32),
+    )
+
+
+def lower_autoregressive(
+  target: Any,
+  mesh,
+  *,
+  batch: int,
+  prompt_length: int,
+  max_new_tokens: int,
+  sampling: SamplingConfig,
+  cache_length: int,
+) -> Any:
+  """The autoregressive loop users run (``autoregressive.AutoregressiveLoop``), lowered."""
+  static, dynamic = model_protocol.split_model(target)
+  loop = autoregressive.AutoregressiveLoop(
+    model_static=static,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    eos_id=None,
+    pad_id=0,
+    cache_length=cache_length,
+  )
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  with sharding.use_mesh(mesh):
+    return autoregressive.AutoregressiveLoop.__call__.lower(
+      loop,
+      dynamic,
+      _replicated(mesh, (batch, prompt_length), jnp.int32),
+      _replicated(mesh, (batch,), jnp.int32),
+      _replicated(mesh, key.shape, key.dtype),
+    )
+
+
+def _step_costs(config: TransformerConfig, mesh, batch: int, tokens: int, cache_length: int):
+  """(flops, bytes accessed) per chip of one cached call of ``tokens`` per row through the
+  whole depth. XLA's cost analysis counts a while body once, so it is read from unrolled
+  programs of one and two layer periods (Gemma 2 alternates windows: a period of 2) and
+  extrapolated linearly to the full depth."""
+  period = config.sliding_window_pattern if config.sliding_window else 1
+  costs = []
+  for depth in (period, 2 * period):
+    shallow = config.replace(num_layers=depth, scan_layers=False)
+    program = compile_program(
+      "step", lower_call(abstract_model(shallow, mesh), mesh, batch, tokens, cache_length)
+    )
+    costs.append((program.flops, program.bytes_accessed))
+  periods = config.num_layers / period
+  return tuple(one + (periods - 1) * (two - one) for one, two in zip(*costs))
+
+
+def run(config: Any, topology: str | None = None, log: Callable[[str], None] = print) -> dict:
+  """Compiles the pair config's loops and step calls for ``topology`` (default
+  ``config.aot.topology``); returns the report (``format_report`` prints it)."""
+  topology = topology or config.aot.topology
+  devices = slice_devices(topology)
+  spec = SLICES[topology]
+  mesh = make_mesh(devices, {k: config.mesh[k] for k in ("data", "fsdp", "tensor")})
+  chips = len(devices)
+  hbm = spec.hardware.memory_bytes
+  target_cfg = TransformerConfig.from_config(config.target.model)
+  draft_cfg = TransformerConfig.from_config(config.draft.model)
+  s, num_draft_tokens = config.sampling, config.speculative.num_draft_tokens
+  sampling = SamplingConfig(s.temperature, s.top_k, s.top_p)
+  cache_length = config.aot.cache_length
+  prompt_length = cache_length - s.max_new_tokens - num_draft_tokens - 1
+  if prompt_length < 1:
+    raise ValueError(
+      f"--config.aot.cache_length={cache_length}: must exceed max_new_tokens + K + 1 = "
+      f"{s.max_new_tokens + num_draft_tokens + 1}."
+    )
+  log(
+    f"{topology}: {chips} chips ({devices[0].device_kind}, {hbm / 2**30:.0f} GiB HBM each), "
+    f"mesh {dict(mesh.shape)}; target {target_cfg.num_layers} x {target_cfg.d_model}, draft "
+    f"{draft_cfg.num_layers} x {draft_cfg.d_model}, {target_cfg.param_dtype}"
+  )
+  report: dict[str, Any] = {
+    "topology": topology,
+    "chips": chips,
+    "device_kind": devices[0].device_kind,
+    "hbm_bytes": hbm,
+    "mesh": dict(mesh.shape),
+    "cache_length": cache_length,
+    "num_draft_tokens": num_draft_tokens,
+    "programs": [],
+  }
+  with sharding.use_rules(sharding.parse_rules(config.mesh.get("rules", ""))):
+    target = abstract_model(target_cfg, mesh)
+    draft = abstract_model(draft_cfg, mesh)
+
+    def record(program: Program, batch: int, **extra) -> Program:
+      row = {
+        "program": program.name,
+        "batch": batch,
+        "compile_s": program.compile_s,
+        "argument_gib": program.argument_bytes / 2**30,
+        "temp_gib": program.temp_bytes / 2**30,
+        "output_gib": program.output_bytes / 2**30,
+        "total_gib": program.total_bytes / 2**30,
+        "fits": program.total_bytes <= hbm,
+        **extra,
+      }
+      report["programs"].append(row)
+      log(
+        f"  {program.name:<28} batch {batch:>3}: compiled in {program.compile_s:6.1f} s; per "
+        f"chip {row['argument_gib']:.2f} GiB arguments + {row['temp_gib']:.2f} temporaries + "
+        f"{row['output_gib']:.3f} output = {row['total_gib']:.2f} GiB "
+        f"({'fits' if row['fits'] else 'DOES NOT FIT'} {hbm / 2**30:.0f} GiB)"
+      )
+      return program
+
+    common = dict(prompt_length=prompt_length, max_new_tokens=s.max_new_tokens)
+    record(
+      compile_program(
+        "autoregressive loop",
+        lower_autoregressive(
+          target, mesh, batch=1, sampling=sampling, cache_length=cache_length, **common
+        ),
+      ),
+      1,
+    )
+    speculative_programs = {}
+    for verifier in config.aot.verifiers.split(","):
+      for batch in (int(b) for b in config.aot.batch_sizes.split(",")):
+        lowered = lower_speculative(
+          target,
+          draft,
+          mesh,
+          batch=batch,
+          num_draft_tokens=num_draft_tokens,
+          verifier=verifier,
+          sampling=sampling,
+          cache_length=cache_length,
+          **common,
+        )
+        speculative_programs[(verifier, batch)] = record(
+          compile_program(f"speculative loop ({verifier})", lowered), batch
+        )
+    if config.aot.get("fit_batch") and len(speculative_programs) >= 2:
+      report["largest_batch"] = _largest_batch(
+        speculative_programs,
+        hbm,
+        lambda batch: record(
+          compile_program(
+            "speculative loop (largest)",
+            lower_speculative(
+              target,
+              draft,
+              mesh,
+              batch=batch,
+              num_draft_tokens=num_draft_tokens,
+              verifier=config.aot.verifiers.split(",")[0],
+              sampling=sampling,
+              cache_length=cache_length,
+              **common,
+            ),
+          ),
+          batch,
+        ),
+      )
+      log(f"  largest batch that fits: {report['largest_batch']}")
+
+    # Per-step costs: collectives from the scanned decode step (its layer loop runs L times),
+    # FLOPs and bytes from unrolled programs, against HBM bandwidth and the performance model.
+    step = compile_program(
+      "target decode step",
+      lower_call(target, mesh, 1, 1, cache_length),
+      trips=lambda body: target_cfg.num_layers,
+    )
+    report["collectives_per_target_step"] = {k: v for k, v in step.collectives.items() if v}
+    log(f"  collectives per target decode step: {report['collectives_per_target_step']}")
+    # The model's mesh: tensor parallel over 'tensor', the rest replicated ('data').
+    mesh_shape = perf_model.MeshShape(
+      data=chips // mesh.shape["tensor"], tensor=mesh.shape["tensor"]
+    )
+    steps = []
+    for name, model_cfg, tokens, paper_ms in (
+      ("target step", target_cfg, 1, perf_model.PAPER["target_ms"]),
+      ("draft step", draft_cfg, 1, perf_model.PAPER["draft_ms"]),
+      (f"target scoring {num_draft_tokens + 1}", target_cfg, num_draft_tokens + 1, None),
+    ):
+      flops, bytes_accessed = _step_costs(model_cfg, mesh, 1, tokens, cache_length)
+      call = perf_model.call_cost(model_cfg, spec.hardware, mesh_shape, 1, tokens, cache_length)
+      steps.append(
+        {
+          "call": name,
+          "gflops_per_chip": flops / 1e9,
+          "gb_accessed_per_chip": bytes_accessed / 1e9,
+          "hbm_ms": bytes_accessed / spec.hardware.memory_bandwidth * 1e3,
+          "model_gb_per_chip": (call.weight_bytes + call.kv_bytes) / 1e9,
+          "model_floor_ms": call.memory_s * 1e3,
+          "paper_ms": paper_ms,
+        }
+      )
+      log(
+        f"  {name:<18}: {flops / 1e9:8.2f} GFLOP and {bytes_accessed / 1e9:6.3f} GB per chip -> "
+        f"{steps[-1]['hbm_ms']:.2f} ms at HBM bandwidth; performance model "
+        f"{steps[-1]['model_gb_per_chip']:.3f} GB, {steps[-1]['model_floor_ms']:.2f} ms"
+        + (f"; paper {paper_ms} ms" if paper_ms else "")
+      )
+    report["steps"] = steps
+  return report
+
+
+def _largest_batch(programs: dict, hbm: int, compile_at: Callable[[int], Program]) -> int:
+  """The largest batch whose speculative program fits ``hbm`` per chip: linear in the batch
+  between the two compiled sizes, then checked by compiling it (one step down if it fails)."""
+  (b1, p1), (b2, p2) = sorted(
+    ((batch, program) for (_, batch), program in programs.items()), key=lambda x: x[0]
+  )[:2]
+  per_row = (p2.total_bytes - p1.total_bytes) / max(b2 - b1, 1)
+  guess = int(b1 + (hbm - p1.total_bytes) // max(per_row, 1))
+  for batch in (guess, guess - 1, int(guess * 0.9)):
+    if batch >= 1 and compile_at(batch).total_bytes <= hbm:
+      return batch
+  return 0
+
+
+def format_report(report: dict) -> str:
+  """The report as Markdown tables."""
+  programs = perf_model.format_table(
+    report["programs"],
+    [
+      "program",
+      "batch",
+      "compile_s",
+      "argument_gib",
+      "temp_gib",
+      "output_gib",
+      "total_gib",
+      "fits",
+    ],
+  )
+  steps = perf_model.format_table(
+    report["steps"],
+    [
+      "call",
+      "gflops_per_chip",
+      "gb_accessed_per_chip",
+      "hbm_ms",
+      "model_gb_per_chip",
+      "model_floor_ms",
+      "paper_ms",
+    ],
+  )
+  return (
+    f"{report['topology']} ({report['chips']} x {report['device_kind']}, mesh {report['mesh']}), "
+    f"cache {report['cache_length']} slots, K = {report['num_draft_tokens']}\n\n{programs}\n\n"
+    f"collectives per target decode step: {report['collectives_per_target_step']}"
+    + (f"; largest batch that fits: {report['largest_batch']}" if "largest_batch" in report else "")
+    + f"\n\n{steps}"
+  )
