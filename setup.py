@@ -48,5 +48,8 @@ setuptools.setup(
     # pinned to a release with a CPU wheel: an open range makes pip fetch the newest
     # build with several GB of CUDA libraries.
     "hf": ["torch==2.13.0", "transformers==5.23.0", "safetensors==0.8.0"],
+    # libtpu at the version jax==0.10.2's 'tpu' extra pins: scripts/aot_compile.py compiles for
+    # TPU slices on any machine with it (no TPU needed), and on a TPU VM it runs jax on TPU.
+    "tpu": ["libtpu==0.0.42.1"],
   },
 )

@@ -177,3 +177,48 @@ def test_scanned_layers_equal_unrolled_layers(family, changes):
     results[name] = (prefill, step, cache.keys, cache.values, early)
   for got, want in zip(results["scanned"], results["unrolled"]):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+  "family,changes",
+  [
+    ("chinchilla", {}),
+    ("llama", {"num_kv_heads": 2}),  # GQA
+    ("qwen2", {}),
+    ("gemma", _GEMMA2),  # windows (of 3 slots, so early blocks drop out) and soft-caps
+  ],
+)
+def test_blocked_attention_reads_live_blocks_and_equals_dense(family, changes):
+  """The cache read in blocks of 4 slots, only up to the live ones, gives the dense result:
+  prefill of ragged rows, then decode and scoring steps at positions across block edges."""
+  config = tiny_config(family, num_layers=2, **changes)
+  blocked = transformer.create(config.replace(attention_block_size=4), seed=2)
+  dense = nnx.merge(nnx.graphdef(transformer.create(config.replace(attention_block_size=0))),
+                    nnx.state(blocked))  # fmt: skip
+  tokens = _tokens(2, 11, config.vocab_size)
+  results = {}
+  for name, model in (("blocked", blocked), ("dense", dense)):
+    cache = model.init_cache(2, 24)  # 6 blocks; the calls reach at most slot 10.
+    positions = jnp.array([[0, 1, 2, 3, 4], [0, 1, 2, 0, 0]])  # row 1 is 3 long (then pad)
+    prefill, cache = model(tokens[:, :5], positions, cache)
+    cache = cache.replace(lengths=jnp.array([5, 3]))
+    step, cache = model(tokens[:, 5:6], None, cache)
+    score, cache = model(tokens[:, 6:11], None, cache)  # 5 tokens: slots 6-10 and 4-8
+    results[name] = (prefill, step, score)
+  for got, want in zip(results["blocked"], results["dense"]):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=ATOL)
+
+
+def test_blocked_attention_skips_dead_blocks():
+  """Slots past the batch's furthest position are never read: NaN there changes nothing."""
+  from specsamp.models import attention
+
+  q = jax.random.normal(jax.random.key(0), (1, 2, 4, 8))
+  k, v = (jax.random.normal(jax.random.key(i), (1, 16, 2, 8)) for i in (1, 2))
+  positions = jnp.array([[4, 5]])
+  poisoned_k, poisoned_v = k.at[:, 8:].set(jnp.nan), v.at[:, 8:].set(jnp.nan)
+  out = attention.attend(q, poisoned_k, poisoned_v, positions, block_size=4)
+  np.testing.assert_allclose(out, attention.attend(q, k, v, positions), rtol=1e-5, atol=1e-6)
+  assert not np.isnan(np.asarray(out)).any()
+  dense = attention.attend(q, poisoned_k, poisoned_v, positions)  # reads every slot
+  assert np.isnan(np.asarray(dense)).any()

@@ -22,20 +22,37 @@ from specsamp.models.layers import apply_rope, make_param, rope_frequencies, sof
 _MASKED = -1e30
 
 
+def _visible(slots_S, positions_BT, window):
+  """[B, T, S]: slot s is visible to a query at position p iff s <= p (and s > p - window)."""
+  visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
+  if window is not None:
+    visible_BTS = visible_BTS & (slots_S[None, None, :] > positions_BT[:, :, None] - window)
+  return visible_BTS
+
+
 def attend(
   q_BTNH: jax.Array,
   k_BSKH: jax.Array,
   v_BSKH: jax.Array,
   positions_BT: jax.Array,
   logit_cap: float | None = None,
-  window: int | None = None,
+  window: jax.Array | int | None = None,
+  block_size: int = 0,
 ) -> jax.Array:
   """Causal attention of T queries over S cache slots; slot s is visible iff s <= position
   (and, with a sliding ``window``, s > position - window).
 
   Query head n uses key/value head n // R (R = N // K), so MHA, GQA and MQA
   share one einsum and the cache is never repeated to N heads.
+
+  With ``block_size`` > 0 dividing S (and S > block_size), the cache is read in blocks of
+  that many slots, only up to the block holding the batch's furthest position (and from the
+  first block a sliding window can see), with an online softmax across blocks
+  (``attend_blocked``): a call reads the live part of the cache, not every allocated slot.
   """
+  num_slots = k_BSKH.shape[1]
+  if 0 < block_size < num_slots and num_slots % block_size == 0:
+    return attend_blocked(q_BTNH, k_BSKH, v_BSKH, positions_BT, logit_cap, window, block_size)
   batch, length, num_heads, head_dim = q_BTNH.shape
   num_kv_heads = k_BSKH.shape[2]
   q_BTKRH = q_BTNH.reshape(batch, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
@@ -43,14 +60,75 @@ def attend(
     "BTKRH,BSKH->BKRTS", q_BTKRH, k_BSKH, preferred_element_type=jnp.float32
   )
   logits_BKRTS = softcap(logits_BKRTS, logit_cap)
-  slots_S = jnp.arange(k_BSKH.shape[1])
-  visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
-  if window is not None:
-    visible_BTS = visible_BTS & (slots_S[None, None, :] > positions_BT[:, :, None] - window)
+  visible_BTS = _visible(jnp.arange(num_slots), positions_BT, window)
   logits_BKRTS = jnp.where(visible_BTS[:, None, None], logits_BKRTS, _MASKED)
   probs_BKRTS = jax.nn.softmax(logits_BKRTS, axis=-1).astype(v_BSKH.dtype)
   out_BTKRH = jnp.einsum("BKRTS,BSKH->BTKRH", probs_BKRTS, v_BSKH)
   return out_BTKRH.reshape(batch, length, num_heads, head_dim)
+
+
+def attend_blocked(
+  q_BTNH: jax.Array,
+  k_BSKH: jax.Array,
+  v_BSKH: jax.Array,
+  positions_BT: jax.Array,
+  logit_cap: float | None,
+  window: jax.Array | int | None,
+  block_size: int,
+) -> jax.Array:
+  """``attend``, reading the cache block by block over the live blocks only.
+
+  Blocks [first, last] are read, last = the block of the batch's largest position, first =
+  the block of its smallest visible slot (0 without a window): a ``while_loop`` with a
+  dynamic trip count, each step a ``dynamic_slice`` of ``block_size`` slots, combined with
+  the online softmax of flash attention (a running max m, normaliser l and weighted sum).
+  Every visible slot is read exactly once, so the result is ``attend``'s up to float
+  rounding. A block with nothing visible to a row leaves m at the mask value; the row's
+  first visible logit then scales what it summed by exp(mask - m) = 0.
+  """
+  batch, length, num_heads, head_dim = q_BTNH.shape
+  num_kv_heads = k_BSKH.shape[2]
+  groups = num_heads // num_kv_heads
+  q_BTKRH = q_BTNH.reshape(batch, length, num_kv_heads, groups, head_dim)
+  # Positions past the cache (writes there are dropped) must not re-read its last block.
+  last = jnp.minimum(jnp.max(positions_BT) // block_size, k_BSKH.shape[1] // block_size - 1)
+  first = jnp.int32(0)
+  if window is not None:
+    first = jnp.maximum(jnp.min(positions_BT) - window + 1, 0) // block_size
+  shape_BKRT = (batch, num_kv_heads, groups, length)
+  init = (
+    first,
+    jnp.full(shape_BKRT, _MASKED, jnp.float32),  # m: running max of the logits.
+    jnp.zeros(shape_BKRT, jnp.float32),  # l: running sum of exp(logit - m).
+    jnp.zeros((*shape_BKRT, head_dim), jnp.float32),  # Running sum of exp(logit - m) v.
+  )
+
+  def body(carry):
+    index, m_BKRT, l_BKRT, acc_BKRTH = carry
+    start = index * block_size
+    k_BbKH = jax.lax.dynamic_slice_in_dim(k_BSKH, start, block_size, axis=1)
+    v_BbKH = jax.lax.dynamic_slice_in_dim(v_BSKH, start, block_size, axis=1)
+    logits_BKRTb = jnp.einsum(
+      "BTKRH,BbKH->BKRTb", q_BTKRH, k_BbKH, preferred_element_type=jnp.float32
+    )
+    logits_BKRTb = softcap(logits_BKRTb, logit_cap)
+    visible_BTb = _visible(start + jnp.arange(block_size), positions_BT, window)
+    logits_BKRTb = jnp.where(visible_BTb[:, None, None], logits_BKRTb, _MASKED)
+    new_m = jnp.maximum(m_BKRT, logits_BKRTb.max(axis=-1))
+    weights_BKRTb = jnp.exp(logits_BKRTb - new_m[..., None])
+    correction = jnp.exp(m_BKRT - new_m)
+    l_BKRT = l_BKRT * correction + weights_BKRTb.sum(axis=-1)
+    acc_BKRTH = acc_BKRTH * correction[..., None] + jnp.einsum(
+      "BKRTb,BbKH->BKRTH",
+      weights_BKRTb.astype(v_BbKH.dtype),
+      v_BbKH,
+      preferred_element_type=jnp.float32,
+    )
+    return index + 1, new_m, l_BKRT, acc_BKRTH
+
+  _, _, l_BKRT, acc_BKRTH = jax.lax.while_loop(lambda c: c[0] <= last, body, init)
+  out_BKRTH = (acc_BKRTH / l_BKRT[..., None]).astype(v_BSKH.dtype)
+  return jnp.einsum("BKRTH->BTKRH", out_BKRTH).reshape(batch, length, num_heads, head_dim)
 
 
 def attention_forward(
@@ -105,7 +183,15 @@ def attention_forward(
   if kv_head_offset is not None:
     read_k = jax.lax.dynamic_slice_in_dim(keys_BSKH, kv_head_offset, 1, axis=2)
     read_v = jax.lax.dynamic_slice_in_dim(values_BSKH, kv_head_offset, 1, axis=2)
-  out_BTNH = attend(q_BTNH, read_k, read_v, positions_BT, config.attn_logit_softcap, window)
+  out_BTNH = attend(
+    q_BTNH,
+    read_k,
+    read_v,
+    positions_BT,
+    config.attn_logit_softcap,
+    window,
+    config.attention_block_size,
+  )
   out_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTNH, weights["o_NHD"].astype(dtype))
   return out_BTD, keys_BSKH, values_BSKH
 

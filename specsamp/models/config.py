@@ -23,7 +23,7 @@ from specsamp.config_fields import ConfigFields
 
 # How a model runs, not what it computes from its weights: a checkpoint trained with one value
 # loads with another (checkpoint identity checks leave these out).
-EXECUTION_FIELDS = ("dtype", "tensor_parallel", "scan_layers")
+EXECUTION_FIELDS = ("dtype", "tensor_parallel", "scan_layers", "attention_block_size")
 MLP_ACTIVATIONS = ("gelu", "relu", "relu2", "swiglu", "geglu")
 ROPE_SCALINGS = ("none", "linear", "llama3")
 TENSOR_PARALLEL_MODES = ("auto", "shard_map")
@@ -77,6 +77,9 @@ class TransformerConfig(ConfigFields):
     scan_layers: run the blocks as ONE ``jax.lax.scan`` over their stacked parameters
       (compile time independent of depth); False unrolls them in a Python loop over the
       same stacked parameters (the reference the scan is tested against).
+    attention_block_size: read the KV cache in blocks of this many slots, only up to the
+      furthest position in the batch (``attention.attend_blocked``), when it divides a
+      longer cache; 0 reads every allocated slot in one einsum.
   """
 
   vocab_size: int
@@ -109,6 +112,7 @@ class TransformerConfig(ConfigFields):
   param_dtype: str = "float32"
   tensor_parallel: str = "auto"
   scan_layers: bool = True
+  attention_block_size: int = 256
 
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "ffn_dim"):
@@ -130,6 +134,10 @@ class TransformerConfig(ConfigFields):
     if self.mlp_activation not in MLP_ACTIVATIONS:
       raise ValueError(
         f"mlp_activation must be one of {MLP_ACTIVATIONS}, got {self.mlp_activation!r}."
+      )
+    if not isinstance(self.attention_block_size, int) or self.attention_block_size < 0:
+      raise ValueError(
+        f"attention_block_size must be an int >= 0, got {self.attention_block_size!r}."
       )
     if not isinstance(self.scan_layers, bool):
       raise ValueError(f"scan_layers must be True or False, got {self.scan_layers!r}.")

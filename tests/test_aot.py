@@ -1,0 +1,82 @@
+"""Ahead-of-time compilation for a TPU slice on this CPU machine (libtpu, no TPU):
+scripts/aot_compile.py's work on the tiny variant of the paper's pair."""
+
+import math
+import os
+
+import jax
+import pytest
+from conftest import ROOT
+
+from specsamp.experiments import aot, config_files
+
+aot.quiet_libtpu()
+
+
+@pytest.fixture(scope="module")
+def report():
+  config = config_files.load_module(os.path.join(ROOT, "configs", "chinchilla_pair.py")).get_config(
+    "test"
+  )
+  lines = []
+  return config, aot.run(config, log=lines.append), lines
+
+
+def _sharded_bytes(model) -> int:
+  """Bytes per device of the model's parameters, from their shardings."""
+  return sum(
+    math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+    for leaf in jax.tree.leaves(model)
+  )
+
+
+def test_the_loops_compile_for_a_tpu_slice_and_fit(report):
+  config, report, lines = report
+  assert report["topology"] == "v4-8" and report["chips"] == 4  # megacore: one device per chip
+  assert report["device_kind"] == "TPU v4"
+  names = [row["program"] for row in report["programs"]]
+  assert names == ["autoregressive loop", "speculative loop (token)"]
+  assert all(row["fits"] and row["compile_s"] > 0 for row in report["programs"])
+  assert any("speculative loop (token)" in line and "fits 32 GiB" in line for line in lines)
+  assert "| speculative loop (token) | 1 |" in aot.format_report(report)
+
+
+def test_per_chip_arguments_are_the_sharded_parameters(report):
+  """The speculative loop's arguments per chip: both models' parameters split 4 ways over
+  'tensor' (the rules table), and the prompts."""
+  config, report, _ = report
+  devices = aot.slice_devices("v4-8")
+  mesh = aot.make_mesh(devices, {"data": 1, "fsdp": 1, "tensor": -1})
+  from specsamp.models.config import TransformerConfig
+
+  params = sum(
+    _sharded_bytes(aot.abstract_model(TransformerConfig.from_config(section.model), mesh))
+    for section in (config.target, config.draft)
+  )
+  whole = sum(
+    math.prod(leaf.shape) * leaf.dtype.itemsize
+    for section in (config.target, config.draft)
+    for leaf in jax.tree.leaves(
+      aot.abstract_model(TransformerConfig.from_config(section.model), mesh)
+    )
+  )
+  assert params < whole / 3  # Sharded, not replicated.
+  [row] = [r for r in report["programs"] if r["program"] == "speculative loop (token)"]
+  arguments = row["argument_gib"] * 2**30
+  assert params <= arguments <= params * 1.1 + 4096, (params, arguments)
+
+
+def test_two_psums_per_layer_per_decode_step(report):
+  """Megatron under shard_map: one all-reduce after attention and one after the MLP in each
+  of the 4 layers (the scanned body counted once per layer), and one for the logits."""
+  _, report, _ = report
+  layers = 4
+  assert report["collectives_per_target_step"] == {"all-reduce": 2 * layers + 1}
+  target, draft, scoring = report["steps"]
+  assert target["paper_ms"] == 14.1 and draft["paper_ms"] == 1.8
+  assert scoring["gflops_per_chip"] > 4 * target["gflops_per_chip"]  # K + 1 = 5 tokens.
+
+
+def test_an_unknown_topology_is_a_clear_error():
+  with pytest.raises(ValueError, match="--topology='v9-8': must be one of"):
+    aot.slice_devices("v9-8")
