@@ -198,7 +198,7 @@ def test_blocked_attention_reads_live_blocks_and_equals_dense(family, changes):
   tokens = _tokens(2, 11, config.vocab_size)
   results = {}
   for name, model in (("blocked", blocked), ("dense", dense)):
-    cache = model.init_cache(2, 24)  # 6 blocks; the calls reach at most slot 10.
+    cache = model.init_cache(2, 22)  # 6 blocks, the last partial; calls reach slot 10.
     positions = jnp.array([[0, 1, 2, 3, 4], [0, 1, 2, 0, 0]])  # row 1 is 3 long (then pad)
     prefill, cache = model(tokens[:, :5], positions, cache)
     cache = cache.replace(lengths=jnp.array([5, 3]))
@@ -214,11 +214,20 @@ def test_blocked_attention_skips_dead_blocks():
   from specsamp.models import attention
 
   q = jax.random.normal(jax.random.key(0), (1, 2, 4, 8))
-  k, v = (jax.random.normal(jax.random.key(i), (1, 16, 2, 8)) for i in (1, 2))
+  k, v = (jax.random.normal(jax.random.key(i), (1, 18, 2, 8)) for i in (1, 2))
   positions = jnp.array([[4, 5]])
   poisoned_k, poisoned_v = k.at[:, 8:].set(jnp.nan), v.at[:, 8:].set(jnp.nan)
   out = attention.attend(q, poisoned_k, poisoned_v, positions, block_size=4)
   np.testing.assert_allclose(out, attention.attend(q, k, v, positions), rtol=1e-5, atol=1e-6)
   assert not np.isnan(np.asarray(out)).any()
+  # Near the end of a cache 4 does not divide: the last block (slots 14-17) overlaps the one
+  # before (12-15), and each slot still counts once.
+  late = jnp.array([[13, 17]])
+  np.testing.assert_allclose(
+    attention.attend(q, k, v, late, block_size=4),
+    attention.attend(q, k, v, late),
+    rtol=1e-5,
+    atol=1e-6,
+  )
   dense = attention.attend(q, poisoned_k, poisoned_v, positions)  # reads every slot
   assert np.isnan(np.asarray(dense)).any()

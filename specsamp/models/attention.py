@@ -45,13 +45,13 @@ def attend(
   Query head n uses key/value head n // R (R = N // K), so MHA, GQA and MQA
   share one einsum and the cache is never repeated to N heads.
 
-  With ``block_size`` > 0 dividing S (and S > block_size), the cache is read in blocks of
-  that many slots, only up to the block holding the batch's furthest position (and from the
-  first block a sliding window can see), with an online softmax across blocks
-  (``attend_blocked``): a call reads the live part of the cache, not every allocated slot.
+  With 0 < ``block_size`` < S, the cache is read in blocks of that many slots, only up to
+  the block holding the batch's furthest position (and from the first block a sliding window
+  can see), with an online softmax across blocks (``attend_blocked``): a call reads the live
+  part of the cache, not every allocated slot.
   """
   num_slots = k_BSKH.shape[1]
-  if 0 < block_size < num_slots and num_slots % block_size == 0:
+  if 0 < block_size < num_slots:
     return attend_blocked(q_BTNH, k_BSKH, v_BSKH, positions_BT, logit_cap, window, block_size)
   batch, length, num_heads, head_dim = q_BTNH.shape
   num_kv_heads = k_BSKH.shape[2]
@@ -91,7 +91,8 @@ def attend_blocked(
   groups = num_heads // num_kv_heads
   q_BTKRH = q_BTNH.reshape(batch, length, num_kv_heads, groups, head_dim)
   # Positions past the cache (writes there are dropped) must not re-read its last block.
-  last = jnp.minimum(jnp.max(positions_BT) // block_size, k_BSKH.shape[1] // block_size - 1)
+  num_slots = k_BSKH.shape[1]
+  last = jnp.minimum(jnp.max(positions_BT) // block_size, -(-num_slots // block_size) - 1)
   first = jnp.int32(0)
   if window is not None:
     first = jnp.maximum(jnp.min(positions_BT) - window + 1, 0) // block_size
@@ -105,14 +106,17 @@ def attend_blocked(
 
   def body(carry):
     index, m_BKRT, l_BKRT, acc_BKRTH = carry
-    start = index * block_size
+    # The last block of a cache that block_size does not divide starts earlier, at S - b:
+    # the slots it shares with the block before are masked, so each is counted once.
+    start = jnp.minimum(index * block_size, num_slots - block_size)
     k_BbKH = jax.lax.dynamic_slice_in_dim(k_BSKH, start, block_size, axis=1)
     v_BbKH = jax.lax.dynamic_slice_in_dim(v_BSKH, start, block_size, axis=1)
+    slots_b = start + jnp.arange(block_size)
     logits_BKRTb = jnp.einsum(
       "BTKRH,BbKH->BKRTb", q_BTKRH, k_BbKH, preferred_element_type=jnp.float32
     )
     logits_BKRTb = softcap(logits_BKRTb, logit_cap)
-    visible_BTb = _visible(start + jnp.arange(block_size), positions_BT, window)
+    visible_BTb = _visible(slots_b, positions_BT, window) & (slots_b >= index * block_size)
     logits_BKRTb = jnp.where(visible_BTb[:, None, None], logits_BKRTb, _MASKED)
     new_m = jnp.maximum(m_BKRT, logits_BKRTb.max(axis=-1))
     weights_BKRTb = jnp.exp(logits_BKRTb - new_m[..., None])

@@ -77,9 +77,9 @@ class TransformerConfig(ConfigFields):
     scan_layers: run the blocks as ONE ``jax.lax.scan`` over their stacked parameters
       (compile time independent of depth); False unrolls them in a Python loop over the
       same stacked parameters (the reference the scan is tested against).
-    attention_block_size: read the KV cache in blocks of this many slots, only up to the
-      furthest position in the batch (``attention.attend_blocked``), when it divides a
-      longer cache; 0 reads every allocated slot in one einsum.
+    attention_block_size: read a KV cache longer than this in blocks of this many slots, only
+      up to the furthest position in the batch (``attention.attend_blocked``); 0 reads every
+      allocated slot in one einsum.
   """
 
   vocab_size: int
