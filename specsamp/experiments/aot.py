@@ -385,7 +385,7 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
         speculative_programs[(verifier, batch)] = record(
           compile_program(f"speculative loop ({verifier})", lowered), batch
         )
-    if config.aot.get("fit_batch") and len(speculative_programs) >= 2:
+    if config.aot.get("fit_batch"):
       report["largest_batch"] = _largest_batch(
         speculative_programs,
         hbm,
@@ -454,14 +454,21 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
 def _largest_batch(programs: dict, hbm: int, compile_at: Callable[[int], Program]) -> int:
   """The largest batch whose speculative program fits ``hbm`` per chip: linear in the batch
   between the two compiled sizes, then checked by compiling it (one step down if it fails)."""
-  (b1, p1), (b2, p2) = sorted(
-    ((batch, program) for (_, batch), program in programs.items()), key=lambda x: x[0]
-  )[:2]
-  per_row = (p2.total_bytes - p1.total_bytes) / max(b2 - b1, 1)
+  by_batch = {batch: program for (_, batch), program in programs.items()}
+  if len(by_batch) < 2:
+    raise ValueError("--config.aot.batch_sizes: the largest batch needs two batch sizes.")
+  (b1, p1), (b2, p2) = sorted(by_batch.items())[:2]
+  per_row = (p2.total_bytes - p1.total_bytes) / (b2 - b1)
   guess = int(b1 + (hbm - p1.total_bytes) // max(per_row, 1))
   for batch in (guess, guess - 1, int(guess * 0.9)):
-    if batch >= 1 and compile_at(batch).total_bytes <= hbm:
-      return batch
+    if batch < 1:
+      continue
+    try:
+      if compile_at(batch).total_bytes <= hbm:
+        return batch
+    except jax.errors.JaxRuntimeError as error:  # The TPU compiler refuses what cannot fit.
+      if "RESOURCE_EXHAUSTED" not in str(error):
+        raise
   return 0
 
 
