@@ -57,18 +57,19 @@ def test_parameters_are_born_sharded():
 
 
 @pytest.mark.parametrize(
-  "family,mode,batch_axis",
+  "family,mode,batch_axis,block",
   [
-    ("chinchilla", "auto", "data"),
-    ("chinchilla", "shard_map", "data"),
-    ("llama", "shard_map", "data"),
-    ("gemma", "shard_map", "data"),
-    ("llama", "shard_map", "fsdp"),
+    ("chinchilla", "auto", "data", 4),
+    ("chinchilla", "shard_map", "data", 0),
+    ("llama", "shard_map", "data", 4),  # blocked cache reads under shard_map
+    ("gemma", "shard_map", "data", 0),
+    ("llama", "shard_map", "fsdp", 0),
   ],
 )
-def test_sharded_run_equals_one_device(family, mode, batch_axis):
-  """{data or fsdp} 2 x tensor 4 on 8 devices: same logits and greedy tokens as 1 device."""
-  config = tiny_config(family, tensor_parallel=mode)
+def test_sharded_run_equals_one_device(family, mode, batch_axis, block):
+  """{data or fsdp} 2 x tensor 4 on 8 devices: same logits and greedy tokens as 1 device
+  (with the cache read whole, or in live blocks of 4 slots)."""
+  config = tiny_config(family, tensor_parallel=mode, attention_block_size=block)
   single = transformer.create(config, seed=5)
   mesh = sharding.make_mesh({batch_axis: 2, "tensor": 4})
   sharded = transformer.create(config, mesh, seed=5)

@@ -96,12 +96,14 @@ def attend_blocked(
   first = jnp.int32(0)
   if window is not None:
     first = jnp.maximum(jnp.min(positions_BT) - window + 1, 0) // block_size
-  shape_BKRT = (batch, num_kv_heads, groups, length)
+  # Zeros derived from q, so that under shard_map they vary over the same mesh axes as the
+  # values the loop body computes from q (a while_loop's carry types must match).
+  zeros_BKRTH = jnp.einsum("BTKRH->BKRTH", q_BTKRH).astype(jnp.float32) * 0
   init = (
     first,
-    jnp.full(shape_BKRT, _MASKED, jnp.float32),  # m: running max of the logits.
-    jnp.zeros(shape_BKRT, jnp.float32),  # l: running sum of exp(logit - m).
-    jnp.zeros((*shape_BKRT, head_dim), jnp.float32),  # Running sum of exp(logit - m) v.
+    zeros_BKRTH[..., 0] + _MASKED,  # m: running max of the logits.
+    zeros_BKRTH[..., 0],  # l: running sum of exp(logit - m).
+    zeros_BKRTH,  # Running sum of exp(logit - m) v.
   )
 
   def body(carry):
