@@ -368,44 +368,32 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
       ),
       1,
     )
-    speculative_programs = {}
-    for verifier in config.aot.verifiers.split(","):
-      for batch in (int(b) for b in config.aot.batch_sizes.split(",")):
-        lowered = lower_speculative(
-          target,
-          draft,
-          mesh,
-          batch=batch,
-          num_draft_tokens=num_draft_tokens,
-          verifier=verifier,
-          sampling=sampling,
-          cache_length=cache_length,
-          **common,
-        )
-        speculative_programs[(verifier, batch)] = record(
-          compile_program(f"speculative loop ({verifier})", lowered), batch
-        )
+
+    def speculative_program(verifier: str, batch: int, name: str) -> Program:
+      lowered = lower_speculative(
+        target,
+        draft,
+        mesh,
+        batch=batch,
+        num_draft_tokens=num_draft_tokens,
+        verifier=verifier,
+        sampling=sampling,
+        cache_length=cache_length,
+        **common,
+      )
+      return record(compile_program(name, lowered), batch)
+
+    verifiers = config.aot.verifiers.split(",")
+    speculative_programs = {
+      (verifier, batch): speculative_program(verifier, batch, f"speculative loop ({verifier})")
+      for verifier in verifiers
+      for batch in (int(b) for b in config.aot.batch_sizes.split(","))
+    }
     if config.aot.get("fit_batch"):
       report["largest_batch"] = _largest_batch(
         speculative_programs,
         hbm,
-        lambda batch: record(
-          compile_program(
-            "speculative loop (largest)",
-            lower_speculative(
-              target,
-              draft,
-              mesh,
-              batch=batch,
-              num_draft_tokens=num_draft_tokens,
-              verifier=config.aot.verifiers.split(",")[0],
-              sampling=sampling,
-              cache_length=cache_length,
-              **common,
-            ),
-          ),
-          batch,
-        ),
+        lambda batch: speculative_program(verifiers[0], batch, "speculative loop (largest)"),
       )
       log(f"  largest batch that fits: {report['largest_batch']}")
 
