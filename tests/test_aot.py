@@ -80,3 +80,26 @@ def test_two_psums_per_layer_per_decode_step(report):
 def test_an_unknown_topology_is_a_clear_error():
   with pytest.raises(ValueError, match="--topology='v9-8': must be one of"):
     aot.slice_devices("v9-8")
+
+
+def _fake(total: int) -> aot.Program:
+  return aot.Program("fake", 0.0, total, 0, 0, 0, 0.0, 0.0, {})
+
+
+@pytest.mark.parametrize("second_fits", [True, False])
+def test_largest_batch_is_verified_by_compiling(second_fits):
+  """Memory 10 + 2 b GiB per chip against 32 GiB: 11 rows fit, 12 do not; found from a
+  linear guess (when two sizes fit) or by bisection (when the second size did not)."""
+  gib = 2**30
+  compiled = []
+
+  def compile_at(batch):
+    compiled.append(batch)
+    total = (10 + 2 * batch) * gib
+    return _fake(total) if total <= 32 * gib else None  # The compiler refuses what won't fit.
+
+  second = 4 if second_fits else 16
+  programs = {("token", 1): _fake(12 * gib), ("token", second): compile_at(second)}
+  compiled.clear()
+  assert aot._largest_batch(programs, 32 * gib, compile_at) == 11
+  assert len(compiled) <= 4 and 11 in compiled

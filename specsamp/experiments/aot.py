@@ -369,7 +369,8 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
       1,
     )
 
-    def speculative_program(verifier: str, batch: int, name: str) -> Program:
+    def speculative_program(verifier: str, batch: int, name: str) -> Program | None:
+      """The compiled program, or None when the TPU compiler refuses it for HBM."""
       lowered = lower_speculative(
         target,
         draft,
@@ -381,13 +382,33 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
         cache_length=cache_length,
         **common,
       )
-      return record(compile_program(name, lowered), batch)
+      start = time.perf_counter()
+      try:
+        return record(compile_program(name, lowered), batch)
+      except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+          raise
+        message = str(error).split("RESOURCE_EXHAUSTED:")[-1].strip().splitlines()[0]
+        report["programs"].append(
+          {
+            "program": name,
+            "batch": batch,
+            "compile_s": time.perf_counter() - start,
+            "fits": False,
+            "compiler": message,
+          }
+        )
+        log(f"  {name:<28} batch {batch:>3}: DOES NOT FIT: {message}")
+        return None
 
     verifiers = config.aot.verifiers.split(",")
     speculative_programs = {
       (verifier, batch): speculative_program(verifier, batch, f"speculative loop ({verifier})")
       for verifier in verifiers
       for batch in (int(b) for b in config.aot.batch_sizes.split(","))
+    }
+    speculative_programs = {
+      key: program for key, program in speculative_programs.items() if key[0] == verifiers[0]
     }
     if config.aot.get("fit_batch"):
       report["largest_batch"] = _largest_batch(
@@ -439,41 +460,53 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
   return report
 
 
-def _largest_batch(programs: dict, hbm: int, compile_at: Callable[[int], Program]) -> int:
-  """The largest batch whose speculative program fits ``hbm`` per chip: linear in the batch
-  between the two compiled sizes, then checked by compiling it (one step down if it fails)."""
-  by_batch = {batch: program for (_, batch), program in programs.items()}
-  if len(by_batch) < 2:
-    raise ValueError("--config.aot.batch_sizes: the largest batch needs two batch sizes.")
-  (b1, p1), (b2, p2) = sorted(by_batch.items())[:2]
-  per_row = (p2.total_bytes - p1.total_bytes) / (b2 - b1)
-  guess = int(b1 + (hbm - p1.total_bytes) // max(per_row, 1))
-  for batch in (guess, guess - 1, int(guess * 0.9)):
-    if batch < 1:
-      continue
-    try:
-      if compile_at(batch).total_bytes <= hbm:
-        return batch
-    except jax.errors.JaxRuntimeError as error:  # The TPU compiler refuses what cannot fit.
-      if "RESOURCE_EXHAUSTED" not in str(error):
-        raise
-  return 0
+def _largest_batch(
+  programs: dict, hbm: int, compile_at: Callable[[int], Program | None], max_compiles: int = 4
+) -> int:
+  """The largest batch whose speculative program fits ``hbm`` per chip, verified by
+  compiling it. The first guess is linear in the batch through the two smallest fitting
+  sizes; then bisection between the largest size that fit and the smallest that did not,
+  at most ``max_compiles`` compiles in all."""
+  fits = {b: p.total_bytes <= hbm for (_, b), p in programs.items() if p is not None}
+  fits.update({b: False for (_, b), p in programs.items() if p is None})
+  fitting = sorted(
+    (b, p) for (_, b), p in programs.items() if p is not None and p.total_bytes <= hbm
+  )
+  for _ in range(max_compiles):
+    low = max((b for b, ok in fits.items() if ok), default=0)
+    high = min((b for b, ok in fits.items() if not ok), default=None)
+    if high is not None and high - low <= 1:
+      break
+    if high is None and len(fitting) >= 2:
+      (b1, p1), (b2, p2) = fitting[:2]
+      per_row = max((p2.total_bytes - p1.total_bytes) / (b2 - b1), 1)
+      guess = int(b1 + (hbm - p1.total_bytes) // per_row)
+    elif high is None:
+      guess = 2 * max(low, 1)
+    else:
+      guess = (low + high) // 2
+    if guess in fits or guess < 1:
+      guess = low + 1
+    program = compile_at(guess)
+    fits[guess] = program is not None and program.total_bytes <= hbm
+  return max((b for b, ok in fits.items() if ok), default=0)
 
 
 def format_report(report: dict) -> str:
   """The report as Markdown tables."""
+  columns = [
+    "program",
+    "batch",
+    "compile_s",
+    "argument_gib",
+    "temp_gib",
+    "output_gib",
+    "total_gib",
+    "fits",
+    "compiler",
+  ]
   programs = perf_model.format_table(
-    report["programs"],
-    [
-      "program",
-      "batch",
-      "compile_s",
-      "argument_gib",
-      "temp_gib",
-      "output_gib",
-      "total_gib",
-      "fits",
-    ],
+    [{c: row.get(c, "") for c in columns} for row in report["programs"]], columns
   )
   steps = perf_model.format_table(
     report["steps"],
