@@ -209,25 +209,27 @@ def test_blocked_attention_reads_live_blocks_and_equals_dense(family, changes):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=ATOL)
 
 
-def test_blocked_attention_skips_dead_blocks():
-  """Slots past the batch's furthest position are never read: NaN there changes nothing."""
-  from specsamp.models import attention
+def test_blocked_attention_reads_only_its_layers_live_blocks():
+  """A layer reads its own slots of the stacked cache, up to the batch's furthest position:
+  NaN in the other layers, or past that position, changes nothing."""
+  from specsamp.models.attention import LayerCache, attend
 
   q = jax.random.normal(jax.random.key(0), (1, 2, 4, 8))
-  k, v = (jax.random.normal(jax.random.key(i), (1, 18, 2, 8)) for i in (1, 2))
+  k, v = (jax.random.normal(jax.random.key(i), (3, 1, 18, 2, 8)) for i in (1, 2))
   positions = jnp.array([[4, 5]])
-  poisoned_k, poisoned_v = k.at[:, 8:].set(jnp.nan), v.at[:, 8:].set(jnp.nan)
-  out = attention.attend(q, poisoned_k, poisoned_v, positions, block_size=4)
-  np.testing.assert_allclose(out, attention.attend(q, k, v, positions), rtol=1e-5, atol=1e-6)
-  assert not np.isnan(np.asarray(out)).any()
+  clean = attend(q, LayerCache(k, v, 1), positions)
+  poisoned_k = k.at[1, :, 8:].set(jnp.nan).at[0].set(jnp.nan).at[2].set(jnp.nan)
+  poisoned_v = v.at[1, :, 8:].set(jnp.nan).at[0].set(jnp.nan).at[2].set(jnp.nan)
+  out = attend(q, LayerCache(poisoned_k, poisoned_v, 1), positions, block_size=4)
+  np.testing.assert_allclose(out, clean, rtol=1e-5, atol=1e-6)
+  dense = attend(q, LayerCache(poisoned_k, poisoned_v, 1), positions)  # reads every slot
+  assert np.isnan(np.asarray(dense)).any()
   # Near the end of a cache 4 does not divide: the last block (slots 14-17) overlaps the one
   # before (12-15), and each slot still counts once.
   late = jnp.array([[13, 17]])
   np.testing.assert_allclose(
-    attention.attend(q, k, v, late, block_size=4),
-    attention.attend(q, k, v, late),
+    attend(q, LayerCache(k, v, 2), late, block_size=4),
+    attend(q, LayerCache(k, v, 2), late),
     rtol=1e-5,
     atol=1e-6,
   )
-  dense = attention.attend(q, poisoned_k, poisoned_v, positions)  # reads every slot
-  assert np.isnan(np.asarray(dense)).any()

@@ -10,6 +10,8 @@ entries left behind by a rollback) are masked out.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -30,17 +32,52 @@ def _visible(slots_S, positions_BT, window):
   return visible_BTS
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerCache:
+  """One layer of the stacked KV cache, read in place: ``read`` slices that layer's slots
+  straight out of the [L, B, S, K, H] arrays (nothing else of the cache is copied).
+
+  Attributes:
+    keys, values: [L, B, S, K, H], every layer's cache.
+    layer: which layer (an int, or a traced scalar inside the scan over layers).
+    kv_head: with tensor parallelism wider than K, the one kv head this device's query
+      heads share (every device holds all K); None reads all K.
+  """
+
+  keys: jax.Array
+  values: jax.Array
+  layer: jax.Array | int
+  kv_head: jax.Array | None = None
+
+  @property
+  def num_slots(self) -> int:
+    return self.keys.shape[2]
+
+  def read(self, start: jax.Array | int, size: int) -> tuple[jax.Array, jax.Array]:
+    """Keys and values [B, size, K', H] of slots start..start+size-1 of the layer."""
+
+    def one(cache_LBSKH):
+      _, batch, _, kv_heads, head_dim = cache_LBSKH.shape
+      start_index = (self.layer, 0, start, 0, 0)
+      block = jax.lax.dynamic_slice(cache_LBSKH, start_index, (1, batch, size, kv_heads, head_dim))
+      block_BsKH = block[0]
+      if self.kv_head is not None:
+        block_BsKH = jax.lax.dynamic_slice_in_dim(block_BsKH, self.kv_head, 1, axis=2)
+      return block_BsKH
+
+    return one(self.keys), one(self.values)
+
+
 def attend(
   q_BTNH: jax.Array,
-  k_BSKH: jax.Array,
-  v_BSKH: jax.Array,
+  cache: LayerCache,
   positions_BT: jax.Array,
   logit_cap: float | None = None,
   window: jax.Array | int | None = None,
   block_size: int = 0,
 ) -> jax.Array:
-  """Causal attention of T queries over S cache slots; slot s is visible iff s <= position
-  (and, with a sliding ``window``, s > position - window).
+  """Causal attention of T queries over a layer's S cache slots; slot s is visible iff
+  s <= position (and, with a sliding ``window``, s > position - window).
 
   Query head n uses key/value head n // R (R = N // K), so MHA, GQA and MQA
   share one einsum and the cache is never repeated to N heads.
@@ -50,9 +87,10 @@ def attend(
   can see), with an online softmax across blocks (``attend_blocked``): a call reads the live
   part of the cache, not every allocated slot.
   """
-  num_slots = k_BSKH.shape[1]
+  num_slots = cache.num_slots
   if 0 < block_size < num_slots:
-    return attend_blocked(q_BTNH, k_BSKH, v_BSKH, positions_BT, logit_cap, window, block_size)
+    return attend_blocked(q_BTNH, cache, positions_BT, logit_cap, window, block_size)
+  k_BSKH, v_BSKH = cache.read(0, num_slots)
   batch, length, num_heads, head_dim = q_BTNH.shape
   num_kv_heads = k_BSKH.shape[2]
   q_BTKRH = q_BTNH.reshape(batch, length, num_kv_heads, num_heads // num_kv_heads, head_dim)
@@ -69,8 +107,7 @@ def attend(
 
 def attend_blocked(
   q_BTNH: jax.Array,
-  k_BSKH: jax.Array,
-  v_BSKH: jax.Array,
+  cache: LayerCache,
   positions_BT: jax.Array,
   logit_cap: float | None,
   window: jax.Array | int | None,
@@ -87,11 +124,11 @@ def attend_blocked(
   first visible logit then scales what it summed by exp(mask - m) = 0.
   """
   batch, length, num_heads, head_dim = q_BTNH.shape
-  num_kv_heads = k_BSKH.shape[2]
+  num_kv_heads = 1 if cache.kv_head is not None else cache.keys.shape[3]
   groups = num_heads // num_kv_heads
   q_BTKRH = q_BTNH.reshape(batch, length, num_kv_heads, groups, head_dim)
   # Positions past the cache (writes there are dropped) must not re-read its last block.
-  num_slots = k_BSKH.shape[1]
+  num_slots = cache.num_slots
   last = jnp.minimum(jnp.max(positions_BT) // block_size, -(-num_slots // block_size) - 1)
   first = jnp.int32(0)
   if window is not None:
@@ -111,8 +148,7 @@ def attend_blocked(
     # The last block of a cache that block_size does not divide starts earlier, at S - b:
     # the slots it shares with the block before are masked, so each is counted once.
     start = jnp.minimum(index * block_size, num_slots - block_size)
-    k_BbKH = jax.lax.dynamic_slice_in_dim(k_BSKH, start, block_size, axis=1)
-    v_BbKH = jax.lax.dynamic_slice_in_dim(v_BSKH, start, block_size, axis=1)
+    k_BbKH, v_BbKH = cache.read(start, block_size)
     slots_b = start + jnp.arange(block_size)
     logits_BKRTb = jnp.einsum(
       "BTKRH,BbKH->BKRTb", q_BTKRH, k_BbKH, preferred_element_type=jnp.float32
@@ -133,22 +169,25 @@ def attend_blocked(
     return index + 1, new_m, l_BKRT, acc_BKRTH
 
   _, _, l_BKRT, acc_BKRTH = jax.lax.while_loop(lambda c: c[0] <= last, body, init)
-  out_BKRTH = (acc_BKRTH / l_BKRT[..., None]).astype(v_BSKH.dtype)
+  out_BKRTH = (acc_BKRTH / l_BKRT[..., None]).astype(cache.values.dtype)
   return jnp.einsum("BKRTH->BTKRH", out_BKRTH).reshape(batch, length, num_heads, head_dim)
 
 
 def attention_forward(
   x_BTD: jax.Array,
   positions_BT: jax.Array,
-  keys_BSKH: jax.Array,
-  values_BSKH: jax.Array,
+  keys_LBSKH: jax.Array,
+  values_LBSKH: jax.Array,
+  layer: jax.Array | int,
   weights: dict[str, jax.Array],
   *,
   config: TransformerConfig,
-  window: int | None = None,
+  window: jax.Array | int | None = None,
   kv_head_offset: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Attention on arrays: returns (out_BTD, keys_BSKH, values_BSKH) with the cache updated.
+  """Attention on arrays: returns (out_BTD, keys_LBSKH, values_LBSKH) with ``layer``'s
+  cache updated in place (the stacked cache is carried through the scan over layers, so a
+  step writes its new slots and reads its layer without copying the cache).
 
   Under tensor parallelism the weights hold a slice of the heads and out_BTD is
   a partial sum over them, reduced once by the caller.
@@ -156,9 +195,10 @@ def attention_forward(
   Args:
     x_BTD: normalised inputs.
     positions_BT: absolute position of each input token.
-    keys_BSKH, values_BSKH: this layer's cache.
+    keys_LBSKH, values_LBSKH: every layer's cache.
+    layer: this layer's index into them.
     weights: q_DNH, k_DKH, v_DKH, o_NHD and, with qkv_bias, q_NH, k_KH, v_KH.
-    config: the model config (RoPE, query scale, soft-cap).
+    config: the model config (RoPE, query scale, soft-cap, attention block size).
     window: this layer's sliding window (None: the whole cache).
     kv_head_offset: set when each device holds ALL K kv heads but only a slice
       of the query heads (tensor parallelism wider than K): the one kv head its
@@ -180,26 +220,21 @@ def attention_forward(
   q_BTNH = q_BTNH * jnp.asarray(query_scalar**-0.5, dtype)
   q_BTNH = sharding.constrain(q_BTNH, ("act_batch", "act_length", "act_heads", "act_head_dim"))
 
-  keys_BSKH = kv_cache.write(keys_BSKH, k_BTKH, positions_BT)
-  values_BSKH = kv_cache.write(values_BSKH, v_BTKH, positions_BT)
-  keys_BSKH = sharding.constrain(keys_BSKH, kv_cache.CACHE_AXES)
-  values_BSKH = sharding.constrain(values_BSKH, kv_cache.CACHE_AXES)
+  keys_LBSKH = kv_cache.write(keys_LBSKH, layer, k_BTKH, positions_BT)
+  values_LBSKH = kv_cache.write(values_LBSKH, layer, v_BTKH, positions_BT)
+  keys_LBSKH = sharding.constrain(keys_LBSKH, kv_cache.STACKED_CACHE_AXES)
+  values_LBSKH = sharding.constrain(values_LBSKH, kv_cache.STACKED_CACHE_AXES)
 
-  read_k, read_v = keys_BSKH, values_BSKH
-  if kv_head_offset is not None:
-    read_k = jax.lax.dynamic_slice_in_dim(keys_BSKH, kv_head_offset, 1, axis=2)
-    read_v = jax.lax.dynamic_slice_in_dim(values_BSKH, kv_head_offset, 1, axis=2)
   out_BTNH = attend(
     q_BTNH,
-    read_k,
-    read_v,
+    LayerCache(keys_LBSKH, values_LBSKH, layer, kv_head_offset),
     positions_BT,
     config.attn_logit_softcap,
     window,
     config.attention_block_size,
   )
   out_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTNH, weights["o_NHD"].astype(dtype))
-  return out_BTD, keys_BSKH, values_BSKH
+  return out_BTD, keys_LBSKH, values_LBSKH
 
 
 class Attention(nnx.Module):

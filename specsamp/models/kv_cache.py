@@ -74,7 +74,12 @@ class KVCache:
     return self.keys.shape[0]
 
 
-def write(cache_BSKH: jax.Array, new_BTKH: jax.Array, positions_BT: jax.Array) -> jax.Array:
-  """Writes new keys or values into their rows' slots; positions past S are dropped."""
-  rows_BT = jnp.broadcast_to(jnp.arange(cache_BSKH.shape[0])[:, None], positions_BT.shape)
-  return cache_BSKH.at[rows_BT, positions_BT].set(new_BTKH.astype(cache_BSKH.dtype), mode="drop")
+def write(
+  cache_LBSKH: jax.Array, layer: jax.Array | int, new_BTKH: jax.Array, positions_BT: jax.Array
+) -> jax.Array:
+  """Writes one layer's new keys or values into their rows' slots, in place; positions past
+  S are dropped."""
+  rows_BT = jnp.broadcast_to(jnp.arange(cache_LBSKH.shape[1])[:, None], positions_BT.shape)
+  return cache_LBSKH.at[layer, rows_BT, positions_BT].set(
+    new_BTKH.astype(cache_LBSKH.dtype), mode="drop"
+  )

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from specsamp import sharding
@@ -86,18 +87,27 @@ def attention_block(
   attn: Attention,
   x_BTD: jax.Array,
   positions_BT: jax.Array,
-  keys_BSKH: jax.Array,
-  values_BSKH: jax.Array,
+  keys_LBSKH: jax.Array,
+  values_LBSKH: jax.Array,
+  layer: jax.Array | int,
   window: jax.Array | int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Runs attention (and its cache update) in the config's tensor-parallel mode; ``window``
-  is this layer's sliding window (a scalar, traced when the layers are scanned) or None."""
+  """Runs attention (and its in-place cache update of ``layer``) in the config's
+  tensor-parallel mode; ``window`` is this layer's sliding window (a scalar, traced when the
+  layers are scanned) or None."""
   config = attn.config
   tp = _tensor_parallel_size(config)
   weights, weight_specs = _values_and_specs(attn.weights())
   if tp is None:
     return attention_forward(
-      x_BTD, positions_BT, keys_BSKH, values_BSKH, weights, config=config, window=window
+      x_BTD,
+      positions_BT,
+      keys_LBSKH,
+      values_LBSKH,
+      layer,
+      weights,
+      config=config,
+      window=window,
     )
 
   num_heads, num_kv_heads = config.num_heads, config.num_kv_heads
@@ -111,7 +121,7 @@ def attention_block(
 
   axis = _tensor_axis()
 
-  def body(x, positions, keys, values, local_weights, layer_window):
+  def body(x, positions, keys, values, local_weights, layer_index, layer_window):
     offset = None
     if not kv_sharded:  # every device holds all K kv heads; pick its query heads' one.
       offset = jax.lax.axis_index(axis) * (num_heads // tp) // (num_heads // num_kv_heads)
@@ -120,6 +130,7 @@ def attention_block(
       positions,
       keys,
       values,
+      layer_index,
       local_weights,
       config=config,
       window=layer_window,
@@ -128,17 +139,19 @@ def attention_block(
     return jax.lax.psum(out, axis), keys, values
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
-  cache_spec = _spec(kv_cache.CACHE_AXES, keys_BSKH)
+  cache_spec = _spec(kv_cache.STACKED_CACHE_AXES, keys_LBSKH)
+  scalar = jax.sharding.PartitionSpec()  # The layer index and its window: replicated.
   in_specs = (
     x_spec,
     _spec(("act_batch", "act_length"), positions_BT),
     cache_spec,
     cache_spec,
     weight_specs,
-    None if window is None else jax.sharding.PartitionSpec(),  # A layer's window: replicated.
+    scalar,
+    None if window is None else scalar,
   )
   return jax.shard_map(body, in_specs=in_specs, out_specs=(x_spec, cache_spec, cache_spec))(
-    x_BTD, positions_BT, keys_BSKH, values_BSKH, weights, window
+    x_BTD, positions_BT, keys_LBSKH, values_LBSKH, weights, jnp.asarray(layer, jnp.int32), window
   )
 
 

@@ -57,13 +57,15 @@ class Block(nnx.Module):
     self,
     x_BTD: jax.Array,
     positions_BT: jax.Array,
-    keys_BSKH: jax.Array,
-    values_BSKH: jax.Array,
+    keys_LBSKH: jax.Array,
+    values_LBSKH: jax.Array,
+    layer: jax.Array | int,
     window: jax.Array | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer; writes its slots of the stacked cache in place and returns the cache."""
     with jax.named_scope("attention"):
-      h_BTD, keys_BSKH, values_BSKH = tensor_parallel.attention_block(
-        self.attn, self.attn_norm(x_BTD), positions_BT, keys_BSKH, values_BSKH, window
+      h_BTD, keys_LBSKH, values_LBSKH = tensor_parallel.attention_block(
+        self.attn, self.attn_norm(x_BTD), positions_BT, keys_LBSKH, values_LBSKH, layer, window
       )
       if self.post_norms:
         h_BTD = self.attn_post_norm(h_BTD)
@@ -73,7 +75,7 @@ class Block(nnx.Module):
       if self.post_norms:
         h_BTD = self.mlp_post_norm(h_BTD)
       x_BTD = x_BTD + h_BTD
-    return sharding.constrain(x_BTD, _RESIDUAL_AXES), keys_BSKH, values_BSKH
+    return sharding.constrain(x_BTD, _RESIDUAL_AXES), keys_LBSKH, values_LBSKH
 
 
 def stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
@@ -119,23 +121,25 @@ def run_blocks(
   windows = config.layer_windows()
   windows_L = None if windows is None else jnp.asarray(windows[:num_layers], jnp.int32)
 
-  def layer(x_BTD, inputs):
-    layer_state, keys_BSKH, values_BSKH, window = inputs
+  # The stacked cache is carried (not scanned over): each layer writes its slots in place
+  # and reads its own layer, so a step never copies the cache.
+  def layer(carry, inputs):
+    x_BTD, keys_LBSKH, values_LBSKH = carry
+    layer_state, index, window = inputs
     block = nnx.merge(graphdef, layer_state)
-    x_BTD, keys_BSKH, values_BSKH = block(x_BTD, positions_BT, keys_BSKH, values_BSKH, window)
-    return x_BTD, (keys_BSKH, values_BSKH)
+    return block(x_BTD, positions_BT, keys_LBSKH, values_LBSKH, index, window), None
 
-  inputs = (state, keys_LBSKH, values_LBSKH, windows_L)
+  carry = (x_BTD, keys_LBSKH, values_LBSKH)
   if config.scan_layers:
-    x_BTD, (keys_LBSKH, values_LBSKH) = jax.lax.scan(layer, x_BTD, inputs)
+    inputs = (state, jnp.arange(num_layers, dtype=jnp.int32), windows_L)
+    carry, _ = jax.lax.scan(layer, carry, inputs)
   else:
-    keys, values = [], []
     for index in range(num_layers):
       with jax.named_scope(f"layer_{index}"):
-        x_BTD, (k, v) = layer(x_BTD, jax.tree.map(lambda a, i=index: a[i], inputs))
-      keys.append(k)
-      values.append(v)
-    keys_LBSKH, values_LBSKH = jnp.stack(keys), jnp.stack(values)
+        layer_state = jax.tree.map(lambda a, i=index: a[i], state)
+        window = None if windows_L is None else windows_L[index]
+        carry, _ = layer(carry, (layer_state, index, window))
+  x_BTD, keys_LBSKH, values_LBSKH = carry
   keys_LBSKH = sharding.constrain(keys_LBSKH, kv_cache.STACKED_CACHE_AXES)
   values_LBSKH = sharding.constrain(values_LBSKH, kv_cache.STACKED_CACHE_AXES)
   return x_BTD, keys_LBSKH, values_LBSKH
