@@ -65,6 +65,9 @@ def quiet_libtpu() -> None:
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v4-8")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  # Compiling opens no TPU, so several processes may load libtpu at once (its lockfile
+  # otherwise refuses every process but the first).
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 

@@ -79,8 +79,10 @@ def start(argv: Sequence[str]) -> None:
   """Call first in a script's main(argv)."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO; --verbosity=0 shows it.
-    logging.set_verbosity(logging.WARNING)
+  # orbax logs every save at INFO, and warns while it fails to read a corrupt step (which
+  # specsamp then reports in one line); --verbosity=0 shows all of it.
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.ERROR)
   initialize_distributed(
     _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value
   )

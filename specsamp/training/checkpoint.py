@@ -244,7 +244,8 @@ class Checkpoints:
     """Whether ``step`` holds the blocks' parameters one layer at a time ('blocks/0/...', the
     layout before the blocks were stacked for ``lax.scan``)."""
     try:
-      tree = self._open(create=False).item_metadata(step)["params"].tree
+      path = os.path.join(self.directory, str(step), "params")
+      tree = ocp.StandardCheckpointer().metadata(path).item_metadata.tree
     except Exception:  # No params item, or metadata orbax cannot read: not this layout.
       return False
     blocks = tree.get("blocks") if isinstance(tree, Mapping) else None
