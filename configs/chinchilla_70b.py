@@ -41,6 +41,8 @@ def get_config(arg=None):
   m.dtype = "bfloat16"  # Activations on accelerators.
   m.param_dtype = "bfloat16"  # Stored parameters.
   m.tensor_parallel = "shard_map"  # Explicit Megatron collectives: 2 psums per layer.
+  m.scan_layers = True  # One lax.scan over the stacked layers: compile time independent of depth.
+  m.attention_block_size = 256  # Read the KV cache in blocks up to the live position; 0: all.
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = 1  # Batch 1 decoding: no data parallelism.

@@ -44,6 +44,8 @@ def _model(num_layers, d_model, num_heads, vocab_size):
   m.dtype = "float32"  # Activations (bfloat16 on accelerators for the large pair).
   m.param_dtype = "float32"  # Stored parameters.
   m.tensor_parallel = "auto"  # 'auto' (jit partitions) or 'shard_map'.
+  m.scan_layers = True  # One lax.scan over the stacked layers (False: a Python loop).
+  m.attention_block_size = 256  # Read the KV cache in blocks up to the live position; 0: all.
   return m
 
 
