@@ -33,6 +33,8 @@ setuptools.setup(
     # ruff is the linter and format check that .ci/run runs before the tests.
     "test": [
       "pytest==9.0.3",
+      "pytest-xdist==3.8.0",  # The suite runs on 2 workers (-n 2), one test file per worker.
+      "execnet==2.1.2",
       "scipy==1.17.1",
       "matplotlib==3.11.2",
       "nbclient==0.11.0",

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -325,6 +327,30 @@ def _as_items(state: TrainState) -> dict[str, Any]:
   return {"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}}
 
 
+class _DeferredInterrupt:
+  """SIGINT as a flag, checked between training steps (main thread only; elsewhere, and
+  after the first Ctrl-C, SIGINT raises KeyboardInterrupt as usual)."""
+
+  def __init__(self):
+    self.requested = False
+    self.previous = None
+    if threading.current_thread() is threading.main_thread():
+      self.previous = signal.signal(signal.SIGINT, self._handle)
+
+  def _handle(self, signum, frame):
+    self.requested = True
+    self.restore()  # A second Ctrl-C interrupts at once.
+
+  def check(self) -> None:
+    if self.requested:
+      raise KeyboardInterrupt
+
+  def restore(self) -> None:
+    if self.previous is not None:
+      signal.signal(signal.SIGINT, self.previous)
+      self.previous = None
+
+
 def fit(
   trainer: Trainer,
   batches: Batches,
@@ -378,8 +404,13 @@ def fit(
   tokens_per_step = config.batch_size * config.seq_len
   window_start, window_steps, run_start = time.perf_counter(), 0, time.perf_counter()
   step = start
+  # Ctrl-C lands between steps: a step donates the state's buffers, so an interrupt inside
+  # one would leave nothing whole to save. The first Ctrl-C sets a flag the loop checks; a
+  # second one interrupts at once.
+  interrupt = _DeferredInterrupt()
   try:
     while step < end:
+      interrupt.check()
       state, metrics = trainer.train_step(state, batches.at(step))
       step += 1
       window_steps += 1
@@ -410,10 +441,16 @@ def fit(
       if step % config.checkpoint_every == 0 or step == end:
         checkpoints.save(step, _as_items(state), meta)
   except KeyboardInterrupt:
-    log(f"{name}: interrupted at step {step}; saving a checkpoint to resume from.")
-    checkpoints.save(step, _as_items(state), meta)
     checkpoints.wait()
+    if step in checkpoints.all_steps():  # Just saved by the periodic checkpoint.
+      log(f"{name}: interrupted at step {step}, which is saved; resume from it.")
+    else:
+      log(f"{name}: interrupted at step {step}; saving a checkpoint to resume from.")
+      checkpoints.save(step, _as_items(state), meta)
+      checkpoints.wait()
     raise
+  finally:
+    interrupt.restore()
   checkpoints.wait()
   log(f"{name}: {end - start} steps in {_format_duration(time.perf_counter() - run_start)}")
   return state
