@@ -32,7 +32,7 @@ from specsamp import sharding
 from specsamp.experiments import perf_model
 from specsamp.models import kv_cache, transformer
 from specsamp.models.config import TransformerConfig
-from specsamp.sampling import autoregressive, drafters, model_protocol, speculative
+from specsamp.sampling import autoregressive, drafters, speculative
 from specsamp.sampling.warping import SamplingConfig
 
 
@@ -225,12 +225,9 @@ def lower_speculative(
   cache_length: int,
 ) -> Any:
   """The speculative loop users run (``speculative.SpeculativeLoop``), lowered."""
-  drafter = drafters.as_drafter(draft)
-  target_static, target_dynamic = model_protocol.split_model(target)
-  drafter_static, drafter_dynamic = drafter.split()
-  loop = speculative.SpeculativeLoop(
-    target_static=target_static,
-    drafter_static=drafter_static,
+  loop, target_dynamic, drafter_dynamic = speculative.SpeculativeLoop.for_models(
+    target,
+    drafters.as_drafter(draft),
     max_new_tokens=max_new_tokens,
     num_draft_tokens=num_draft_tokens,
     sampling=sampling,
@@ -240,15 +237,12 @@ def lower_speculative(
     pad_id=0,
     cache_length=cache_length,
   )
-  key = jax.eval_shape(lambda: jax.random.key(0))
   with sharding.use_mesh(mesh):
     return speculative.SpeculativeLoop.__call__.lower(
       loop,
       target_dynamic,
       drafter_dynamic,
-      _replicated(mesh, (batch, prompt_length), jnp.int32),
-      _replicated(mesh, (batch,), jnp.int32),
-      _replicated(mesh, key.shape, key.dtype),
+      *_prompt_arguments(mesh, batch, prompt_length),
       _replicated(mesh, (), jnp.float32),
     )
 
@@ -264,24 +258,29 @@ def lower_autoregressive(
   cache_length: int,
 ) -> Any:
   """The autoregressive loop users run (``autoregressive.AutoregressiveLoop``), lowered."""
-  static, dynamic = model_protocol.split_model(target)
-  loop = autoregressive.AutoregressiveLoop(
-    model_static=static,
+  loop, dynamic = autoregressive.AutoregressiveLoop.for_model(
+    target,
     max_new_tokens=max_new_tokens,
     sampling=sampling,
     eos_id=None,
     pad_id=0,
     cache_length=cache_length,
   )
-  key = jax.eval_shape(lambda: jax.random.key(0))
   with sharding.use_mesh(mesh):
     return autoregressive.AutoregressiveLoop.__call__.lower(
-      loop,
-      dynamic,
-      _replicated(mesh, (batch, prompt_length), jnp.int32),
-      _replicated(mesh, (batch,), jnp.int32),
-      _replicated(mesh, key.shape, key.dtype),
+      loop, dynamic, *_prompt_arguments(mesh, batch, prompt_length)
     )
+
+
+def _prompt_arguments(mesh, batch: int, prompt_length: int) -> tuple[Any, Any, Any]:
+  """Abstract prompts [B, T], prompt lengths [B] and a random key, replicated: the loops'
+  per-call inputs."""
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  return (
+    _replicated(mesh, (batch, prompt_length), jnp.int32),
+    _replicated(mesh, (batch,), jnp.int32),
+    _replicated(mesh, key.shape, key.dtype),
+  )
 
 
 def _step_costs(config: TransformerConfig, mesh, batch: int, tokens: int, cache_length: int):

@@ -164,6 +164,30 @@ class AutoregressiveLoop:
   pad_id: int
   cache_length: int
 
+  @classmethod
+  def for_model(
+    cls,
+    model: Any,
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    eos_id: int | None,
+    pad_id: int,
+    cache_length: int,
+  ) -> tuple[AutoregressiveLoop, Any]:
+    """(loop, the model's arrays): what ``generate`` calls, and what ``experiments.aot``
+    lowers for a TPU slice."""
+    static, dynamic = model_protocol.split_model(model)
+    loop = cls(
+      model_static=static,
+      max_new_tokens=int(max_new_tokens),
+      sampling=sampling,
+      eos_id=None if eos_id is None else int(eos_id),
+      pad_id=int(pad_id),
+      cache_length=int(cache_length),
+    )
+    return loop, dynamic
+
   @functools.partial(jax.jit, static_argnums=0)
   def __call__(
     self, model_dynamic: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array, rng: jax.Array
@@ -259,13 +283,12 @@ def generate(
     {"KV cache": memory.cache_bytes(model, prompts.shape[0], cache_length)},
     f"{prompts.shape[0]} rows x {cache_length} cache slots",
   )
-  static, dynamic = model_protocol.split_model(model)
-  loop = AutoregressiveLoop(
-    model_static=static,
-    max_new_tokens=int(max_new_tokens),
+  loop, dynamic = AutoregressiveLoop.for_model(
+    model,
+    max_new_tokens=max_new_tokens,
     sampling=sampling,
-    eos_id=None if eos_id is None else int(eos_id),
-    pad_id=int(pad_id),
+    eos_id=eos_id,
+    pad_id=pad_id,
     cache_length=cache_length,
   )
   return loop(dynamic, prompts, prompt_lengths, rng)

@@ -275,6 +275,39 @@ class SpeculativeLoop:
   pad_id: int
   cache_length: int
 
+  @classmethod
+  def for_models(
+    cls,
+    target: Any,
+    drafter: drafters.Drafter,
+    *,
+    max_new_tokens: int,
+    num_draft_tokens: int,
+    sampling: SamplingConfig,
+    verifier: str,
+    schedule: str,
+    eos_id: int | None,
+    pad_id: int,
+    cache_length: int,
+  ) -> tuple[SpeculativeLoop, Any, Any]:
+    """(loop, target arrays, drafter arrays): what ``speculative_generate`` calls, and what
+    ``experiments.aot`` lowers for a TPU slice."""
+    target_static, target_dynamic = model_protocol.split_model(target)
+    drafter_static, drafter_dynamic = drafter.split()
+    loop = cls(
+      target_static=target_static,
+      drafter_static=drafter_static,
+      max_new_tokens=int(max_new_tokens),
+      num_draft_tokens=int(num_draft_tokens),
+      sampling=sampling,
+      verifier=verifier,
+      schedule=schedule,
+      eos_id=None if eos_id is None else int(eos_id),
+      pad_id=int(pad_id),
+      cache_length=int(cache_length),
+    )
+    return loop, target_dynamic, drafter_dynamic
+
   def _verify(self, synthetic_acceptance: jax.Array) -> verification.Verifier:
     if self.verifier == "synthetic":  # Benchmarks: acceptance with a fixed rate, not exact.
       return verification.synthetic_verifier(synthetic_acceptance)
@@ -509,18 +542,16 @@ def speculative_generate(
     },
     shape,
   )
-  target_static, target_dynamic = model_protocol.split_model(target)
-  drafter_static, drafter_dynamic = drafter.split()
-  loop = SpeculativeLoop(
-    target_static=target_static,
-    drafter_static=drafter_static,
-    max_new_tokens=int(max_new_tokens),
-    num_draft_tokens=int(num_draft_tokens),
+  loop, target_dynamic, drafter_dynamic = SpeculativeLoop.for_models(
+    target,
+    drafter,
+    max_new_tokens=max_new_tokens,
+    num_draft_tokens=num_draft_tokens,
     sampling=sampling,
     verifier=verifier,
     schedule=schedule,
-    eos_id=None if eos_id is None else int(eos_id),
-    pad_id=int(pad_id),
+    eos_id=eos_id,
+    pad_id=pad_id,
     cache_length=cache_length,
   )
   try:
