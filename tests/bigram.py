@@ -24,8 +24,13 @@ class Bigram:
     del max_length
     return BigramCache(lengths=jnp.zeros((batch_size,), jnp.int32))
 
-  def __call__(self, tokens_BT, positions_BT, cache):
-    return self.logits_VV[tokens_BT], cache.replace(lengths=positions_BT[:, -1] + 1)
+  def __call__(self, tokens_BT, positions_BT, cache, tree=None):
+    lengths = positions_BT[:, -1] + 1 if tree is None else tree.root_B + tree.mask_TM.shape[1]
+    return self.logits_VV[tokens_BT], cache.replace(lengths=lengths)
+
+  def compact_cache(self, cache, source_BD, start_B):
+    del source_BD, start_B  # No keys or values: the next logits depend on the token only.
+    return cache
 
 
 def random_bigram(vocab: int, seed: int, scale: float = 1.5) -> Bigram:

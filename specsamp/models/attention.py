@@ -6,6 +6,14 @@ projects q, k, v, rotates q and k by their positions, writes k and v into the
 cache slots of those positions, and attends each query at position p to the
 cache slots s <= p. Slots beyond a query's position (the future, padding, or
 entries left behind by a rollback) are masked out.
+
+Tree calls (``tree``, a ``TreeCall``, for tree speculative sampling): a
+draft tree's root and nodes occupy the M slots root..root+M-1 of a row (root =
+the root token's position), in node order, while their positions (RoPE) are
+the root's plus each node's depth, so siblings share a position. A call's
+token t is written to slot root + offsets[t]; it sees every slot before the
+root's and, among the tree's M slots, those ``mask[t]`` marks: its ancestors
+and itself. Without a tree, slot = position.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import nnx, struct
 
 from specsamp import sharding
 from specsamp.models import kv_cache
@@ -24,12 +32,43 @@ from specsamp.models.layers import apply_rope, make_param, rope_frequencies, sof
 _MASKED = -1e30
 
 
-def _visible(slots_S, positions_BT, window):
-  """[B, T, S]: slot s is visible to a query at position p iff s <= p (and s > p - window)."""
-  visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
+@struct.dataclass
+class TreeCall:
+  """Where a tree call's tokens go and what they see (module docstring).
+
+  Attributes:
+    root_B: [B] int32, the slot (= position) of each row's tree root.
+    offsets_T: [T] int32, each call token's slot after the root's (static per tree).
+    mask_TM: [T, M] bool, token t sees tree slot root + m iff ``mask_TM[t, m]``.
+  """
+
+  root_B: jax.Array
+  offsets_T: jax.Array
+  mask_TM: jax.Array
+
+
+def _visible(slots_S, positions_BT, window, tree: TreeCall | None = None):
+  """[B, T, S]: slot s is visible to a query at position p iff s <= p (and s > p - window);
+  in a tree call, iff s is before the root's slot, or a tree slot ``tree.mask_TM`` marks."""
+  if tree is None:
+    visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
+  else:
+    offset_BS = slots_S[None, :] - tree.root_B[:, None]
+    tree_slots = tree.mask_TM.shape[1]
+    inside_BS = (offset_BS >= 0) & (offset_BS < tree_slots)
+    marked_TBS = jnp.take(tree.mask_TM, jnp.clip(offset_BS, 0, tree_slots - 1), axis=1)
+    marked_BTS = jnp.transpose(marked_TBS, (1, 0, 2)) & inside_BS[:, None, :]
+    visible_BTS = (offset_BS < 0)[:, None, :] | marked_BTS
   if window is not None:
     visible_BTS = visible_BTS & (slots_S[None, None, :] > positions_BT[:, :, None] - window)
   return visible_BTS
+
+
+def write_slots(positions_BT: jax.Array, tree: TreeCall | None) -> jax.Array:
+  """Where a call's tokens go in the cache: their positions, or a tree call's slots."""
+  if tree is None:
+    return positions_BT
+  return tree.root_B[:, None] + tree.offsets_T[None, :].astype(positions_BT.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +114,7 @@ def attend(
   logit_cap: float | None = None,
   window: jax.Array | int | None = None,
   block_size: int = 0,
+  tree: TreeCall | None = None,
 ) -> jax.Array:
   """Causal attention of T queries over a layer's S cache slots; slot s is visible iff
   s <= position (and, with a sliding ``window``, s > position - window).
@@ -86,10 +126,12 @@ def attend(
   the block holding the batch's furthest position (and from the first block a sliding window
   can see), with an online softmax across blocks (``attend_blocked``): a call reads the live
   part of the cache, not every allocated slot.
+
+  ``tree``: a tree call (module docstring).
   """
   num_slots = cache.num_slots
   if 0 < block_size < num_slots:
-    return attend_blocked(q_BTNH, cache, positions_BT, logit_cap, window, block_size)
+    return attend_blocked(q_BTNH, cache, positions_BT, logit_cap, window, block_size, tree)
   k_BSKH, v_BSKH = cache.read(0, num_slots)
   batch, length, num_heads, head_dim = q_BTNH.shape
   num_kv_heads = k_BSKH.shape[2]
@@ -98,7 +140,7 @@ def attend(
     "BTKRH,BSKH->BKRTS", q_BTKRH, k_BSKH, preferred_element_type=jnp.float32
   )
   logits_BKRTS = softcap(logits_BKRTS, logit_cap)
-  visible_BTS = _visible(jnp.arange(num_slots), positions_BT, window)
+  visible_BTS = _visible(jnp.arange(num_slots), positions_BT, window, tree)
   logits_BKRTS = jnp.where(visible_BTS[:, None, None], logits_BKRTS, _MASKED)
   probs_BKRTS = jax.nn.softmax(logits_BKRTS, axis=-1).astype(v_BSKH.dtype)
   out_BTKRH = jnp.einsum("BKRTS,BSKH->BTKRH", probs_BKRTS, v_BSKH)
@@ -112,6 +154,7 @@ def attend_blocked(
   logit_cap: float | None,
   window: jax.Array | int | None,
   block_size: int,
+  tree: TreeCall | None = None,
 ) -> jax.Array:
   """``attend``, reading the cache block by block over the live blocks only.
 
@@ -129,7 +172,8 @@ def attend_blocked(
   q_BTKRH = q_BTNH.reshape(batch, length, num_kv_heads, groups, head_dim)
   # Positions past the cache (writes there are dropped) must not re-read its last block.
   num_slots = cache.num_slots
-  last = jnp.minimum(jnp.max(positions_BT) // block_size, -(-num_slots // block_size) - 1)
+  furthest = jnp.max(write_slots(positions_BT, tree))
+  last = jnp.minimum(furthest // block_size, -(-num_slots // block_size) - 1)
   first = jnp.int32(0)
   if window is not None:
     first = jnp.maximum(jnp.min(positions_BT) - window + 1, 0) // block_size
@@ -154,7 +198,7 @@ def attend_blocked(
       "BTKRH,BbKH->BKRTb", q_BTKRH, k_BbKH, preferred_element_type=jnp.float32
     )
     logits_BKRTb = softcap(logits_BKRTb, logit_cap)
-    visible_BTb = _visible(slots_b, positions_BT, window) & (slots_b >= index * block_size)
+    visible_BTb = _visible(slots_b, positions_BT, window, tree) & (slots_b >= index * block_size)
     logits_BKRTb = jnp.where(visible_BTb[:, None, None], logits_BKRTb, _MASKED)
     new_m = jnp.maximum(m_BKRT, logits_BKRTb.max(axis=-1))
     weights_BKRTb = jnp.exp(logits_BKRTb - new_m[..., None])
@@ -184,6 +228,7 @@ def attention_forward(
   config: TransformerConfig,
   window: jax.Array | int | None = None,
   kv_head_offset: jax.Array | None = None,
+  tree: TreeCall | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Attention on arrays: returns (out_BTD, keys_LBSKH, values_LBSKH) with ``layer``'s
   cache updated in place (the stacked cache is carried through the scan over layers, so a
@@ -203,6 +248,7 @@ def attention_forward(
     kv_head_offset: set when each device holds ALL K kv heads but only a slice
       of the query heads (tensor parallelism wider than K): the one kv head its
       query heads share is selected at this index.
+    tree: a tree call (module docstring), or None.
   """
   dtype = x_BTD.dtype
 
@@ -220,8 +266,9 @@ def attention_forward(
   q_BTNH = q_BTNH * jnp.asarray(query_scalar**-0.5, dtype)
   q_BTNH = sharding.constrain(q_BTNH, ("act_batch", "act_length", "act_heads", "act_head_dim"))
 
-  keys_LBSKH = kv_cache.write(keys_LBSKH, layer, k_BTKH, positions_BT)
-  values_LBSKH = kv_cache.write(values_LBSKH, layer, v_BTKH, positions_BT)
+  slots_BT = write_slots(positions_BT, tree)
+  keys_LBSKH = kv_cache.write(keys_LBSKH, layer, k_BTKH, slots_BT)
+  values_LBSKH = kv_cache.write(values_LBSKH, layer, v_BTKH, slots_BT)
   keys_LBSKH = sharding.constrain(keys_LBSKH, kv_cache.STACKED_CACHE_AXES)
   values_LBSKH = sharding.constrain(values_LBSKH, kv_cache.STACKED_CACHE_AXES)
 
@@ -232,6 +279,7 @@ def attention_forward(
     config.attn_logit_softcap,
     window,
     config.attention_block_size,
+    tree,
   )
   out_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTNH, weights["o_NHD"].astype(dtype))
   return out_BTD, keys_LBSKH, values_LBSKH

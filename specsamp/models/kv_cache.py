@@ -83,3 +83,24 @@ def write(
   return cache_LBSKH.at[layer, rows_BT, positions_BT].set(
     new_BTKH.astype(cache_LBSKH.dtype), mode="drop"
   )
+
+
+def compact(cache: KVCache, source_BD: jax.Array, start_B: jax.Array) -> KVCache:
+  """Copies every layer's slot ``source_BD[b, j]`` to slot ``start_B[b] + j`` of row b.
+
+  After a tree call, the accepted path's nodes sit wherever the tree put them; this moves
+  them to the row's consecutive positions (all reads happen before the writes, so a source
+  may overlap a destination). Slots past the accepted path receive copies of other nodes
+  and lie beyond the row's new length, where they are never read. The lengths are kept.
+  """
+
+  def move(cache_LBSKH):
+    sources = jnp.take_along_axis(
+      cache_LBSKH, source_BD[None, :, :, None, None].astype(jnp.int32), axis=2
+    )  # [L, B, D, K, H]
+    depth = source_BD.shape[1]
+    rows_BD = jnp.broadcast_to(jnp.arange(cache_LBSKH.shape[1])[:, None], source_BD.shape)
+    slots_BD = start_B[:, None] + jnp.arange(depth)
+    return cache_LBSKH.at[:, rows_BD, slots_BD].set(sources, mode="drop")
+
+  return cache.replace(keys=move(cache.keys), values=move(cache.values))

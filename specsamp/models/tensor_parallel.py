@@ -29,7 +29,7 @@ from flax import nnx
 
 from specsamp import sharding
 from specsamp.models import kv_cache
-from specsamp.models.attention import Attention, attention_forward
+from specsamp.models.attention import Attention, TreeCall, attention_forward
 from specsamp.models.config import TransformerConfig
 from specsamp.models.layers import MLP, mlp_forward
 
@@ -91,10 +91,11 @@ def attention_block(
   values_LBSKH: jax.Array,
   layer: jax.Array | int,
   window: jax.Array | int | None = None,
+  tree: TreeCall | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Runs attention (and its in-place cache update of ``layer``) in the config's
   tensor-parallel mode; ``window`` is this layer's sliding window (a scalar, traced when the
-  layers are scanned) or None."""
+  layers are scanned) or None; ``tree`` a tree call or None."""
   config = attn.config
   tp = _tensor_parallel_size(config)
   weights, weight_specs = _values_and_specs(attn.weights())
@@ -108,6 +109,7 @@ def attention_block(
       weights,
       config=config,
       window=window,
+      tree=tree,
     )
 
   num_heads, num_kv_heads = config.num_heads, config.num_kv_heads
@@ -121,7 +123,7 @@ def attention_block(
 
   axis = _tensor_axis()
 
-  def body(x, positions, keys, values, local_weights, layer_index, layer_window):
+  def body(x, positions, keys, values, local_weights, layer_index, layer_window, tree_call):
     offset = None
     if not kv_sharded:  # every device holds all K kv heads; pick its query heads' one.
       offset = jax.lax.axis_index(axis) * (num_heads // tp) // (num_heads // num_kv_heads)
@@ -135,6 +137,7 @@ def attention_block(
       config=config,
       window=layer_window,
       kv_head_offset=offset,
+      tree=tree_call,
     )
     return jax.lax.psum(out, axis), keys, values
 
@@ -149,9 +152,19 @@ def attention_block(
     weight_specs,
     scalar,
     None if window is None else scalar,
+    None  # A tree call: roots split like the positions' rows, its mask replicated.
+    if tree is None
+    else TreeCall(_spec(("act_batch",), tree.root_B), scalar, scalar),
   )
   return jax.shard_map(body, in_specs=in_specs, out_specs=(x_spec, cache_spec, cache_spec))(
-    x_BTD, positions_BT, keys_LBSKH, values_LBSKH, weights, jnp.asarray(layer, jnp.int32), window
+    x_BTD,
+    positions_BT,
+    keys_LBSKH,
+    values_LBSKH,
+    weights,
+    jnp.asarray(layer, jnp.int32),
+    window,
+    tree,
   )
 
 

@@ -20,7 +20,7 @@ from flax import nnx
 
 from specsamp import sharding
 from specsamp.models import kv_cache, tensor_parallel
-from specsamp.models.attention import Attention
+from specsamp.models.attention import Attention, TreeCall
 from specsamp.models.config import TransformerConfig
 from specsamp.models.kv_cache import KVCache
 from specsamp.models.layers import MLP, Embedder, OutputHead, RMSNorm, softcap
@@ -61,11 +61,19 @@ class Block(nnx.Module):
     values_LBSKH: jax.Array,
     layer: jax.Array | int,
     window: jax.Array | None = None,
+    tree: TreeCall | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer; writes its slots of the stacked cache in place and returns the cache."""
     with jax.named_scope("attention"):
       h_BTD, keys_LBSKH, values_LBSKH = tensor_parallel.attention_block(
-        self.attn, self.attn_norm(x_BTD), positions_BT, keys_LBSKH, values_LBSKH, layer, window
+        self.attn,
+        self.attn_norm(x_BTD),
+        positions_BT,
+        keys_LBSKH,
+        values_LBSKH,
+        layer,
+        window,
+        tree,
       )
       if self.post_norms:
         h_BTD = self.attn_post_norm(h_BTD)
@@ -107,6 +115,7 @@ def run_blocks(
   keys_LBSKH: jax.Array,
   values_LBSKH: jax.Array,
   num_layers: int,
+  tree: TreeCall | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The first ``num_layers`` of the stacked ``blocks``: one ``lax.scan`` over the layers
   (``config.scan_layers``), or a Python loop over the same slices (the unrolled reference).
@@ -127,7 +136,7 @@ def run_blocks(
     x_BTD, keys_LBSKH, values_LBSKH = carry
     layer_state, index, window = inputs
     block = nnx.merge(graphdef, layer_state)
-    return block(x_BTD, positions_BT, keys_LBSKH, values_LBSKH, index, window), None
+    return block(x_BTD, positions_BT, keys_LBSKH, values_LBSKH, index, window, tree), None
 
   carry = (x_BTD, keys_LBSKH, values_LBSKH)
   if config.scan_layers:
@@ -179,6 +188,7 @@ class Transformer(nnx.Module):
     cache: KVCache | None = None,
     *,
     num_layers: int | None = None,
+    tree: TreeCall | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
     """Processes T >= 1 tokens per row; returns float32 logits and the updated cache.
 
@@ -190,6 +200,10 @@ class Transformer(nnx.Module):
         returns None in its place.
       num_layers: run only the first L blocks, then the final norm and head
         (early exit, for self-speculative drafting); the cache then holds L layers.
+      tree: a tree call (tree speculative sampling, ``attention.TreeCall``): token t goes to
+        slot ``tree.root_B + tree.offsets_T[t]`` while ``positions_BT`` (RoPE) give each
+        node its depth, and sees the slots before the root and the tree slots
+        ``tree.mask_TM[t]`` marks. ``cache.lengths`` becomes one past the tree's slots.
     """
     num_layers = self.config.num_layers if num_layers is None else num_layers
     if not 1 <= num_layers <= self.config.num_layers:
@@ -211,8 +225,17 @@ class Transformer(nnx.Module):
     if cache.num_layers != num_layers:
       raise ValueError(f"The cache holds {cache.num_layers} layers; this call runs {num_layers}.")
     x_BTD = self.embedder.encode(tokens_BT)
+    if tree is not None:
+      _check_tree_call(self.config, tree, length)
     x_BTD, keys, values = run_blocks(
-      self.blocks, self.config, x_BTD, positions_BT, cache.keys, cache.values, num_layers
+      self.blocks,
+      self.config,
+      x_BTD,
+      positions_BT,
+      cache.keys,
+      cache.values,
+      num_layers,
+      tree,
     )
     x_BTD = self.final_norm(x_BTD)
     with jax.named_scope("logits"):
@@ -221,8 +244,33 @@ class Transformer(nnx.Module):
       ).astype(jnp.float32)
       logits_BTV = softcap(logits_BTV, self.config.final_logit_softcap)
       logits_BTV = sharding.constrain(logits_BTV, ("act_batch", "act_length", "act_vocab"))
-    new_cache = KVCache(keys=keys, values=values, lengths=positions_BT[:, -1] + 1)
+    if tree is None:
+      lengths_B = positions_BT[:, -1] + 1
+    else:
+      lengths_B = tree.root_B + tree.mask_TM.shape[1]
+    new_cache = KVCache(keys=keys, values=values, lengths=lengths_B)
     return logits_BTV, (new_cache if had_cache else None)
+
+  def compact_cache(self, cache: KVCache, source_BD: jax.Array, start_B: jax.Array) -> KVCache:
+    """After a tree call: copies slots ``source_BD[b, j]`` to ``start_B[b] + j`` (the accepted
+    path to the row's contiguous positions); the decode protocol's tree compaction."""
+    return kv_cache.compact(cache, source_BD, start_B)
+
+
+def _check_tree_call(config: TransformerConfig, tree: TreeCall, length: int) -> None:
+  if tree.offsets_T.shape != (length,) or tree.mask_TM.shape[0] != length:
+    raise ValueError(
+      f"A tree call of {length} tokens needs offsets [{length}] and a mask [{length}, M], got "
+      f"{tree.offsets_T.shape} and {tree.mask_TM.shape}."
+    )
+  windows = [w for w in (config.layer_windows() or ()) if w is not None]
+  tree_slots = tree.mask_TM.shape[1]
+  if windows and min(windows) < tree_slots:
+    raise ValueError(
+      f"A tree of {tree_slots} slots needs sliding windows of at least {tree_slots} slots "
+      f"(the smallest is {min(windows)}): a window is checked on slots, which a tree's "
+      "nodes outrun."
+    )
 
 
 class EarlyExit(nnx.Module):
@@ -251,6 +299,14 @@ class EarlyExit(nnx.Module):
     return self.model.init_cache(batch_size, max_length, self.num_layers)
 
   def __call__(
-    self, tokens_BT: jax.Array, positions_BT: jax.Array | None = None, cache: KVCache | None = None
+    self,
+    tokens_BT: jax.Array,
+    positions_BT: jax.Array | None = None,
+    cache: KVCache | None = None,
+    *,
+    tree: TreeCall | None = None,
   ) -> tuple[jax.Array, KVCache | None]:
-    return self.model(tokens_BT, positions_BT, cache, num_layers=self.num_layers)
+    return self.model(tokens_BT, positions_BT, cache, num_layers=self.num_layers, tree=tree)
+
+  def compact_cache(self, cache: KVCache, source_BD: jax.Array, start_B: jax.Array) -> KVCache:
+    return kv_cache.compact(cache, source_BD, start_B)

@@ -30,6 +30,20 @@ draft model's confidence drops below ``confidence_threshold``.
 
 A row with n tokens keeps positions 0..n-2 in a model drafter's cache (the
 last token is fed by the next proposal), as in the target's cache.
+
+Tree proposals (``tree.py``; ``speculative_generate(..., tree=...)``):
+
+  propose_tree(state, tokens_BW, lengths_B, key, tree, limit_B, sampling, vocab_size)
+      -> (TreeProposal, state)
+  accept_path(state, source_BD, start_B) -> state     (after verification: the accepted
+      path's cache slots to the row's consecutive positions, before ``rollback``)
+
+A ModelDrafter grows the tree depth by depth: one draft call on the root
+(as for a chain), then ONE tree call per depth on all of that depth's nodes
+(``attention.TreeCall``: each node attends to the row's cache and its own
+ancestors), and draws every node of the next depth from its parent's q, i.i.d.
+or without replacement (``TreeShape.distinct_siblings``). Any drafter can
+propose a chain-shaped tree; prompt lookup proposes only chains.
 """
 
 from __future__ import annotations
@@ -41,8 +55,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specsamp.models.attention import TreeCall
 from specsamp.sampling import memory, model_protocol
 from specsamp.sampling.autoregressive import prefill
+from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.verification import sample_from
 from specsamp.sampling.warping import SamplingConfig, probabilities
 
@@ -63,6 +79,27 @@ class Proposal:
   tokens: jax.Array
   probs: jax.Array
   num_proposed: jax.Array
+  model_calls: jax.Array
+  nan: jax.Array
+
+
+@struct.dataclass
+class TreeProposal:
+  """A draft tree of N nodes per row (``tree.TreeShape``, breadth-first).
+
+  Attributes:
+    tokens: [B, N] int32, each node's token.
+    probs: [B, N, V] the distribution each node's token was drawn from (its parent's warped
+      q, renormalised over the tokens earlier siblings took when drawn without replacement).
+    proposed: [B, N] bool; a node not proposed (past the row's draft limit, below a
+      confidence stop, or out of tokens to draw) is never accepted, nor its descendants.
+    model_calls: scalar int32, draft model calls made.
+    nan: [B] bool, the drafter produced NaN for the row.
+  """
+
+  tokens: jax.Array
+  probs: jax.Array
+  proposed: jax.Array
   model_calls: jax.Array
   nan: jax.Array
 
@@ -118,6 +155,80 @@ class Drafter:
 
   def rollback(self, state, lengths_B):
     return state
+
+  def check_tree(self, tree: TreeShape) -> None:
+    """Raises a clear error if this drafter cannot propose ``tree``: the base class proposes
+    chains only."""
+    if not tree.is_chain:
+      raise ValueError(
+        f"{type(self).__name__} proposes single chains only; the tree {tree.describe()} "
+        "needs a model drafter (a draft model or self-speculative)."
+      )
+
+  def propose_tree(
+    self,
+    state,
+    tokens_BW,
+    lengths_B,
+    key,
+    tree: TreeShape,
+    limit_B,
+    sampling: SamplingConfig,
+    vocab_size: int,
+  ) -> tuple[TreeProposal, Any]:
+    """A chain-shaped tree from ``propose`` (subclasses that grow real trees override this)."""
+    proposal, state = self.propose(
+      state, tokens_BW, lengths_B, key, tree.num_nodes, limit_B, sampling, vocab_size
+    )
+    proposed_BN = jnp.arange(tree.num_nodes)[None, :] < proposal.num_proposed[:, None]
+    return TreeProposal(
+      proposal.tokens, proposal.probs, proposed_BN, proposal.model_calls, proposal.nan
+    ), state
+
+  def accept_path(self, state, source_BD, start_B):
+    """Moves the accepted path's cache slots ``source_BD`` to ``start_B`` onwards."""
+    return state
+
+
+def draw_depth(
+  key: jax.Array, tree: TreeShape, depth: int, parent_q_BnV: jax.Array, tokens_BN: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """Draws every node at ``depth`` from its parent's q (``parent_q_BnV``, one row per node).
+
+  i.i.d. siblings: one draw for the whole depth. Distinct siblings: rank by rank, each node
+  from its parent's q renormalised over the tokens its earlier siblings did not take (rank 0
+  with the depth's key, so a chain draws exactly as ``ModelDrafter.propose``).
+
+  Returns:
+    (tokens_Bn, q_BnV): the nodes' tokens and the distributions they were drawn from (all
+    zero for a node left without tokens to draw).
+  """
+  nodes = tree.nodes_at_depth(depth)
+  depth_key = jax.random.fold_in(key, depth - 1)
+  if not tree.distinct_siblings:
+    return sample_from(depth_key, parent_q_BnV), parent_q_BnV
+  ranks = [tree.sibling_rank[j] for j in nodes]
+  tokens_Bn = jnp.zeros(parent_q_BnV.shape[:2], jnp.int32)
+  q_BnV = jnp.zeros_like(parent_q_BnV)
+  vocab = parent_q_BnV.shape[-1]
+  for rank in range(max(ranks) + 1):
+    here = [k for k, r in enumerate(ranks) if r == rank]
+    taken_BnV = jnp.zeros((tokens_BN.shape[0], len(here), vocab), bool)
+    for k_index, k in enumerate(here):
+      siblings = tree.children(tree.parents[nodes[k]])[:rank]
+      for sibling in siblings:
+        local = nodes.index(sibling)
+        taken_BnV = taken_BnV.at[:, k_index].set(
+          taken_BnV[:, k_index] | jax.nn.one_hot(tokens_Bn[:, local], vocab, dtype=bool)
+        )
+    left_BnV = jnp.where(taken_BnV, 0.0, parent_q_BnV[:, here])
+    mass_Bn1 = left_BnV.sum(-1, keepdims=True)
+    left_BnV = jnp.where(mass_Bn1 > 0, left_BnV / jnp.where(mass_Bn1 > 0, mass_Bn1, 1.0), 0.0)
+    rank_key = depth_key if rank == 0 else jax.random.fold_in(depth_key, rank)
+    drawn_Bn = sample_from(rank_key, jnp.where(mass_Bn1 > 0, left_BnV, 1.0))
+    tokens_Bn = tokens_Bn.at[:, here].set(drawn_Bn)
+    q_BnV = q_BnV.at[:, here].set(left_BnV)
+  return tokens_Bn, q_BnV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,6 +329,74 @@ class ModelDrafter(Drafter):
 
   def rollback(self, cache, lengths_B):
     return cache.replace(lengths=lengths_B - 1)
+
+  def check_tree(self, tree: TreeShape) -> None:
+    model_protocol.check_tree_support(self.model, "draft")
+
+  def accept_path(self, cache, source_BD, start_B):
+    return self.model.compact_cache(cache, source_BD, start_B)
+
+  def propose_tree(
+    self,
+    cache,
+    tokens_BW,
+    lengths_B,
+    key,
+    tree: TreeShape,
+    limit_B,
+    sampling: SamplingConfig,
+    vocab_size: int,
+  ) -> tuple[TreeProposal, Any]:
+    """Grows ``tree`` depth by depth: a call on the root, then one tree call per depth that
+    has children (module docstring). Node i goes to draft cache slot n + i of a row of n
+    tokens, as in the target's tree call."""
+    batch = tokens_BW.shape[0]
+    rows_B = jnp.arange(batch)
+    root_B = lengths_B - 1
+    positions_B2 = jnp.stack([jnp.maximum(lengths_B - 2, 0), root_B], axis=1)
+    logits_B2V, cache = self.model(tokens_BW[rows_B[:, None], positions_B2], positions_B2, cache)
+    num_nodes = tree.num_nodes
+    mask_NM = tree.attention_mask()[1:]
+    logits_of = {-1: logits_B2V[:, -1]}  # Draft logits after each node (-1: the root).
+    continues = {-1: limit_B > 0}  # Whether a node's children may be proposed.
+    tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
+    probs_BNV = jnp.zeros((batch, num_nodes, vocab_size), jnp.float32)
+    proposed_BN = jnp.zeros((batch, num_nodes), bool)
+    nan_B = model_protocol.has_nan(logits_B2V)
+    calls = 1
+    for depth in range(1, tree.max_depth + 1):
+      nodes = tree.nodes_at_depth(depth)
+      parents = [tree.parents[j] for j in nodes]
+      parent_logits_BnV = jnp.stack([logits_of[u] for u in parents], axis=1)
+      parent_q_BnV = probabilities(parent_logits_BnV, sampling)
+      drawn_Bn, q_BnV = draw_depth(key, tree, depth, parent_q_BnV, tokens_BN)
+      has_mass_Bn = q_BnV.sum(-1) > 0
+      tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
+      probs_BNV = probs_BNV.at[:, nodes].set(q_BnV)
+      for k, (j, u) in enumerate(zip(nodes, parents)):
+        proposed_B = continues[u] & has_mass_Bn[:, k] & (depth <= limit_B)
+        proposed_BN = proposed_BN.at[:, j].set(proposed_B)
+        if self.confidence_threshold > 0:  # The draft's own (unwarped) probability.
+          own_B = jax.nn.softmax(parent_logits_BnV[:, k], axis=-1)[rows_B, drawn_Bn[:, k]]
+          proposed_B = proposed_B & (own_B >= self.confidence_threshold)
+        continues[j] = proposed_B
+      if not any(tree.children(j) for j in nodes):
+        continue
+      offsets_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
+      call = TreeCall(root_B, offsets_n, jnp.asarray(mask_NM[list(nodes)]))
+      positions_Bn = jnp.broadcast_to((root_B + depth)[:, None], drawn_Bn.shape)
+      logits_BnV, cache = self.model(drawn_Bn, positions_Bn, cache, tree=call)
+      nan_B = nan_B | model_protocol.has_nan(logits_BnV)
+      calls += 1
+      for k, j in enumerate(nodes):
+        logits_of[j] = logits_BnV[:, k]
+    return TreeProposal(
+      tokens=tokens_BN,
+      probs=probs_BNV,
+      proposed=proposed_BN,
+      model_calls=jnp.int32(calls),
+      nan=nan_B,
+    ), cache
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,17 @@ Any object can be a target or a draft model if it
 Samplers only read ``cache.lengths`` and replace it (``cache.replace(lengths=...)``)
 to roll rows back; cache entries beyond a row's length must never be read.
 specsamp's Transformer is one such model; a bigram table is another.
+
+Tree proposals (``speculative_generate(..., tree=...)``) need two more things
+from the target and from a model drafter:
+
+  (e) ``model(tokens_BT, positions_BT, cache, tree=TreeCall(root_B, offsets_T, mask_TM))``:
+      token t is written to slot root_B + offsets_T[t] (slots are no longer
+      positions: siblings share a position), and attends to the slots before
+      root_B and to the tree slots root_B + m with mask_TM[t, m]
+      (``specsamp.models.attention.TreeCall``);
+  (f) ``model.compact_cache(cache, source_BD, start_B) -> cache``: copies slot
+      source_BD[b, j] to start_B[b] + j (the accepted path to consecutive slots).
 """
 
 from __future__ import annotations
@@ -45,6 +56,16 @@ def check_model(model: Any, role: str = "model") -> None:
     raise TypeError(
       f"The {role} ({type(model).__name__}) does not follow specsamp's decode "
       f"protocol: missing {missing}. See specsamp.sampling.model_protocol."
+    )
+
+
+def check_tree_support(model: Any, role: str = "model") -> None:
+  """Raises a clear error unless ``model`` can take tree calls (parts (e) and (f))."""
+  if not hasattr(model, "compact_cache"):
+    raise TypeError(
+      f"The {role} ({type(model).__name__}) cannot score or draft a tree: tree proposals need "
+      "a model that takes tree=TreeCall(...) calls and has compact_cache(cache, source_BD, "
+      "start_B) (decode protocol, parts (e) and (f), in specsamp.sampling.model_protocol)."
     )
 
 

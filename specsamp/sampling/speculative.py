@@ -40,13 +40,15 @@ import numpy as np
 from flax import struct
 
 from specsamp import sharding
-from specsamp.sampling import drafters, memory, model_protocol, verification
+from specsamp.sampling import drafters, memory, model_protocol, tree_step, verification
+from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.autoregressive import (
   GenerationOutput,
   check_prompts,
   initial_tokens,
   prefill,
 )
+from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig, probabilities
 
 
@@ -150,7 +152,9 @@ STATISTICS = (
 )
 
 
-def count_appended(active_B, proposed_B, accepted_B, count_B, num_draft_tokens: int) -> dict:
+def count_appended(
+  active_B, proposed_B, accepted_B, count_B, num_draft_tokens: int, proposed_nodes_B=None
+) -> dict:
   """One iteration's statistics (the fields of STATISTICS), counting what was APPENDED.
 
   The verifier accepted n = ``accepted_B`` of k = ``proposed_B`` drafts, and c =
@@ -158,6 +162,9 @@ def count_appended(active_B, proposed_B, accepted_B, count_B, num_draft_tokens: 
   drafts; max_new_tokens never cuts, the draft limit sees to that). A cut block counts
   as a proposal of its c tokens, all accepted: tokens discarded after EOS are neither
   accepted nor proposed, and tokens per target call is what the rows received.
+
+  For a tree, ``proposed_B`` is the deepest proposed position (the denominators of
+  acceptance per position) and ``proposed_nodes_B`` the nodes proposed (``proposed``).
   """
   active_i32 = active_B.astype(jnp.int32)
   positions_G = jnp.arange(num_draft_tokens)[None, :]
@@ -171,7 +178,12 @@ def count_appended(active_B, proposed_B, accepted_B, count_B, num_draft_tokens: 
     "accepted_at_position": active_i32[:, None] * (positions_G < kept_B[:, None]),
     "verified_at_position": active_i32[:, None]
     * ((positions_G < realised_proposed_B[:, None]) & (positions_G <= accepted_B[:, None])),
-    "proposed": active_i32 * realised_proposed_B,
+    "proposed": active_i32
+    * (
+      realised_proposed_B
+      if proposed_nodes_B is None
+      else jnp.where(cut_B, count_B, proposed_nodes_B)
+    ),
   }
 
 
@@ -262,6 +274,9 @@ class SpeculativeLoop:
     eos_id: a row ends after emitting this id (None: never).
     pad_id: fills each row after its last token.
     cache_length: KV cache slots per row.
+    tree: a tree proposal's shape (``tree.py``), or None for a single chain of K; with a
+      tree, K is its depth and the verifier 'token' (recursive rejection sampling) or
+      'traversal'.
   """
 
   target_static: Any
@@ -274,6 +289,7 @@ class SpeculativeLoop:
   eos_id: int | None
   pad_id: int
   cache_length: int
+  tree: TreeShape | None = None
 
   @classmethod
   def for_models(
@@ -289,6 +305,7 @@ class SpeculativeLoop:
     eos_id: int | None,
     pad_id: int,
     cache_length: int,
+    tree: TreeShape | None = None,
   ) -> tuple[SpeculativeLoop, Any, Any]:
     """(loop, target arrays, drafter arrays): what ``speculative_generate`` calls, and what
     ``experiments.aot`` lowers for a TPU slice."""
@@ -305,13 +322,60 @@ class SpeculativeLoop:
       eos_id=None if eos_id is None else int(eos_id),
       pad_id=int(pad_id),
       cache_length=int(cache_length),
+      tree=tree,
     )
     return loop, target_dynamic, drafter_dynamic
 
-  def _verify(self, synthetic_acceptance: jax.Array) -> verification.Verifier:
+  def _verify(self, synthetic_acceptance: jax.Array) -> verification.Verifier | None:
+    if self.tree is not None:  # tree_step picks the tree verifier.
+      return None
     if self.verifier == "synthetic":  # Benchmarks: acceptance with a fixed rate, not exact.
       return verification.synthetic_verifier(synthetic_acceptance)
     return verification.VERIFIERS["greedy" if self.sampling.greedy else self.verifier]
+
+  def _chain_step(self, target, drafter, state, key, limit_B, verify) -> tree_step.StepResult:
+    """One chain: draft up to K tokens, score K+1 positions in one target call, verify."""
+    num_draft_tokens = self.num_draft_tokens
+    lengths_B = state.lengths
+    rows_B = jnp.arange(lengths_B.shape[0])
+    with jax.named_scope("draft"):
+      proposal, drafter_state = drafter.propose(
+        state.drafter_state,
+        state.tokens,
+        lengths_B,
+        jax.random.fold_in(key, 0),
+        num_draft_tokens,
+        limit_B,
+        self.sampling,
+        target.vocab_size,
+      )
+      proposed_B = jnp.minimum(proposal.num_proposed, limit_B)
+    with jax.named_scope("score"):
+      last_B = state.tokens[rows_B, lengths_B - 1]
+      target_logits_BG1V, target_cache = target(
+        jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
+        lengths_B[:, None] - 1 + jnp.arange(num_draft_tokens + 1),
+        state.target_cache,
+      )
+    with jax.named_scope("verify"):
+      verdict = verify(
+        jax.random.fold_in(key, 1),
+        proposal.tokens,
+        proposal.probs,
+        probabilities(target_logits_BG1V, self.sampling),
+        proposed_B,
+      )
+    return tree_step.StepResult(
+      path_tokens=proposal.tokens,
+      num_accepted=verdict.num_accepted,
+      next_token=verdict.next_token,
+      proposed_depth=proposed_B,
+      proposed_nodes=proposed_B,
+      target_cache=target_cache,
+      drafter_state=drafter_state,
+      draft_calls=proposal.model_calls,
+      nan=model_protocol.has_nan(target_logits_BG1V) | proposal.nan,
+    )
 
   @functools.partial(jax.jit, static_argnums=0)
   def __call__(
@@ -326,8 +390,6 @@ class SpeculativeLoop:
     """Runs the loop on right-padded prompts; iteration i uses ``fold_in(rng, i)``."""
     batch, prompt_width = prompts_BT.shape
     num_draft_tokens = self.num_draft_tokens
-    rows_B = jnp.arange(batch)
-    offsets_G1 = jnp.arange(num_draft_tokens + 1)
     target = model_protocol.merge_model(self.target_static, target_dynamic)
     drafter = drafters.Drafter.merge(self.drafter_static, drafter_dynamic)
     verify = self._verify(synthetic_acceptance)
@@ -365,40 +427,29 @@ class SpeculativeLoop:
       # token fill the row. The limit depends on the past only, so it keeps exactness.
       remaining_B = self.max_new_tokens - (lengths_B - prompt_lengths_B)
       limit_B = jnp.where(active_B, jnp.minimum(state.draft_limit, remaining_B - 1), 0)
-      with jax.named_scope("draft"):
-        proposal, drafter_state = drafter.propose(
+      if self.tree is None:
+        result = self._chain_step(target, drafter, state, key, limit_B, verify)
+      else:
+        result = tree_step.step(
+          self.tree,
+          self.verifier,
+          self.sampling,
+          target,
+          drafter,
+          state.target_cache,
           state.drafter_state,
           state.tokens,
           lengths_B,
-          jax.random.fold_in(key, 0),
-          num_draft_tokens,
           limit_B,
-          self.sampling,
-          target.vocab_size,
-        )
-        proposed_B = jnp.minimum(proposal.num_proposed, limit_B)
-      with jax.named_scope("score"):
-        last_B = state.tokens[rows_B, lengths_B - 1]
-        target_logits_BG1V, target_cache = target(
-          jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
-          lengths_B[:, None] - 1 + offsets_G1,
-          state.target_cache,
-        )
-      with jax.named_scope("verify"):
-        verdict = verify(
-          jax.random.fold_in(key, 1),
-          proposal.tokens,
-          proposal.probs,
-          probabilities(target_logits_BG1V, self.sampling),
-          proposed_B,
+          key,
         )
       with jax.named_scope("append"):
         tokens_BW, count_B, ended_B = append(
           state.tokens,
           lengths_B,
           active_B,
-          proposal.tokens,
-          verdict,
+          result.path_tokens,
+          verification.Verdict(num_accepted=result.num_accepted, next_token=result.next_token),
           remaining_B,
           self.eos_id,
           self.pad_id,
@@ -407,21 +458,29 @@ class SpeculativeLoop:
         done_B = state.done | ended_B | (new_lengths_B - prompt_lengths_B >= self.max_new_tokens)
       with jax.named_scope("statistics"):
         counted = count_appended(
-          active_B, proposed_B, verdict.num_accepted, count_B, num_draft_tokens
+          active_B,
+          result.proposed_depth,
+          result.num_accepted,
+          count_B,
+          num_draft_tokens,
+          result.proposed_nodes,
         )
       return state.replace(
         step=state.step + 1,
         tokens=tokens_BW,
         lengths=new_lengths_B,
         done=done_B,
-        target_cache=target_cache.replace(lengths=new_lengths_B - 1),
-        drafter_state=drafter.rollback(drafter_state, new_lengths_B),
+        target_cache=result.target_cache.replace(lengths=new_lengths_B - 1),
+        drafter_state=drafter.rollback(result.drafter_state, new_lengths_B),
         draft_limit=next_draft_limit(
-          self.schedule, state.draft_limit, proposed_B, verdict.num_accepted, num_draft_tokens
+          self.schedule,
+          state.draft_limit,
+          result.proposed_depth,
+          result.num_accepted,
+          num_draft_tokens,
         ),
-        draft_calls=state.draft_calls + proposal.model_calls,
-        nan_logits=state.nan_logits
-        | (active_B & (model_protocol.has_nan(target_logits_BG1V) | proposal.nan)),
+        draft_calls=state.draft_calls + result.draft_calls,
+        nan_logits=state.nan_logits | (active_B & result.nan),
         **{name: getattr(state, name) + counted[name] for name in STATISTICS},
       )
 
@@ -437,6 +496,40 @@ class SpeculativeLoop:
         **{name: getattr(state, name) for name in STATISTICS},
       )
     )
+
+
+TREE_VERIFIERS = ("token", "traversal")  # Exact tree verifiers; temperature 0 uses argmax.
+
+
+def check_tree(
+  tree: str | TreeShape | None,
+  num_draft_tokens: int,
+  verifier: str,
+  target: Any,
+  drafter: drafters.Drafter,
+) -> TreeShape | None:
+  """The tree proposal's shape, checked against the other settings and the models."""
+  if tree is None:
+    if verifier == "traversal":
+      raise ValueError(
+        "verifier='traversal' verifies trees; give a tree (e.g. tree='chains:2x4'), or use "
+        "'block' for a single chain (to which traversal verification reduces)."
+      )
+    return None
+  if isinstance(tree, str):
+    tree = tree_lib.parse(tree)
+  if tree.max_depth != num_draft_tokens:
+    raise ValueError(
+      f"num_draft_tokens={num_draft_tokens} must equal the tree's depth, {tree.max_depth} "
+      f"({tree.describe()}): a tree's depth is its draft length."
+    )
+  if verifier not in TREE_VERIFIERS:
+    raise ValueError(
+      f"A tree is verified by one of {TREE_VERIFIERS} (both exact), got verifier={verifier!r}."
+    )
+  model_protocol.check_tree_support(target, "target")
+  drafter.check_tree(tree)
+  return tree
 
 
 def speculative_generate(
@@ -458,6 +551,7 @@ def speculative_generate(
   cache_length: int | None = None,
   check_nan: bool = True,
   synthetic_acceptance: float | None = None,
+  tree: str | TreeShape | None = None,
 ) -> SpeculativeOutput:
   """Samples from ``target`` with drafts from ``draft``; the output is distributed as target's.
 
@@ -485,6 +579,12 @@ def speculative_generate(
       (one host check after the loop).
     synthetic_acceptance: in [0, 1], with verifier='synthetic' only. A traced
       value: sweeping it does not recompile.
+    tree: propose a tree of draft tokens instead of one chain (``tree.py``): a
+      ``TreeShape`` or its string, e.g. 'chains:2x4' (2 independent chains of 4,
+      multi-draft) or 'tree:2,2,1,1' (branching per depth). num_draft_tokens must
+      equal its depth. Verifiers: 'token' (recursive rejection sampling, SpecInfer) or
+      'traversal' (Weng et al. 2025). Needs a target and drafter that take tree calls
+      (``model_protocol``, parts (e) and (f)).
 
   Returns:
     A ``SpeculativeOutput`` with tokens and statistics (``.summary()``).
@@ -492,6 +592,7 @@ def speculative_generate(
   model_protocol.check_model(target, "target")
   drafter = drafters.as_drafter(draft)
   drafter.check(target)
+  tree = check_tree(tree, num_draft_tokens, verifier, target, drafter)
   if schedule not in SCHEDULES:
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
   if (
@@ -500,7 +601,7 @@ def speculative_generate(
     or num_draft_tokens < 1
   ):
     raise ValueError(f"num_draft_tokens (K) must be an int >= 1, got {num_draft_tokens!r}.")
-  if verifier not in (*EXACT_VERIFIERS, "synthetic"):
+  if tree is None and verifier not in (*EXACT_VERIFIERS, "synthetic"):
     raise ValueError(
       f"verifier must be one of {EXACT_VERIFIERS} (both exact), got {verifier!r} "
       "('synthetic' also exists, for benchmarks only: it is not exact)."
@@ -518,7 +619,7 @@ def speculative_generate(
     prompt_lengths,
     max_new_tokens,
     cache_length,
-    extra_slots=num_draft_tokens + 1,
+    extra_slots=(num_draft_tokens if tree is None else tree.num_nodes) + 1,
     vocab_size=target.vocab_size,
   )
   if num_draft_tokens > max_new_tokens:
@@ -530,15 +631,13 @@ def speculative_generate(
     )
   batch_size = prompts.shape[0]
   shape = f"{batch_size} rows x {cache_length} cache slots with K={num_draft_tokens}"
+  num_nodes = num_draft_tokens if tree is None else tree.num_nodes
   memory.check_fits(
     {
       "target KV cache": memory.cache_bytes(target, batch_size, cache_length),
       "drafter state": drafter.state_bytes(batch_size, cache_length),
-      # q of K draft tokens and p of K + 1 positions, float32 over the vocabulary.
-      "draft and target distributions": batch_size
-      * (2 * num_draft_tokens + 1)
-      * target.vocab_size
-      * 4,
+      # q of K draft tokens (N nodes) and p of K + 1 (N + 1), float32 over the vocabulary.
+      "draft and target distributions": batch_size * (2 * num_nodes + 1) * target.vocab_size * 4,
     },
     shape,
   )
@@ -553,6 +652,7 @@ def speculative_generate(
     eos_id=eos_id,
     pad_id=pad_id,
     cache_length=cache_length,
+    tree=tree,
   )
   try:
     out = loop(

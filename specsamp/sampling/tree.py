@@ -1,0 +1,191 @@
+r"""Static tree shapes for multi-draft and tree speculative sampling.
+
+A proposal is a tree of N draft nodes hanging under the ROOT, the row's last
+token (already sampled, not yet fed to either model). Nodes are numbered
+0..N-1 in breadth-first order: ``parents[i]`` is node i's parent, -1 for a
+child of the root, and every parent comes before its children, depth by depth.
+Node i at depth d (1 for a child of the root) holds a token x~_i drawn from
+q(. | root path of i's parent) and sits at position n-1+d of a row of n tokens.
+
+Shapes (the ``--config.speculative.tree`` strings, ``parse``):
+
+  chains:KxD       K independent draft chains of D tokens each (multi-draft,
+                   SpecTr / SpecInfer): K children of the root, each the start
+                   of a chain. N = K D. Siblings are i.i.d. draws.
+  tree:b1,b2,..    every node at depth d-1 has b_d children (SpecInfer- /
+                   Sequoia-style token tree). N = b1 + b1 b2 + ...
+                   Siblings are drawn WITHOUT replacement (distinct tokens).
+  parents:p0,p1,.. any tree, by its parent list (siblings without replacement).
+  chain:D          one chain, N = D: the ordinary draft block.
+
+A suffix ``/iid`` or ``/distinct`` overrides how siblings are drawn:
+``/iid`` draws each sibling independently from its parent's q (duplicates
+possible); ``/distinct`` draws siblings without replacement, each from q
+renormalised over the tokens its earlier siblings did not take (Jeon et al.
+2024, arXiv 2402.14160). Either way every node records the distribution it was
+actually drawn from, which is all the verifiers need.
+
+Everything here is static (numpy or Python tuples): the loop compiles once per
+shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+  """A tree of N draft nodes under the root (see the module docstring).
+
+  Attributes:
+    parents: parent of each node, -1 for a child of the root; breadth-first order.
+    distinct_siblings: siblings are drawn without replacement (else i.i.d.).
+  """
+
+  parents: tuple[int, ...]
+  distinct_siblings: bool = True
+
+  def __post_init__(self):
+    parents = tuple(int(p) for p in self.parents)
+    object.__setattr__(self, "parents", parents)
+    if not parents:
+      raise ValueError("A tree needs at least one node.")
+    depth = []
+    for i, parent in enumerate(parents):
+      if not -1 <= parent < i:
+        raise ValueError(
+          f"Node {i}'s parent is {parent}: every parent must be -1 (the root) or an earlier "
+          "node, in breadth-first order."
+        )
+      depth.append(1 if parent < 0 else depth[parent] + 1)
+    if any(b < a for a, b in zip(depth, depth[1:])):
+      raise ValueError(f"Nodes must come depth by depth (breadth-first); depths are {depth}.")
+
+  @functools.cached_property
+  def depths(self) -> tuple[int, ...]:
+    """Depth of each node: 1 for a child of the root."""
+    depth = []
+    for parent in self.parents:
+      depth.append(1 if parent < 0 else depth[parent] + 1)
+    return tuple(depth)
+
+  @property
+  def num_nodes(self) -> int:
+    return len(self.parents)
+
+  @property
+  def max_depth(self) -> int:
+    """D: the most draft tokens one iteration can accept."""
+    return max(self.depths)
+
+  @functools.cached_property
+  def is_chain(self) -> bool:
+    return self.parents == tuple(range(-1, self.num_nodes - 1))
+
+  def nodes_at_depth(self, depth: int) -> tuple[int, ...]:
+    return tuple(i for i, d in enumerate(self.depths) if d == depth)
+
+  def children(self, node: int) -> tuple[int, ...]:
+    """Children of ``node`` (-1: the root), in order."""
+    return tuple(i for i, parent in enumerate(self.parents) if parent == node)
+
+  @functools.cached_property
+  def sibling_rank(self) -> tuple[int, ...]:
+    """Each node's index among its parent's children."""
+    return tuple(self.children(parent).index(i) for i, parent in enumerate(self.parents))
+
+  @functools.cached_property
+  def ancestors(self) -> np.ndarray:
+    """[N, N] bool: ancestors[i, j] iff node j is node i or one of its ancestors."""
+    mask = np.zeros((self.num_nodes, self.num_nodes), bool)
+    for i, parent in enumerate(self.parents):
+      mask[i, i] = True
+      if parent >= 0:
+        mask[i] |= mask[parent]
+    return mask
+
+  def attention_mask(self) -> np.ndarray:
+    """[N+1, N+1] bool over the scored tokens [root, node 0, .., node N-1]: token t sees token
+    u iff u is t or one of its ancestors (the root is everyone's ancestor)."""
+    mask = np.zeros((self.num_nodes + 1, self.num_nodes + 1), bool)
+    mask[:, 0] = True
+    mask[1:, 1:] = self.ancestors
+    return mask
+
+  def position_offsets(self) -> np.ndarray:
+    """[N+1] int32: each scored token's position after the root's (0, then the depths)."""
+    return np.asarray((0, *self.depths), np.int32)
+
+  def describe(self) -> str:
+    widths = [len(self.nodes_at_depth(d)) for d in range(1, self.max_depth + 1)]
+    draws = "without replacement" if self.distinct_siblings else "i.i.d."
+    return (
+      f"{self.num_nodes} nodes, depth {self.max_depth}, nodes per depth {widths}, siblings {draws}"
+    )
+
+
+def chain(length: int) -> TreeShape:
+  """One draft chain of ``length`` tokens: the ordinary block (N = K)."""
+  return TreeShape(tuple(range(-1, length - 1)), distinct_siblings=False)
+
+
+def chains(num_chains: int, length: int) -> TreeShape:
+  """``num_chains`` independent chains of ``length`` tokens (multi-draft), i.i.d. siblings.
+  Breadth-first: node (depth d, chain c) is index (d - 1) * num_chains + c."""
+  if num_chains < 1 or length < 1:
+    raise ValueError(f"chains needs at least 1 chain of 1 token, got {num_chains}x{length}.")
+  parents = [-1] * num_chains
+  for depth in range(1, length):
+    parents += [(depth - 1) * num_chains + c for c in range(num_chains)]
+  return TreeShape(tuple(parents), distinct_siblings=False)
+
+
+def branching(factors: tuple[int, ...] | list[int]) -> TreeShape:
+  """Every node at depth d-1 has ``factors[d-1]`` children (siblings without replacement)."""
+  if not factors or any(int(b) < 1 for b in factors):
+    raise ValueError(f"Branching factors must be >= 1 per depth, got {tuple(factors)}.")
+  parents: list[int] = []
+  level = [-1]
+  for factor in factors:
+    next_level = []
+    for parent in level:
+      for _ in range(int(factor)):
+        next_level.append(len(parents))
+        parents.append(parent)
+    level = next_level
+  return TreeShape(tuple(parents), distinct_siblings=True)
+
+
+def parse(spec: str) -> TreeShape:
+  """A TreeShape from its config string (module docstring): 'chains:2x4', 'tree:3,2,1,1',
+  'parents:-1,-1,0', 'chain:4', each optionally with '/iid' or '/distinct'."""
+  text, _, draws = spec.strip().partition("/")
+  kind, _, args = text.partition(":")
+  kind = kind.strip()
+  try:
+    if kind == "chains":
+      count, _, length = args.lower().partition("x")
+      shape = chains(int(count), int(length))
+    elif kind == "tree":
+      shape = branching([int(b) for b in args.split(",")])
+    elif kind == "parents":
+      shape = TreeShape(tuple(int(p) for p in args.split(",")))
+    elif kind == "chain":
+      shape = chain(int(args))
+    else:
+      raise ValueError(f"unknown kind {kind!r}")
+  except ValueError as error:
+    raise ValueError(
+      f"Bad tree {spec!r}: {error}. Use 'chains:KxD' (K chains of D tokens), 'tree:b1,b2,...' "
+      "(branching per depth), 'parents:-1,-1,0,...' or 'chain:D', optionally with '/iid' or "
+      "'/distinct'."
+    ) from None
+  if draws:
+    if draws not in ("iid", "distinct"):
+      raise ValueError(f"Bad tree {spec!r}: the suffix must be '/iid' or '/distinct'.")
+    shape = dataclasses.replace(shape, distinct_siblings=draws == "distinct")
+  return shape

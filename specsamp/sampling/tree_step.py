@@ -1,0 +1,137 @@
+r"""One iteration's draft-score-verify for a TREE proposal (multi-draft / token trees).
+
+The speculative loop (``speculative.py``) runs this in place of the single-chain
+step when it is given a ``tree.TreeShape``; everything else in the loop
+(appending, EOS, max_new_tokens, statistics, schedules, the caches' rollback) is
+shared. For a row of n tokens, whose caches hold positions 0..n-2:
+
+  1. Draft: the drafter proposes N nodes (tokens, the q each was drawn from, and
+     which are proposed: nodes deeper than the row's draft limit are not).
+  2. Score: ONE target call on [x_{n-1}, x~_0..x~_{N-1}]: the root at slot
+     n-1, node i at slot n+i and position n-1+depth(i), each attending to the
+     row's cache and its own ancestors (``attention.TreeCall``), gives p at the
+     root and after every node.
+  3. Verify (``tree_verification.py``): the accepted path x~_{path_1..path_a},
+     a = its depth, and one emitted token.
+  4. Compact: in the target's cache and the draft's, slot n + path_d moves to
+     slot n + d - 1 (position n-1+d), so the path sits at the row's consecutive
+     positions. The loop then rolls both caches back by their lengths, as for a
+     chain: nothing is recomputed.
+
+A chain-shaped tree (``tree.chain(K)``) runs the same computation as the chain
+step, draws included, and gives the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specsamp.models.attention import TreeCall
+from specsamp.sampling import drafters, model_protocol, tree_verification
+from specsamp.sampling.tree import TreeShape
+from specsamp.sampling.warping import SamplingConfig, probabilities
+
+
+@struct.dataclass
+class StepResult:
+  """What the loop needs from one draft-score-verify step (chain or tree).
+
+  Attributes:
+    path_tokens: [B, D] the accepted draft tokens, in order (entries past num_accepted unused).
+    num_accepted: [B] draft tokens accepted.
+    next_token: [B] the emitted token.
+    proposed_depth: [B] the deepest proposed draft position (k_b for a chain).
+    proposed_nodes: [B] draft tokens proposed in all (k_b for a chain, nodes for a tree).
+    target_cache, drafter_state: after the step, not yet rolled back.
+    draft_calls: scalar, draft model calls.
+    nan: [B] either model produced NaN for the row.
+  """
+
+  path_tokens: jax.Array
+  num_accepted: jax.Array
+  next_token: jax.Array
+  proposed_depth: jax.Array
+  proposed_nodes: jax.Array
+  target_cache: Any
+  drafter_state: Any
+  draft_calls: jax.Array
+  nan: jax.Array
+
+
+def verifier(name: str, greedy: bool) -> Callable[..., Any]:
+  """The tree verifier for a loop's verifier name ('token', 'traversal'); argmax when greedy."""
+  return tree_verification.TREE_VERIFIERS["greedy" if greedy else name]
+
+
+def step(
+  tree: TreeShape,
+  verifier_name: str,
+  sampling: SamplingConfig,
+  target: Any,
+  drafter: drafters.Drafter,
+  target_cache: Any,
+  drafter_state: Any,
+  tokens_BW: jax.Array,
+  lengths_B: jax.Array,
+  limit_B: jax.Array,
+  key: jax.Array,
+) -> StepResult:
+  """Draft a tree, score it in one target call, verify it, and compact both caches."""
+  batch = tokens_BW.shape[0]
+  rows_B = jnp.arange(batch)
+  root_B = lengths_B - 1
+  with jax.named_scope("draft_tree"):
+    proposal, drafter_state = drafter.propose_tree(
+      drafter_state,
+      tokens_BW,
+      lengths_B,
+      jax.random.fold_in(key, 0),
+      tree,
+      limit_B,
+      sampling,
+      target.vocab_size,
+    )
+  with jax.named_scope("score_tree"):
+    offsets_T = tree.position_offsets()
+    call = TreeCall(
+      root_B,
+      jnp.arange(tree.num_nodes + 1, dtype=jnp.int32),
+      jnp.asarray(tree.attention_mask()),
+    )
+    target_logits_BTV, target_cache = target(
+      jnp.concatenate([tokens_BW[rows_B, root_B][:, None], proposal.tokens], axis=1),
+      root_B[:, None] + jnp.asarray(offsets_T)[None, :],
+      target_cache,
+      tree=call,
+    )
+  with jax.named_scope("verify_tree"):
+    verdict = verifier(verifier_name, sampling.greedy)(
+      jax.random.fold_in(key, 1),
+      tree,
+      proposal.tokens,
+      proposal.probs,
+      probabilities(target_logits_BTV, sampling),
+      proposal.proposed,
+    )
+  with jax.named_scope("compact"):
+    # Node i sits at slot n + i; the path's depth-d node goes to slot n + d - 1.
+    source_BD = lengths_B[:, None] + verdict.path
+    target_cache = target.compact_cache(target_cache, source_BD, lengths_B)
+    drafter_state = drafter.accept_path(drafter_state, source_BD, lengths_B)
+  depths_N = jnp.asarray(tree.depths, jnp.int32)
+  return StepResult(
+    path_tokens=jnp.take_along_axis(proposal.tokens, verdict.path, axis=1),
+    num_accepted=verdict.num_accepted,
+    next_token=verdict.next_token,
+    proposed_depth=jnp.max(jnp.where(proposal.proposed, depths_N[None, :], 0), axis=1),
+    proposed_nodes=jnp.sum(proposal.proposed, axis=1, dtype=jnp.int32),
+    target_cache=target_cache,
+    drafter_state=drafter_state,
+    draft_calls=proposal.model_calls,
+    nan=model_protocol.has_nan(target_logits_BTV) | proposal.nan,
+  )
