@@ -136,6 +136,10 @@ def get_config(arg=None):
   config.speculative = ml_collections.ConfigDict()
   config.speculative.num_draft_tokens = 4  # K, draft tokens per target call (the paper's 4).
   config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
+  # A tree of drafts scored in one target call: '' (one chain of K), 'chains:2x4' (2
+  # independent chains of 4), 'tree:2,2,1,1' (children per node at each depth). K becomes the
+  # tree's depth; the verifier is 'token' (recursive rejection sampling) or 'traversal'.
+  config.speculative.tree = ""
 
   if variant == "large":
     config.tokenizer.vocab_size = vocab = 2048

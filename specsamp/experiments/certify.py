@@ -57,13 +57,27 @@ WARPINGS = {
   "top-k=3": warping.SamplingConfig(1.0, top_k=3),
   "top-p=0.8": warping.SamplingConfig(1.0, top_p=0.8),
   "T=0.7,k=4,p=0.9": warping.SamplingConfig(0.7, top_k=4, top_p=0.9),
+  "T=0.7,p=0.9": warping.SamplingConfig(0.7, top_p=0.9),
 }
 VERIFIERS = ("token", "block")
 DRAFTERS = ("model", "lookup", "self_speculative", "confidence_stop")
 SCHEDULES = ("fixed", "heuristic")
 BATCHES = ("1", "ragged16")
 MESHES = ("1", "2x4")
-BUGS = ("residual_from_p", "unweighted_block", "coarse_le", "bits8", "misreported_q")
+# Tree proposals (depth NUM_DRAFT): multi-draft chains, a token tree with distinct siblings,
+# and a wide first level with i.i.d. siblings (duplicates happen, and must merge correctly).
+TREES = ("chains:2x3", "tree:2,2,1", "tree:3,1,1/iid")
+TREE_VERIFIERS = ("token", "traversal")
+TREE_WARPINGS = ("T=1", "T=0.7,p=0.9", "top-k=3")
+BUGS = (
+  "residual_from_p",
+  "unweighted_block",
+  "coarse_le",
+  "bits8",
+  "misreported_q",
+  "sibling_against_p",
+  "siblings_full_q",
+)
 # Batch-1 prompt: its last token occurred before, so prompt lookup proposes from the start.
 PROMPT = (3, 6, 1, 3)
 RAGGED_ROWS = 16
@@ -82,6 +96,7 @@ class Case:
   batch: str
   mesh: str
   bug: str | None = None
+  tree: str | None = None
 
   @property
   def name(self) -> str:
@@ -94,6 +109,8 @@ class Case:
       f"batch={self.batch}",
       f"mesh={self.mesh}",
     ]
+    if self.tree:
+      parts.insert(1, f"tree={self.tree}")
     return " ".join(parts) + (f" BUG={self.bug}" if self.bug else "")
 
 
@@ -153,7 +170,47 @@ def all_cases(scope: str = "full") -> list[Case]:
     cases += [
       Case("transformer", "block", "self_speculative", "heuristic", "T=0.7", "ragged16", "1")
     ]
-  return cases + bug_cases()
+  return cases + tree_cases(scope) + bug_cases()
+
+
+def tree_cases(scope: str = "full") -> list[Case]:
+  """Tree proposals. 'full': every tree verifier x shape x warping x batch on the trigram
+  (36), each verifier x shape once on the transformer (6), and two on the 2x4 mesh. 'quick':
+  each verifier x shape once on the trigram, warpings and batches in rotation (6), and the
+  transformer once."""
+  combos = list(itertools.product(TREE_VERIFIERS, TREES))
+  if scope == "quick":
+    cases = [
+      Case("trigram", v, "model", "fixed", TREE_WARPINGS[i % 3], BATCHES[i % 2], "1", tree=t)
+      for i, (v, t) in enumerate(combos)
+    ]
+    return cases + [
+      Case("transformer", "traversal", "model", "heuristic", "T=1", "1", "1", tree="tree:2,2,1")
+    ]
+  cases = [
+    Case("trigram", v, "model", "fixed", w, b, "1", tree=t)
+    for b in BATCHES
+    for v, t in combos
+    for w in TREE_WARPINGS
+  ]
+  cases += [
+    Case(
+      "transformer",
+      v,
+      ("model", "self_speculative", "confidence_stop")[i % 3],
+      SCHEDULES[i % 2],
+      TREE_WARPINGS[i % 3],
+      BATCHES[i % 2],
+      "1",
+      tree=t,
+    )
+    for i, (v, t) in enumerate(combos)
+  ]
+  cases += [
+    Case("transformer", v, "model", "heuristic", "T=0.7,p=0.9", "ragged16", "2x4", tree=t)
+    for v, t in zip(TREE_VERIFIERS, TREES[1:])
+  ]
+  return cases
 
 
 def bug_cases() -> list[Case]:
@@ -164,6 +221,8 @@ def bug_cases() -> list[Case]:
     Case("trigram", "block", "model", "fixed", "top-p=0.8", "1", "1", bug="coarse_le"),
     Case("trigram", "token", "model", "fixed", "T=0.7", "1", "1", bug="bits8"),
     Case("trigram", "token", "lookup", "fixed", "T=1", "1", "1", bug="misreported_q"),
+    Case("trigram", "token", "model", "fixed", "T=1", "1", "1", "sibling_against_p", "tree:3,1,1"),
+    Case("trigram", "token", "model", "fixed", "T=1", "1", "1", "siblings_full_q", "tree:3,1,1"),
   ]
 
 
@@ -198,16 +257,35 @@ class Trigram:
       lengths=jnp.zeros((batch_size,), jnp.int32),
     )
 
-  def __call__(self, tokens_BT, positions_BT, cache):
+  def __call__(self, tokens_BT, positions_BT, cache, tree=None):
     rows_B1 = jnp.arange(tokens_BT.shape[0])[:, None]
-    fed_BS = cache.tokens.at[rows_B1, positions_BT].set(tokens_BT)
+    if tree is None:
+      slots_BT, previous_slots_BT = positions_BT, positions_BT - 1
+      lengths_B = positions_BT[:, -1] + 1
+    else:  # A tree call: the token before a node is its parent's, in the parent's slot.
+      tree_slots = jnp.arange(tree.mask_TM.shape[1])
+      earlier_TM = tree.mask_TM & (tree_slots[None, :] < tree.offsets_T[:, None])
+      parent_T = jnp.max(jnp.where(earlier_TM, tree_slots[None, :], -1), axis=1)
+      slots_BT = tree.root_B[:, None] + tree.offsets_T[None, :]
+      previous_slots_BT = tree.root_B[:, None] + parent_T[None, :]
+      lengths_B = tree.root_B + tree.mask_TM.shape[1]
+    fed_BS = cache.tokens.at[rows_B1, slots_BT].set(tokens_BT)
     previous_BT = jnp.where(
-      positions_BT > 0, fed_BS[rows_B1, jnp.maximum(positions_BT - 1, 0)], self.vocab_size
+      previous_slots_BT >= 0,
+      fed_BS[rows_B1, jnp.maximum(previous_slots_BT, 0)],
+      self.vocab_size,
     )
     return (
       self.logits_PVV[previous_BT, tokens_BT],
-      cache.replace(tokens=fed_BS, lengths=positions_BT[:, -1] + 1),
+      cache.replace(tokens=fed_BS, lengths=lengths_B),
     )
+
+  def compact_cache(self, cache: TokenCache, source_BD, start_B) -> TokenCache:
+    """Moves the tokens in slots ``source_BD`` to ``start_B`` onwards (decode protocol (f))."""
+    rows_B1 = jnp.arange(source_BD.shape[0])[:, None]
+    moved_BD = jnp.take_along_axis(cache.tokens, source_BD, axis=1)
+    slots_BD = start_B[:, None] + jnp.arange(source_BD.shape[1])
+    return cache.replace(tokens=cache.tokens.at[rows_B1, slots_BD].set(moved_BD, mode="drop"))
 
 
 def model_config(num_layers: int = 2, tensor_parallel: str = "auto") -> TransformerConfig:
@@ -392,6 +470,7 @@ def _sampler(
       key,
       max_new_tokens=NEW_TOKENS,
       num_draft_tokens=NUM_DRAFT,
+      tree=case.tree,
       temperature=sampling.temperature,
       top_k=sampling.top_k,
       top_p=sampling.top_p,
@@ -475,6 +554,16 @@ def planted(bug: str | None) -> Iterator[None]:
       return proposal.replace(probs=jnp.full_like(proposal.probs, 1.0 / VOCAB)), state
 
     patch(drafters.PromptLookupDrafter, "propose", propose)
+  elif bug == "sibling_against_p":  # After a rejected sibling, try the next against r as is.
+    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: p_BV)
+  elif bug == "siblings_full_q":  # Distinct siblings reporting their parent's whole q.
+    original_draw = drafters.draw_depth
+
+    def draw_depth(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV=None):
+      tokens_Bn, _ = original_draw(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV)
+      return tokens_Bn, parent_q_BnV
+
+    patch(drafters, "draw_depth", draw_depth)
   else:
     raise ValueError(f"Unknown planted bug {bug!r}; known: {BUGS}.")
   jax.clear_caches()

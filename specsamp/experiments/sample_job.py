@@ -22,7 +22,9 @@ from specsamp import sharding
 from specsamp.experiments import pair as pair_lib
 from specsamp.experiments import prompts as prompts_lib
 from specsamp.experiments import speedup, timing
-from specsamp.sampling import autoregressive, speculative
+from specsamp.sampling import autoregressive, speculative, tree_step
+from specsamp.sampling import tree as tree_lib
+from specsamp.sampling.tree import TreeShape
 
 
 @dataclasses.dataclass
@@ -42,6 +44,8 @@ class SampleReport:
 
   @property
   def predicted_speedup(self) -> float:
+    if self.settings.get("tree"):  # No closed form: from the measured tokens per call.
+      return self.costs.predicted_from_tokens_per_call(self.stats["tokens_per_target_call"])
     return self.costs.predicted_speedup(self.stats["alpha"])
 
 
@@ -58,6 +62,23 @@ def _is_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def tree_of(config: ml_collections.ConfigDict) -> TreeShape | None:
+  """The pair config's tree proposal (``speculative.tree``; '' is a single chain)."""
+  spec = config.speculative.get("tree", "") or ""
+  if not spec:
+    return None
+  try:
+    return tree_lib.parse(spec)
+  except ValueError as error:
+    raise ValueError(f"--config.speculative.tree={spec!r}: {error}") from None
+
+
+def draft_length(config: ml_collections.ConfigDict) -> int:
+  """K: ``speculative.num_draft_tokens``, or the tree's depth when a tree is set."""
+  tree = tree_of(config)
+  return config.speculative.num_draft_tokens if tree is None else tree.max_depth
+
+
 def check_settings(config: ml_collections.ConfigDict) -> None:
   """Validates the sampling and speculative sections before anything trains or compiles.
 
@@ -66,6 +87,8 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       ``--config.sampling.top_p=0.0: must be in (0, 1]``.
   """
   s, spec = config.sampling, config.speculative
+  tree = tree_of(config)
+  verifiers = speculative.EXACT_VERIFIERS if tree is None else tree_step.TREE_VERIFIERS
   checks = [
     (
       "sampling.max_new_tokens",
@@ -126,10 +149,19 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
     (
       "speculative.verifier",
       spec.verifier,
-      spec.verifier in speculative.EXACT_VERIFIERS,
-      f"must be one of {speculative.EXACT_VERIFIERS}",
+      spec.verifier in verifiers,
+      f"must be one of {verifiers}" + ("" if tree is None else " with a tree"),
     ),
   ]
+  if tree is not None:
+    checks.append(
+      (
+        "speculative.tree",
+        spec.tree,
+        not _is_int(s.max_new_tokens) or tree.max_depth <= s.max_new_tokens,
+        f"its depth {tree.max_depth} must be <= sampling.max_new_tokens ({s.max_new_tokens})",
+      )
+    )
   for path, value, ok, allowed in checks:
     if not ok:
       raise ValueError(f"--config.{path}={value!r}: {allowed}")
@@ -160,7 +192,7 @@ def run(
 ) -> SampleReport:
   """Prepares the pair and samples the prompts of ``sampling.prompt_source`` both ways."""
   check_settings(config)
-  s, num_draft_tokens = config.sampling, config.speculative.num_draft_tokens
+  s, num_draft_tokens, tree = config.sampling, draft_length(config), tree_of(config)
   source = s.get("prompt_source", "held_out")
   if source != "held_out":
     prompts_lib.texts_of(source)  # A missing prompt file fails before anything trains.
@@ -174,6 +206,8 @@ def run(
     )
   for warning in context_warnings(config, int(prompts.lengths.max())):
     log(f"warning: {warning}")
+  if tree is not None:
+    log(f"tree proposal {config.speculative.tree}: {tree.describe()}; K = its depth")
   common = dict(
     max_new_tokens=s.max_new_tokens,
     temperature=s.temperature,
@@ -198,6 +232,7 @@ def run(
         jax.random.fold_in(key, index),
         num_draft_tokens=num_draft_tokens,
         verifier=config.speculative.verifier,
+        tree=tree,
         **common,
       )
 
@@ -209,9 +244,10 @@ def run(
   ar = timing.time_sampler("autoregressive", sample_autoregressive, batches)
   sps = timing.time_sampler("speculative", sample_speculative, batches)
   tokens = {"autoregressive": _generated(ar.outputs), "speculative": _generated(sps.outputs)}
-  cache_length = prompts.tokens.shape[1] + s.max_new_tokens + num_draft_tokens + 1
+  scored = (num_draft_tokens if tree is None else tree.num_nodes) + 1
+  cache_length = prompts.tokens.shape[1] + s.max_new_tokens + scored
   costs = speedup.measure_costs(
-    target, draft, s.batch_size, num_draft_tokens, cache_length, pair.mesh
+    target, draft, s.batch_size, num_draft_tokens, cache_length, pair.mesh, score_tokens=scored
   )
   texts = {
     "prompt": [tokenizer.decode(p) for p in prompts.rows()],
@@ -231,6 +267,7 @@ def run(
       "top_k": s.top_k,
       "top_p": s.top_p,
       "num_draft_tokens": num_draft_tokens,
+      **({"tree": config.speculative.tree} if tree is not None else {}),
       "verifier": config.speculative.verifier,
       "batch_size": s.batch_size,
       "max_new_tokens": s.max_new_tokens,
@@ -304,19 +341,26 @@ def format_report(report: SampleReport, num_samples: int = 2) -> str:
     )
   stats, costs = report.stats, report.costs
   num_draft_tokens = stats["num_draft_tokens"]
+  tree = report.settings.get("tree")
+  expected = (
+    f"tokens/call {stats['tokens_per_target_call']:.2f} (measured: a tree has no closed form)"
+    if tree
+    else f"E[tokens/call] {speedup.expected_tokens_per_call(stats['alpha'], num_draft_tokens):.2f}"
+  )
   per_position = " ".join(f"{a:.2f}" for a in stats["acceptance_at_position"])
   lines += [
     f"       speedup: {report.speedup:.2f}x measured (autoregressive ms/token over speculative)",
     f"    acceptance: {stats['acceptance_rate']:.3f} of draft tokens accepted; alpha "
     f"{stats['alpha']:.3f}; P(token t accepted), t=1..{num_draft_tokens}: {per_position}",
-    f"tokens/target call: {stats['tokens_per_target_call']:.2f} (K={num_draft_tokens}); "
+    f"tokens/target call: {stats['tokens_per_target_call']:.2f} (K={num_draft_tokens}"
+    + (f", tree {tree}, {stats['mean_draft_length']:.1f} nodes proposed per call" if tree else "")
+    + "); "
     f"accepted-count histogram {stats['accepted_histogram']}",
     f"    step costs: target {costs.target_step_s * 1e3:.3f} ms, draft "
     f"{costs.draft_step_s * 1e3:.3f} ms (c = {costs.draft_ratio:.3f}), target scoring "
-    f"{num_draft_tokens + 1} tokens {costs.target_score_s * 1e3:.3f} ms "
+    f"{costs.score_tokens} tokens {costs.target_score_s * 1e3:.3f} ms "
     f"({costs.score_ratio:.2f}x a step)",
-    f"     predicted: {report.predicted_speedup:.2f}x = E[tokens/call] "
-    f"{speedup.expected_tokens_per_call(stats['alpha'], num_draft_tokens):.2f} x target step / "
+    f"     predicted: {report.predicted_speedup:.2f}x = {expected} x target step / "
     f"({num_draft_tokens} draft steps + scoring); efficiency (measured / predicted) "
     f"{report.speedup / report.predicted_speedup:.2f}",
   ]

@@ -6,6 +6,11 @@ measured instead of assumed equal to one step (on a CPU it is not):
   E[tokens per target call] = (1 - alpha^(K+1)) / (1 - alpha)
   speedup = E[tokens per target call] * t_target_step / (K * t_draft_step + t_score(K+1))
 
+A tree proposal of N nodes and depth D scores N+1 tokens and makes D draft
+calls; its tokens per call have no closed form here, so the tree's prediction
+takes the MEASURED tokens per call (``StepCosts.predicted_from_tokens_per_call``),
+with each draft call timed as one draft step (a lower bound on wider calls).
+
 ``measure_costs`` times the three model calls the formula needs with
 ``timing.time_calls`` (a jitted chain of dependent calls, compilation
 excluded, median of repeats).
@@ -48,8 +53,9 @@ class StepCosts:
 
   target_step_s: float  # Target, one token per row.
   draft_step_s: float  # Draft, one token per row.
-  target_score_s: float  # Target, K+1 tokens per row.
+  target_score_s: float  # Target, K+1 tokens per row (N+1 for a tree).
   num_draft_tokens: int
+  score_tokens: int = 0  # Tokens scored per target call; 0 means K+1.
 
   @property
   def draft_ratio(self) -> float:
@@ -66,6 +72,11 @@ class StepCosts:
       alpha, self.num_draft_tokens, self.target_step_s, self.draft_step_s, self.target_score_s
     )
 
+  def predicted_from_tokens_per_call(self, tokens_per_call: float) -> float:
+    """The speedup these costs give at a measured tokens per target call (trees)."""
+    iteration_s = self.num_draft_tokens * self.draft_step_s + self.target_score_s
+    return tokens_per_call * self.target_step_s / iteration_s
+
 
 def measure_costs(
   target,
@@ -74,8 +85,10 @@ def measure_costs(
   num_draft_tokens: int,
   cache_length: int,
   mesh: jax.sharding.Mesh | None = None,
+  score_tokens: int | None = None,
 ) -> StepCosts:
-  """Times a target step, a draft step and the target scoring K+1 tokens."""
+  """Times a target step, a draft step and the target scoring K+1 tokens (``score_tokens``
+  for a tree: N+1, with the tree's mask left out: it does not change the work)."""
 
   def timed(model, tokens):
     if mesh is None:
@@ -86,6 +99,7 @@ def measure_costs(
   return StepCosts(
     target_step_s=timed(target, 1),
     draft_step_s=timed(draft, 1),
-    target_score_s=timed(target, num_draft_tokens + 1),
+    target_score_s=timed(target, score_tokens or num_draft_tokens + 1),
     num_draft_tokens=num_draft_tokens,
+    score_tokens=score_tokens or num_draft_tokens + 1,
   )

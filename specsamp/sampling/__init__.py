@@ -4,6 +4,12 @@ warping.py         temperature / top-k / top-p / greedy, as pure functions.
 model_protocol.py  the decode protocol any target or draft model follows.
 autoregressive.py  autoregressive generation as one jitted while_loop.
 verification.py    token-wise, block and greedy verification of a draft block.
+tree.py            static tree shapes: multi-draft chains and token trees.
+tree_verification.py  exact verifiers of a draft tree (recursive rejection sampling,
+                   traversal verification, greedy).
+drafters.py        where draft tokens (chains and trees) come from.
+tree_step.py       one iteration's draft-score-verify-compact for a tree.
+statistics.py      what a speculative run counts, and its summary.
 speculative.py     speculative sampling as one jitted while_loop.
 """
 

@@ -191,13 +191,21 @@ class Drafter:
 
 
 def draw_depth(
-  key: jax.Array, tree: TreeShape, depth: int, parent_q_BnV: jax.Array, tokens_BN: jax.Array
+  key: jax.Array,
+  tree: TreeShape,
+  depth: int,
+  parent_q_BnV: jax.Array,
+  tokens_BN: jax.Array,
+  greedy_logits_BnV: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Draws every node at ``depth`` from its parent's q (``parent_q_BnV``, one row per node).
 
   i.i.d. siblings: one draw for the whole depth. Distinct siblings: rank by rank, each node
   from its parent's q renormalised over the tokens its earlier siblings did not take (rank 0
   with the depth's key, so a chain draws exactly as ``ModelDrafter.propose``).
+  Greedy sampling (``greedy_logits_BnV``, the parent's draft logits) with distinct siblings:
+  the sibling of rank r is the draft's r-th most likely token, a deterministic proposal with
+  one-hot q (greedy verification needs only the tokens).
 
   Returns:
     (tokens_Bn, q_BnV): the nodes' tokens and the distributions they were drawn from (all
@@ -208,6 +216,10 @@ def draw_depth(
   if not tree.distinct_siblings:
     return sample_from(depth_key, parent_q_BnV), parent_q_BnV
   ranks = [tree.sibling_rank[j] for j in nodes]
+  if greedy_logits_BnV is not None:
+    _, best_Bnr = jax.lax.top_k(greedy_logits_BnV, max(ranks) + 1)
+    tokens_Bn = best_Bnr[:, jnp.arange(len(nodes)), jnp.asarray(ranks)].astype(jnp.int32)
+    return tokens_Bn, jax.nn.one_hot(tokens_Bn, parent_q_BnV.shape[-1], dtype=jnp.float32)
   tokens_Bn = jnp.zeros(parent_q_BnV.shape[:2], jnp.int32)
   q_BnV = jnp.zeros_like(parent_q_BnV)
   vocab = parent_q_BnV.shape[-1]
@@ -369,7 +381,8 @@ class ModelDrafter(Drafter):
       parents = [tree.parents[j] for j in nodes]
       parent_logits_BnV = jnp.stack([logits_of[u] for u in parents], axis=1)
       parent_q_BnV = probabilities(parent_logits_BnV, sampling)
-      drawn_Bn, q_BnV = draw_depth(key, tree, depth, parent_q_BnV, tokens_BN)
+      greedy_logits_BnV = parent_logits_BnV if sampling.greedy else None
+      drawn_Bn, q_BnV = draw_depth(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV)
       has_mass_Bn = q_BnV.sum(-1) > 0
       tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
       probs_BNV = probs_BNV.at[:, nodes].set(q_BnV)

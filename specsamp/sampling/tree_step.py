@@ -33,6 +33,7 @@ from flax import struct
 
 from specsamp.models.attention import TreeCall
 from specsamp.sampling import drafters, model_protocol, tree_verification
+from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig, probabilities
 
@@ -61,6 +62,40 @@ class StepResult:
   drafter_state: Any
   draft_calls: jax.Array
   nan: jax.Array
+
+
+TREE_VERIFIERS = ("token", "traversal")  # Exact tree verifiers; temperature 0 uses argmax.
+
+
+def check_tree(
+  tree: str | TreeShape | None,
+  num_draft_tokens: int,
+  verifier: str,
+  target: Any,
+  drafter: drafters.Drafter,
+) -> TreeShape | None:
+  """The tree proposal's shape, checked against the other settings and the models."""
+  if tree is None:
+    if verifier == "traversal":
+      raise ValueError(
+        "verifier='traversal' verifies trees; give a tree (e.g. tree='chains:2x4'), or use "
+        "'block' for a single chain (to which traversal verification reduces)."
+      )
+    return None
+  if isinstance(tree, str):
+    tree = tree_lib.parse(tree)
+  if tree.max_depth != num_draft_tokens:
+    raise ValueError(
+      f"num_draft_tokens={num_draft_tokens} must equal the tree's depth, {tree.max_depth} "
+      f"({tree.describe()}): a tree's depth is its draft length."
+    )
+  if verifier not in TREE_VERIFIERS:
+    raise ValueError(
+      f"A tree is verified by one of {TREE_VERIFIERS} (both exact), got verifier={verifier!r}."
+    )
+  model_protocol.check_tree_support(target, "target")
+  drafter.check_tree(tree)
+  return tree
 
 
 def verifier(name: str, greedy: bool) -> Callable[..., Any]:

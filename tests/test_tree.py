@@ -1,0 +1,201 @@
+"""Tree proposals: shapes, tree attention and cache compaction in the Transformer, and the
+loop's tree step (a chain-shaped tree reproduces the chain path; greedy trees reproduce
+autoregressive greedy). Exactness by G-test: tests/test_certify.py (tree cases) and the
+verifiers by exact enumeration: tests/test_tree_verification.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from bigram import random_bigram
+from conftest import perturbed, tiny_config
+
+from specsamp.models import transformer
+from specsamp.models.attention import TreeCall
+from specsamp.sampling import generate, speculative_generate
+from specsamp.sampling import tree as tree_lib
+from specsamp.sampling.drafters import PromptLookupDrafter
+
+
+def test_shapes_from_their_strings():
+  two_chains = tree_lib.parse("chains:2x3")
+  assert two_chains.parents == (-1, -1, 0, 1, 2, 3)
+  assert two_chains.depths == (1, 1, 2, 2, 3, 3) and not two_chains.distinct_siblings
+  branching = tree_lib.parse("tree:2,2,1")
+  assert branching.parents == (-1, -1, 0, 0, 1, 1, 2, 3, 4, 5)
+  assert branching.num_nodes == 10 and branching.max_depth == 3 and branching.distinct_siblings
+  assert branching.sibling_rank[:6] == (0, 1, 0, 1, 0, 1)
+  assert tree_lib.parse("tree:3,1/iid").distinct_siblings is False
+  assert tree_lib.parse("chain:4").is_chain and not branching.is_chain
+  assert tree_lib.parse("parents:-1,0,0").children(0) == (1, 2)
+  mask = tree_lib.parse("tree:2,1").attention_mask()
+  # Root, a, b, a's child, b's child: each sees the root, its ancestors and itself.
+  np.testing.assert_array_equal(
+    mask.astype(int),
+    [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
+  )
+  np.testing.assert_array_equal(tree_lib.parse("tree:2,1").position_offsets(), [0, 1, 1, 2, 2])
+
+
+@pytest.mark.parametrize(
+  "spec, message",
+  [
+    ("tree:2,0", "Branching factors"),
+    ("shrub:2", "unknown kind"),
+    ("parents:-1,1", "parent is 1"),
+    ("parents:-1,0,-1", "depth by depth"),
+    ("chains:2x4/some", "suffix"),
+  ],
+)
+def test_bad_tree_strings_say_what_is_allowed(spec, message):
+  with pytest.raises(ValueError, match=message):
+    tree_lib.parse(spec)
+
+
+@pytest.mark.parametrize("block_size", [0, 4])
+def test_one_tree_call_scores_every_node_as_its_own_sequence(block_size):
+  """Scoring [root, nodes] under the ancestor mask gives each node the logits of the plain
+  sequence prompt + its root path; so does growing the tree depth by depth (the drafter);
+  and compacting a path leaves a cache that continues exactly like the path's sequence."""
+  model = transformer.create(tiny_config(attention_block_size=block_size, vocab_size=50), seed=0)
+  shape = tree_lib.branching((2, 1, 1))
+  batch, prompt_length = 2, 5
+  rng = np.random.default_rng(0)
+  prompts = rng.integers(0, 50, (batch, prompt_length))
+  nodes = rng.integers(0, 50, (batch, shape.num_nodes))
+  root = jnp.full((batch,), prompt_length - 1)
+  cache = model.init_cache(batch, 40)
+  _, cache = model(
+    jnp.asarray(prompts[:, :-1]), jnp.tile(jnp.arange(prompt_length - 1), (2, 1)), cache
+  )
+  positions = (prompt_length - 1) + shape.position_offsets()[None].repeat(batch, 0)
+  call = TreeCall(root, jnp.arange(shape.num_nodes + 1), jnp.asarray(shape.attention_mask()))
+  logits, scored = model(
+    jnp.asarray(np.concatenate([prompts[:, -1:], nodes], 1)),
+    jnp.asarray(positions),
+    cache,
+    tree=call,
+  )
+  assert scored.lengths.tolist() == [prompt_length + shape.num_nodes] * batch
+  _, grown = model(jnp.asarray(prompts[:, -1:]), root[:, None], cache)
+  by_depth = {}
+  for depth in range(1, shape.max_depth + 1):
+    level = np.array(shape.nodes_at_depth(depth))
+    level_call = TreeCall(
+      root, jnp.asarray(1 + level), jnp.asarray(shape.attention_mask()[1 + level])
+    )
+    level_logits, grown = model(
+      jnp.asarray(nodes[:, level]), jnp.asarray(positions[:, 1 + level]), grown, tree=level_call
+    )
+    by_depth.update({int(i): level_logits[:, k] for k, i in enumerate(level)})
+  last_logits = jax.jit(lambda tokens: model(tokens)[0][:, -1])
+  np.testing.assert_allclose(logits[:, 0], last_logits(jnp.asarray(prompts)), atol=2e-5)
+  for i in range(shape.num_nodes):
+    path = np.flatnonzero(shape.ancestors[i])
+    reference = last_logits(jnp.asarray(np.concatenate([prompts, nodes[:, path]], 1)))
+    np.testing.assert_allclose(logits[:, i + 1], reference, atol=2e-5)
+    np.testing.assert_allclose(by_depth[i], reference, atol=2e-5)
+  path = [1, 3, 5]  # The second depth-1 node, its child, and that child's child.
+  assert [shape.parents[n] for n in path] == [-1, 1, 3]
+  compacted = model.compact_cache(
+    scored, jnp.asarray(np.tile(prompt_length + np.array(path), (batch, 1))), root + 1
+  ).replace(lengths=root + 1 + len(path))
+  following = rng.integers(0, 50, (batch, 1))
+  continued, _ = model(jnp.asarray(following), (root + 1 + len(path))[:, None], compacted)
+  sequence = np.concatenate([prompts, nodes[:, path], following], 1)
+  np.testing.assert_allclose(continued[:, 0], last_logits(jnp.asarray(sequence)), atol=2e-5)
+
+
+def test_a_tree_longer_than_a_sliding_window_is_refused():
+  model = transformer.create(tiny_config(sliding_window=4), seed=0)
+  shape = tree_lib.branching((2, 2))
+  call = TreeCall(jnp.zeros((1,), jnp.int32), jnp.arange(7), jnp.asarray(shape.attention_mask()))
+  with pytest.raises(ValueError, match="sliding windows of at least 7"):
+    model(
+      jnp.zeros((1, 7), jnp.int32), jnp.zeros((1, 7), jnp.int32), model.init_cache(1, 16), tree=call
+    )
+
+
+PROMPTS = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0], [60, 2, 17, 90, 60, 2, 0]])
+LENGTHS = np.array([7, 3, 6])
+
+
+@pytest.fixture(scope="module")
+def pair():
+  target = transformer.create(tiny_config(), seed=0)
+  return target, perturbed(target, 0.3, seed=4)
+
+
+def test_a_chain_shaped_tree_gives_the_chain_path_tokens(pair):
+  target, draft = pair
+  common = dict(max_new_tokens=13, num_draft_tokens=3, eos_id=7)
+  chain = speculative_generate(target, draft, PROMPTS, LENGTHS, jax.random.key(1), **common)
+  tree = speculative_generate(
+    target, draft, PROMPTS, LENGTHS, jax.random.key(1), tree="chain:3", **common
+  )
+  np.testing.assert_array_equal(np.asarray(tree.tokens), np.asarray(chain.tokens))
+  tree_stats, chain_stats = tree.summary(), chain.summary()
+  # The chain's draft loop stops when no row needs another token; a tree makes its D calls.
+  assert tree_stats.pop("draft_calls") >= chain_stats.pop("draft_calls")
+  assert tree_stats == chain_stats
+
+
+def test_greedy_trees_equal_greedy_autoregressive_and_accept_more_per_call(pair):
+  target, draft = pair
+  common = dict(max_new_tokens=15, temperature=0)
+  reference = generate(target, PROMPTS, LENGTHS, jax.random.key(0), **common)
+  out = speculative_generate(
+    target,
+    draft,
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(2),
+    num_draft_tokens=3,
+    tree="tree:3,1,1",
+    verifier="traversal",
+    schedule="heuristic",
+    **common,
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(reference.tokens))
+  stats = out.summary()
+  assert stats["num_draft_tokens"] == 3 and len(stats["acceptance_at_position"]) == 3
+  assert stats["mean_draft_length"] > 3  # Nodes proposed per call: more than one chain's.
+
+
+def test_tree_settings_that_cannot_work_are_refused(pair):
+  target, draft = pair
+  run = lambda drafter, **kw: speculative_generate(
+    target, drafter, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=4, **kw
+  )
+  with pytest.raises(ValueError, match="must equal the tree's depth, 3"):
+    run(draft, num_draft_tokens=4, tree="tree:2,1,1")
+  with pytest.raises(ValueError, match="one of \\('token', 'traversal'\\)"):
+    run(draft, num_draft_tokens=2, tree="chains:2x2", verifier="block")
+  with pytest.raises(ValueError, match="verifies trees"):
+    run(draft, num_draft_tokens=2, verifier="traversal")
+  with pytest.raises(ValueError, match="proposes single chains only"):
+    run(PromptLookupDrafter(), num_draft_tokens=2, tree="chains:2x2")
+  with pytest.raises(TypeError, match="cannot score or draft a tree"):
+    speculative_generate(
+      NoTree(random_bigram(8, 0)),
+      random_bigram(8, 1),
+      PROMPTS % 8,
+      LENGTHS,
+      jax.random.key(0),
+      max_new_tokens=4,
+      num_draft_tokens=2,
+      tree="chains:2x2",
+    )
+
+
+class NoTree:
+  """A decode-protocol model without tree calls (parts (e) and (f))."""
+
+  def __init__(self, model):
+    self.model, self.vocab_size = model, model.vocab_size
+
+  def init_cache(self, batch_size, max_length):
+    return self.model.init_cache(batch_size, max_length)
+
+  def __call__(self, tokens_BT, positions_BT, cache):
+    return self.model(tokens_BT, positions_BT, cache)
