@@ -2,6 +2,7 @@ r"""The exactness certificate: G-tests of speculative samples against exact enum
 
   python scripts/certify.py                       # every case, 10^6 sequences each
   python scripts/certify.py --scope=quick --num_samples=100000
+  python scripts/certify.py --scope=trees --output=docs/certificate_trees.md   # trees only
   python scripts/certify.py --output=docs/certificate.md
 
 Runs on a CPU with 8 simulated devices (for the 2x4 mesh cases); see
@@ -22,7 +23,7 @@ from absl import flags  # noqa: E402
 from specsamp.experiments import certify, cli  # noqa: E402
 
 _SCOPE = flags.DEFINE_enum(
-  "scope", "full", ["full", "quick"], "Which cases (see certify.all_cases)."
+  "scope", "full", ["full", "quick", "trees"], "Which cases (see certify.all_cases)."
 )
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1_000_000, "Sequences drawn per case.")
 _LEVEL = flags.DEFINE_float("level", 1e-4, "Each G-test's false-rejection probability.")

@@ -46,13 +46,14 @@ def test_the_trigram_reads_the_token_before_from_its_cache():
 
 
 def test_quick_certificate_passes_and_rejects_every_planted_bug():
-  cases = certify.all_cases("quick")
+  """Single chains; the tree cases are in tests/test_certify_trees.py (run in parallel)."""
+  cases = [c for c in certify.all_cases("quick") if c.tree is None]
   assert {c.verifier for c in cases} == set(certify.VERIFIERS)
   assert {c.drafter for c in cases} == set(certify.DRAFTERS)
   assert {c.schedule for c in cases} == set(certify.SCHEDULES)
-  assert {c.warping for c in cases} == set(certify.WARPINGS)
+  assert {c.warping for c in cases} == set(certify.CHAIN_WARPINGS)
   assert {(c.batch, c.mesh) for c in cases} >= {("1", "1"), ("ragged16", "1")}
-  assert {c.bug for c in cases} == {None, *certify.BUGS}
+  assert {c.bug for c in cases} == {None, *certify.BUGS} - set(certify.TREE_BUGS)
   results = certify.certify(cases, 100_000, level=1e-4, log=lambda line: None)
   failed = [(r.case.name, r.G, r.threshold) for r in results if not r.passed]
   assert not failed, failed

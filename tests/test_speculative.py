@@ -203,11 +203,17 @@ def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
 # --- Sharding, protocol models, bad input. ------------------------------------------------------
 
 
-def test_sharded_speculative_equals_one_device():
-  config = tiny_config("llama", tensor_parallel="shard_map")
+@pytest.mark.parametrize(
+  "verifier, tree, block_size",
+  [("block", None, 0), ("traversal", "tree:2,1,1", 4)],  # A tree, with blocked cache reads.
+)
+def test_sharded_speculative_equals_one_device(verifier, tree, block_size):
+  config = tiny_config("llama", tensor_parallel="shard_map", attention_block_size=block_size)
   draft_config = config.replace(num_layers=1)
   mesh = sharding.make_mesh({"data": 2, "tensor": 4})
-  kwargs = dict(max_new_tokens=10, num_draft_tokens=3, temperature=1.0, top_p=0.9, verifier="block")
+  kwargs = dict(
+    max_new_tokens=10, num_draft_tokens=3, temperature=1.0, top_p=0.9, verifier=verifier, tree=tree
+  )
   expected = speculative_generate(
     transformer.create(config, seed=0),
     transformer.create(draft_config, seed=1),

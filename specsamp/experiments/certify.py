@@ -25,6 +25,18 @@ above its threshold), showing that it has the power to see a real fault:
                      acceptance, made frequent enough to see)  (random draws)
   bits8              every draw from 8 random bits  (random draws, coins and tokens)
   misreported_q      prompt lookup reports a uniform q for its one-hot proposal  (drafters)
+  sibling_against_p  a tree's later siblings tried against the unchanged distribution
+                     instead of the residual left by the rejected ones  (tree verifiers)
+  siblings_full_q    siblings drawn without replacement report their parent's whole q
+                     instead of the renormalised one they were drawn from  (tree drafting)
+
+Tree proposals (``tree_cases``): multi-draft chains, a token tree with distinct
+siblings and a wide level of i.i.d. siblings, each verified by recursive
+rejection sampling ('token') and traversal verification, at T = 1, T = 0.7 with
+top-p, and top-k. The Trigram reads the token before each node from its
+parent's slot, so a tree call that wires a node to the wrong parent, or a
+compaction that leaves the accepted path out of place, samples from the wrong
+distribution.
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ WARPINGS = {
   "T=0.7,k=4,p=0.9": warping.SamplingConfig(0.7, top_k=4, top_p=0.9),
   "T=0.7,p=0.9": warping.SamplingConfig(0.7, top_p=0.9),
 }
+CHAIN_WARPINGS = ("T=1", "T=0.7", "top-k=3", "top-p=0.8", "T=0.7,k=4,p=0.9")
 VERIFIERS = ("token", "block")
 DRAFTERS = ("model", "lookup", "self_speculative", "confidence_stop")
 SCHEDULES = ("fixed", "heuristic")
@@ -69,6 +82,8 @@ MESHES = ("1", "2x4")
 TREES = ("chains:2x3", "tree:2,2,1", "tree:3,1,1/iid")
 TREE_VERIFIERS = ("token", "traversal")
 TREE_WARPINGS = ("T=1", "T=0.7,p=0.9", "top-k=3")
+TREE_BUGS = ("sibling_against_p", "siblings_full_q")
+TREE_BUG = "tree:3,1,1"  # Where the tree bugs show: three distinct siblings, then chains.
 BUGS = (
   "residual_from_p",
   "unweighted_block",
@@ -117,7 +132,7 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (140 cases):
+  'full' (191 cases: 140 single-chain, 44 tree, 7 planted bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all four, self-speculative
@@ -125,17 +140,21 @@ def all_cases(scope: str = "full") -> list[Case]:
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
       warpings in rotation: 4 cases.
-  'quick' (7 cases, what the test suite runs): each verifier x drafter once on the
-    trigram (schedules, warpings and batches in rotation) and self-speculative on the
-    transformer. The mesh is left to the full certificate: the suite checks that the 2x4
-    mesh samples the same tokens as one device for the same key
-    (tests/test_speculative.py), so its exactness follows from one device's.
+  'quick' (20 cases, what the test suite runs: 7 single-chain, 6 tree, 7 bugs): each
+    verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
+    self-speculative on the transformer, and the quick tree cases (``tree_cases``). The
+    mesh is left to the full certificate: the suite checks that the 2x4 mesh samples the
+    same tokens as one device for the same key (tests/test_speculative.py), so its
+    exactness follows from one device's.
+  'trees': the full certificate's tree cases and tree bugs only.
   The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
   covering set above rather than the full product.
   """
-  if scope not in ("full", "quick"):
-    raise ValueError(f"scope must be 'full' or 'quick', got {scope!r}.")
-  warpings = list(WARPINGS)
+  if scope not in ("full", "quick", "trees"):
+    raise ValueError(f"scope must be 'full', 'quick' or 'trees', got {scope!r}.")
+  if scope == "trees":  # The full certificate's tree cases and tree bugs only.
+    return tree_cases("full") + [c for c in bug_cases() if c.tree]
+  warpings = list(CHAIN_WARPINGS)
   table_drafters = [d for d in DRAFTERS if d != "self_speculative"]
   if scope == "full":
     cases = [
@@ -175,17 +194,15 @@ def all_cases(scope: str = "full") -> list[Case]:
 
 def tree_cases(scope: str = "full") -> list[Case]:
   """Tree proposals. 'full': every tree verifier x shape x warping x batch on the trigram
-  (36), each verifier x shape once on the transformer (6), and two on the 2x4 mesh. 'quick':
-  each verifier x shape once on the trigram, warpings and batches in rotation (6), and the
-  transformer once."""
+  (36), each verifier x shape once on the transformer (6; drafters and schedules in
+  rotation), and two on the 2x4 mesh. 'quick' (the test suite): each verifier x shape once
+  on the trigram, warpings and batches in rotation (6); the transformer's tree calls are
+  checked against plain sequences, deterministically, in tests/test_tree.py."""
   combos = list(itertools.product(TREE_VERIFIERS, TREES))
   if scope == "quick":
-    cases = [
+    return [
       Case("trigram", v, "model", "fixed", TREE_WARPINGS[i % 3], BATCHES[i % 2], "1", tree=t)
       for i, (v, t) in enumerate(combos)
-    ]
-    return cases + [
-      Case("transformer", "traversal", "model", "heuristic", "T=1", "1", "1", tree="tree:2,2,1")
     ]
   cases = [
     Case("trigram", v, "model", "fixed", w, b, "1", tree=t)
@@ -221,8 +238,8 @@ def bug_cases() -> list[Case]:
     Case("trigram", "block", "model", "fixed", "top-p=0.8", "1", "1", bug="coarse_le"),
     Case("trigram", "token", "model", "fixed", "T=0.7", "1", "1", bug="bits8"),
     Case("trigram", "token", "lookup", "fixed", "T=1", "1", "1", bug="misreported_q"),
-    Case("trigram", "token", "model", "fixed", "T=1", "1", "1", "sibling_against_p", "tree:3,1,1"),
-    Case("trigram", "token", "model", "fixed", "T=1", "1", "1", "siblings_full_q", "tree:3,1,1"),
+    Case("trigram", "token", "model", "fixed", "T=1", "1", "1", "sibling_against_p", TREE_BUG),
+    Case("trigram", "token", "model", "fixed", "top-k=3", "1", "1", "siblings_full_q", TREE_BUG),
   ]
 
 

@@ -4,6 +4,8 @@ speedup_vs_k.png            measured speedup over K, one panel per sampling mode
                             drafter/verifier, the predicted speedup dashed in the same colour
 acceptance_per_position.png P(draft token t accepted), t = 1..K, at the largest K swept
 ms_per_token.png            autoregressive vs speculative ms/token (best K) per mode and batch
+tree_attention.png          a draft tree and the attention mask of the one target call that
+                            scores it (``tree_figure``; docs/how_it_works.md)
 """
 
 from __future__ import annotations
@@ -149,3 +151,54 @@ def write_all(results: dict, output_dir: str, batch_size: int = 1) -> list[str]:
     ),
     ms_per_token(records, drafter, "token", os.path.join(output_dir, "ms_per_token.png")),
   ]
+
+
+def tree_figure(spec: str, path: str, accepted: tuple[int, ...] = ()) -> str:
+  """A tree proposal (``sampling.tree`` string) drawn as a tree, beside the [N+1, N+1] mask of
+  the target call that scores it; ``accepted`` nodes (a root path) are highlighted."""
+  from specsamp.sampling import tree as tree_lib  # The figure's only sampling dependency.
+
+  shape = tree_lib.parse(spec)
+  names = ["root"] + [f"{i}" for i in range(shape.num_nodes)]
+  # Leaves spread evenly; a parent sits above the middle of its children.
+  x_of: dict[int, float] = {}
+  leaves = iter(range(shape.num_nodes + 1))
+
+  def place(node: int) -> float:
+    children = shape.children(node)
+    x_of[node] = (
+      float(next(leaves)) if not children else sum(place(c) for c in children) / len(children)
+    )
+    return x_of[node]
+
+  place(-1)
+  figure, (left, right) = plt.subplots(1, 2, figsize=(12, 5), width_ratios=(1.1, 1))
+  for node, parent in enumerate(shape.parents):
+    depth = shape.depths[node]
+    left.plot([x_of[parent], x_of[node]], [-(depth - 1), -depth], color="0.6", zorder=1)
+  for node in [-1, *range(shape.num_nodes)]:
+    depth = 0 if node < 0 else shape.depths[node]
+    on_path = node < 0 or node in accepted
+    left.scatter(x_of[node], -depth, s=500, zorder=2, color="tab:green" if on_path else "tab:blue")
+    left.annotate(names[node + 1], (x_of[node], -depth), ha="center", va="center", color="white")
+  left.set_yticks([-d for d in range(shape.max_depth + 1)])
+  left.set_yticklabels([f"position n-1+{d}" for d in range(shape.max_depth + 1)])
+  left.set_xticks([])
+  left.set_title(
+    f"{spec}: {shape.num_nodes} nodes, depth {shape.max_depth}"
+    + ("; accepted path green" if accepted else "")
+  )
+  for side in ("top", "right", "bottom"):
+    left.spines[side].set_visible(False)
+  right.imshow(shape.attention_mask(), cmap="Blues", vmin=0, vmax=1.4)
+  ticks = range(shape.num_nodes + 1)
+  right.set_xticks(ticks, names, fontsize=8)
+  right.set_yticks(ticks, names, fontsize=8)
+  right.set_xlabel("slot root + m (key)")
+  right.set_ylabel("scored token (query)")
+  right.set_title("the score call's mask over the tree's slots\n(every slot before the root: all)")
+  figure.tight_layout()
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+  return path
