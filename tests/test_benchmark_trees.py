@@ -3,12 +3,8 @@
 python -m pytest tests/test_benchmark_trees.py
 """
 
-import json
-import os
-
 import pytest
 from test_configs import load_config
-from test_scripts import run_script
 
 from specsamp.experiments import benchmark_trees
 from specsamp.sampling import tree as tree_lib
@@ -105,46 +101,3 @@ def test_the_prediction_is_calibrated_to_the_paper_and_scoring_wider_costs_littl
   assert chain["speedup"] == pytest.approx(14.1 * 3 / chain["iteration_ms"])
   assert tree["speedup"] < chain["speedup"]
   assert "a model, not a measurement" in benchmark_trees.predicted_tables(predicted, ["sample"])
-
-
-def test_script_times_every_setting_resumes_and_prints_the_tables(tmp_path):
-  """The micro pair trained by the script itself, then the test variant, then a resumed run."""
-  output = str(tmp_path / "trees")
-  args = [
-    "--config=configs/benchmark_trees.py:test",
-    f"--workdir={tmp_path / 'work'}",
-    f"--config.output_dir={output}",
-  ]
-  result = run_script("benchmark_trees.py", *args)
-  assert result.returncode == 0, result.stderr[-3000:]
-  records = json.load(open(os.path.join(output, "results.json")))["records"]
-  assert set(records) == {
-    "sample/autoregressive/-",
-    "sample/chain:2/token",
-    "sample/chain:2/block",
-    "sample/tree:2,1/token",
-    "sample/tree:2,1/traversal",
-  }
-  for r in records.values():
-    assert r["ms_per_token"] > 0 and r["tokens_per_s"] > 0 and r["speedup"] > 0
-    assert 1.0 <= r["tokens_per_call"] <= 3.0  # At most D=2 drafts and the bonus token.
-    assert r["target_step_ms"] > 0
-    if r["proposal"] != "autoregressive":
-      assert 0.0 <= r["alpha"] <= 1.0 and r["score_ms"] > 0 and r["draft_step_ms"] > 0
-      assert 0 < r["nodes_per_call"] <= r["nodes"] and 0 < r["draft_calls_per_iteration"] <= 2
-      assert r["vs_block"] > 0
-  assert records["sample/tree:2,1/token"]["nodes"] == 4
-  assert records["sample/chain:2/block"]["vs_block"] == 1.0
-  for needle in (
-    "| proposal | verifier | nodes | ms_per_token |",
-    "| tree:2,1 | traversal | 4 |",
-    "Predicted on 16 TPU v4 chips",
-    "| proposal | verifier | nodes | tokens_per_call | score_ms |",
-  ):
-    assert needle in result.stdout, needle
-  assert "| proposal |" in open(os.path.join(output, "summary.md")).read()
-  # A second run finds every setting done: it loads nothing, times nothing, prints the tables.
-  again = run_script("benchmark_trees.py", *args)
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert "ms/token (AR" not in again.stdout and "loaded step" not in again.stdout
-  assert "| tree:2,1 | traversal | 4 |" in again.stdout

@@ -1,5 +1,6 @@
 """scripts/sample.py and scripts/train.py end to end on the micro pair, as a user runs them."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -526,3 +527,47 @@ def test_ctrl_c_during_training_saves_and_exits_cleanly(trained_workdir, tmp_pat
   )
   assert stderr.strip().splitlines()[-1] == "interrupted." and "Traceback" not in stderr
   assert os.listdir(copy / "target")  # the step it reached was saved
+
+
+def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
+  trained_workdir, tmp_path
+):
+  """scripts/benchmark_trees.py on the micro pair: the test variant, then a resumed run."""
+  workdir, _ = trained_workdir
+  output = str(tmp_path / "trees")
+  args = [
+    "--config=configs/benchmark_trees.py:test",
+    f"--workdir={workdir}",
+    f"--config.output_dir={output}",
+  ]
+  result = run_script("benchmark_trees.py", *args)
+  assert result.returncode == 0, result.stderr[-3000:]
+  records = json.load(open(os.path.join(output, "results.json")))["records"]
+  assert set(records) == {
+    "sample/autoregressive/-",
+    "sample/chain:2/block",
+    "sample/tree:2,1/traversal",
+  }
+  for r in records.values():
+    assert r["ms_per_token"] > 0 and r["tokens_per_s"] > 0 and r["speedup"] > 0
+    assert 1.0 <= r["tokens_per_call"] <= 3.0  # At most D=2 drafts and the bonus token.
+    assert r["target_step_ms"] > 0
+    if r["proposal"] != "autoregressive":
+      assert 0.0 <= r["alpha"] <= 1.0 and r["score_ms"] > 0 and r["draft_step_ms"] > 0
+      assert 0 < r["nodes_per_call"] <= r["nodes"] and 0 < r["draft_calls_per_iteration"] <= 2
+      assert r["vs_block"] > 0
+  assert records["sample/tree:2,1/traversal"]["nodes"] == 4
+  assert records["sample/chain:2/block"]["vs_block"] == 1.0
+  for needle in (
+    "| proposal | verifier | nodes | ms_per_token |",
+    "| tree:2,1 | traversal | 4 |",
+    "Predicted on 16 TPU v4 chips",
+    "| proposal | verifier | nodes | tokens_per_call | score_ms |",
+  ):
+    assert needle in result.stdout, needle
+  assert "| proposal |" in open(os.path.join(output, "summary.md")).read()
+  # A second run finds every setting done: it loads nothing, times nothing, prints the tables.
+  again = run_script("benchmark_trees.py", *args)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "ms/token (AR" not in again.stdout and "loaded step" not in again.stdout
+  assert "| tree:2,1 | traversal | 4 |" in again.stdout

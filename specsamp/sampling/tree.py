@@ -180,7 +180,7 @@ def parse(spec: str) -> TreeShape:
       raise ValueError(f"unknown kind {kind!r}")
   except ValueError as error:
     raise ValueError(
-      f"Bad tree {spec!r}: {error}. Use 'chains:KxD' (K chains of D tokens), 'tree:b1,b2,...' "
+      f"Bad tree {spec!r}: {str(error).rstrip('.')}. Use 'chains:KxD' (K chains of D tokens), 'tree:b1,b2,...' "
       "(branching per depth), 'parents:-1,-1,0,...' or 'chain:D', optionally with '/iid' or "
       "'/distinct'."
     ) from None
