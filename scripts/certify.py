@@ -3,6 +3,7 @@ r"""The exactness certificate: G-tests of speculative samples against exact enum
   python scripts/certify.py                       # every case, 10^6 sequences each
   python scripts/certify.py --scope=quick --num_samples=100000
   python scripts/certify.py --scope=trees --output=docs/certificate_trees.md   # trees only
+  python scripts/certify.py --scope=trees --model=transformer --num_samples=100000
   python scripts/certify.py --output=docs/certificate.md
 
 Runs on a CPU with 8 simulated devices (for the 2x4 mesh cases); see
@@ -25,6 +26,12 @@ from specsamp.experiments import certify, cli  # noqa: E402
 _SCOPE = flags.DEFINE_enum(
   "scope", "full", ["full", "quick", "trees"], "Which cases (see certify.all_cases)."
 )
+_MODEL = flags.DEFINE_enum(
+  "model",
+  "all",
+  ["all", "trigram", "transformer"],
+  "Only this model's cases.",
+)
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1_000_000, "Sequences drawn per case.")
 _LEVEL = flags.DEFINE_float("level", 1e-4, "Each G-test's false-rejection probability.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (case i uses seed + i).")
@@ -36,6 +43,8 @@ flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 def main(argv):
   cli.start(argv)
   cases = certify.all_cases(_SCOPE.value)
+  if _MODEL.value != "all":
+    cases = [case for case in cases if case.model == _MODEL.value]
   start = time.perf_counter()
   results = certify.certify(cases, _NUM_SAMPLES.value, _LEVEL.value, _SEED.value)
   minutes = (time.perf_counter() - start) / 60

@@ -52,11 +52,11 @@ def test_bad_tree_strings_say_what_is_allowed(spec, message):
     tree_lib.parse(spec)
 
 
-@pytest.mark.parametrize("block_size", [0, 4])
-def test_one_tree_call_scores_every_node_as_its_own_sequence(block_size):
+def test_one_tree_call_scores_every_node_as_its_own_sequence(block_size=4):
   """Scoring [root, nodes] under the ancestor mask gives each node the logits of the plain
   sequence prompt + its root path; so does growing the tree depth by depth (the drafter);
-  and compacting a path leaves a cache that continues exactly like the path's sequence."""
+  and compacting a path leaves a cache that continues exactly like the path's sequence.
+  The cache is read in blocks of 4 slots (the loop tests read it whole)."""
   model = transformer.create(tiny_config(attention_block_size=block_size, vocab_size=50), seed=0)
   shape = tree_lib.branching((2, 1, 1))
   batch, prompt_length = 2, 5

@@ -180,9 +180,9 @@ def parse(spec: str) -> TreeShape:
       raise ValueError(f"unknown kind {kind!r}")
   except ValueError as error:
     raise ValueError(
-      f"Bad tree {spec!r}: {str(error).rstrip('.')}. Use 'chains:KxD' (K chains of D tokens), 'tree:b1,b2,...' "
-      "(branching per depth), 'parents:-1,-1,0,...' or 'chain:D', optionally with '/iid' or "
-      "'/distinct'."
+      f"Bad tree {spec!r}: {str(error).rstrip('.')}. Use 'chains:KxD' (K chains of D tokens), "
+      "'tree:b1,b2,...' (branching per depth), 'parents:-1,-1,0,...' or 'chain:D', "
+      "optionally with '/iid' or '/distinct'."
     ) from None
   if draws:
     if draws not in ("iid", "distinct"):
