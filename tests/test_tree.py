@@ -64,27 +64,30 @@ def test_one_tree_call_scores_every_node_as_its_own_sequence(block_size=4):
   prompts = rng.integers(0, 50, (batch, prompt_length))
   nodes = rng.integers(0, 50, (batch, shape.num_nodes))
   root = jnp.full((batch,), prompt_length - 1)
+  run = jax.jit(
+    lambda tokens, positions, cache, tree=None: model(tokens, positions, cache, tree=tree)
+  )
   cache = model.init_cache(batch, 40)
-  _, cache = model(
+  _, cache = run(
     jnp.asarray(prompts[:, :-1]), jnp.tile(jnp.arange(prompt_length - 1), (2, 1)), cache
   )
   positions = (prompt_length - 1) + shape.position_offsets()[None].repeat(batch, 0)
   call = TreeCall(root, jnp.arange(shape.num_nodes + 1), jnp.asarray(shape.attention_mask()))
-  logits, scored = model(
+  logits, scored = run(
     jnp.asarray(np.concatenate([prompts[:, -1:], nodes], 1)),
     jnp.asarray(positions),
     cache,
     tree=call,
   )
   assert scored.lengths.tolist() == [prompt_length + shape.num_nodes] * batch
-  _, grown = model(jnp.asarray(prompts[:, -1:]), root[:, None], cache)
+  _, grown = run(jnp.asarray(prompts[:, -1:]), root[:, None], cache)
   by_depth = {}
   for depth in range(1, shape.max_depth + 1):
     level = np.array(shape.nodes_at_depth(depth))
     level_call = TreeCall(
       root, jnp.asarray(1 + level), jnp.asarray(shape.attention_mask()[1 + level])
     )
-    level_logits, grown = model(
+    level_logits, grown = run(
       jnp.asarray(nodes[:, level]), jnp.asarray(positions[:, 1 + level]), grown, tree=level_call
     )
     by_depth.update({int(i): level_logits[:, k] for k, i in enumerate(level)})
@@ -101,7 +104,7 @@ def test_one_tree_call_scores_every_node_as_its_own_sequence(block_size=4):
     scored, jnp.asarray(np.tile(prompt_length + np.array(path), (batch, 1))), root + 1
   ).replace(lengths=root + 1 + len(path))
   following = rng.integers(0, 50, (batch, 1))
-  continued, _ = model(jnp.asarray(following), (root + 1 + len(path))[:, None], compacted)
+  continued, _ = run(jnp.asarray(following), (root + 1 + len(path))[:, None], compacted)
   sequence = np.concatenate([prompts, nodes[:, path], following], 1)
   np.testing.assert_allclose(continued[:, 0], last_logits(jnp.asarray(sequence)), atol=2e-5)
 
