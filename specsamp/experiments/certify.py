@@ -140,12 +140,13 @@ def all_cases(scope: str = "full") -> list[Case]:
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
       warpings in rotation: 4 cases.
-  'quick' (17 cases, what the test suite runs: 7 single-chain, 3 tree, 7 bugs): each
+  'quick' (16 cases, what the test suite runs: 7 single-chain, 3 tree, 6 bugs): each
     verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
     self-speculative on the transformer, and the quick tree cases (``tree_cases``). The
     mesh is left to the full certificate: the suite checks that the 2x4 mesh samples the
     same tokens as one device for the same key (tests/test_speculative.py), so its
-    exactness follows from one device's.
+    exactness follows from one device's. The tree bug 'sibling_against_p' is left to the full
+    certificate: tests/test_tree_verification.py rejects the same fault by exact enumeration.
   'trees': the full certificate's tree cases and tree bugs only.
   The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
   covering set above rather than the full product.
@@ -189,7 +190,10 @@ def all_cases(scope: str = "full") -> list[Case]:
     cases += [
       Case("transformer", "block", "self_speculative", "heuristic", "T=0.7", "ragged16", "1")
     ]
-  return cases + tree_cases(scope) + bug_cases()
+  bugs = bug_cases()
+  if scope == "quick":  # The verifier's residual bug is enumerated exactly in the suite.
+    bugs = [bug for bug in bugs if bug.bug != "sibling_against_p"]
+  return cases + tree_cases(scope) + bugs
 
 
 def tree_cases(scope: str = "full") -> list[Case]:
