@@ -32,6 +32,7 @@ _MODEL = flags.DEFINE_enum(
   ["all", "trigram", "transformer"],
   "Only this model's cases.",
 )
+_MESH = flags.DEFINE_enum("mesh", "all", ["all", "1", "2x4"], "Only the cases on this mesh.")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1_000_000, "Sequences drawn per case.")
 _LEVEL = flags.DEFINE_float("level", 1e-4, "Each G-test's false-rejection probability.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (case i uses seed + i).")
@@ -45,6 +46,8 @@ def main(argv):
   cases = certify.all_cases(_SCOPE.value)
   if _MODEL.value != "all":
     cases = [case for case in cases if case.model == _MODEL.value]
+  if _MESH.value != "all":
+    cases = [case for case in cases if case.mesh == _MESH.value]
   start = time.perf_counter()
   results = certify.certify(cases, _NUM_SAMPLES.value, _LEVEL.value, _SEED.value)
   minutes = (time.perf_counter() - start) / 60
