@@ -61,7 +61,6 @@ and every finished setting is saved at once) and Markdown tables to stdout and
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -440,20 +439,6 @@ def predict(config: ml_collections.ConfigDict, records: dict[str, dict]) -> dict
   return out
 
 
-def _cell(value: Any) -> str:
-  if value is None or (isinstance(value, float) and math.isnan(value)):
-    return "-"
-  if isinstance(value, float):
-    return f"{value:.3g}"
-  return str(value)
-
-
-def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
-  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
-  return "\n".join(lines)
-
-
 def _ordered(rows: list[dict]) -> list[dict]:
   """Autoregressive first, then the chain, then the trees, each verifier together."""
   return sorted(
@@ -483,7 +468,7 @@ def measured_tables(records: dict[str, dict], modes: list[str] | None = None) ->
       "over the chain's with block verification (greedy: the one chain's); "
       "predicted_speedup: from these costs at the measured tokens/call.",
       "",
-      _table(rows, MEASURED_COLUMNS),
+      perf_model.format_table(rows, MEASURED_COLUMNS),
       "",
     ]
   return "\n".join(out).rstrip()
@@ -512,5 +497,5 @@ def predicted_tables(prediction: dict[str, Any], modes: list[str] | None = None)
   for mode in modes or list(MODES):
     rows = _ordered([r for r in prediction["records"].values() if r["mode"] == mode])
     if rows:
-      out += [f"**{mode}**, predicted:", "", _table(rows, PREDICTED_COLUMNS), ""]
+      out += [f"**{mode}**, predicted:", "", perf_model.format_table(rows, PREDICTED_COLUMNS), ""]
   return "\n".join(out).rstrip()

@@ -34,6 +34,7 @@ draft for a measured alpha.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -446,13 +447,16 @@ def paper_check(
 
 
 def format_table(rows: Iterable[dict], columns: Sequence[str]) -> str:
-  """A Markdown table of ``rows`` (floats to 3 significant digits)."""
+  """A Markdown table of ``rows`` (floats to 3 significant digits; a missing, None or NaN
+  value is '-')."""
 
   def cell(value):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+      return "-"
     if isinstance(value, float):
       return f"{value:.3g}"
     return str(value)
 
   lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  lines += ["| " + " | ".join(cell(row[c]) for c in columns) + " |" for row in rows]
+  lines += ["| " + " | ".join(cell(row.get(c)) for c in columns) + " |" for row in rows]
   return "\n".join(lines)
