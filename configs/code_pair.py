@@ -12,6 +12,9 @@ Arguments:
           target does against a 4B draft, for speculation to pay off.
   large   a better pair for an accelerator or a long CPU run (12 x 768
           target, 2 x 768 draft, 2048 pieces, 20k target steps).
+  llama   the default pair in the Llama architecture (SwiGLU MLP of 8/3 the
+          width, so the parameter count stays), trained the same way: what
+          scripts/compare_keras_hub.py loads into keras-hub's LlamaCausalLM.
   test    a micro pair the test suite trains in seconds.
 
 The draft is wide and shallow (Chen et al. section 4): one layer, so a draft
@@ -20,7 +23,7 @@ step is cheap, distilled from the target with token-level KL by default.
 
 import ml_collections
 
-VARIANTS = ("cpu", "large", "test")
+VARIANTS = ("cpu", "large", "llama", "test")
 
 
 def _model(num_layers, d_model, num_heads, vocab_size):
@@ -152,6 +155,10 @@ def get_config(arg=None):
     )
     config.sampling.prompt_tokens = 64
     config.sampling.max_new_tokens = 128
+  elif variant == "llama":
+    for section, width in ((config.target, 384), (config.draft, 256)):
+      section.model.mlp_activation = "swiglu"  # Llama's gated SiLU MLP.
+      section.model.ffn_dim = 8 * width // 3  # 2/3 of 4 x d_model: the same parameters.
   elif variant == "test":
     config.tokenizer.vocab_size = vocab = 384
     config.tokenizer.max_chars = 200_000

@@ -103,3 +103,36 @@ def test_sample_follows_the_warped_distribution():
 def test_invalid_sampling_params_are_refused(kwargs, message):
   with pytest.raises(ValueError, match=message):
     SamplingConfig(**kwargs)
+
+
+def _sorted_nucleus(logits_V: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+  """float64 reference: (kept, mass before each token in sorted order, ties by token id)."""
+  probs = np.exp(logits_V - logits_V.max())
+  probs /= probs.sum()
+  order = np.lexsort((np.arange(len(probs)), -probs))
+  before = np.empty_like(probs)
+  before[order] = np.cumsum(probs[order]) - probs[order]
+  return before < top_p, before
+
+
+@pytest.mark.parametrize("vocab", [8, 1024])
+def test_nucleus_without_sorting_matches_the_sorted_definition(vocab):
+  """The bisection nucleus equals the sorted one (ties by token id, in float64) for every
+  token whose mass before is not within float32 rounding of top_p."""
+  from specsamp.sampling.warping import nucleus_mask
+
+  rng = np.random.default_rng(vocab)
+  logits = rng.normal(size=(40, 8, vocab)) * (0.3 + np.arange(40) % 6)[:, None, None]
+  logits[::4] = np.round(logits[::4])  # Many exact ties, at the boundary too.
+  logits = logits.reshape(-1, vocab).astype(np.float32)
+  mask = jax.jit(nucleus_mask, static_argnums=1)
+  checked = 0
+  for top_p in (1e-6, 0.3, 0.9, 0.95, 0.999):
+    ours = np.asarray(mask(jnp.asarray(logits), top_p))
+    assert ours.any(-1).all()  # Never empty: the most likely token is always kept.
+    for row in range(len(logits)):
+      kept, before = _sorted_nucleus(logits[row].astype(np.float64), top_p)
+      clear = np.abs(before - top_p) > 1e-5
+      np.testing.assert_array_equal(ours[row][clear], kept[clear])
+      checked += int(clear.sum())
+  assert checked > 0.95 * logits.size * 5  # Nearly every token is clear of the boundary.

@@ -415,32 +415,38 @@ def _last_distributions(
 
 
 def exact_distribution(
-  target: Any, prompt: tuple[int, ...], sampling: warping.SamplingConfig
+  target: Any,
+  prompt: tuple[int, ...],
+  sampling: warping.SamplingConfig,
+  new_tokens: int = NEW_TOKENS,
 ) -> np.ndarray:
-  """P(x_1..x_N | prompt) under the warped target, [V^N] in lexicographic order (float64).
+  """P(x_1..x_N | prompt) under the warped target, [V^N] in lexicographic order (float64),
+  N = ``new_tokens`` and V the target's vocabulary.
 
   One forward pass over the V^(N-1) sequences prompt + x_1..x_{N-1} gives every factor
   p(x_t | prompt, x_<t) of the chain rule at positions L-1..L+N-2.
   """
-  prefixes = np.asarray(list(itertools.product(range(VOCAB), repeat=NEW_TOKENS - 1)), np.int32)
+  vocab = target.vocab_size if isinstance(target, Trigram) else target.config.vocab_size
+  prefixes = np.asarray(list(itertools.product(range(vocab), repeat=new_tokens - 1)), np.int32)
+  prefixes = prefixes.reshape(-1, new_tokens - 1)
   seqs = np.concatenate(
     [np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes], axis=1
   )
   step = np.asarray(
-    _last_distributions(target, jnp.asarray(seqs), sampling, NEW_TOKENS), np.float64
+    _last_distributions(target, jnp.asarray(seqs), sampling, new_tokens), np.float64
   )
   step /= step.sum(-1, keepdims=True)
   rows = np.arange(len(prefixes))
   probs = np.ones(len(prefixes))
-  for t in range(NEW_TOKENS - 1):
+  for t in range(new_tokens - 1):
     probs *= step[rows, t, prefixes[:, t]]
   return (probs[:, None] * step[:, -1]).reshape(-1)
 
 
 def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any]:
   """G-test of ``counts`` against ``probs`` (same shape, flattened); small cells pooled.
-
-  A count in a cell of probability 0 fails outright (G = inf).
+  Returns G, cells, the threshold at ``level``, the p-value and the count of draws in cells
+  of probability 0 (``impossible``): any such draw fails outright (G = inf, p-value 0).
   """
   counts, probs = counts.reshape(-1).astype(np.float64), probs.reshape(-1)
   probs = probs / probs.sum()
@@ -453,6 +459,7 @@ def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any
       "G": math.inf,
       "cells": cells,
       "threshold": float(stats.chi2.isf(level, cells - 1)),
+      "p_value": 0.0,
       "impossible": int(counts[probs <= 0].sum()),
     }
   observed_cells = np.append(counts[big], counts[~big & (probs > 0)].sum())
@@ -468,6 +475,7 @@ def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any
     "G": float(g),
     "cells": len(observed_cells),
     "threshold": float(stats.chi2.isf(level, dof)),
+    "p_value": float(stats.chi2.sf(g, dof)),
     "impossible": 0,
   }
 
@@ -608,6 +616,7 @@ class Result:
   G: float
   cells: int
   threshold: float
+  p_value: float
   impossible: int
   seconds: float
 
