@@ -35,6 +35,13 @@ _CALLS = flags.DEFINE_integer("calls", 8, "Timed calls per sampler and setting."
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Default: config.sampling.max_new_tokens.")
 _K = flags.DEFINE_integer("num_draft_tokens", 4, "K, draft tokens per target call.")
 _SAMPLES = flags.DEFINE_integer("exact_samples", 100_000, "Sequences per exactness case.")
+_EXACT_SAMPLERS = flags.DEFINE_list(
+  "exact_samplers", list(compare_keras_hub.EXACT_SAMPLERS), "Samplers the G-tests draw from."
+)
+_EXACT_WARPINGS = flags.DEFINE_list(
+  "exact_warpings", list(compare_keras_hub.EXACT_WARPINGS), "Warpings of the G-tests."
+)
+_EXACT_BATCHES = flags.DEFINE_list("exact_batches", ["1", "8"], "Batch sizes of the G-tests.")
 _LEVEL = flags.DEFINE_float("level", 1e-3, "Each G-test's false-rejection probability.")
 _OUTPUT = flags.DEFINE_string(
   "output", None, "JSON results; default <workdir>/compare_keras_hub.json."
@@ -48,15 +55,23 @@ def main(argv):
   for name, values, known in (
     ("--parts", _PARTS.value, ("speed", "exactness")),
     ("--modes", _MODES.value, tuple(MODES)),
+    ("--exact_samplers", _EXACT_SAMPLERS.value, compare_keras_hub.EXACT_SAMPLERS),
+    ("--exact_warpings", _EXACT_WARPINGS.value, tuple(compare_keras_hub.EXACT_WARPINGS)),
   ):
     unknown = sorted(set(values) - set(known))
     if unknown:
       raise app.UsageError(f"Unknown {name} {unknown}; choose from {sorted(known)}.")
   try:
     batch_sizes = [int(b) for b in _BATCHES.value]
+    exact_batches = [int(b) for b in _EXACT_BATCHES.value]
   except ValueError as error:
-    raise app.UsageError(f"--batch_sizes must be integers: {error}") from None
-  if any(b < 1 for b in batch_sizes) or _K.value < 1 or _SAMPLES.value < 1 or _CALLS.value < 1:
+    raise app.UsageError(f"--batch_sizes and --exact_batches must be integers: {error}") from None
+  if (
+    any(b < 1 for b in batch_sizes + exact_batches)
+    or _K.value < 1
+    or _SAMPLES.value < 1
+    or _CALLS.value < 1
+  ):
     raise app.UsageError(
       "--batch_sizes, --num_draft_tokens, --calls and --exact_samples must be >= 1."
     )
@@ -72,6 +87,9 @@ def main(argv):
     num_draft_tokens=_K.value,
     max_new_tokens=_MAX_NEW.value or config.sampling.max_new_tokens,
     exact_samples=_SAMPLES.value,
+    exact_samplers=_EXACT_SAMPLERS.value,
+    exact_warpings=_EXACT_WARPINGS.value,
+    exact_batches=exact_batches,
     level=_LEVEL.value,
     output=_OUTPUT.value,
   )
