@@ -21,6 +21,11 @@ def tiny(tmp_path_factory):
   return target, draft, paths
 
 
+def test_a_missing_export_is_refused_in_one_line(tmp_path):
+  with pytest.raises(FileNotFoundError, match="config.json missing"):
+    keras_hub_peer.load_causal_lm(str(tmp_path / "nope"))
+
+
 def test_parity_check_refuses_different_weights(tiny):
   target, draft, paths = tiny
   with pytest.raises(AssertionError, match="logits differ"):

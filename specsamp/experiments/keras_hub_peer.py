@@ -60,6 +60,11 @@ def load_causal_lm(directory: str) -> Any:
   converts a Llama checkpoint through keras-hub's transformers converter), without a
   preprocessor: inputs are token ids."""
   _, keras_hub = modules()
+  if not os.path.isfile(os.path.join(directory, "config.json")):
+    raise FileNotFoundError(
+      f"No HF model in {directory} (config.json missing); write one with "
+      "specsamp.hf.export_model or scripts/export_hf.py."
+    )
   backbone = keras_hub.models.Backbone.from_preset(directory)
   if not isinstance(backbone, keras_hub.models.LlamaBackbone):
     raise ValueError(
@@ -183,7 +188,7 @@ def inputs_of(prompts_BT: np.ndarray, max_new_tokens: int) -> dict[str, np.ndarr
   token_ids[:, :length] = prompts_BT
   return {
     "token_ids": token_ids,
-    "padding_mask": token_ids * 0 + (np.arange(token_ids.shape[1]) < length),
+    "padding_mask": np.broadcast_to(np.arange(token_ids.shape[1]) < length, token_ids.shape),
   }
 
 
