@@ -31,7 +31,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workd
 _PARTS = flags.DEFINE_list("parts", ["speed", "exactness"], "Any of speed, exactness.")
 _MODES = flags.DEFINE_list("modes", ["greedy", "nucleus"], f"Any of {sorted(MODES)}.")
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes to time.")
-_CALLS = flags.DEFINE_integer("calls", 8, "Timed calls per sampler and setting.")
+_CALLS = flags.DEFINE_integer("calls", 8, "Timed calls per sampler, setting and round.")
+_ROUNDS = flags.DEFINE_integer(
+  "rounds", 3, "Interleaved timing rounds (every sampler once per round); tokens/s is their median."
+)
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Default: config.sampling.max_new_tokens.")
 _K = flags.DEFINE_integer("num_draft_tokens", 4, "K, draft tokens per target call.")
 _SAMPLES = flags.DEFINE_integer("exact_samples", 100_000, "Sequences per exactness case.")
@@ -73,7 +76,7 @@ def main(argv):
     or _CALLS.value < 1
   ):
     raise app.UsageError(
-      "--batch_sizes, --num_draft_tokens, --calls and --exact_samples must be >= 1."
+      "--batch_sizes, --num_draft_tokens, --calls, --rounds and --exact_samples must be >= 1."
     )
   config = _CONFIG.value
   workdir = _WORKDIR.value
@@ -84,6 +87,7 @@ def main(argv):
     modes=_MODES.value,
     batch_sizes=batch_sizes,
     calls=_CALLS.value,
+    rounds=_ROUNDS.value,
     num_draft_tokens=_K.value,
     max_new_tokens=_MAX_NEW.value or config.sampling.max_new_tokens,
     exact_samples=_SAMPLES.value,

@@ -63,6 +63,7 @@ def test_compare_script_end_to_end(tmp_path):
     "--modes=greedy",
     "--batch_sizes=2",
     "--calls=1",
+    "--rounds=2",
     "--max_new_tokens=8",
     "--exact_samples=4000",
     "--exact_warpings=T=1",

@@ -140,34 +140,42 @@ def _keras_ar_sampler(lm, n):
   return sample
 
 
-def _time_keras_speculative(lm, name, inputs, calls, n) -> timing.Timed:
-  """Times keras-hub's SpeculativeSampler; its verify calls come from an untimed pass with a
-  counting callback that replays the same seeds (checked to give the same tokens)."""
-  seeds = [np.asarray(v.value) for v in lm.sampler.variables]
+def _count(out) -> tuple[int, int]:
+  """(tokens of all rows, tokens of the longest row) of a (tokens [B, n], calls) output."""
+  return out[0].size, out[0].shape[1]
 
-  def replay(count: bool):
-    for variable, value in zip(lm.sampler.variables, seeds):
-      variable.assign(value)
-    lm.verify_calls = [] if count else None
-    lm.generate_function = None  # Recompile: the callback is in the graph or not.
 
-  def sample(prompts_BT, index):
-    before = len(lm.verify_calls) if lm.verify_calls is not None else 0
-    tokens = keras_hub_peer.generate(lm, prompts_BT, n)
-    return tokens, (len(lm.verify_calls) - before if lm.verify_calls is not None else -1)
+def _keras_speculative_timer(timed_lm, counting_lm, name, n):
+  """(inputs, calls, round) -> Timed for keras-hub's SpeculativeSampler. Its verify calls come
+  from ``counting_lm`` (the same model and sampler, with a counting callback in its graph),
+  run untimed first from the same seed state; its tokens are checked identical."""
 
-  count = lambda out: (out[0].size, out[0].shape[1])  # noqa: E731
-  replay(count=True)
-  counted = timing.time_sampler(name, sample, inputs, calls=calls, count=count)
-  replay(count=False)
-  timed = timing.time_sampler(name, sample, inputs, calls=calls, count=count)
-  for (tokens, _), (replayed, _) in zip(timed.outputs, counted.outputs):
-    if not np.array_equal(tokens, replayed):
-      raise AssertionError("keras-hub's replay drew different tokens; its call count is unusable.")
-  timed.outputs = [
-    (tokens, 1 + calls_made) for (tokens, _), (_, calls_made) in zip(timed.outputs, counted.outputs)
-  ]
-  return timed
+  def sample_with(lm):
+    def sample(prompts_BT, index):
+      del index  # keras-hub's sampler carries its own seed state from call to call.
+      before = len(lm.verify_calls) if lm.verify_calls is not None else 0
+      tokens = keras_hub_peer.generate(lm, prompts_BT, n)
+      return tokens, (len(lm.verify_calls) - before if lm.verify_calls is not None else 0)
+
+    return sample
+
+  counting_lm.verify_calls = []
+
+  def time_round(inputs, calls, round_index):
+    del round_index
+    for source, copy in zip(timed_lm.sampler.variables, counting_lm.sampler.variables):
+      copy.assign(source.value)
+    counted = timing.time_sampler(name, sample_with(counting_lm), inputs, calls, _count)
+    timed = timing.time_sampler(name, sample_with(timed_lm), inputs, calls, _count)
+    for (tokens, _), (replayed, _) in zip(timed.outputs, counted.outputs):
+      if not np.array_equal(tokens, replayed):
+        raise AssertionError("keras-hub's replay drew other tokens; its call count is unusable.")
+    timed.outputs = [
+      (tokens, 1 + made) for (tokens, _), (_, made) in zip(timed.outputs, counted.outputs)
+    ]
+    return timed
+
+  return time_round
 
 
 def _batches(prompts: np.ndarray, batch_size: int) -> list[np.ndarray]:
@@ -188,13 +196,18 @@ def run_speed(
   modes: Sequence[str] = ("greedy", "nucleus"),
   batch_sizes: Sequence[int] = (1, 8),
   calls: int = 8,
+  rounds: int = 3,
   seed: int = 0,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-  """Times the four samplers at every (mode, batch size); ``calls`` timed calls each."""
+  """Times the four samplers at every (mode, batch size): ``rounds`` interleaved rounds of
+  ``calls`` timed calls per sampler (so a noisy neighbour hits every sampler alike), tokens/s
+  the median over rounds."""
   keras, keras_hub = keras_hub_peer.modules()
   ar_lm = keras_hub_peer.load_causal_lm(directories["target"])
-  spec_lm = keras_hub_peer.speculative_lm(directories["target"], directories["draft"])
+  spec_lm, counting_lm = (
+    keras_hub_peer.speculative_lm(directories["target"], directories["draft"]) for _ in range(2)
+  )
   with sharding.use_mesh(pair.mesh):
     parities = check_parity(
       {"target": (pair.target, ar_lm), "draft": (draft, spec_lm.draft)}, pair.prompts
@@ -211,6 +224,7 @@ def run_speed(
     "max_new_tokens": n,
     "prompt_tokens": int(pair.prompts.shape[1]),
     "calls": calls,
+    "rounds": rounds,
     "parity": parities,
     "settings": [],
   }
@@ -221,49 +235,53 @@ def run_speed(
       keras_hub_peer.set_sampler(
         ar_lm, keras_hub_peer.make_sampler(settings["temperature"], settings["top_p"], None, seed)
       )
-      keras_hub_peer.set_sampler(
-        spec_lm, keras_hub_peer.make_sampler(settings["temperature"], settings["top_p"], k, seed)
-      )
-      count = lambda out: (out[0].size, out[0].shape[1])  # noqa: E731
-      sides = [
-        timing.time_sampler(
-          "keras-hub autoregressive", _keras_ar_sampler(ar_lm, n), inputs, calls, count
+      for lm in (spec_lm, counting_lm):
+        keras_hub_peer.set_sampler(
+          lm, keras_hub_peer.make_sampler(settings["temperature"], settings["top_p"], k, seed)
+        )
+
+      def ours(name, draft_model):
+        def time_round(inputs, calls, round_index):  # Each round its own keys.
+          sample = _specsamp_sampler(
+            pair.target, draft_model, pair.mesh, n, k, settings, seed + 1000 * round_index
+          )
+          return timing.time_sampler(name, sample, inputs, calls, _count)
+
+        return time_round
+
+      timers = {
+        "keras-hub autoregressive": lambda inputs, calls, _: timing.time_sampler(
+          "keras-hub autoregressive", _keras_ar_sampler(ar_lm, n), inputs, calls, _count
         ),
-        _time_keras_speculative(spec_lm, f"keras-hub speculative (K={k})", inputs, calls, n),
-        timing.time_sampler(
-          "specsamp autoregressive",
-          _specsamp_sampler(pair.target, None, pair.mesh, n, k, settings, seed),
-          inputs,
-          calls,
-          count,
+        f"keras-hub speculative (K={k})": _keras_speculative_timer(
+          spec_lm, counting_lm, f"keras-hub speculative (K={k})", n
         ),
-        timing.time_sampler(
-          f"specsamp speculative (K={k})",
-          _specsamp_sampler(pair.target, draft, pair.mesh, n, k, settings, seed),
-          inputs,
-          calls,
-          count,
-        ),
-      ]
-      entry = _entry(mode, batch_size, sides, n)
+        "specsamp autoregressive": ours("specsamp autoregressive", None),
+        f"specsamp speculative (K={k})": ours(f"specsamp speculative (K={k})", draft),
+      }
+      timed = {name: [] for name in timers}
+      for round_index in range(rounds):
+        for name, timer in timers.items():
+          timed[name].append(timer(inputs, calls, round_index))
+      entry = _entry(mode, batch_size, timed, n)
       results["settings"].append(entry)
       log(format_setting(entry))
   return results
 
 
-def _entry(mode: str, batch_size: int, sides: list[timing.Timed], n: int) -> dict[str, Any]:
+def _entry(mode: str, batch_size: int, timed: dict[str, list[timing.Timed]], n: int) -> dict:
   rows = {}
-  for side in sides:
-    target_calls = sum(calls for _, calls in side.outputs)
-    rows[side.name] = {
-      "tokens_per_s": side.tokens_per_s,
-      "ms_per_token": side.ms_per_token,
-      "tokens_per_target_call": n * len(side.outputs) / target_calls,
-      "compile_s": side.compile_s,
-      "seconds": side.run_s,
+  for name, rounds in timed.items():
+    outputs = [out for side in rounds for out in side.outputs]
+    per_round = [side.tokens_per_s for side in rounds]
+    rows[name] = {
+      "tokens_per_s": float(np.median(per_round)),
+      "tokens_per_s_rounds": per_round,
+      "tokens_per_target_call": n * len(outputs) / sum(calls for _, calls in outputs),
+      "compile_s": rounds[0].compile_s,
+      "seconds": sum(side.run_s for side in rounds),
     }
-  names = [side.name for side in sides]
-  keras_ar, keras_spec, ours_ar, ours_spec = (rows[name]["tokens_per_s"] for name in names)
+  keras_ar, keras_spec, ours_ar, ours_spec = (row["tokens_per_s"] for row in rows.values())
   entry = {
     "mode": mode,
     "batch_size": batch_size,
@@ -274,10 +292,13 @@ def _entry(mode: str, batch_size: int, sides: list[timing.Timed], n: int) -> dic
     "specsamp_speedup": ours_spec / ours_ar,
   }
   if MODES[mode]["temperature"] == 0:
-    reference = [tokens for tokens, _ in sides[2].outputs]
+    outputs = {
+      name: [out for side in rounds for out in side.outputs] for name, rounds in timed.items()
+    }
+    reference = [tokens for tokens, _ in outputs["specsamp autoregressive"]]
     entry["greedy_identical"] = {
-      side.name: all(np.array_equal(a, b) for (a, _), b in zip(side.outputs, reference))
-      for side in sides
+      name: all(np.array_equal(a, b) for (a, _), b in zip(side, reference))
+      for name, side in outputs.items()
     }
   return entry
 
@@ -291,9 +312,11 @@ def format_setting(entry: dict[str, Any]) -> str:
   )
   lines = [f"{title}, batch {entry['batch_size']}:"]
   for name, row in entry["samplers"].items():
+    spread = f"{min(row['tokens_per_s_rounds']):.0f}-{max(row['tokens_per_s_rounds']):.0f}"
     lines.append(
-      f"  {name:<30} {row['tokens_per_s']:8.1f} tokens/s  {row['tokens_per_target_call']:5.2f} "
-      f"tokens/target call  (compile {row['compile_s']:.1f} s, excluded)"
+      f"  {name:<30} {row['tokens_per_s']:8.1f} tokens/s (rounds {spread})  "
+      f"{row['tokens_per_target_call']:5.2f} tokens/target call  "
+      f"(compile {row['compile_s']:.1f} s, excluded)"
     )
   lines.append(
     f"  specsamp / keras-hub: speculative {entry['speculative_ratio']:.2f}x, autoregressive "
@@ -323,7 +346,10 @@ def speed_table(results: dict[str, Any]) -> str:
           "mode": mode,
           "batch": entry["batch_size"],
           "sampler": name,
-          "tokens/s": row["tokens_per_s"],
+          "tokens/s (median of rounds)": row["tokens_per_s"],
+          "rounds min-max": (
+            f"{min(row['tokens_per_s_rounds']):.0f}-{max(row['tokens_per_s_rounds']):.0f}"
+          ),
           "tokens/target call": row["tokens_per_target_call"],
           "compile s (excluded)": row["compile_s"],
           "specsamp / keras-hub": (
@@ -339,7 +365,8 @@ def speed_table(results: dict[str, Any]) -> str:
     "mode",
     "batch",
     "sampler",
-    "tokens/s",
+    "tokens/s (median of rounds)",
+    "rounds min-max",
     "tokens/target call",
     "compile s (excluded)",
     "specsamp / keras-hub",
@@ -608,6 +635,7 @@ def run(
   modes: Sequence[str] = ("greedy", "nucleus"),
   batch_sizes: Sequence[int] = (1, 8),
   calls: int = 8,
+  rounds: int = 3,
   num_draft_tokens: int = 4,
   max_new_tokens: int = 64,
   exact_samples: int = 100_000,
@@ -641,6 +669,7 @@ def run(
       modes=modes,
       batch_sizes=batch_sizes,
       calls=calls,
+      rounds=rounds,
       seed=config.sampling.seed,
       log=log,
     )
