@@ -26,6 +26,16 @@ def test_a_missing_export_is_refused_in_one_line(tmp_path):
     keras_hub_peer.load_causal_lm(str(tmp_path / "nope"))
 
 
+def test_a_pair_keras_hub_cannot_drive_is_refused_before_training(tmp_path):
+  from specsamp.experiments import config_files
+
+  path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "code_pair.py")
+  config = config_files.load_module(path).get_config("test")  # GELU MLP: HF 'arcee'.
+  with pytest.raises(ValueError, match="exports as HF 'arcee'.*code_pair.py:llama"):
+    compare_keras_hub.run(config, str(tmp_path), parts=("speed",))
+  assert not os.listdir(tmp_path)  # Nothing trained, nothing written.
+
+
 def test_parity_check_refuses_different_weights(tiny):
   target, draft, paths = tiny
   with pytest.raises(AssertionError, match="logits differ"):

@@ -48,7 +48,7 @@ import numpy as np
 from specsamp import sharding
 from specsamp.experiments import certify, keras_hub_peer, perf_model, timing
 from specsamp.experiments.compare_hf import MODES
-from specsamp.hf import convert
+from specsamp.hf import architectures, convert
 from specsamp.models import TransformerConfig, transformer
 from specsamp.sampling import autoregressive, speculative, warping
 
@@ -627,6 +627,16 @@ def floor_mass(vocab_size: int) -> float:
   return vocab_size * BONUS_FLOOR / (1 + vocab_size * BONUS_FLOOR)
 
 
+def _require_llama(config: TransformerConfig) -> None:
+  model_type = architectures.model_type_of(config)
+  if model_type != "llama":
+    raise ValueError(
+      f"The keras-hub comparison drives keras-hub's LlamaCausalLM, but this pair exports as HF "
+      f"{model_type!r}; use a Llama-architecture pair (SwiGLU MLP, no biases, no soft-caps), "
+      "e.g. --config=configs/code_pair.py:llama."
+    )
+
+
 def run(
   config: Any,
   workdir: str | None,
@@ -657,7 +667,12 @@ def run(
   results: dict[str, Any] = {}
   tables = []
   if "speed" in parts:
+    for section in (config.target, config.draft):  # Before anything trains.
+      if not section.checkpoint:
+        _require_llama(TransformerConfig.from_config(section.model))
     pair = pair_lib.prepare(config, workdir, log=log)
+    for model in (pair.target, pair.draft):
+      _require_llama(model.config)
     paths = export_pair(pair.target, pair.draft, os.path.join(workdir, "hf_export"), pair.tokenizer)
     log(f"exported the pair to {os.path.dirname(paths['target'])}")
     results["speed"] = run_speed(
