@@ -514,9 +514,10 @@ def _sampler(
   return jax.jit(jax.vmap(one))
 
 
-def _codes(continuations: np.ndarray) -> np.ndarray:
-  """Lexicographic index of each continuation in 0..V^N-1."""
-  return continuations.astype(np.int64) @ (VOCAB ** np.arange(NEW_TOKENS - 1, -1, -1))
+def codes(continuations: np.ndarray, vocab: int = VOCAB) -> np.ndarray:
+  """Lexicographic index in 0..V^N-1 of each continuation (the last axis, N tokens)."""
+  length = continuations.shape[-1]
+  return continuations.astype(np.int64) @ (vocab ** np.arange(length - 1, -1, -1))
 
 
 def draw_counts(
@@ -535,9 +536,9 @@ def draw_counts(
       chunk = keys[start : start + per_chunk]
       if len(chunk) < per_chunk:  # One compiled shape: pad the last chunk, drop the extra.
         chunk = jnp.concatenate([chunk, keys[: per_chunk - len(chunk)]])
-      codes = _codes(np.asarray(sample(chunk)))[: min(per_chunk, runs - start)]
+      drawn = codes(np.asarray(sample(chunk)))[: min(per_chunk, runs - start)]
       for row in range(rows):
-        counts[row] += np.bincount(codes[:, row], minlength=VOCAB**NEW_TOKENS)
+        counts[row] += np.bincount(drawn[:, row], minlength=VOCAB**NEW_TOKENS)
   return counts
 
 

@@ -57,6 +57,17 @@ class _CallCounter:
     self.count += 1
 
 
+def export_pair(target: Any, draft: Any, directory: str, tokenizer=None) -> dict[str, str]:
+  """Exports both models to ``directory``/target and /draft in the HF format, each unless it is
+  there already; returns {"target": path, "draft": path}."""
+  paths = {}
+  for name, model in (("target", target), ("draft", draft)):
+    paths[name] = os.path.join(directory, name)
+    if not os.path.exists(os.path.join(paths[name], "config.json")):
+      convert.export_model(model, paths[name], tokenizer=tokenizer)
+  return paths
+
+
 def load_hf(directory: str):
   import torch
   import transformers
@@ -93,11 +104,7 @@ def run(
     **transformers.GenerationConfig._get_default_generation_params()
   )
   export_dir = export_dir or tempfile.mkdtemp(prefix="specsamp_hf_")
-  directories = {}
-  for name, model in (("target", pair.target), ("draft", draft)):
-    directories[name] = os.path.join(export_dir, name)
-    if not os.path.exists(os.path.join(directories[name], "config.json")):
-      convert.export_model(model, directories[name], tokenizer=pair.tokenizer)
+  directories = export_pair(pair.target, draft, export_dir, pair.tokenizer)
   log(
     f"exported the pair to {export_dir} ({pair.target.config.num_layers}-layer target, "
     f"{draft.config.num_layers}-layer draft)"

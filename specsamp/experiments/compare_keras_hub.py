@@ -47,8 +47,8 @@ import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments import certify, keras_hub_peer, perf_model, timing
-from specsamp.experiments.compare_hf import MODES
-from specsamp.hf import architectures, convert
+from specsamp.experiments.compare_hf import MODES, export_pair
+from specsamp.hf import architectures
 from specsamp.models import TransformerConfig, transformer
 from specsamp.sampling import autoregressive, speculative, warping
 
@@ -65,16 +65,6 @@ EXACT_WARPINGS = {
 EXACT_SAMPLERS = ("keras-hub autoregressive", "keras-hub speculative", "specsamp speculative")
 EXACT_BATCHES = (1, 8)
 BONUS_FLOOR = 1e-7  # keras-hub's bonus draw: argmax(log(probs + 1e-7) + Gumbel).
-
-
-def export_pair(target: Any, draft: Any, directory: str, tokenizer=None) -> dict[str, str]:
-  """Exports (once) both models to ``directory``/target and /draft; returns the paths."""
-  paths = {}
-  for name, model in (("target", target), ("draft", draft)):
-    paths[name] = os.path.join(directory, name)
-    if not os.path.exists(os.path.join(paths[name], "config.json")):
-      convert.export_model(model, paths[name], tokenizer=tokenizer)
-  return paths
 
 
 def _logits(model: Any, tokens_BT: np.ndarray) -> np.ndarray:
@@ -270,14 +260,16 @@ def run_speed(
 
 
 def _entry(mode: str, batch_size: int, timed: dict[str, list[timing.Timed]], n: int) -> dict:
+  outputs = {
+    name: [out for side in rounds for out in side.outputs] for name, rounds in timed.items()
+  }
   rows = {}
   for name, rounds in timed.items():
-    outputs = [out for side in rounds for out in side.outputs]
     per_round = [side.tokens_per_s for side in rounds]
     rows[name] = {
       "tokens_per_s": float(np.median(per_round)),
       "tokens_per_s_rounds": per_round,
-      "tokens_per_target_call": n * len(outputs) / sum(calls for _, calls in outputs),
+      "tokens_per_target_call": n * len(outputs[name]) / sum(c for _, c in outputs[name]),
       "compile_s": rounds[0].compile_s,
       "seconds": sum(side.run_s for side in rounds),
     }
@@ -292,9 +284,6 @@ def _entry(mode: str, batch_size: int, timed: dict[str, list[timing.Timed]], n: 
     "specsamp_speedup": ours_spec / ours_ar,
   }
   if MODES[mode]["temperature"] == 0:
-    outputs = {
-      name: [out for side in rounds for out in side.outputs] for name, rounds in timed.items()
-    }
     reference = [tokens for tokens, _ in outputs["specsamp autoregressive"]]
     entry["greedy_identical"] = {
       name: all(np.array_equal(a, b) for (a, _), b in zip(side, reference))
@@ -395,11 +384,6 @@ def exact_pair(seed: int = 10) -> tuple[Any, Any]:
   return target, certify.noisy_copy(target, 0.6, seed=seed + 1)
 
 
-def _codes(tokens: np.ndarray) -> np.ndarray:
-  tokens = tokens.reshape(-1, tokens.shape[-1]).astype(np.int64)
-  return tokens @ (EXACT_VOCAB ** np.arange(tokens.shape[-1] - 1, -1, -1))
-
-
 def _counts(draw: Callable[[np.ndarray], Any], runs: int, chunk: int) -> np.ndarray:
   """Counts of continuations from ``draw(seeds [chunk])`` -> tokens [chunk, B, N], ``runs``
   runs in chunks of one compiled shape."""
@@ -407,7 +391,7 @@ def _counts(draw: Callable[[np.ndarray], Any], runs: int, chunk: int) -> np.ndar
   for start in range(0, runs, chunk):
     seeds = np.arange(start, start + chunk)
     tokens = np.asarray(draw(seeds))[: min(chunk, runs - start)]
-    counts += np.bincount(_codes(tokens), minlength=len(counts))
+    counts += np.bincount(certify.codes(tokens, EXACT_VOCAB).reshape(-1), minlength=len(counts))
   return counts
 
 
@@ -469,7 +453,7 @@ def keras_hub_rule(
 
   def visit(prefix: tuple[int, ...], mass: float):
     if len(prefix) == EXACT_NEW_TOKENS:
-      out[_codes(np.asarray([prefix]))[0]] += mass
+      out[certify.codes(np.asarray(prefix), EXACT_VOCAB)] += mass
       return
     for _ in range(num_draft_tokens):
       if len(prefix) == EXACT_NEW_TOKENS:
