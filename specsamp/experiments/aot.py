@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specsamp import sharding
-from specsamp.experiments import perf_model
+from specsamp.experiments import hlo_ops, perf_model
 from specsamp.models import kv_cache, transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, drafters, speculative
@@ -418,6 +418,10 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
     speculative_programs = {
       key: program for key, program in speculative_programs.items() if key[0] == verifiers[0]
     }
+    counted = next((p for p in speculative_programs.values() if p is not None), None)
+    if counted is not None:  # Launched operations per iteration, by phase (hlo_ops).
+      report["ops_per_iteration"] = hlo_ops.count_loop_ops(counted.hlo, num_draft_tokens)
+      log(f"  launched ops per speculative iteration: {report['ops_per_iteration']}")
     if config.aot.get("fit_batch"):
       report["largest_batch"] = _largest_batch(
         speculative_programs,

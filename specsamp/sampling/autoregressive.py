@@ -22,7 +22,7 @@ import numpy as np
 from flax import struct
 
 from specsamp import sharding
-from specsamp.sampling import memory, model_protocol
+from specsamp.sampling import memory, model_protocol, threefry
 from specsamp.sampling.warping import SamplingConfig, sample
 
 
@@ -193,13 +193,30 @@ class AutoregressiveLoop:
     self, model_dynamic: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array, rng: jax.Array
   ) -> GenerationOutput:
     """Runs the loop on right-padded prompts; token t is drawn with ``fold_in(rng, t)``."""
+    return self._run(model_dynamic, None, prompts_BT, prompt_lengths_B, rng)[0]
+
+  @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+  def reusing(
+    self,
+    model_dynamic: Any,
+    cache: Any,
+    prompts_BT: jax.Array,
+    prompt_lengths_B: jax.Array,
+    rng: jax.Array,
+  ) -> tuple[GenerationOutput, Any]:
+    """``__call__`` on an earlier call's cache (donated, returned for the next call): nothing
+    is allocated or zeroed, and the output is bit-identical (as ``SpeculativeLoop.reusing``)."""
+    return self._run(model_dynamic, cache, prompts_BT, prompt_lengths_B, rng)
+
+  def _run(self, model_dynamic, cache, prompts_BT, prompt_lengths_B, rng):
     batch, prompt_width = prompts_BT.shape
     rows_B = jnp.arange(batch)
     model = model_protocol.merge_model(self.model_static, model_dynamic)
     with jax.named_scope("prefill"):
-      cache = model.init_cache(batch, self.cache_length)
+      if cache is None:
+        cache = model.init_cache(batch, self.cache_length)
       last_logits_BV, cache = prefill(model, prompts_BT, prompt_lengths_B, cache)
-    first_B = sample(jax.random.fold_in(rng, 0), last_logits_BV, self.sampling)
+    first_B = sample(threefry.fold_in(rng, 0), last_logits_BV, self.sampling)
     tokens_BW = initial_tokens(
       prompts_BT, prompt_lengths_B, prompt_width + self.max_new_tokens, self.pad_id
     )
@@ -219,7 +236,7 @@ class AutoregressiveLoop:
       positions_B = state.lengths - 1
       last_B = state.tokens[rows_B, positions_B]
       logits_B1V, cache = model(last_B[:, None], positions_B[:, None], state.cache)
-      next_B = sample(jax.random.fold_in(rng, state.step), logits_B1V[:, 0], self.sampling)
+      next_B = sample(threefry.fold_in(rng, state.step), logits_B1V[:, 0], self.sampling)
       active_B = ~state.done
       tokens_BW = state.tokens.at[rows_B, state.lengths].set(
         jnp.where(active_B, next_B, self.pad_id), mode="drop"
@@ -233,7 +250,7 @@ class AutoregressiveLoop:
       )
 
     state = jax.lax.while_loop(cond, body, state)
-    return sharding.replicated(
+    output = sharding.replicated(
       GenerationOutput(
         tokens=state.tokens,
         lengths=state.lengths,
@@ -241,6 +258,7 @@ class AutoregressiveLoop:
         model_calls=state.step,
       )
     )
+    return output, state.cache
 
 
 def generate(

@@ -17,7 +17,8 @@ the past only, never from the target's scores of this block.
 
 Interface (all inside jit; ``Drafter.split``/``merge`` cross the boundary):
 
-  init(prompts_BT, prompt_lengths_B, cache_length) -> (state, nan_B)
+  init(prompts_BT, prompt_lengths_B, cache_length, state=None) -> (state, nan_B)
+      (``state``: an earlier call's, to refill instead of allocating; optional to support)
   propose(state, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size)
       -> (Proposal, state)
   rollback(state, lengths_B) -> state
@@ -56,7 +57,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specsamp.models.attention import TreeCall
-from specsamp.sampling import memory, model_protocol
+from specsamp.sampling import memory, model_protocol, threefry
 from specsamp.sampling.autoregressive import prefill
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.verification import sample_from
@@ -212,7 +213,7 @@ def draw_depth(
     zero for a node left without tokens to draw).
   """
   nodes = tree.nodes_at_depth(depth)
-  depth_key = jax.random.fold_in(key, depth - 1)
+  depth_key = threefry.fold_in(key, depth - 1)
   if not tree.distinct_siblings:
     return sample_from(depth_key, parent_q_BnV), parent_q_BnV
   ranks = [tree.sibling_rank[j] for j in nodes]
@@ -236,7 +237,7 @@ def draw_depth(
     left_BnV = jnp.where(taken_BnV, 0.0, parent_q_BnV[:, here])
     mass_Bn1 = left_BnV.sum(-1, keepdims=True)
     left_BnV = jnp.where(mass_Bn1 > 0, left_BnV / jnp.where(mass_Bn1 > 0, mass_Bn1, 1.0), 0.0)
-    rank_key = depth_key if rank == 0 else jax.random.fold_in(depth_key, rank)
+    rank_key = depth_key if rank == 0 else threefry.fold_in(depth_key, rank)
     drawn_Bn = sample_from(rank_key, jnp.where(mass_Bn1 > 0, left_BnV, 1.0))
     tokens_Bn = tokens_Bn.at[:, here].set(drawn_Bn)
     q_BnV = q_BnV.at[:, here].set(left_BnV)
@@ -268,11 +269,10 @@ class ModelDrafter(Drafter):
   def state_bytes(self, batch_size: int, cache_length: int) -> int:
     return memory.cache_bytes(self.model, batch_size, cache_length)
 
-  def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
+  def init(self, prompts_BT, prompt_lengths_B, cache_length: int, state: Any = None):
     batch = prompts_BT.shape[0]
-    logits, cache = prefill(
-      self.model, prompts_BT, prompt_lengths_B, self.model.init_cache(batch, cache_length)
-    )
+    cache = self.model.init_cache(batch, cache_length) if state is None else state
+    logits, cache = prefill(self.model, prompts_BT, prompt_lengths_B, cache)
     return cache.replace(lengths=prompt_lengths_B - 1), model_protocol.has_nan(logits)
 
   def propose(
@@ -298,7 +298,7 @@ class ModelDrafter(Drafter):
     def draw(t, logits_BV, tokens_BG, probs_BGV, active_B, count_B):
       """Samples token t from q_t for every row; counts it for the rows still drafting."""
       q_BV = probabilities(logits_BV, sampling)  # Warped once: sampled from and verified with.
-      token_B = sample_from(jax.random.fold_in(key, t), q_BV)
+      token_B = sample_from(threefry.fold_in(key, t), q_BV)
       confident_B = jnp.ones((batch,), bool)
       if self.confidence_threshold > 0:  # The draft's own (unwarped) probability of its token.
         own_B = jax.nn.softmax(logits_BV, axis=-1)[rows_B, token_B]
@@ -432,7 +432,7 @@ class PromptLookupDrafter(Drafter):
         f"Prompt lookup needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}."
       )
 
-  def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
+  def init(self, prompts_BT, prompt_lengths_B, cache_length: int, state: Any = None):
     return (), jnp.zeros(prompts_BT.shape[:1], bool)
 
   def propose(
@@ -476,6 +476,16 @@ class PromptLookupDrafter(Drafter):
       model_calls=jnp.int32(0),
       nan=jnp.zeros((batch,), bool),
     ), state
+
+
+def init_drafter(
+  drafter: Drafter, prompts_BT, prompt_lengths_B, cache_length: int, state: Any = None
+) -> tuple[Any, Any]:
+  """``drafter.init``, on the state of an earlier call when one is given and the drafter takes
+  it (``init(..., state=...)``: a model drafter refills its old cache instead of a new one)."""
+  if state is None:
+    return drafter.init(prompts_BT, prompt_lengths_B, cache_length)
+  return drafter.init(prompts_BT, prompt_lengths_B, cache_length, state=state)
 
 
 def self_speculative(target: Any, num_layers: int, **options: Any) -> ModelDrafter:

@@ -34,12 +34,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specsamp.sampling import threefry
+
 _TWO_32 = 2.0**32
 
 
 def random_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   """Two uint32 words per element, [2, *shape]: the hi and lo halves of a uniform 64-bit X."""
-  return jax.random.bits(key, (2, *shape), jnp.uint32)
+  return threefry.bits(key, (2, *shape))
 
 
 def bernoulli_from_words(words: jax.Array, probability: jax.Array) -> jax.Array:

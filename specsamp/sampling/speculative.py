@@ -40,7 +40,14 @@ import numpy as np
 from flax import struct
 
 from specsamp import sharding
-from specsamp.sampling import drafters, memory, model_protocol, tree_step, verification
+from specsamp.sampling import (
+  drafters,
+  memory,
+  model_protocol,
+  threefry,
+  tree_step,
+  verification,
+)
 from specsamp.sampling.autoregressive import (
   check_prompts,
   initial_tokens,
@@ -232,7 +239,7 @@ class SpeculativeLoop:
         state.drafter_state,
         state.tokens,
         lengths_B,
-        jax.random.fold_in(key, 0),
+        threefry.fold_in(key, 0),
         num_draft_tokens,
         limit_B,
         self.sampling,
@@ -248,7 +255,7 @@ class SpeculativeLoop:
       )
     with jax.named_scope("verify"):
       verdict = verify(
-        jax.random.fold_in(key, 1),
+        threefry.fold_in(key, 1),
         proposal.tokens,
         proposal.probs,
         probabilities(target_logits_BG1V, self.sampling),
@@ -277,6 +284,52 @@ class SpeculativeLoop:
     synthetic_acceptance: jax.Array,
   ) -> SpeculativeOutput:
     """Runs the loop on right-padded prompts; iteration i uses ``fold_in(rng, i)``."""
+    output, _ = self._run(
+      target_dynamic,
+      drafter_dynamic,
+      None,
+      prompts_BT,
+      prompt_lengths_B,
+      rng,
+      synthetic_acceptance,
+    )
+    return output
+
+  @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
+  def reusing(
+    self,
+    target_dynamic: Any,
+    drafter_dynamic: Any,
+    caches: tuple[Any, Any],
+    prompts_BT: jax.Array,
+    prompt_lengths_B: jax.Array,
+    rng: jax.Array,
+    synthetic_acceptance: jax.Array,
+  ) -> tuple[SpeculativeOutput, tuple[Any, Any]]:
+    """``__call__`` on the (target cache, drafter state) of an earlier call of this loop, which
+    are donated and come back for the next call: no cache is allocated or zeroed, so a call
+    costs what its context costs. Old entries lie beyond every row's length, where nothing
+    reads them (as after a rollback), so the output is bit-identical to ``__call__``'s."""
+    return self._run(
+      target_dynamic,
+      drafter_dynamic,
+      caches,
+      prompts_BT,
+      prompt_lengths_B,
+      rng,
+      synthetic_acceptance,
+    )
+
+  def _run(
+    self,
+    target_dynamic: Any,
+    drafter_dynamic: Any,
+    caches: tuple[Any, Any] | None,
+    prompts_BT: jax.Array,
+    prompt_lengths_B: jax.Array,
+    rng: jax.Array,
+    synthetic_acceptance: jax.Array,
+  ) -> tuple[SpeculativeOutput, tuple[Any, Any]]:
     batch, prompt_width = prompts_BT.shape
     num_draft_tokens = self.num_draft_tokens
     target = model_protocol.merge_model(self.target_static, target_dynamic)
@@ -284,10 +337,13 @@ class SpeculativeLoop:
     verify = self._verify(synthetic_acceptance)
     with jax.named_scope("prefill"):
       # Both take the prompt; the last prompt token is fed by the first iteration.
-      target_logits, target_cache = prefill(
-        target, prompts_BT, prompt_lengths_B, target.init_cache(batch, self.cache_length)
+      target_cache, drafter_state = caches if caches is not None else (None, None)
+      if target_cache is None:
+        target_cache = target.init_cache(batch, self.cache_length)
+      target_logits, target_cache = prefill(target, prompts_BT, prompt_lengths_B, target_cache)
+      drafter_state, drafter_nan = drafters.init_drafter(
+        drafter, prompts_BT, prompt_lengths_B, self.cache_length, drafter_state
       )
-      drafter_state, drafter_nan = drafter.init(prompts_BT, prompt_lengths_B, self.cache_length)
     width = prompt_width + self.max_new_tokens + num_draft_tokens + 1
     zeros_B = jnp.zeros((batch,), jnp.int32)
     state = _LoopState(
@@ -310,7 +366,7 @@ class SpeculativeLoop:
     def body(state: _LoopState) -> _LoopState:
       target = model_protocol.merge_model(self.target_static, target_dynamic)
       drafter = drafters.Drafter.merge(self.drafter_static, drafter_dynamic)
-      key = jax.random.fold_in(rng, state.step)
+      key = threefry.fold_in(rng, state.step)
       lengths_B, active_B = state.lengths, ~state.done
       # Never draft past max_new_tokens: with r tokens left, r - 1 drafts and the emitted
       # token fill the row. The limit depends on the past only, so it keeps exactness.
@@ -374,7 +430,7 @@ class SpeculativeLoop:
       )
 
     state = jax.lax.while_loop(lambda state: ~jnp.all(state.done), body, state)
-    return sharding.replicated(
+    output = sharding.replicated(
       SpeculativeOutput(
         tokens=state.tokens[:, : prompt_width + self.max_new_tokens],
         lengths=state.lengths,
@@ -385,6 +441,81 @@ class SpeculativeLoop:
         **{name: getattr(state, name) for name in STATISTICS},
       )
     )
+    return output, (state.target_cache, state.drafter_state)
+
+
+def check_request(
+  target: Any,
+  drafter: drafters.Drafter,
+  prompts: Any,
+  prompt_lengths: Any,
+  *,
+  max_new_tokens: int,
+  num_draft_tokens: int,
+  verifier: str,
+  schedule: str,
+  cache_length: int | None,
+  synthetic_acceptance: float | None = None,
+  tree: str | TreeShape | None = None,
+  check_memory: bool = True,
+) -> tuple[jax.Array, jax.Array, int, TreeShape | None, str]:
+  """Validates one speculative request (``speculative_generate``'s arguments, the models
+  already checked) with a one-line error for each bad input, and checks that its buffers fit.
+
+  Returns:
+    (prompts, prompt_lengths, cache_length, tree, shape): int32 prompts, the cache length,
+    the parsed tree (or None), and the request's shape in words for error messages.
+  """
+  tree = tree_step.check_tree(tree, num_draft_tokens, verifier, target, drafter)
+  if schedule not in SCHEDULES:
+    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
+  if (
+    isinstance(num_draft_tokens, bool)
+    or not isinstance(num_draft_tokens, (int, np.integer))
+    or num_draft_tokens < 1
+  ):
+    raise ValueError(f"num_draft_tokens (K) must be an int >= 1, got {num_draft_tokens!r}.")
+  if tree is None and verifier not in (*EXACT_VERIFIERS, "synthetic"):
+    raise ValueError(
+      f"verifier must be one of {EXACT_VERIFIERS} (both exact), got {verifier!r} "
+      "('synthetic' also exists, for benchmarks only: it is not exact)."
+    )
+  if (verifier == "synthetic") != (synthetic_acceptance is not None):
+    raise ValueError(
+      "synthetic_acceptance is set with verifier='synthetic', and only then "
+      f"(got verifier={verifier!r}, synthetic_acceptance={synthetic_acceptance!r})."
+    )
+  if synthetic_acceptance is not None and not 0.0 <= synthetic_acceptance <= 1.0:
+    raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance!r}.")
+  prompts, prompt_lengths, cache_length = check_prompts(
+    prompts,
+    prompt_lengths,
+    max_new_tokens,
+    cache_length,
+    extra_slots=(num_draft_tokens if tree is None else tree.num_nodes) + 1,
+    vocab_size=target.vocab_size,
+  )
+  if num_draft_tokens > max_new_tokens:
+    warnings.warn(
+      f"num_draft_tokens={num_draft_tokens} > max_new_tokens={max_new_tokens}: a row never "
+      f"drafts more than max_new_tokens - 1 = {max_new_tokens - 1} tokens, so the rest of K only "
+      "enlarges the buffers.",
+      stacklevel=3,
+    )
+  batch_size = prompts.shape[0]
+  shape = f"{batch_size} rows x {cache_length} cache slots with K={num_draft_tokens}"
+  num_nodes = num_draft_tokens if tree is None else tree.num_nodes
+  if check_memory:
+    memory.check_fits(
+      {
+        "target KV cache": memory.cache_bytes(target, batch_size, cache_length),
+        "drafter state": drafter.state_bytes(batch_size, cache_length),
+        # q of K draft tokens (N nodes) and p of K + 1 (N + 1), float32 over the vocabulary.
+        "draft and target distributions": batch_size * (2 * num_nodes + 1) * target.vocab_size * 4,
+      },
+      shape,
+    )
+  return prompts, prompt_lengths, cache_length, tree, shape
 
 
 def speculative_generate(
@@ -447,54 +578,19 @@ def speculative_generate(
   model_protocol.check_model(target, "target")
   drafter = drafters.as_drafter(draft)
   drafter.check(target)
-  tree = tree_step.check_tree(tree, num_draft_tokens, verifier, target, drafter)
-  if schedule not in SCHEDULES:
-    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
-  if (
-    isinstance(num_draft_tokens, bool)
-    or not isinstance(num_draft_tokens, (int, np.integer))
-    or num_draft_tokens < 1
-  ):
-    raise ValueError(f"num_draft_tokens (K) must be an int >= 1, got {num_draft_tokens!r}.")
-  if tree is None and verifier not in (*EXACT_VERIFIERS, "synthetic"):
-    raise ValueError(
-      f"verifier must be one of {EXACT_VERIFIERS} (both exact), got {verifier!r} "
-      "('synthetic' also exists, for benchmarks only: it is not exact)."
-    )
-  if (verifier == "synthetic") != (synthetic_acceptance is not None):
-    raise ValueError(
-      "synthetic_acceptance is set with verifier='synthetic', and only then "
-      f"(got verifier={verifier!r}, synthetic_acceptance={synthetic_acceptance!r})."
-    )
-  if synthetic_acceptance is not None and not 0.0 <= synthetic_acceptance <= 1.0:
-    raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance!r}.")
   sampling = SamplingConfig(temperature, top_k, top_p)
-  prompts, prompt_lengths, cache_length = check_prompts(
+  prompts, prompt_lengths, cache_length, tree, shape = check_request(
+    target,
+    drafter,
     prompts,
     prompt_lengths,
-    max_new_tokens,
-    cache_length,
-    extra_slots=(num_draft_tokens if tree is None else tree.num_nodes) + 1,
-    vocab_size=target.vocab_size,
-  )
-  if num_draft_tokens > max_new_tokens:
-    warnings.warn(
-      f"num_draft_tokens={num_draft_tokens} > max_new_tokens={max_new_tokens}: a row never "
-      f"drafts more than max_new_tokens - 1 = {max_new_tokens - 1} tokens, so the rest of K only "
-      "enlarges the buffers.",
-      stacklevel=2,
-    )
-  batch_size = prompts.shape[0]
-  shape = f"{batch_size} rows x {cache_length} cache slots with K={num_draft_tokens}"
-  num_nodes = num_draft_tokens if tree is None else tree.num_nodes
-  memory.check_fits(
-    {
-      "target KV cache": memory.cache_bytes(target, batch_size, cache_length),
-      "drafter state": drafter.state_bytes(batch_size, cache_length),
-      # q of K draft tokens (N nodes) and p of K + 1 (N + 1), float32 over the vocabulary.
-      "draft and target distributions": batch_size * (2 * num_nodes + 1) * target.vocab_size * 4,
-    },
-    shape,
+    max_new_tokens=max_new_tokens,
+    num_draft_tokens=num_draft_tokens,
+    verifier=verifier,
+    schedule=schedule,
+    cache_length=cache_length,
+    synthetic_acceptance=synthetic_acceptance,
+    tree=tree,
   )
   loop, target_dynamic, drafter_dynamic = SpeculativeLoop.for_models(
     target,
@@ -509,15 +605,18 @@ def speculative_generate(
     cache_length=cache_length,
     tree=tree,
   )
+  arguments = (prompts, prompt_lengths, rng, jnp.float32(synthetic_acceptance or 0.0))
+  return run_loop(lambda: loop(target_dynamic, drafter_dynamic, *arguments), shape, check_nan)
+
+
+def run_loop(call: Any, shape: str, check_nan: bool) -> Any:
+  """Runs ``call()`` (a compiled sampler loop) and waits for it: an allocation failure becomes
+  a one-line error naming ``shape``, and NaN logits a ``FloatingPointError`` (when
+  ``check_nan``). The output is returned as the call returned it; its first part (or itself)
+  carries ``nan_logits``."""
   try:
-    out = loop(
-      target_dynamic,
-      drafter_dynamic,
-      prompts,
-      prompt_lengths,
-      rng,
-      jnp.float32(synthetic_acceptance or 0.0),
-    )
+    result = call()
+    out = result[0] if isinstance(result, tuple) else result
     nan = check_nan and bool(jnp.any(out.nan_logits))  # Waits: an allocation failure shows here.
   except jax.errors.JaxRuntimeError as error:
     if memory.is_out_of_memory(error):
@@ -529,4 +628,4 @@ def speculative_generate(
       f"NaN logits from the target or draft model in rows {rows}: check the weights and "
       "inputs (e.g. a bad checkpoint, or float16 overflow)."
     )
-  return out
+  return result

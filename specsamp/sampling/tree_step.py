@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specsamp.models.attention import TreeCall
-from specsamp.sampling import drafters, model_protocol, tree_verification
+from specsamp.sampling import drafters, model_protocol, threefry, tree_verification
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig, probabilities
@@ -125,7 +125,7 @@ def step(
       drafter_state,
       tokens_BW,
       lengths_B,
-      jax.random.fold_in(key, 0),
+      threefry.fold_in(key, 0),
       tree,
       limit_B,
       sampling,
@@ -146,7 +146,7 @@ def step(
     )
   with jax.named_scope("verify_tree"):
     verdict = verifier(verifier_name, sampling.greedy)(
-      jax.random.fold_in(key, 1),
+      threefry.fold_in(key, 1),
       tree,
       proposal.tokens,
       proposal.probs,

@@ -67,7 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specsamp.sampling import draws, verification
+from specsamp.sampling import draws, threefry, verification
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.verification import _clipped_ratio
 
@@ -259,7 +259,7 @@ def tree_token_verify(
     The accepted depth, path and next token per row. On ``tree.chain(K)`` with every node
     proposed, bit-identical to ``verification.token_verify(key, tokens, q, p)``.
   """
-  coin_key, emit_key = jax.random.split(key)
+  coin_key, emit_key = threefry.split(key)
   coin = _word_coins(coin_key, tokens_BN.shape)
   return _token_trace(tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin).verdict(emit_key)
 
@@ -274,7 +274,7 @@ def traversal_verify(
 ) -> TreeVerdict:
   """Traversal verification, Weng et al. 2025 (module docstring); arguments as
   ``tree_token_verify``. On ``tree.chain(K)``, bit-identical to ``verification.block_verify``."""
-  coin_key, emit_key = jax.random.split(key)
+  coin_key, emit_key = threefry.split(key)
   coin = _word_coins(coin_key, tokens_BN.shape)
   return _traversal_trace(tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin).verdict(emit_key)
 

@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specsamp.sampling import draws
+from specsamp.sampling import draws, threefry
 
 
 @struct.dataclass
@@ -158,7 +158,7 @@ def token_verify(
   """Chen et al. Algorithm 2: accept each x~_t w.p. min(1, p/q), resample at the first rejection.
   ``num_proposed_B``: verify only each row's first k tokens (default all K)."""
   q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
-  accept_key, emit_key = jax.random.split(key)
+  accept_key, emit_key = threefry.split(key)
   accepted_BG = (
     draws.bernoulli(accept_key, acceptance_probabilities(draft_tokens_BG, q_BGV, p_BG1V))
     & proposed_BG
@@ -198,7 +198,7 @@ def block_verify(
   """Sun et al. 2024 block verification: tau = max{i : eta_i < h_i}, residual weighted by w_tau.
   ``num_proposed_B``: verify only each row's first k tokens (default all K)."""
   q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
-  stop_key, emit_key = jax.random.split(key)
+  stop_key, emit_key = threefry.split(key)
   weights_BG1 = block_weights(draft_tokens_BG, q_BGV, p_BG1V)
   h_BG = jnp.where(proposed_BG, block_stop_probabilities(weights_BG1, q_BGV, p_BG1V), 0.0)
   lengths_G = jnp.arange(1, h_BG.shape[1] + 1)
@@ -243,7 +243,7 @@ def synthetic_verify(
   the residual at the first rejection (the bonus token after a full accept). Benchmarks only:
   the output is NOT distributed as the target's."""
   q_BGV, proposed_BG = mask_unproposed(q_BGV, num_proposed_B)
-  accept_key, emit_key = jax.random.split(key)
+  accept_key, emit_key = threefry.split(key)
   accepted_BG = draws.bernoulli(
     accept_key, jnp.broadcast_to(jnp.asarray(acceptance, jnp.float32), draft_tokens_BG.shape)
   )

@@ -1,0 +1,116 @@
+"""The Sampler keeps its caches between calls and stays bit-identical to fresh calls; K=0 is
+autoregressive sampling through the same method; the loop benchmark's parts run."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp.experiments import hlo_ops, loop_phases
+from specsamp.models import transformer
+from specsamp.sampling import autoregressive, speculative
+from specsamp.sampling.sampler import Sampler
+from specsamp.sampling.warping import SamplingConfig
+
+
+@pytest.fixture(scope="module")
+def pair():
+  import code_pair  # configs/code_pair.py (conftest puts configs/ on the path).
+
+  from specsamp.models.config import TransformerConfig
+
+  config = code_pair.get_config("test")
+  target = transformer.create(TransformerConfig.from_config(config.target.model), seed=0)
+  draft = transformer.create(TransformerConfig.from_config(config.draft.model), seed=1)
+  return target, draft
+
+
+def _prompts(seed):
+  prompts = jax.random.randint(jax.random.key(seed), (3, 12), 4, 300)
+  return prompts, jnp.array([12, 5, 9], jnp.int32)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_kept_caches_give_the_fresh_calls_tokens_and_statistics(pair, temperature):
+  target, draft = pair
+  sampler = Sampler(target, draft)
+  for call in range(3):  # The second and third calls run on the first call's caches.
+    prompts, lengths = _prompts(call)
+    common = dict(max_new_tokens=20, temperature=temperature, cache_length=64)
+    kept = sampler.generate(prompts, lengths, jax.random.key(call), num_draft_tokens=3, **common)
+    fresh = speculative.speculative_generate(
+      target, draft, prompts, lengths, jax.random.key(call), num_draft_tokens=3, **common
+    )
+    for name in ("tokens", "lengths", "accepted_histogram", "verified_at_position", "proposed"):
+      np.testing.assert_array_equal(getattr(kept, name), getattr(fresh, name), err_msg=name)
+    plain = sampler.generate(prompts, lengths, jax.random.key(call), num_draft_tokens=0, **common)
+    reference = autoregressive.generate(target, prompts, lengths, jax.random.key(call), **common)
+    np.testing.assert_array_equal(plain.tokens, reference.tokens)
+    assert plain.summary()["tokens_per_target_call"] == 1.0
+  assert len(sampler._caches) == 2  # One speculative and one autoregressive shape, kept.
+
+
+def test_bad_input_is_refused_and_a_draftless_sampler_only_samples_autoregressively(pair):
+  target, draft = pair
+  prompts, lengths = _prompts(0)
+  with pytest.raises(ValueError, match="no draft"):
+    Sampler(target).generate(
+      prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=2
+    )
+  with pytest.raises(ValueError, match="num_draft_tokens"):
+    Sampler(target, draft).generate(
+      prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=-1
+    )
+  with pytest.raises(ValueError, match="too long for the cache"):
+    Sampler(target, draft).generate(
+      prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=2, cache_length=8
+    )
+
+
+def test_nan_logits_raise_and_drop_the_caches(pair):
+  import code_pair
+
+  from specsamp.models.config import TransformerConfig
+
+  target, _ = pair
+  config = TransformerConfig.from_config(code_pair.get_config("test").draft.model)
+  broken = transformer.create(config, seed=1)  # A diverged draft checkpoint.
+  broken.final_norm.scale_D.value = jnp.full_like(broken.final_norm.scale_D.value, jnp.nan)
+  sampler = Sampler(target, broken)
+  prompts, lengths = _prompts(0)
+  with pytest.raises(FloatingPointError, match="NaN"):
+    sampler.generate(prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=2)
+  assert not sampler._caches
+
+
+def test_loop_benchmark_parts_and_op_counts(pair):
+  target, draft = pair
+  sampling = SamplingConfig(1.0)
+  call = loop_phases.speculative_loop(
+    target,
+    draft,
+    batch_size=1,
+    prompt_tokens=8,
+    max_new_tokens=8,
+    num_draft_tokens=2,
+    sampling=sampling,
+    cache_length=20,
+  )
+  assert loop_phases.iteration_ms(call, 0.0, 4, 8, 1) > 0
+  phases = loop_phases.phase_ms(
+    target,
+    draft,
+    batch_size=1,
+    num_draft_tokens=2,
+    sampling=sampling,
+    cache_length=20,
+    context=10,
+    reps=2,
+    repeats=1,
+  )
+  assert set(phases) == set(loop_phases.PHASES) and all(v > 0 for v in phases.values())
+  ops = loop_phases.count_ops(call, 8, 2)
+  # Every phase launches something; the models dominate; the total is the sum.
+  assert ops["draft"] > 0 and ops["score"] > 0 and ops["verify"] > 0
+  assert ops["total"] == sum(v for k, v in ops.items() if k != "total")
+  assert hlo_ops.phase_of('x, metadata={op_name="jit(f)/while/body/verify/add"}') == "verify"
