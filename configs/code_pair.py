@@ -138,6 +138,10 @@ def get_config(arg=None):
 
   config.speculative = ml_collections.ConfigDict()
   config.speculative.num_draft_tokens = 4  # K, draft tokens per target call (the paper's 4).
+  # 'auto': scripts/sample.py picks K in 0..num_draft_tokens from the measured step costs and
+  # the acceptance of one untimed call, through the performance model (0: autoregressive,
+  # when no K pays); 'fixed': K = num_draft_tokens.
+  config.speculative.draft_length = "auto"
   config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
   # A tree of drafts scored in one target call: '' (one chain of K), 'chains:2x4' (2
   # independent chains of 4), 'tree:2,2,1,1' (children per node at each depth). K becomes the

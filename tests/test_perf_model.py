@@ -132,3 +132,18 @@ def test_paper_check_fits_and_implies_ordered_acceptance():
     assert math.isclose(
       iteration / values["tokens_per_call"], values["speculative_ms"], rel_tol=1e-6
     ), task
+
+
+def test_the_automatic_draft_length_picks_the_best_predicted_k_or_none():
+  from specsamp.experiments import speedup
+
+  scores = {1: 1.2, 2: 1.3, 3: 1.4, 4: 1.5}  # Seconds to score K + 1 tokens; a step is 1.
+  k, predicted = speedup.choose_draft_length(0.8, 1.0, 0.05, scores)
+  assert predicted[0] == 1.0 and set(predicted) == {0, 1, 2, 3, 4}
+  assert k == max(predicted, key=predicted.get) and k >= 2
+  assert predicted[k] == speedup.predicted_speedup(0.8, k, 1.0, 0.05, scores[k])
+  # A draft that is never accepted, or too slow, never pays: K = 0 (autoregressive).
+  assert speedup.choose_draft_length(0.0, 1.0, 0.05, scores)[0] == 0
+  assert speedup.choose_draft_length(0.9, 1.0, 2.0, scores)[0] == 0
+  with pytest.raises(ValueError, match=">= 1"):
+    speedup.choose_draft_length(0.5, 1.0, 0.1, {0: 1.0})

@@ -103,3 +103,26 @@ def measure_costs(
     num_draft_tokens=num_draft_tokens,
     score_tokens=score_tokens or num_draft_tokens + 1,
   )
+
+
+def choose_draft_length(
+  alpha: float,
+  target_step_s: float,
+  draft_step_s: float,
+  score_s: dict[int, float],
+  min_speedup: float = 1.05,
+) -> tuple[int, dict[int, float]]:
+  """The automatic draft length: the K of ``score_s`` (K -> seconds to score K + 1 tokens)
+  with the best predicted speedup at acceptance ``alpha``, or 0 (autoregressive sampling)
+  when none is predicted at least ``min_speedup`` (a margin for what the model leaves out).
+
+  Returns:
+    (K, {K: predicted speedup}), with 0 -> 1.0 among the predictions.
+  """
+  predictions = {0: 1.0}
+  for k, seconds in sorted(score_s.items()):
+    if k < 1:
+      raise ValueError(f"Candidate draft lengths must be >= 1, got {k}.")
+    predictions[k] = predicted_speedup(alpha, k, target_step_s, draft_step_s, seconds)
+  best = max(predictions, key=lambda k: (predictions[k], -k))
+  return (best if predictions[best] >= min_speedup else 0), predictions

@@ -11,10 +11,14 @@ drafters.py        where draft tokens (chains and trees) come from.
 tree_step.py       one iteration's draft-score-verify-compact for a tree.
 statistics.py      what a speculative run counts, and its summary.
 speculative.py     speculative sampling as one jitted while_loop.
+sampler.py         a Sampler keeping compiled loops and KV caches between calls.
+draws.py           64-bit coins and categorical draws.
+threefry.py        Threefry-2x32 key operations as fused array math (bit-identical to jax.random).
 """
 
 from specsamp.sampling.autoregressive import GenerationOutput, generate
 from specsamp.sampling.model_protocol import DecodeModel
+from specsamp.sampling.sampler import Sampler
 from specsamp.sampling.speculative import SpeculativeOutput, speculative_generate
 from specsamp.sampling.warping import SamplingConfig, probabilities, sample, warp_logits
 
@@ -22,6 +26,7 @@ __all__ = [
   "GenerationOutput",
   "generate",
   "DecodeModel",
+  "Sampler",
   "SamplingConfig",
   "probabilities",
   "sample",
