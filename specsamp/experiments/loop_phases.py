@@ -28,7 +28,6 @@ launched operations of each phase in the compiled loop.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,13 +55,7 @@ PHASES = (
 
 
 def _median_ms(run: Callable[[], Any], repeats: int) -> float:
-  jax.block_until_ready(run())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(run())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times) * 1e3
+  return timing.median_seconds(run, repeats) * 1e3
 
 
 def _loop_ms(body: Callable[[int, Any], Any], carry: Any, reps: int, repeats: int) -> float:

@@ -242,13 +242,14 @@ def time_draft_in_loop(
     draft.init_cache(batch_size, cache_length),
     jnp.ones((batch_size,), jnp.int32),
   )
-  graph, state = target_graph, target_state
   tokens_BT = jnp.ones((batch_size, k + 1), jnp.int32)
   runs = {
     "both": lambda: _score_then_draft(
       target_graph, target_state, draft_graph, draft_state, caches, k, num_calls
     ),
-    "score": lambda: _chain(graph, state, tokens_BT, caches[0], int(start[0]), num_calls),
+    "score": lambda: _chain(
+      target_graph, target_state, tokens_BT, caches[0], int(start[0]), num_calls
+    ),
     "draft": lambda: _chain(
       draft_graph, draft_state, tokens_BT[:, :1], caches[1], int(start[0]), num_calls * k
     ),

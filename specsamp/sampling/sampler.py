@@ -82,7 +82,6 @@ class Sampler:
       self._drafter = drafters.as_drafter(self.draft)
       self._drafter.check(self.target)
       self._drafter_split = self._drafter.split()
-    self._loops: dict[Any, Any] = {}
     self._caches: dict[Any, Any] = {}
 
   def generate(
@@ -143,17 +142,8 @@ class Sampler:
     key = ("speculative", batch, cache_length)
     caches = self._caches.pop(key, None)
     if caches is None:  # The first call of this shape allocates (after the memory check).
-      speculative.check_request(
-        self.target,
-        self._drafter,
-        prompts,
-        prompt_lengths,
-        max_new_tokens=max_new_tokens,
-        num_draft_tokens=num_draft_tokens,
-        verifier=verifier,
-        schedule=schedule,
-        cache_length=cache_length,
-        tree=tree,
+      speculative.check_buffers_fit(
+        self.target, self._drafter, batch, cache_length, num_draft_tokens, tree, shape
       )
       caches = self._fresh_caches(batch, cache_length)
     arguments = (prompts, prompt_lengths, rng, jnp.float32(0.0))

@@ -504,18 +504,32 @@ def check_request(
     )
   batch_size = prompts.shape[0]
   shape = f"{batch_size} rows x {cache_length} cache slots with K={num_draft_tokens}"
-  num_nodes = num_draft_tokens if tree is None else tree.num_nodes
   if check_memory:
-    memory.check_fits(
-      {
-        "target KV cache": memory.cache_bytes(target, batch_size, cache_length),
-        "drafter state": drafter.state_bytes(batch_size, cache_length),
-        # q of K draft tokens (N nodes) and p of K + 1 (N + 1), float32 over the vocabulary.
-        "draft and target distributions": batch_size * (2 * num_nodes + 1) * target.vocab_size * 4,
-      },
-      shape,
-    )
+    check_buffers_fit(target, drafter, batch_size, cache_length, num_draft_tokens, tree, shape)
   return prompts, prompt_lengths, cache_length, tree, shape
+
+
+def check_buffers_fit(
+  target: Any,
+  drafter: drafters.Drafter,
+  batch_size: int,
+  cache_length: int,
+  num_draft_tokens: int,
+  tree: TreeShape | None,
+  shape: str,
+) -> None:
+  """Refuses, before anything is allocated, a request whose caches and distributions cannot
+  fit the devices' memory (``memory.check_fits``)."""
+  num_nodes = num_draft_tokens if tree is None else tree.num_nodes
+  memory.check_fits(
+    {
+      "target KV cache": memory.cache_bytes(target, batch_size, cache_length),
+      "drafter state": drafter.state_bytes(batch_size, cache_length),
+      # q of K draft tokens (N nodes) and p of K + 1 (N + 1), float32 over the vocabulary.
+      "draft and target distributions": batch_size * (2 * num_nodes + 1) * target.vocab_size * 4,
+    },
+    shape,
+  )
 
 
 def speculative_generate(
