@@ -51,7 +51,7 @@ def get_config(arg=None):
   config.calls = 8  # Timed calls per setting (after one untimed warm-up); median.
 
   # The predicted section: the paper's 70B target and 4B draft on 16 chips of this hardware
-  # (specsamp/experiments/perf_model.py PRESETS), calibrated to the paper's step times.
+  # (specsamp/experiments/benchmarks/perf_model.py PRESETS), calibrated to the paper's step times.
   config.predict_hardware = "tpu_v4"
   config.predict_target = config_files.sibling(__file__, "chinchilla_70b").get_config().model
   config.predict_draft = config_files.sibling(__file__, "chinchilla_4b").get_config().model

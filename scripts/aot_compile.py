@@ -15,7 +15,7 @@ HBM bandwidth, beside the performance model and the paper's 14.1 ms and 1.8 ms.
 
 import json
 
-from specsamp.experiments import aot
+from specsamp.experiments.proofs import aot
 
 aot.quiet_libtpu()  # Before jax initialises libtpu.
 

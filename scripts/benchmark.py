@@ -14,7 +14,8 @@ prints one line per setting.
 
 from absl import flags
 
-from specsamp.experiments import benchmark, cli, plots
+from specsamp.experiments import cli
+from specsamp.experiments.benchmarks import benchmark, plots
 
 _CONFIG = cli.define_config("config", "configs/benchmark.py", "Benchmark config.")
 _PROMPTS = cli.define_prompt_flags()

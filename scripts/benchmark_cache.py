@@ -9,7 +9,8 @@ import json
 
 from absl import flags
 
-from specsamp.experiments import cache_reads, cli, config_files
+from specsamp.experiments import cli, config_files
+from specsamp.experiments.benchmarks import cache_reads
 from specsamp.models.config import TransformerConfig
 
 _MODEL = flags.DEFINE_enum("model", "cpu", ["cpu", "large"], "code_pair's target: cpu or large.")

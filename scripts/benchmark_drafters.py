@@ -14,7 +14,8 @@ prompts instead of held-out windows (config.prompt_source).
 
 from absl import flags
 
-from specsamp.experiments import benchmark_drafters, cli
+from specsamp.experiments import cli
+from specsamp.experiments.benchmarks import benchmark_drafters
 
 _CONFIG = cli.define_config("config", "configs/benchmark_drafters.py", "Comparison config.")
 _PROMPTS = cli.define_prompt_flags()

@@ -6,9 +6,9 @@ r"""Where a speculative iteration's time goes (configs/benchmark_loop.py).
 Trains the default pair first if --workdir lacks it. For each batch size prints, as medians
 of interleaved rounds: a target step, a draft step, an autoregressive loop step, the
 speculative loop's iteration with every draft rejected and with every draft accepted, each
-phase of the iteration timed alone (specsamp/experiments/loop_phases.py), and the launched
-operations per iteration by phase, read from the compiled program. Writes the results as
-JSON to config.output.
+phase of the iteration timed alone (specsamp/experiments/benchmarks/loop_phases.py), and
+the launched operations per iteration by phase, read from the compiled program. Writes the
+results as JSON to config.output.
 """
 
 import json
@@ -16,7 +16,8 @@ import os
 
 from absl import flags
 
-from specsamp.experiments import cli, loop_phases
+from specsamp.experiments import cli
+from specsamp.experiments.benchmarks import loop_phases
 
 _CONFIG = cli.define_config("config", "configs/benchmark_loop.py", "Loop benchmark config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Pair cache; default workdir/<pair name>.")

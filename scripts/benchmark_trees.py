@@ -19,7 +19,8 @@ those prompts instead of held-out windows (config.prompt_source).
 
 from absl import flags
 
-from specsamp.experiments import benchmark_trees, cli
+from specsamp.experiments import cli
+from specsamp.experiments.benchmarks import benchmark_trees
 
 _CONFIG = cli.define_config("config", "configs/benchmark_trees.py", "Tree benchmark config.")
 _PROMPTS = cli.define_prompt_flags()

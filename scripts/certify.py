@@ -7,7 +7,7 @@ r"""The exactness certificate: G-tests of speculative samples against exact enum
   python scripts/certify.py --output=docs/certificate.md
 
 Runs on a CPU with 8 simulated devices (for the 2x4 mesh cases); see
-specsamp/experiments/certify.py for the cases, the planted bugs and the test. Exits 1 if
+specsamp/experiments/proofs/certify.py for the cases, the planted bugs and the test. Exits 1 if
 any real case is rejected or any planted bug is not.
 """
 
@@ -21,7 +21,8 @@ os.environ["XLA_FLAGS"] = (
 
 from absl import flags  # noqa: E402
 
-from specsamp.experiments import certify, cli  # noqa: E402
+from specsamp.experiments import cli  # noqa: E402
+from specsamp.experiments.proofs import certify
 
 _SCOPE = flags.DEFINE_enum(
   "scope", "full", ["full", "quick", "trees"], "Which cases (see certify.all_cases)."

@@ -17,8 +17,9 @@ import os
 
 from absl import app, flags
 
-from specsamp.experiments import cli, compare_hf
-from specsamp.experiments import pair as pair_lib
+from specsamp.experiments import cli
+from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.experiments.peers import compare_hf
 
 _CONFIG = cli.define_config("config", "configs/code_pair.py", "Pair config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<config name>.")

@@ -23,8 +23,9 @@ Writes everything to --output (JSON) and the two tables to <output>.md.
 
 from absl import app, flags
 
-from specsamp.experiments import cli, compare_keras_hub
-from specsamp.experiments.compare_hf import MODES
+from specsamp.experiments import cli
+from specsamp.experiments.peers import compare_keras_hub
+from specsamp.experiments.peers.compare_hf import MODES
 
 _CONFIG = cli.define_config("config", "configs/code_pair.py:llama", "Pair config (Llama family).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoint cache; default workdir/<config name>.")

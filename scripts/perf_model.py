@@ -6,14 +6,15 @@ r"""The analytic performance model: the paper's check, this machine's calibratio
       --draft=configs/chinchilla_4b.py --tensor=8 --alpha=0.8    # recommend K elsewhere
 
 Prints Markdown tables (docs/benchmarks.md quotes them). The model and its
-assumptions: specsamp/experiments/perf_model.py.
+assumptions: specsamp/experiments/benchmarks/perf_model.py.
 """
 
 import json
 
 from absl import flags
 
-from specsamp.experiments import cli, perf_model, perf_report
+from specsamp.experiments import cli
+from specsamp.experiments.benchmarks import perf_model, perf_report
 from specsamp.models.config import TransformerConfig
 
 _TARGET = cli.define_config("target", "configs/chinchilla_70b.py", "Target config.")

@@ -23,7 +23,8 @@ import json
 import jax
 from absl import flags
 
-from specsamp.experiments import cli, sample_job
+from specsamp.experiments import cli
+from specsamp.experiments.jobs import sample_job
 
 _PAIR = cli.define_pair_flags()
 _PROMPTS = cli.define_prompt_flags()

@@ -16,7 +16,8 @@ temperature 1.
 
 from absl import flags
 
-from specsamp.experiments import cli, pair
+from specsamp.experiments import cli
+from specsamp.experiments.jobs import pair
 
 _PAIR = cli.define_pair_flags()
 _DRAFTS = flags.DEFINE_list(

@@ -8,7 +8,8 @@ import jax
 import pytest
 from conftest import ROOT
 
-from specsamp.experiments import aot, config_files
+from specsamp.experiments import config_files
+from specsamp.experiments.proofs import aot
 
 aot.quiet_libtpu()
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_configs import load_config
 
-from specsamp.experiments import benchmark, plots, timing
+from specsamp.experiments.benchmarks import benchmark, plots, timing
 
 
 def test_parse_list():

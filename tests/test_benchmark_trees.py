@@ -6,7 +6,7 @@ python -m pytest tests/test_benchmark_trees.py
 import pytest
 from test_configs import load_config
 
-from specsamp.experiments import benchmark_trees
+from specsamp.experiments.benchmarks import benchmark_trees
 from specsamp.sampling import tree as tree_lib
 
 

@@ -4,7 +4,7 @@ over every case): every real case passes its G-test and every planted bug is rej
 import jax.numpy as jnp
 import numpy as np
 
-from specsamp.experiments import certify
+from specsamp.experiments.proofs import certify
 from specsamp.sampling import warping
 
 

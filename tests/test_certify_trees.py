@@ -3,7 +3,7 @@ per shape (scripts/certify.py --scope=trees draws 10^6 over every verifier x sha
 x batch): each passes its G-test against exact enumeration, and the planted drafting bug is
 rejected."""
 
-from specsamp.experiments import certify
+from specsamp.experiments.proofs import certify
 
 
 def test_quick_tree_certificate_passes_and_rejects_the_planted_tree_bugs():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_scripts import run_script
 
-from specsamp.experiments import compare_keras_hub, keras_hub_peer
+from specsamp.experiments.peers import compare_keras_hub, keras_hub_peer
 
 keras_hub_peer.modules()  # The test command installs keras-hub (--no-deps) on JAX: no skip.
 
@@ -47,7 +47,7 @@ def test_parity_check_refuses_different_weights(tiny):
 
 def test_keras_hub_rule_is_a_distribution_and_differs_from_the_target(tiny):
   target, draft, _ = tiny
-  from specsamp.experiments import certify
+  from specsamp.experiments.proofs import certify
   from specsamp.sampling import warping
 
   rule = compare_keras_hub.keras_hub_rule(target, draft, 1.0, compare_keras_hub.EXACT_K)

@@ -7,7 +7,7 @@ from conftest import tiny_config
 from test_configs import load_config
 
 from specsamp import sharding
-from specsamp.experiments import perf_model, speedup
+from specsamp.experiments.benchmarks import perf_model, speedup
 from specsamp.models import Transformer, TransformerConfig
 
 CPU = perf_model.cpu_hardware(memory_bandwidth=20e9, peak_flops=100e9)
@@ -135,7 +135,7 @@ def test_paper_check_fits_and_implies_ordered_acceptance():
 
 
 def test_the_automatic_draft_length_picks_the_best_predicted_k_or_none():
-  from specsamp.experiments import speedup
+  from specsamp.experiments.benchmarks import speedup
 
   scores = {1: 1.2, 2: 1.3, 3: 1.4, 4: 1.5}  # Seconds to score K + 1 tokens; a step is 1.
   k, predicted = speedup.choose_draft_length(0.8, 1.0, 0.05, scores)

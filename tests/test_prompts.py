@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from specsamp.experiments import prompts
+from specsamp.experiments.jobs import prompts
 
 
 class _Tokenizer:

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsamp.experiments import hlo_ops, loop_phases
+from specsamp.experiments.benchmarks import loop_phases
+from specsamp.experiments.proofs import hlo_ops
 from specsamp.models import transformer
 from specsamp.sampling import autoregressive, speculative
 from specsamp.sampling.sampler import Sampler

@@ -458,8 +458,8 @@ def _test_pair_config():
 def test_sampling_and_prompt_seeds_are_separate_from_training(trained_workdir):
   """sampling.seed changes the draws, not the prompts; prompt_seed changes the held-out
   prompts; neither retrains (config.seed is the training seed)."""
-  from specsamp.experiments import pair as pair_lib
-  from specsamp.experiments import sample_job
+  from specsamp.experiments.jobs import pair as pair_lib
+  from specsamp.experiments.jobs import sample_job
 
   workdir, _ = trained_workdir
   logs = []
@@ -483,7 +483,7 @@ def test_an_empty_workdir_stage_trains_and_an_empty_checkpoint_is_an_error(
 ):
   """A workdir is a cache: an emptied target/ is trained again (and says so). A checkpoint
   named by the config (target.checkpoint) that is empty is a clear error."""
-  from specsamp.experiments import pair as pair_lib
+  from specsamp.experiments.jobs import pair as pair_lib
 
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"

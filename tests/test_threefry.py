@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsamp.experiments import hlo_ops
+from specsamp.experiments.proofs import hlo_ops
 from specsamp.sampling import threefry
 
 SEEDS = [0, 1, 42, 2**31 + 5, 2**32 - 1]

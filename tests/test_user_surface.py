@@ -9,7 +9,7 @@ import pytest
 from bigram import random_bigram
 from conftest import ROOT
 
-from specsamp.experiments import sample_job
+from specsamp.experiments.jobs import sample_job
 from specsamp.sampling import generate, memory, speculative_generate
 
 sys.path.insert(0, f"{ROOT}/configs")

@@ -245,7 +245,7 @@ class PromptFlags:
 
 
 def define_prompt_flags() -> PromptFlags:
-  """The prompt-source flags of the sample and benchmark scripts (``experiments/prompts.py``)."""
+  """The prompt-source flags of the sample and benchmark scripts (``jobs/prompts.py``)."""
   return PromptFlags(
     prompt=flags.DEFINE_string("prompt", None, "Sample this prompt (prompt source text:...)."),
     prompts_file=flags.DEFINE_string(

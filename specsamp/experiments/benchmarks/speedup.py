@@ -23,7 +23,7 @@ import dataclasses
 import jax
 
 from specsamp import sharding
-from specsamp.experiments.timing import time_calls
+from specsamp.experiments.benchmarks.timing import time_calls
 
 
 def expected_tokens_per_call(alpha: float, num_draft_tokens: int) -> float:

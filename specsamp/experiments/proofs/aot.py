@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specsamp import sharding
-from specsamp.experiments import hlo_ops, perf_model
+from specsamp.experiments.benchmarks import perf_model
+from specsamp.experiments.proofs import hlo_ops
 from specsamp.models import kv_cache, transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, drafters, speculative

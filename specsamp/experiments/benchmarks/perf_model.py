@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from specsamp.experiments.speedup import expected_tokens_per_call, predicted_speedup
+from specsamp.experiments.benchmarks.speedup import expected_tokens_per_call, predicted_speedup
 from specsamp.models.config import TransformerConfig
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from specsamp.experiments import timing
+from specsamp.experiments.benchmarks import timing
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive

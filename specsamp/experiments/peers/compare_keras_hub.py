@@ -46,8 +46,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specsamp import sharding
-from specsamp.experiments import certify, keras_hub_peer, perf_model, timing
-from specsamp.experiments.compare_hf import MODES, export_pair
+from specsamp.experiments.benchmarks import perf_model, timing
+from specsamp.experiments.peers import keras_hub_peer
+from specsamp.experiments.peers.compare_hf import MODES, export_pair
+from specsamp.experiments.proofs import certify
 from specsamp.hf import architectures
 from specsamp.models import TransformerConfig, transformer
 from specsamp.sampling import autoregressive, speculative, warping
@@ -643,7 +645,7 @@ def run(
   """The script's job: prepares the pair, runs ``parts``, writes JSON and Markdown tables."""
   import json
 
-  from specsamp.experiments import pair as pair_lib
+  from specsamp.experiments.jobs import pair as pair_lib
 
   keras_hub_peer.modules()  # Fails first, in one line, without keras-hub or off JAX.
   workdir = os.path.abspath(workdir or pair_lib.default_workdir(config))

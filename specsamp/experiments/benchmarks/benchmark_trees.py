@@ -69,10 +69,8 @@ import jax
 import ml_collections
 
 from specsamp import sharding
-from specsamp.experiments import pair as pair_lib
-from specsamp.experiments import perf_model, speedup, timing
-from specsamp.experiments import prompts as prompts_lib
-from specsamp.experiments.benchmark import (
+from specsamp.experiments.benchmarks import perf_model, speedup, timing
+from specsamp.experiments.benchmarks.benchmark import (
   MODES,
   Store,
   check_choices,
@@ -81,6 +79,8 @@ from specsamp.experiments.benchmark import (
   parse_list,
   tokens_per_call_se,
 )
+from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, speculative
 from specsamp.sampling import tree as tree_lib

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from specsamp.experiments import perf_model
+from specsamp.experiments.benchmarks import perf_model
 from specsamp.models.config import TransformerConfig
 
 

@@ -19,9 +19,9 @@ import ml_collections
 import numpy as np
 
 from specsamp import sharding
-from specsamp.experiments import pair as pair_lib
-from specsamp.experiments import prompts as prompts_lib
-from specsamp.experiments import speedup, timing
+from specsamp.experiments.benchmarks import speedup, timing
+from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.sampling import speculative, tree_step
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.sampler import Sampler

@@ -35,9 +35,7 @@ import ml_collections
 import numpy as np
 
 from specsamp import sharding
-from specsamp.experiments import pair as pair_lib
-from specsamp.experiments import prompts as prompts_lib
-from specsamp.experiments.benchmark import (
+from specsamp.experiments.benchmarks.benchmark import (
   MODES,
   Store,
   check_choices,
@@ -45,7 +43,9 @@ from specsamp.experiments.benchmark import (
   pair_config,
   parse_list,
 )
-from specsamp.experiments.timing import time_sampler
+from specsamp.experiments.benchmarks.timing import time_sampler
+from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.sampling import autoregressive, drafters, speculative
 
 TASKS = ("continue", "grounded")

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from specsamp import sharding
-from specsamp.experiments import timing
+from specsamp.experiments.benchmarks import timing
 from specsamp.hf import convert
 from specsamp.sampling import autoregressive, speculative
 

@@ -40,9 +40,9 @@ import ml_collections
 import numpy as np
 
 from specsamp import sharding
-from specsamp.experiments import pair as pair_lib
-from specsamp.experiments import perf_model, speedup, timing
-from specsamp.experiments import prompts as prompts_lib
+from specsamp.experiments.benchmarks import perf_model, speedup, timing
+from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, speculative

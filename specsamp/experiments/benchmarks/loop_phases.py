@@ -36,8 +36,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from specsamp import sharding
-from specsamp.experiments import benchmark, hlo_ops, timing
-from specsamp.experiments import pair as pair_lib
+from specsamp.experiments.benchmarks import benchmark, timing
+from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.experiments.proofs import hlo_ops
 from specsamp.sampling import autoregressive, drafters, speculative, threefry, verification
 from specsamp.sampling import statistics as stats_lib
 from specsamp.sampling.warping import SamplingConfig, probabilities
