@@ -3,6 +3,7 @@
 Launch:
   python scripts/benchmark.py --config=configs/benchmark.py                # the full CPU sweep
   python scripts/benchmark.py --config=configs/benchmark.py:quick          # K=2,4,8, batch 1
+  python scripts/benchmark.py --config=configs/benchmark.py:auto           # K=auto vs 4, batch 1-16
   python scripts/benchmark.py --config=configs/benchmark.py \
       --config.modes=nucleus --config.batch_sizes=1 --config.num_draft_tokens=1,2,3,4
 
@@ -14,6 +15,8 @@ Arguments:
           results.json are skipped, so it runs in pieces (docs/benchmarks.md
           gives the pieces its tables were measured with).
   quick   K in {2, 4, 8}, batch 1, the distilled draft and synthetic: ~3 minutes.
+  auto    the automatic draft length against K=4, greedy and nucleus, batch 1, 4, 8 and 16,
+          the distilled draft: is speculative sampling ever slower than autoregressive?
   test    the micro pair of configs/code_pair.py:test, for the test suite.
 """
 
@@ -23,7 +26,7 @@ from specsamp.experiments import config_files
 
 code_pair = config_files.sibling(__file__, "code_pair")
 
-VARIANTS = ("full", "quick", "test")
+VARIANTS = ("full", "quick", "auto", "test")
 
 
 def get_config(arg=None):
@@ -37,7 +40,9 @@ def get_config(arg=None):
   config.resume = True  # Keep (and skip) settings already in output_dir/results.json.
 
   config.modes = "greedy,nucleus,sample"  # greedy; T=0.8 top-p 0.95 (HumanEval); T=1.
-  config.num_draft_tokens = "1,2,3,4,5,6,7,8"  # K values.
+  # K values, and 'auto': the automatic draft length (the sample job's default), choosing K
+  # in 0..the largest K listed from measured costs and an untimed call's acceptance.
+  config.num_draft_tokens = "1,2,3,4,5,6,7,8,auto"
   config.batch_sizes = "1,4,16"  # Rows per call; each must divide num_prompts.
   config.verifiers = "token,block"  # Greedy verifies by argmax: it runs once, as 'token'.
   config.drafters = "token,none,synthetic"  # Draft distillation modes, and 'synthetic'.
@@ -60,14 +65,20 @@ def get_config(arg=None):
   config.roofline_tokens = "1,2,5,9"  # Tokens per row: a decode step, and scoring K+1.
 
   if variant == "quick":
-    config.num_draft_tokens = "2,4,8"
+    config.num_draft_tokens = "2,4,8,auto"
     config.batch_sizes = "1"
     config.drafters = "token,synthetic"
     config.roofline_batch_sizes = "1"
     config.roofline_tokens = "1,5"
+  elif variant == "auto":
+    config.modes = "greedy,nucleus"
+    config.num_draft_tokens = "4,auto"
+    config.batch_sizes = "1,4,8,16"
+    config.drafters = "token"
+    config.roofline_models = ml_collections.ConfigDict()
   elif variant == "test":
     config.modes = "sample"
-    config.num_draft_tokens = "2"
+    config.num_draft_tokens = "2,auto"
     config.batch_sizes = "1"
     config.drafters = "token,synthetic"
     config.num_prompts = 2

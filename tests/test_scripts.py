@@ -178,13 +178,16 @@ def test_benchmark_script_sweeps_resumes_and_feeds_the_performance_model(trained
   result = run_script("benchmark.py", *args)
   assert result.returncode == 0, result.stderr[-3000:]
   setting_lines = [line for line in result.stdout.splitlines() if "ms/token (AR" in line]
-  # Mode 'sample', batch 1, K=2: token and block verification of the distilled draft, and the
-  # synthetic drafter.
-  assert len(setting_lines) == 3, result.stdout
+  # Mode 'sample', batch 1, K=2 and the automatic K: token and block verification of the
+  # distilled draft, and the synthetic drafter at K=2 (a forced acceptance has no 'auto').
+  assert len(setting_lines) == 5, result.stdout
   assert all("efficiency" in line for line in setting_lines)
+  auto_lines = [line for line in setting_lines if "K=auto (auto: K=" in line]
+  assert len(auto_lines) == 2, result.stdout
+  assert "The automatic draft length" in result.stdout
   with open(os.path.join(output, "results.csv")) as f:
     header, *rows = f.read().splitlines()
-  assert header.split(",")[:3] == ["mode", "temperature", "top_p"] and len(rows) == 3
+  assert header.split(",")[:3] == ["mode", "temperature", "top_p"] and len(rows) == 5
   assert {
     "speedup_vs_k.png",
     "acceptance_per_position.png",

@@ -99,6 +99,7 @@ class Sampler:
     schedule: str = "fixed",
     cache_length: int | None = None,
     tree: str | TreeShape | None = None,
+    synthetic_acceptance: float | None = None,
   ) -> SpeculativeOutput:
     """``speculative_generate``'s sampling (its arguments mean the same) on kept caches;
     ``num_draft_tokens=0`` samples autoregressively. Bit-identical to a fresh call."""
@@ -123,6 +124,7 @@ class Sampler:
       schedule=schedule,
       cache_length=cache_length,
       tree=tree,
+      synthetic_acceptance=synthetic_acceptance,
       check_memory=False,
     )
     loop = speculative.SpeculativeLoop(
@@ -146,7 +148,7 @@ class Sampler:
         self.target, self._drafter, batch, cache_length, num_draft_tokens, tree, shape
       )
       caches = self._fresh_caches(batch, cache_length)
-    arguments = (prompts, prompt_lengths, rng, jnp.float32(0.0))
+    arguments = (prompts, prompt_lengths, rng, jnp.float32(synthetic_acceptance or 0.0))
     output, caches = speculative.run_loop(
       lambda: loop.reusing(self._target_split[1], self._drafter_split[1], caches, *arguments),
       shape,

@@ -4,15 +4,18 @@ drafters.
 For each setting (mode, batch size, drafter, verifier, K) the speculative
 loop runs ``calls`` times after one compile-and-warm-up call, each call on the
 next batch of held-out prompts with its own seed; the autoregressive loop runs
-the same calls. Every call ends in ``block_until_ready``; ms/token is the
+the same calls, interleaved with them. Every call ends in ``block_until_ready``; ms/token is the
 median over calls of call time / tokens per row. Alongside: the acceptance
 statistics pooled over the calls, the measured step costs
-(``speedup.measure_costs``), the speedup the formula predicts from them, and
+(``harness.Bench.step_costs``), the speedup the formula predicts from them, and
 the efficiency = measured / predicted.
 
 Drafters: a trained draft per distillation mode ('token', 'none', ...), and
 'synthetic', the first trained draft's work with acceptance forced to a fixed
-rate (``verifier='synthetic'``), which isolates the loop's systems cost.
+rate (``verifier='synthetic'``), which isolates the loop's systems cost. K = 'auto' is the
+automatic draft length (``harness.Bench.choose_draft_length``, the sample job's default): the
+K it chose is recorded (0: autoregressive sampling), so the tables show whether it is ever
+slower than autoregressive.
 
 A roofline section times single calls of each model in
 ``config.roofline_models`` (trained or not: only shapes matter) against the
@@ -39,13 +42,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from specsamp import sharding
-from specsamp.experiments.benchmarks import perf_model, speedup, timing
+from specsamp.experiments.benchmarks import perf_model, timing
+from specsamp.experiments.benchmarks.harness import TARGET, Bench
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
-from specsamp.sampling import autoregressive, speculative
+from specsamp.sampling import speculative
 
 # The paper's settings: greedy (XSum), T=0.8 with top-p 0.95 (HumanEval), and plain T=1.
 MODES = {
@@ -54,6 +57,8 @@ MODES = {
   "sample": {"temperature": 1.0, "top_p": 1.0},
 }
 SYNTHETIC = "synthetic"
+AUTO = "auto"  # The automatic draft length (harness.Bench.choose_draft_length).
+AUTO_LARGEST = 8  # The largest K 'auto' considers when the list names no K.
 CSV_COLUMNS = (
   "mode",
   "temperature",
@@ -62,6 +67,7 @@ CSV_COLUMNS = (
   "drafter",
   "verifier",
   "num_draft_tokens",
+  "chosen_draft_tokens",
   "synthetic_acceptance",
   "ms_per_token",
   "tokens_per_s",
@@ -103,11 +109,27 @@ def check_choices(what: str, value: Any, known) -> None:
     raise ValueError(f"Unknown {what} {unknown}; use some of {sorted(known)}.")
 
 
+def draft_lengths(config: ml_collections.ConfigDict) -> list[int | str]:
+  """``num_draft_tokens``: K values >= 1 and 'auto' (the automatic draft length, choosing K in
+  0..the largest K listed, or 0..AUTO_LARGEST when none is)."""
+  lengths = []
+  for value in parse_list(config.num_draft_tokens):
+    if value == AUTO:
+      lengths.append(AUTO)
+      continue
+    try:
+      k = int(value)
+    except ValueError:
+      k = 0
+    if k < 1:
+      raise ValueError(f"num_draft_tokens must be Ks >= 1 or {AUTO!r}, got {value!r}.")
+    lengths.append(k)
+  return lengths
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
   check_choices("modes", config.modes, MODES)
-  for num_draft_tokens in parse_list(config.num_draft_tokens, int):
-    if num_draft_tokens < 1:
-      raise ValueError(f"num_draft_tokens must all be >= 1, got {num_draft_tokens}.")
+  draft_lengths(config)
   for b in parse_list(config.batch_sizes, int):
     if b < 1 or (config.prompt_source == "held_out" and config.num_prompts % b):
       raise ValueError(f"Every batch size must divide num_prompts={config.num_prompts}; got {b}.")
@@ -295,35 +317,15 @@ def run(
   prompts = prompts_lib.of_pair(pair, config.prompt_source)
   log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}")
   max_new = config.max_new_tokens
-  max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))
-  cache_slots = prompts.tokens.shape[1] + max_new + max_num_draft_tokens + 1
-  key = jax.random.key(config.seed)
-
-  def with_mesh(fn):
-    def wrapped(*args, **kwargs):
-      with sharding.use_mesh(pair.mesh):
-        return fn(*args, **kwargs)
-
-    return wrapped
-
-  costs: dict[tuple, float] = {}  # (model name, batch, tokens per row) -> seconds per call.
-
-  def cost(name: str, model, batch: int, tokens: int) -> float:
-    if (name, batch, tokens) not in costs:
-      costs[(name, batch, tokens)] = with_mesh(timing.time_calls)(model, batch, tokens, cache_slots)
-    return costs[(name, batch, tokens)]
+  lengths = draft_lengths(config)
+  largest = max([k for k in lengths if k != AUTO] or [AUTO_LARGEST])
+  bench = Bench(pair, prompts.tokens.shape[1] + max_new + largest + 1, seed=config.seed)
 
   for mode in parse_list(config.modes):
     warp = MODES[mode]
     for batch_size in parse_list(config.batch_sizes, int):
       batches = prompts_lib.batches(prompts, batch_size)
-      common = dict(
-        max_new_tokens=max_new,
-        temperature=warp["temperature"],
-        top_p=warp["top_p"],
-        pad_id=pair.tokenizer.pad_id,
-      )
-      ar = None
+      common = dict(max_new_tokens=max_new, temperature=warp["temperature"], top_p=warp["top_p"])
       for drafter in drafters:
         verifiers = (
           [SYNTHETIC]
@@ -331,61 +333,67 @@ def run(
           else (["token"] if warp["temperature"] == 0 else parse_list(config.verifiers))
         )
         draft_name = model_drafters[0] if drafter == SYNTHETIC else drafter
-        draft = pair.drafts[draft_name]
         for verifier in verifiers:
-          for num_draft_tokens in parse_list(config.num_draft_tokens, int):
+          for length in lengths:
+            if length == AUTO and drafter == SYNTHETIC:
+              continue  # A forced acceptance rate has nothing to choose from.
             record = {
               "mode": mode,
               **warp,
               "batch_size": batch_size,
               "drafter": drafter,
               "verifier": verifier,
-              "num_draft_tokens": num_draft_tokens,
+              "num_draft_tokens": length,
             }
             if setting_key(record) in store.data["records"]:
               continue
-            if ar is None:
-              ar = timing.time_sampler(
-                "autoregressive",
-                with_mesh(
-                  lambda b, seed: autoregressive.generate(
-                    pair.target, *b, jax.random.fold_in(key, seed), **common
-                  )
-                ),
-                batches,
-                config.calls,
+            choice, num_draft_tokens = None, length
+            if length == AUTO:
+              choice = bench.choose_draft_length(
+                draft_name, batches[0], largest, verifier=verifier, **common
               )
+              num_draft_tokens = choice["num_draft_tokens"]
             extra = {}
             if verifier == SYNTHETIC:
               extra = {"synthetic_acceptance": config.synthetic_acceptance}
-            timed = timing.time_sampler(
-              "speculative",
-              with_mesh(
-                lambda b, seed: speculative.speculative_generate(
-                  pair.target,
-                  draft,
-                  *b,
-                  jax.random.fold_in(key, seed),
+            # Each setting's own autoregressive calls, interleaved with its speculative ones:
+            # their ratio is fair on a shared machine.
+            timed = timing.time_interleaved(
+              {
+                "autoregressive": bench.sample(None, num_draft_tokens=0, **common),
+                "speculative": bench.sample(
+                  draft_name,
                   num_draft_tokens=num_draft_tokens,
                   verifier=verifier,
-                  cache_length=cache_slots,
                   **common,
                   **extra,
-                )
-              ),
+                ),
+              },
               batches,
               config.calls,
             )
+            ar, timed = timed["autoregressive"], timed["speculative"]
             stats = speculative.summarize(timed.outputs)
-            step_costs = speedup.StepCosts(
-              target_step_s=cost("target", pair.target, batch_size, 1),
-              draft_step_s=cost(f"draft_{draft_name}", draft, batch_size, 1),
-              target_score_s=cost("target", pair.target, batch_size, num_draft_tokens + 1),
-              num_draft_tokens=num_draft_tokens,
-            )
-            predicted = step_costs.predicted_speedup(stats["alpha"])
             measured = ar.ms_per_token / timed.ms_per_token
+            if num_draft_tokens:
+              step_costs = bench.step_costs(draft_name, batch_size, num_draft_tokens)
+              predicted = step_costs.predicted_speedup(stats["alpha"])
+              costs_ms = dict(
+                target_step_ms=step_costs.target_step_s * 1e3,
+                draft_step_ms=step_costs.draft_step_s * 1e3,
+                score_ms=step_costs.target_score_s * 1e3,
+              )
+            else:  # The automatic length chose autoregressive sampling.
+              predicted = 1.0
+              costs_ms = dict(
+                target_step_ms=bench.step_s(TARGET, batch_size, 1) * 1e3,
+                draft_step_ms=None,
+                score_ms=None,
+              )
             record.update(
+              chosen_draft_tokens=num_draft_tokens,
+              auto_choice=choice,
+              auto_predicted=choice["predicted"][num_draft_tokens] if choice else None,
               synthetic_acceptance=extra.get("synthetic_acceptance", ""),
               ms_per_token=timed.ms_per_token,
               tokens_per_s=timed.tokens_per_s,
@@ -398,9 +406,7 @@ def run(
               tokens_per_call_se=tokens_per_call_se(stats["accepted_histogram"]),
               acceptance_at_position=stats["acceptance_at_position"],
               accepted_histogram=stats["accepted_histogram"],
-              target_step_ms=step_costs.target_step_s * 1e3,
-              draft_step_ms=step_costs.draft_step_s * 1e3,
-              score_ms=step_costs.target_score_s * 1e3,
+              **costs_ms,
               predicted_speedup=predicted,
               efficiency=measured / predicted,
               calls=config.calls,
@@ -408,8 +414,9 @@ def run(
             )
             store.data["records"][setting_key(record)] = record
             store.save()
+            chosen = f" (auto: K={num_draft_tokens})" if choice else ""
             log(
-              f"{mode:>7} b={batch_size:<2} {drafter:>9}/{verifier:<9} K={num_draft_tokens}: "
+              f"{mode:>7} b={batch_size:<2} {drafter:>9}/{verifier:<9} K={length}{chosen}: "
               f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
               f"{measured:4.2f}x, predicted {predicted:4.2f}x, efficiency "
               f"{measured / predicted:4.2f}; alpha {stats['alpha']:.3f}, "
@@ -417,6 +424,38 @@ def run(
             )
   store.write_csv()
   return store.data
+
+
+def auto_table(records: list[dict]) -> list[dict]:
+  """Per setting with a K='auto' record: the K it chose, its speedup over autoregressive
+  (interleaved), and the best fixed K's."""
+  rows = []
+  for r in sorted(
+    (r for r in records if r["num_draft_tokens"] == AUTO),
+    key=lambda r: (r["mode"], r["batch_size"], r["drafter"], r["verifier"]),
+  ):
+    same = [
+      x
+      for x in records
+      if x["num_draft_tokens"] != AUTO
+      and (x["mode"], x["batch_size"], x["drafter"], x["verifier"])
+      == (r["mode"], r["batch_size"], r["drafter"], r["verifier"])
+    ]
+    best = max(same, key=lambda x: x["speedup"], default=None)
+    rows.append(
+      {
+        "mode": r["mode"],
+        "batch": r["batch_size"],
+        "drafter": r["drafter"],
+        "verifier": r["verifier"],
+        "auto_k": r["chosen_draft_tokens"],
+        "auto_predicted": r["auto_predicted"],
+        "auto_speedup": r["speedup"],
+        "best_fixed_k": best["num_draft_tokens"] if best else None,
+        "best_fixed_speedup": best["speedup"] if best else None,
+      }
+    )
+  return rows
 
 
 def _pooled_tokens_per_call(group: list[dict]) -> tuple[float, float]:
@@ -429,7 +468,8 @@ def summary_tables(results: dict) -> str:
   """Markdown tables of a results.json: per-K detail at batch 1, the best K per setting,
   block vs token-wise verification, and the synthetic drafter."""
   format_table = perf_model.format_table
-  records = list(results["records"].values())
+  everything = list(results["records"].values())
+  records = [r for r in everything if r["num_draft_tokens"] != AUTO]
   out = []
   detail = [
     r
@@ -489,6 +529,15 @@ def summary_tables(results: dict) -> str:
       }
     )
   out += ["Best K per setting:", "", format_table(best, list(best[0])), ""] if best else []
+  automatic = auto_table(everything)
+  if automatic:
+    out += [
+      "The automatic draft length (K='auto', chosen per call from the measured costs and an "
+      "untimed call's acceptance; K=0 samples autoregressively) against the best fixed K:",
+      "",
+      format_table(automatic, list(automatic[0])),
+      "",
+    ]
   comparison = []
   sampled = [r for r in records if r["verifier"] in ("token", "block") and r["temperature"] > 0]
   for mode, drafter, num_draft_tokens in sorted(

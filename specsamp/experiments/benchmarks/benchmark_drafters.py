@@ -30,11 +30,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
-from specsamp import sharding
 from specsamp.experiments.benchmarks.benchmark import (
   MODES,
   Store,
@@ -43,10 +41,11 @@ from specsamp.experiments.benchmarks.benchmark import (
   pair_config,
   parse_list,
 )
+from specsamp.experiments.benchmarks.harness import Bench
 from specsamp.experiments.benchmarks.timing import time_sampler
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.sampling import autoregressive, drafters, speculative
+from specsamp.sampling import drafters, speculative
 
 TASKS = ("continue", "grounded")
 
@@ -103,21 +102,14 @@ def run(
   prompts = prompts_lib.of_pair(pair, config.prompt_source)
   log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}, one per call")
   tasks = {"continue": prompts, "grounded": grounded_prompts(prompts, config.repeat_tokens)}
-  key = jax.random.key(config.seed)
   max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))
   cache_slots = prompts.tokens.shape[1] + config.max_new_tokens + max_num_draft_tokens + 1
-
-  def sampler(fn):
-    def sample(batch, seed):
-      with sharding.use_mesh(pair.mesh):
-        return fn(batch, jax.random.fold_in(key, seed))
-
-    return sample
+  bench = Bench(pair, cache_slots, seed=config.seed, drafters=built)
 
   for task in parse_list(config.tasks):
     batches = prompts_lib.batches(tasks[task], 1)  # Batch 1: the latency setting.
     for mode in parse_list(config.modes):
-      warp = dict(MODES[mode], max_new_tokens=config.max_new_tokens, pad_id=pair.tokenizer.pad_id)
+      warp = dict(MODES[mode], max_new_tokens=config.max_new_tokens)
       ar = None
       for name in names:
         for schedule in parse_list(config.schedules):
@@ -135,24 +127,13 @@ def run(
             if ar is None:
               ar = time_sampler(
                 "autoregressive",
-                sampler(lambda b, rng: autoregressive.generate(pair.target, *b, rng, **warp)),
+                bench.sample(None, num_draft_tokens=0, **warp),
                 batches,
                 config.calls,
               )
             timed = time_sampler(
               "speculative",
-              sampler(
-                lambda b, rng: speculative.speculative_generate(
-                  pair.target,
-                  built[name],
-                  *b,
-                  rng,
-                  num_draft_tokens=num_draft_tokens,
-                  schedule=schedule,
-                  cache_length=cache_slots,
-                  **warp,
-                )
-              ),
+              bench.sample(name, num_draft_tokens=num_draft_tokens, schedule=schedule, **warp),
               batches,
               config.calls,
             )

@@ -65,10 +65,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import ml_collections
 
-from specsamp import sharding
 from specsamp.experiments.benchmarks import perf_model, speedup, timing
 from specsamp.experiments.benchmarks.benchmark import (
   MODES,
@@ -79,10 +77,11 @@ from specsamp.experiments.benchmarks.benchmark import (
   parse_list,
   tokens_per_call_se,
 )
+from specsamp.experiments.benchmarks.harness import Bench
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.models.config import TransformerConfig
-from specsamp.sampling import autoregressive, speculative
+from specsamp.sampling import speculative
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.speculative import EXACT_VERIFIERS
 from specsamp.sampling.tree_step import TREE_VERIFIERS
@@ -119,6 +118,8 @@ PREDICTED_COLUMNS = (
   "ms_per_token",
   "speedup",
 )
+
+DRAFT = "draft"  # The pair's one draft, by its name in the harness.
 
 
 def parse_trees(value: str) -> list[str]:
@@ -240,45 +241,23 @@ def time_settings(
   """Times the (mode, proposal, verifier) settings of ``todo``, saving each record at once."""
   records = store.data["records"]
   pair = pair_lib.prepare(pair_config(config), workdir, log=log)
-  draft = pair.draft
   prompts = prompts_lib.of_pair(pair, config.prompt_source)
   log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}, one per call")
   batches = prompts_lib.batches(prompts, 1)  # Batch 1: the latency setting.
   depth = config.num_draft_tokens
   max_nodes = max([depth] + [tree_lib.parse(s).num_nodes for s in parse_trees(config.trees)])
   cache_slots = prompts.tokens.shape[1] + config.max_new_tokens + max_nodes + 1
-  key = jax.random.key(config.seed)
-
-  def with_mesh(fn):
-    def wrapped(*args, **kwargs):
-      with sharding.use_mesh(pair.mesh):
-        return fn(*args, **kwargs)
-
-    return wrapped
-
-  costs: dict[tuple[str, int], float] = {}  # (model, tokens per call) -> seconds, at batch 1.
-
-  def cost(name: str, tokens: int) -> float:
-    if (name, tokens) not in costs:
-      model = pair.target if name == "target" else draft
-      costs[(name, tokens)] = with_mesh(timing.time_calls)(model, 1, tokens, cache_slots)
-    return costs[(name, tokens)]
+  bench = Bench(pair, cache_slots, seed=config.seed, drafters={DRAFT: pair.draft})
+  cost = lambda name, tokens: bench.step_s(name, 1, tokens)  # At batch 1.
 
   for mode, proposal, verifier in todo:
     warp = MODES[mode]
-    common = dict(max_new_tokens=config.max_new_tokens, pad_id=pair.tokenizer.pad_id, **warp)
+    common = dict(max_new_tokens=config.max_new_tokens, **warp)
     ar_key = setting_key(mode, AUTOREGRESSIVE, "-")
     record = {"mode": mode, **warp, "proposal": proposal, "verifier": verifier}
     if proposal == AUTOREGRESSIVE:
       timed = timing.time_sampler(
-        AUTOREGRESSIVE,
-        with_mesh(
-          lambda b, seed: autoregressive.generate(
-            pair.target, *b, jax.random.fold_in(key, seed), **common
-          )
-        ),
-        batches,
-        config.calls,
+        AUTOREGRESSIVE, bench.sample(None, num_draft_tokens=0, **common), batches, config.calls
       )
       record.update(
         num_draft_tokens=0,
@@ -313,26 +292,14 @@ def time_settings(
     tree = None if proposal == chain_spec(depth) else proposal
     timed = timing.time_sampler(
       proposal,
-      with_mesh(
-        lambda b, seed: speculative.speculative_generate(
-          pair.target,
-          draft,
-          *b,
-          jax.random.fold_in(key, seed),
-          num_draft_tokens=depth,
-          verifier=verifier,
-          cache_length=cache_slots,
-          tree=tree,
-          **common,
-        )
-      ),
+      bench.sample(DRAFT, num_draft_tokens=depth, verifier=verifier, tree=tree, **common),
       batches,
       config.calls,
     )
     stats = speculative.summarize(timed.outputs)
     step_costs = speedup.StepCosts(
       target_step_s=cost("target", 1),
-      draft_step_s=cost("draft", 1),
+      draft_step_s=cost(DRAFT, 1),
       target_score_s=cost("target", shape.num_nodes + 1),
       num_draft_tokens=depth,
       score_tokens=shape.num_nodes + 1,

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from specsamp import sharding
 from specsamp.experiments.benchmarks import benchmark, timing
+from specsamp.experiments.benchmarks.harness import Bench
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.proofs import hlo_ops
 from specsamp.sampling import autoregressive, drafters, speculative, threefry, verification
@@ -299,7 +299,7 @@ def run(
   short, long = config.short_tokens, config.long_tokens
   cache_length = config.prompt_tokens + long + k + 1
   records = []
-  with sharding.use_mesh(pair.mesh):
+  with Bench(pair, cache_length).mesh():
     for batch in benchmark.parse_list(config.batch_sizes, int):
       call = speculative_loop(
         pair.target,

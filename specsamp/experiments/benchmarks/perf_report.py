@@ -74,7 +74,8 @@ def cpu_report(results: dict) -> dict:
   records = list(results["records"].values())
   groups = defaultdict(list)
   for r in records:
-    if r["drafter"] != "synthetic" and r["verifier"] in ("token",) and r["batch_size"] == 1:
+    fixed = isinstance(r["num_draft_tokens"], int)  # Not the automatic length's records.
+    if fixed and r["drafter"] != "synthetic" and r["verifier"] == "token" and r["batch_size"] == 1:
       groups[(r["mode"], r["drafter"])].append(r)
   if "target" in configs and "draft" in configs:
     cache = next(iter(results["roofline"].values()))["cache_length"]

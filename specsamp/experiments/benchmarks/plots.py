@@ -135,7 +135,8 @@ def ms_per_token(records: list[dict], drafter: str, verifier: str, path: str) ->
 
 def write_all(results: dict, output_dir: str, batch_size: int = 1) -> list[str]:
   """All figures of one results.json into ``output_dir``."""
-  records = list(results["records"].values())
+  # Fixed-K records (the automatic length's records are in the summary's own table).
+  records = [r for r in results["records"].values() if isinstance(r["num_draft_tokens"], int)]
   if not records:
     return []
   drafter = next(

@@ -11,19 +11,14 @@ calls; its tokens per call have no closed form here, so the tree's prediction
 takes the MEASURED tokens per call (``StepCosts.predicted_from_tokens_per_call``),
 with each draft call timed as one draft step (a lower bound on wider calls).
 
-``measure_costs`` times the three model calls the formula needs with
+``harness.Bench.step_costs`` times the three model calls the formula needs with
 ``timing.time_calls`` (a jitted chain of dependent calls, compilation
-excluded, median of repeats).
+excluded, median of repeats); ``choose_draft_length`` is the automatic K.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-import jax
-
-from specsamp import sharding
-from specsamp.experiments.benchmarks.timing import time_calls
 
 
 def expected_tokens_per_call(alpha: float, num_draft_tokens: int) -> float:
@@ -76,33 +71,6 @@ class StepCosts:
     """The speedup these costs give at a measured tokens per target call (trees)."""
     iteration_s = self.num_draft_tokens * self.draft_step_s + self.target_score_s
     return tokens_per_call * self.target_step_s / iteration_s
-
-
-def measure_costs(
-  target,
-  draft,
-  batch_size: int,
-  num_draft_tokens: int,
-  cache_length: int,
-  mesh: jax.sharding.Mesh | None = None,
-  score_tokens: int | None = None,
-) -> StepCosts:
-  """Times a target step, a draft step and the target scoring K+1 tokens (``score_tokens``
-  for a tree: N+1, with the tree's mask left out: it does not change the work)."""
-
-  def timed(model, tokens):
-    if mesh is None:
-      return time_calls(model, batch_size, tokens, cache_length)
-    with sharding.use_mesh(mesh):
-      return time_calls(model, batch_size, tokens, cache_length)
-
-  return StepCosts(
-    target_step_s=timed(target, 1),
-    draft_step_s=timed(draft, 1),
-    target_score_s=timed(target, score_tokens or num_draft_tokens + 1),
-    num_draft_tokens=num_draft_tokens,
-    score_tokens=score_tokens or num_draft_tokens + 1,
-  )
 
 
 def choose_draft_length(

@@ -4,8 +4,10 @@ Everything here follows one discipline: compile and warm up first, then time
 ``repeats`` calls each ended by ``jax.block_until_ready``, and report the
 median (robust to a noisy neighbour on a shared CPU).
 
-  time_sampler            a sampler over its inputs: the one timed loop behind the sample
-                          job, the benchmarks and the HF comparison (``Timed``)
+  time_interleaved        samplers over their inputs, calls interleaved: the one timed loop
+                          behind the sample job, the benchmarks and the peer comparisons
+                          (``Timed`` each); ``time_sampler`` is it with one sampler
+  time_draft_in_loop      a draft step as the speculative loop pays it (after a scoring call)
   time_calls              seconds per model call, as a jitted chain of dependent
                           calls (each fed the argmax of the previous logits, so
                           nothing is hoisted or cached away)
@@ -95,7 +97,8 @@ def time_sampler(
   count: Callable[[Any], tuple[int, int]] = generated_tokens,
 ) -> Timed:
   """Times ``sample(inputs[i % len(inputs)], i)`` for i < calls (default: each input once),
-  after one untimed call on ``inputs[0]`` with index ``WARMUP_INDEX``.
+  after one untimed call on ``inputs[0]`` with index ``WARMUP_INDEX``: ``time_interleaved``
+  with one sampler.
 
   Args:
     name: what is timed.
@@ -104,29 +107,7 @@ def time_sampler(
     calls: timed calls, cycling through ``inputs``.
     count: output -> (tokens of all rows, tokens of the longest row).
   """
-  calls = len(inputs) if calls is None else calls
-  if calls < 1:
-    raise ValueError(f"calls must be >= 1, got {calls}.")
-  start = time.perf_counter()
-  jax.block_until_ready(sample(inputs[0], WARMUP_INDEX))
-  first_s = time.perf_counter() - start
-  seconds, tokens, sequential, outputs = [], [], [], []
-  for index in range(calls):
-    start = time.perf_counter()
-    out = jax.block_until_ready(sample(inputs[index % len(inputs)], index))
-    seconds.append(time.perf_counter() - start)
-    total, longest = count(out)
-    tokens.append(total)
-    sequential.append(longest)
-    outputs.append(out)
-  return Timed(
-    name=name,
-    seconds=seconds,
-    tokens=tokens,
-    sequential_tokens=sequential,
-    compile_s=max(first_s - statistics.mean(seconds), 0.0),
-    outputs=outputs,
-  )
+  return time_interleaved({name: sample}, inputs, calls, count)[name]
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
@@ -272,22 +253,28 @@ def time_draft_in_loop(
 def time_interleaved(
   samplers: dict[str, Callable[[Any, int], Any]],
   inputs: Sequence[Any],
+  calls: int | None = None,
   count: Callable[[Any], tuple[int, int]] = generated_tokens,
 ) -> dict[str, Timed]:
-  """``time_sampler`` for several samplers at once, their calls interleaved (input i by every
-  sampler, then input i + 1): on a shared machine a slow moment hits all of them, so their
-  ratio is fair. Each sampler's untimed warm-up call comes first."""
+  """The one timed loop: every sampler ``(input, index) -> output`` called on
+  ``inputs[i % len(inputs)]`` with index i, for i < calls (default: each input once), the
+  samplers interleaved (call i by every sampler, then call i + 1): on a shared machine a slow
+  moment hits all of them, so their ratio is fair. Each sampler's untimed warm-up call (on
+  ``inputs[0]``, index ``WARMUP_INDEX``) comes first; it includes compilation."""
+  calls = len(inputs) if calls is None else calls
+  if calls < 1:
+    raise ValueError(f"calls must be >= 1, got {calls}.")
   warmup = {}
   for name, sample in samplers.items():
     start = time.perf_counter()
     jax.block_until_ready(sample(inputs[0], WARMUP_INDEX))
     warmup[name] = time.perf_counter() - start
   runs = {name: ([], [], [], []) for name in samplers}
-  for index in range(len(inputs)):
+  for index in range(calls):
     for name, sample in samplers.items():
       seconds, tokens, sequential, outputs = runs[name]
       start = time.perf_counter()
-      out = jax.block_until_ready(sample(inputs[index], index))
+      out = jax.block_until_ready(sample(inputs[index % len(inputs)], index))
       seconds.append(time.perf_counter() - start)
       total, longest = count(out)
       tokens.append(total)

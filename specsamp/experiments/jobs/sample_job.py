@@ -14,18 +14,18 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
-from specsamp import sharding
 from specsamp.experiments.benchmarks import speedup, timing
+from specsamp.experiments.benchmarks.harness import Bench, format_choice
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.sampling import speculative, tree_step
 from specsamp.sampling import tree as tree_lib
-from specsamp.sampling.sampler import Sampler
 from specsamp.sampling.tree import TreeShape
+
+DRAFT = "draft"  # The pair's one draft, by its name in the harness.
 
 
 @dataclasses.dataclass
@@ -79,75 +79,6 @@ def draft_length(config: ml_collections.ConfigDict) -> int:
   """K: ``speculative.num_draft_tokens``, or the tree's depth when a tree is set."""
   tree = tree_of(config)
   return config.speculative.num_draft_tokens if tree is None else tree.max_depth
-
-
-def choose_draft_length(
-  sampler: Sampler,
-  pair: Any,
-  config: ml_collections.ConfigDict,
-  batch: Any,
-  key: jax.Array,
-  cache_length: int,
-  common: dict[str, Any],
-) -> dict[str, Any]:
-  """The automatic draft length (``speculative.draft_length='auto'``): K in 0..num_draft_tokens
-  with the best predicted speedup (``speedup.choose_draft_length``), from
-
-  * alpha of one untimed call at the largest K on the first prompt batch, with a key no timed
-    call uses (the past: the choice never looks at the calls it is made for, so it keeps them
-    exact);
-  * the measured costs at the job's batch size: a target step, the target scoring K + 1 tokens
-    for every K, and a draft step as the loop pays it (after a scoring call,
-    ``timing.time_draft_in_loop``).
-  """
-  largest = config.speculative.num_draft_tokens
-  batch_size = config.sampling.batch_size
-  with sharding.use_mesh(pair.mesh):
-    probe = sampler.generate(
-      *batch,
-      jax.random.fold_in(key, timing.WARMUP_INDEX + 1),
-      num_draft_tokens=largest,
-      verifier=config.speculative.verifier,
-      cache_length=cache_length,
-      **common,
-    )
-    alpha = float(probe.summary()["alpha"])
-    target_step_s = timing.time_calls(pair.target, batch_size, 1, cache_length)
-    draft_step_s = timing.time_draft_in_loop(
-      pair.target, pair.draft, batch_size, largest, cache_length
-    )
-    score_s = {
-      k: timing.time_calls(pair.target, batch_size, k + 1, cache_length)
-      for k in range(1, largest + 1)
-    }
-  chosen, predictions = speedup.choose_draft_length(alpha, target_step_s, draft_step_s, score_s)
-  return {
-    "num_draft_tokens": chosen,
-    "alpha": alpha,
-    "probe_tokens": int(np.asarray(probe.num_generated).sum()),
-    "largest": largest,
-    "predicted": predictions,
-    "target_step_ms": target_step_s * 1e3,
-    "draft_step_in_loop_ms": draft_step_s * 1e3,
-    "score_ms": {k: v * 1e3 for k, v in score_s.items()},
-  }
-
-
-def format_choice(choice: dict[str, Any]) -> str:
-  """The automatic draft length's choice, and why, in one line."""
-  chosen = choice["num_draft_tokens"]
-  options = ", ".join(f"K={k} {v:.2f}x" for k, v in choice["predicted"].items())
-  why = (
-    "autoregressive: no K is predicted to pay"
-    if chosen == 0
-    else f"predicted {choice['predicted'][chosen]:.2f}x"
-  )
-  return (
-    f"  draft length: K={chosen} chosen automatically ({why}; {options}), from alpha "
-    f"{choice['alpha']:.3f} over {choice['probe_tokens']} tokens of an untimed call at "
-    f"K={choice['largest']}, a target step {choice['target_step_ms']:.3f} ms and a draft step in "
-    f"the loop {choice['draft_step_in_loop_ms']:.3f} ms"
-  )
 
 
 def check_settings(config: ml_collections.ConfigDict) -> None:
@@ -274,7 +205,7 @@ def run(
   if source != "held_out":
     prompts_lib.texts_of(source)  # A missing prompt file fails before anything trains.
   pair = pair_lib.prepare(config, workdir, log=log)
-  tokenizer, target, draft = pair.tokenizer, pair.target, pair.draft
+  tokenizer, draft = pair.tokenizer, pair.draft
   prompts = prompts_lib.of_pair(pair, source)
   if len(prompts) % s.batch_size:
     raise ValueError(
@@ -288,57 +219,47 @@ def run(
   common = dict(
     max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p
   )
-  # One sampler for both loops: models split once, compiled loops and KV caches kept between
-  # calls (sampling/sampler.py); K = 0 is its autoregressive loop.
-  sampler = Sampler(
-    target, draft, eos_id=tokenizer.eos_id if s.use_eos else None, pad_id=tokenizer.pad_id
-  )
-  key = jax.random.key(s.seed)
+  # One harness, one kept-cache sampler for both loops (benchmarks/harness.py): models split
+  # once, compiled loops and KV caches kept between calls; K = 0 is its autoregressive loop.
   batches = prompts_lib.batches(prompts, s.batch_size)
   scored = (num_draft_tokens if tree is None else tree.num_nodes) + 1
-  cache_length = prompts.tokens.shape[1] + s.max_new_tokens + scored
+  bench = Bench(
+    pair,
+    cache_slots=prompts.tokens.shape[1] + s.max_new_tokens + scored,
+    seed=s.seed,
+    drafters={DRAFT: draft},
+    eos_id=tokenizer.eos_id if s.use_eos else None,
+  )
   choice = None
   if config.speculative.get("draft_length", "fixed") == "auto" and tree is None:
-    choice = choose_draft_length(sampler, pair, config, batches[0], key, cache_length, common)
-    log(format_choice(choice))
+    choice = bench.choose_draft_length(
+      DRAFT, batches[0], num_draft_tokens, verifier=config.speculative.verifier, **common
+    )
+    log(f"  draft length: {format_choice(choice)}")
     num_draft_tokens = choice["num_draft_tokens"]
-
-  # Batch i samples with fold_in(key, i) in both samplers.
-  def sample_autoregressive(batch, index):
-    with sharding.use_mesh(pair.mesh):
-      return sampler.generate(
-        *batch,
-        jax.random.fold_in(key, index),
-        num_draft_tokens=0,
-        cache_length=cache_length,
-        **common,
-      )
-
-  def sample_speculative(batch, index):
-    with sharding.use_mesh(pair.mesh):
-      return sampler.generate(
-        *batch,
-        jax.random.fold_in(key, index),
-        num_draft_tokens=num_draft_tokens,
-        verifier=config.speculative.verifier,
-        tree=tree,
-        cache_length=cache_length,
-        **common,
-      )
 
   log(
     f"sampling {prompts_lib.describe(prompts, source)}, {s.max_new_tokens} new tokens each, "
     f"{s.batch_size} per call"
   )
+  # Batch i samples with fold_in(key, i) in both samplers; their calls are interleaved.
   timed = timing.time_interleaved(
-    {"autoregressive": sample_autoregressive, "speculative": sample_speculative}, batches
+    {
+      "autoregressive": bench.sample(DRAFT, num_draft_tokens=0, **common),
+      "speculative": bench.sample(
+        DRAFT,
+        num_draft_tokens=num_draft_tokens,
+        verifier=config.speculative.verifier,
+        tree=tree,
+        **common,
+      ),
+    },
+    batches,
   )
   ar, sps = timed["autoregressive"], timed["speculative"]
   tokens = {"autoregressive": _generated(ar.outputs), "speculative": _generated(sps.outputs)}
   scored = (num_draft_tokens if tree is None else tree.num_nodes) + 1
-  costs = speedup.measure_costs(
-    target, draft, s.batch_size, num_draft_tokens, cache_length, pair.mesh, score_tokens=scored
-  )
+  costs = bench.step_costs(DRAFT, s.batch_size, num_draft_tokens, score_tokens=scored)
   texts = {
     "prompt": [tokenizer.decode(p) for p in prompts.rows()],
     **{name: [tokenizer.decode(t) for t in ids] for name, ids in tokens.items()},
@@ -427,7 +348,7 @@ def format_report(report: SampleReport, num_samples: int = 2) -> str:
   lines.append("-" * 64)
   lines.append("      settings: " + ", ".join(f"{k}={v}" for k, v in report.settings.items()))
   if report.choice is not None:
-    lines.append(format_choice(report.choice))
+    lines.append(f"  draft length: {format_choice(report.choice)}")
   for r in (report.autoregressive, report.speculative):
     lines.append(
       f"{r.name:>14}: {r.ms_per_token:7.2f} ms/token  {r.tokens_per_s:8.1f} tokens/s  "
