@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 from conftest import tiny_config
 from test_configs import load_config
@@ -137,13 +138,40 @@ def test_paper_check_fits_and_implies_ordered_acceptance():
 def test_the_automatic_draft_length_picks_the_best_predicted_k_or_none():
   from specsamp.experiments.benchmarks import speedup
 
-  scores = {1: 1.2, 2: 1.3, 3: 1.4, 4: 1.5}  # Seconds to score K + 1 tokens; a step is 1.
-  k, predicted = speedup.choose_draft_length(0.8, 1.0, 0.05, scores)
-  assert predicted[0] == 1.0 and set(predicted) == {0, 1, 2, 3, 4}
-  assert k == max(predicted, key=predicted.get) and k >= 2
-  assert predicted[k] == speedup.predicted_speedup(0.8, k, 1.0, 0.05, scores[k])
-  # A draft that is never accepted, or too slow, never pays: K = 0 (autoregressive).
-  assert speedup.choose_draft_length(0.0, 1.0, 0.05, scores)[0] == 0
-  assert speedup.choose_draft_length(0.9, 1.0, 2.0, scores)[0] == 0
-  with pytest.raises(ValueError, match=">= 1"):
-    speedup.choose_draft_length(0.5, 1.0, 0.1, {0: 1.0})
+  assert speedup.choose_draft_length({1: 1.3, 2: 1.6, 3: 1.6, 4: 1.2}) == 2  # Ties: smaller K.
+  # Nothing predicted to pay by the margin: K = 0 (autoregressive).
+  assert speedup.choose_draft_length({1: 1.04, 2: 0.9}) == 0
+  assert speedup.choose_draft_length({1: 1.04}, min_speedup=1.0) == 1
+  with pytest.raises(ValueError, match=">= 0"):
+    speedup.choose_draft_length({-1: 2.0})
+
+
+def test_slowest_row_iterations_is_exact_at_the_edges_and_matches_simulation():
+  from specsamp.experiments.benchmarks import speedup
+
+  # alpha = 0: one token per iteration; alpha = 1: K + 1 per iteration, the last one capped.
+  assert math.isclose(speedup.slowest_row_iterations([0.0], 4, 64), 64)
+  assert math.isclose(speedup.slowest_row_iterations([1.0, 1.0], 4, 64), 13)
+  assert math.isclose(speedup.slowest_row_iterations([1.0, 0.0], 4, 64), 64)
+  # One row, long output: N / (tokens per iteration), plus the overshoot of the last one.
+  one = speedup.slowest_row_iterations([0.8], 4, 640)
+  assert abs(one - 640 / speedup.expected_tokens_per_call(0.8, 4)) < 1.5
+  # A Monte Carlo of the batched loop: rows advance by 1 + (accepted drafts) until all have N.
+  rng = np.random.default_rng(0)
+  alphas, k, n = [0.6, 0.8, 0.9, 0.7], 3, 40
+  probs = speedup.iteration_tokens(0.0, k)
+  assert probs.tolist() == [1.0, 0.0, 0.0, 0.0]
+  num_runs = 20_000
+  needed = []
+  for alpha in alphas:  # Per run, the iterations until the cumulative tokens reach n.
+    steps = 1 + rng.choice(k + 1, size=(num_runs, n), p=speedup.iteration_tokens(alpha, k))
+    needed.append(np.argmax(np.cumsum(steps, axis=1) >= n, axis=1) + 1)
+  runs = np.max(needed, axis=0)
+  exact = speedup.slowest_row_iterations(alphas, k, n)
+  assert abs(exact - np.mean(runs)) < 4 * np.std(runs) / np.sqrt(len(runs)), (exact, np.mean(runs))
+  # More rows never need fewer iterations; the batched prediction at one row is the formula's
+  # up to the last iteration's overshoot.
+  assert speedup.slowest_row_iterations(alphas, k, n) > speedup.slowest_row_iterations([0.8], k, n)
+  single = speedup.predicted_batch_speedup([0.8], 4, 640, 1.0, 0.05, 1.3)
+  assert math.isclose(single, speedup.predicted_speedup(0.8, 4, 1.0, 0.05, 1.3), rel_tol=0.01)
+  assert speedup.predicted_batch_speedup([0.8], 0, 64, 1.0, 0.05, 1.3) == 1.0

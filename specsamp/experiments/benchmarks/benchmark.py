@@ -43,7 +43,7 @@ import ml_collections
 import numpy as np
 
 from specsamp.experiments.benchmarks import perf_model, timing
-from specsamp.experiments.benchmarks.harness import TARGET, Bench
+from specsamp.experiments.benchmarks.harness import TARGET, Bench, format_choice
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.models import transformer
@@ -353,6 +353,7 @@ def run(
                 draft_name, batches[0], largest, verifier=verifier, **common
               )
               num_draft_tokens = choice["num_draft_tokens"]
+              log(f"{mode:>7} b={batch_size:<2} {drafter:>9}: {format_choice(choice)}")
             extra = {}
             if verifier == SYNTHETIC:
               extra = {"synthetic_acceptance": config.synthetic_acceptance}
@@ -532,8 +533,8 @@ def summary_tables(results: dict) -> str:
   automatic = auto_table(everything)
   if automatic:
     out += [
-      "The automatic draft length (K='auto', chosen per call from the measured costs and an "
-      "untimed call's acceptance; K=0 samples autoregressively) against the best fixed K:",
+      "The automatic draft length (K='auto': chosen from probe calls at the largest K and "
+      "the measured costs; K=0 samples autoregressively) against the best fixed K:",
       "",
       format_table(automatic, list(automatic[0])),
       "",

@@ -18,15 +18,20 @@ benchmark all time samplers of one pair the same way; a ``Bench`` is that way, o
   bench.choose_draft_length(...)           the automatic K (below) and why
 
 The automatic draft length picks K in 0..K_max with the best predicted speedup
-(``speedup.choose_draft_length``) from alpha measured by one untimed call at K_max on the
-first batch, with a key no timed call uses, and the measured costs: a target step, the target
-scoring K + 1 tokens for every K, and a draft step as the loop pays it. The choice looks only
-at costs and at a call that is not among the calls it is made for, so those stay exact.
+(``speedup.choose_draft_length``). It measures the speedup at K_max on the first batch (a few
+probe calls of both samplers, interleaved, with keys no timed call uses), each row's
+acceptance and the loop's cost per iteration beyond its models there, and predicts every other
+K from them: the slowest row's iterations (``speedup.slowest_row_iterations``) times the
+models' time per iteration (measured scoring costs for every K, the draft step as the loop
+pays it) plus that measured overhead.
+K = 0 (autoregressive) when no K is predicted 1.05x. The choice looks only at costs and at
+calls that are not among the calls it is made for, so those stay exact.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +40,7 @@ import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments.benchmarks import speedup, timing
+from specsamp.sampling import speculative
 from specsamp.sampling.sampler import Sampler
 
 TARGET = "target"
@@ -136,30 +142,82 @@ class Bench:
       score_tokens=score_tokens,
     )
 
-  def choose_draft_length(self, draft: str, batch: Any, largest: int, **kwargs) -> dict[str, Any]:
-    """The automatic draft length for ``draft`` at ``batch``'s size, from one untimed probe
-    call at K = ``largest`` on ``batch`` (key index ``timing.WARMUP_INDEX + 1``, which no
-    timed call uses) and the measured costs; ``kwargs`` are the sampling arguments.
+  def choose_draft_length(
+    self, draft: str, batch: Any, largest: int, probe_calls: int = 3, **kwargs
+  ) -> dict[str, Any]:
+    """The automatic draft length for ``draft`` at ``batch``'s size (module docstring);
+    ``kwargs`` are the sampling arguments (``max_new_tokens`` among them).
+
+    Measured: ``probe_calls`` untimed-for-the-job calls of the autoregressive and of the K =
+    ``largest`` sampler on ``batch``, interleaved, with keys from index
+    ``timing.WARMUP_INDEX + 1`` on (which no timed call uses): their speedup, and each row's
+    acceptance. Predicted for every K: the slowest row's iterations
+    (``speedup.slowest_row_iterations``, each row at its own alpha) times an iteration's cost:
+    its models (K draft steps as the loop pays them, the measured scoring call of K + 1
+    tokens) plus the overhead per iteration the probe measured beyond its own models (per-row
+    work in the loop, which grows with the batch; what the plain model misses), relative to
+    the measured K = ``largest`` call; the speedup is the measured autoregressive call over
+    that. ``modelled`` keeps the plain model's prediction (``predicted_batch_speedup``).
 
     Returns:
-      {'num_draft_tokens': K (0: autoregressive), 'alpha', 'probe_tokens', 'largest',
-      'predicted': {K: speedup}, 'target_step_ms', 'draft_step_in_loop_ms', 'score_ms'}.
+      {'num_draft_tokens': K (0: autoregressive), 'alpha', 'row_alphas', 'probe_tokens',
+      'largest', 'measured_at_largest', 'overhead_per_iteration_ms', 'modelled': {K: speedup},
+      'predicted': {K: speedup},
+      'target_step_ms', 'draft_step_in_loop_ms', 'score_ms'}.
     """
     if largest < 1:
       raise ValueError(f"The automatic draft length needs a largest K >= 1, got {largest}.")
     batch_size = int(np.shape(batch[0])[0])
-    probe = self.sample(draft, num_draft_tokens=largest, **kwargs)(batch, timing.WARMUP_INDEX + 1)
-    alpha = float(probe.summary()["alpha"])
+    max_new_tokens = int(kwargs["max_new_tokens"])
+    timed = timing.time_interleaved(
+      {
+        "autoregressive": self.sample(None, num_draft_tokens=0, **kwargs),
+        "speculative": self.sample(draft, num_draft_tokens=largest, **kwargs),
+      },
+      [batch],
+      calls=probe_calls,
+      first_index=timing.WARMUP_INDEX + 1,
+    )
+    probes = timed["speculative"].outputs
+    ar_s = statistics.median(timed["autoregressive"].seconds)
+    spec_s = statistics.median(timed["speculative"].seconds)
+    pooled = lambda name: sum(np.asarray(getattr(o, name)).sum(-1) for o in probes)
+    row_alphas = pooled("accepted_at_position") / np.maximum(pooled("verified_at_position"), 1)
     target_step_s = self.step_s(TARGET, batch_size, 1)
     draft_step_s = self.draft_in_loop_s(draft, batch_size, largest)
     score_s = {k: self.step_s(TARGET, batch_size, k + 1) for k in range(1, largest + 1)}
-    chosen, predictions = speedup.choose_draft_length(alpha, target_step_s, draft_step_s, score_s)
+    models_s = {k: k * draft_step_s + score_s[k] for k in score_s}  # The models per iteration.
+    iterations = {k: speedup.slowest_row_iterations(row_alphas, k, max_new_tokens) for k in score_s}
+    # What an iteration costs beyond its models, measured: the probe's seconds over its loop
+    # iterations (target calls less the prefill), less the models' time.
+    measured_iterations = statistics.median(int(o.target_calls) - 1 for o in probes)
+    overhead_s = max(spec_s / max(measured_iterations, 1) - models_s[largest], 0.0)
+    modelled = {
+      k: speedup.predicted_batch_speedup(
+        row_alphas, k, max_new_tokens, target_step_s, draft_step_s, score_s[k]
+      )
+      for k in score_s
+    }
+    # Every K's call, relative to the measured one: its iterations at its models' time plus
+    # the measured overhead.
+    call_s = {
+      k: spec_s
+      * iterations[k]
+      * (models_s[k] + overhead_s)
+      / (iterations[largest] * (models_s[largest] + overhead_s))
+      for k in score_s
+    }
+    predicted = {0: 1.0, **{k: ar_s / v for k, v in call_s.items()}}
     return {
-      "num_draft_tokens": chosen,
-      "alpha": alpha,
-      "probe_tokens": int(np.asarray(probe.num_generated).sum()),
+      "num_draft_tokens": speedup.choose_draft_length(predicted),
+      "alpha": float(speculative.summarize(probes)["alpha"]),
+      "row_alphas": [float(a) for a in row_alphas],
+      "probe_tokens": int(sum(np.asarray(o.num_generated).sum() for o in probes)),
       "largest": largest,
-      "predicted": predictions,
+      "measured_at_largest": predicted[largest],
+      "overhead_per_iteration_ms": overhead_s * 1e3,
+      "modelled": modelled,
+      "predicted": predicted,
       "target_step_ms": target_step_s * 1e3,
       "draft_step_in_loop_ms": draft_step_s * 1e3,
       "score_ms": {k: v * 1e3 for k, v in score_s.items()},
@@ -175,9 +233,11 @@ def format_choice(choice: dict[str, Any]) -> str:
     if chosen == 0
     else f"predicted {choice['predicted'][chosen]:.2f}x"
   )
+  rows = choice["row_alphas"]
   return (
-    f"K={chosen} chosen automatically ({why}; {options}), from alpha "
-    f"{choice['alpha']:.3f} over {choice['probe_tokens']} tokens of an untimed call at "
-    f"K={choice['largest']}, a target step {choice['target_step_ms']:.3f} ms and a draft step in "
-    f"the loop {choice['draft_step_in_loop_ms']:.3f} ms"
+    f"K={chosen} chosen automatically ({why}; {options}): K={choice['largest']} measured "
+    f"{choice['measured_at_largest']:.2f}x on the first batch ({choice['probe_tokens']} tokens "
+    f"in untimed probe calls), alpha {choice['alpha']:.3f} (rows {min(rows):.2f}-"
+    f"{max(rows):.2f}), a target step {choice['target_step_ms']:.3f} ms, a draft step in the "
+    f"loop {choice['draft_step_in_loop_ms']:.3f} ms"
   )

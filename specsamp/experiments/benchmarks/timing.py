@@ -255,12 +255,14 @@ def time_interleaved(
   inputs: Sequence[Any],
   calls: int | None = None,
   count: Callable[[Any], tuple[int, int]] = generated_tokens,
+  first_index: int = 0,
 ) -> dict[str, Timed]:
   """The one timed loop: every sampler ``(input, index) -> output`` called on
   ``inputs[i % len(inputs)]`` with index i, for i < calls (default: each input once), the
   samplers interleaved (call i by every sampler, then call i + 1): on a shared machine a slow
   moment hits all of them, so their ratio is fair. Each sampler's untimed warm-up call (on
-  ``inputs[0]``, index ``WARMUP_INDEX``) comes first; it includes compilation."""
+  ``inputs[0]``, index ``WARMUP_INDEX``) comes first; it includes compilation. Call i passes
+  index ``first_index + i``."""
   calls = len(inputs) if calls is None else calls
   if calls < 1:
     raise ValueError(f"calls must be >= 1, got {calls}.")
@@ -274,7 +276,7 @@ def time_interleaved(
     for name, sample in samplers.items():
       seconds, tokens, sequential, outputs = runs[name]
       start = time.perf_counter()
-      out = jax.block_until_ready(sample(inputs[index % len(inputs)], index))
+      out = jax.block_until_ready(sample(inputs[index % len(inputs)], first_index + index))
       seconds.append(time.perf_counter() - start)
       total, longest = count(out)
       tokens.append(total)
