@@ -356,6 +356,12 @@ def format_report(report: SampleReport, num_samples: int = 2) -> str:
     )
   stats, costs = report.stats, report.costs
   num_draft_tokens = stats["num_draft_tokens"]
+  if num_draft_tokens == 0:  # The automatic length chose autoregressive sampling.
+    lines.append(
+      f"       speedup: {report.speedup:.2f}x measured: K=0 samples autoregressively both "
+      "ways (no K was predicted to pay on this machine), so the two lines time the same loop"
+    )
+    return "\n".join(lines)
   tree = report.settings.get("tree")
   expected = (
     f"tokens/call {stats['tokens_per_target_call']:.2f} (measured: a tree has no closed form)"
