@@ -135,6 +135,10 @@ def get_config(arg=None):
   # Prompts: 'held_out' (num_prompts windows of held-out files), 'text:TEXT', 'file:PATH'
   # (JSONL with "prompt" fields, or one per line) or 'humaneval' (its 164 prompts).
   config.sampling.prompt_source = "held_out"
+  config.sampling.max_prompts = 0  # A text source's first N prompts (0: all of them).
+  # Text prompts as one user message each of the tokenizer's chat template (a BPE tokenizer
+  # that has one, e.g. configs/smollm2_pair.py's); held-out windows are never wrapped.
+  config.sampling.chat_template = False
 
   config.speculative = ml_collections.ConfigDict()
   config.speculative.num_draft_tokens = 4  # K, draft tokens per target call (the paper's 4).

@@ -4,9 +4,10 @@ r"""Exports a specsamp checkpoint (trained or imported) to a Hugging Face model 
   python scripts/export_hf.py --checkpoint=workdir/code_pair/draft_token --output=hf/code_draft
 
 Writes config.json, generation_config.json, model.safetensors (sharded with an
-index past --max_shard_gb) and tokenizer.model, which transformers loads with
-AutoModelForCausalLM.from_pretrained. The tokenizer is --tokenizer, else a
-tokenizer.model in the checkpoint directory or its parent (a pair's workdir).
+index past --max_shard_gb) and the tokenizer (tokenizer.model, or tokenizer.json with
+tokenizer_config.json), which transformers loads with AutoModelForCausalLM.from_pretrained.
+The tokenizer is --tokenizer, else the one in the checkpoint directory or its parent (a
+pair's workdir).
 specsamp's own Chinchilla-style models (plain GELU MLP) export as 'arcee'.
 """
 
@@ -16,14 +17,16 @@ from absl import app, flags
 
 from specsamp.experiments import cli
 from specsamp.hf import convert
+from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.training.checkpoint import load_model
-from specsamp.training.tokenizer import Tokenizer
 
 _CHECKPOINT = flags.DEFINE_string(
   "checkpoint", None, "specsamp checkpoint directory.", required=True
 )
 _OUTPUT = flags.DEFINE_string("output", None, "New HF model directory.", required=True)
-_TOKENIZER = flags.DEFINE_string("tokenizer", None, "SentencePiece tokenizer.model to include.")
+_TOKENIZER = flags.DEFINE_string(
+  "tokenizer", None, "Tokenizer to include: tokenizer.model or tokenizer.json."
+)
 _DTYPE = flags.DEFINE_enum(
   "dtype",
   None,
@@ -38,8 +41,8 @@ def _find_tokenizer(checkpoint: str) -> str | None:
   if _TOKENIZER.value:
     return os.path.expanduser(_TOKENIZER.value)
   for directory in (checkpoint, os.path.dirname(os.path.abspath(checkpoint))):
-    path = os.path.join(directory, convert.TOKENIZER_FILE)
-    if os.path.exists(path):
+    path = tokenizer_lib.find(directory)
+    if path is not None:
       return path
   return None
 
@@ -52,7 +55,7 @@ def main(argv):
   checkpoint = os.path.expanduser(_CHECKPOINT.value)
   model, meta = load_model(checkpoint, step=_STEP.value)
   tokenizer_path = _find_tokenizer(checkpoint)
-  tokenizer = Tokenizer.load(tokenizer_path) if tokenizer_path else None
+  tokenizer = tokenizer_lib.load(tokenizer_path) if tokenizer_path else None
   if tokenizer is not None and meta.get("tokenizer") not in (None, tokenizer.fingerprint):
     raise app.UsageError(
       f"{tokenizer_path} (fingerprint {tokenizer.fingerprint}) is not the "
@@ -67,7 +70,7 @@ def main(argv):
   )
   print(
     f"exported step {meta['step']} to {_OUTPUT.value}: {', '.join(files)}"
-    f"{' + tokenizer.model' if tokenizer else ''}",
+    f"{' + ' + os.path.basename(tokenizer_path) if tokenizer else ''}",
     flush=True,
   )
 

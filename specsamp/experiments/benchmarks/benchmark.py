@@ -314,7 +314,9 @@ def run(
     pair_section.draft.train.distill.mode
   ]
   pair = pair_lib.prepare(pair_section, workdir, draft_modes=model_drafters, log=log)
-  prompts = prompts_lib.of_pair(pair, config.prompt_source)
+  prompts = prompts_lib.of_pair(
+    pair, config.prompt_source, chat=bool(config.get("chat_template", False))
+  )
   log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}")
   max_new = config.max_new_tokens
   lengths = draft_lengths(config)

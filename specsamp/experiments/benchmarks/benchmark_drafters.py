@@ -99,7 +99,9 @@ def run(
   pair = pair_lib.prepare(pair_config(config), workdir, log=log)
   names = parse_list(config.drafters)
   built = {name: make_drafter(name, pair, config) for name in names}
-  prompts = prompts_lib.of_pair(pair, config.prompt_source)
+  prompts = prompts_lib.of_pair(
+    pair, config.prompt_source, chat=bool(config.get("chat_template", False))
+  )
   log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}, one per call")
   tasks = {"continue": prompts, "grounded": grounded_prompts(prompts, config.repeat_tokens)}
   max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))

