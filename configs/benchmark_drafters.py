@@ -4,14 +4,19 @@
   # the test suite's:
   python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:test
 
-Variants: '' (the default pair), test (the micro pair, for the tests).
+  # SmolLM2-135M-Instruct (configs/smollm2_pair.py): every drafter at T=0, T=0.8 / top-p 0.95
+  # and T=1, batch 1 and 8, on 8 HumanEval problems:
+  python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:smollm2
+
+Variants: '' (the default pair), smollm2 (the real target), test (the micro pair, for the
+tests).
 """
 
 import ml_collections
 
 from specsamp.experiments import config_files
 
-VARIANTS = ("full", "test")
+VARIANTS = ("full", "smollm2", "test")
 
 
 def get_config(arg=None):
@@ -45,7 +50,23 @@ def get_config(arg=None):
   config.repeat_tokens = 8  # grounded: how much of the window's start is repeated.
   config.max_new_tokens = 64  # Tokens generated per call.
   config.calls = 8  # Timed calls per setting (after one untimed warm-up); median.
+  config.batch_sizes = "1"  # Rows per call; the prompts are split into batches of each.
+  config.max_prompts = 0  # A text source's first N prompts (0: all of them).
+  config.chat_template = False  # Text prompts as user messages of the tokenizer's template.
 
+  if variant == "smollm2":
+    config.pair = config_files.sibling(__file__, "smollm2_pair").get_config()
+    config.output_dir = "benchmark_results/drafters_smollm2"
+    config.tasks = "continue"
+    config.modes = "greedy,nucleus,sample"
+    # The distilled draft, prompt lookup, and the target's first 8 of 30 layers.
+    config.drafters = "model,lookup,self8"
+    config.schedules = "fixed"
+    config.num_draft_tokens = "3"
+    config.prompt_source = "humaneval"
+    config.max_prompts = 8
+    config.batch_sizes = "1,8"
+    config.calls = 8
   if variant == "test":
     config.modes = "greedy"
     config.drafters = "model,lookup"

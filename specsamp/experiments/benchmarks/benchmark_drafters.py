@@ -26,6 +26,7 @@ setting) and a Markdown table.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -100,66 +101,73 @@ def run(
   names = parse_list(config.drafters)
   built = {name: make_drafter(name, pair, config) for name in names}
   prompts = prompts_lib.of_pair(
-    pair, config.prompt_source, chat=bool(config.get("chat_template", False))
+    pair,
+    config.prompt_source,
+    chat=bool(config.get("chat_template", False)),
+    limit=config.get("max_prompts", 0),
   )
-  log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}, one per call")
+  batch_sizes = parse_list(config.get("batch_sizes", "1"), int)
+  log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}, batches {batch_sizes}")
   tasks = {"continue": prompts, "grounded": grounded_prompts(prompts, config.repeat_tokens)}
   max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))
   cache_slots = prompts.tokens.shape[1] + config.max_new_tokens + max_num_draft_tokens + 1
   bench = Bench(pair, cache_slots, seed=config.seed, drafters=built)
 
-  for task in parse_list(config.tasks):
-    batches = prompts_lib.batches(tasks[task], 1)  # Batch 1: the latency setting.
-    for mode in parse_list(config.modes):
-      warp = dict(MODES[mode], max_new_tokens=config.max_new_tokens)
-      ar = None
-      for name in names:
-        for schedule in parse_list(config.schedules):
-          for num_draft_tokens in parse_list(config.num_draft_tokens, int):
-            record = {
-              "task": task,
-              "mode": mode,
-              "drafter": name,
-              "schedule": schedule,
-              "num_draft_tokens": num_draft_tokens,
-            }
-            record_key = "/".join(str(v) for v in record.values())
-            if record_key in store.data["records"]:
-              continue
-            if ar is None:
-              ar = time_sampler(
-                "autoregressive",
-                bench.sample(None, num_draft_tokens=0, **warp),
-                batches,
-                config.calls,
-              )
-            timed = time_sampler(
-              "speculative",
-              bench.sample(name, num_draft_tokens=num_draft_tokens, schedule=schedule, **warp),
+  for task, mode, batch_size in itertools.product(
+    parse_list(config.tasks), parse_list(config.modes), batch_sizes
+  ):
+    batches = prompts_lib.batches(tasks[task], batch_size)
+    warp = dict(MODES[mode], max_new_tokens=config.max_new_tokens)
+    ar = None
+    for name in names:
+      for schedule in parse_list(config.schedules):
+        for num_draft_tokens in parse_list(config.num_draft_tokens, int):
+          record = {
+            "task": task,
+            "mode": mode,
+            "drafter": name,
+            "schedule": schedule,
+            "num_draft_tokens": num_draft_tokens,
+          }
+          if batch_size != 1:  # Batch-1 records keep the keys they had before batches.
+            record["batch_size"] = batch_size
+          record_key = "/".join(str(v) for v in record.values())
+          if record_key in store.data["records"]:
+            continue
+          if ar is None:
+            ar = time_sampler(
+              "autoregressive",
+              bench.sample(None, num_draft_tokens=0, **warp),
               batches,
               config.calls,
             )
-            stats = speculative.summarize(timed.outputs)
-            record.update(
-              ms_per_token=timed.ms_per_token,
-              tokens_per_s=timed.tokens_per_s,
-              ar_ms_per_token=ar.ms_per_token,
-              speedup=ar.ms_per_token / timed.ms_per_token,
-              tokens_per_call=stats["tokens_per_target_call"],
-              mean_draft_length=stats["mean_draft_length"],
-              acceptance_rate=stats["acceptance_rate"],
-              alpha=stats["alpha"],
-              draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1),
-            )
-            store.data["records"][record_key] = record
-            store.save()
-            log(
-              f"{task:>9} {mode:>7} {name:>15} {schedule:>9} K={num_draft_tokens}: "
-              f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
-              f"{record['speedup']:4.2f}x, {stats['tokens_per_target_call']:.2f} tokens/call, "
-              f"draft length {stats['mean_draft_length']:.2f}, acceptance "
-              f"{stats['acceptance_rate']:.3f}"
-            )
+          timed = time_sampler(
+            "speculative",
+            bench.sample(name, num_draft_tokens=num_draft_tokens, schedule=schedule, **warp),
+            batches,
+            config.calls,
+          )
+          stats = speculative.summarize(timed.outputs)
+          record.update(
+            ms_per_token=timed.ms_per_token,
+            tokens_per_s=timed.tokens_per_s,
+            ar_ms_per_token=ar.ms_per_token,
+            speedup=ar.ms_per_token / timed.ms_per_token,
+            tokens_per_call=stats["tokens_per_target_call"],
+            mean_draft_length=stats["mean_draft_length"],
+            acceptance_rate=stats["acceptance_rate"],
+            alpha=stats["alpha"],
+            draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1),
+          )
+          store.data["records"][record_key] = record
+          store.save()
+          log(
+            f"{task:>9} {mode:>7} B={batch_size} {name:>15} {schedule:>9} K={num_draft_tokens}: "
+            f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
+            f"{record['speedup']:4.2f}x, {stats['tokens_per_target_call']:.2f} tokens/call, "
+            f"draft length {stats['mean_draft_length']:.2f}, acceptance "
+            f"{stats['acceptance_rate']:.3f}"
+          )
   summary = summary_table(store.data["records"])
   with open(os.path.join(config.output_dir, "summary.md"), "w") as f:
     f.write(summary + "\n")
@@ -171,18 +179,25 @@ def summary_table(records: dict[str, dict]) -> str:
   """Per task and mode, each drafter's best setting: Markdown."""
   best: dict[tuple, dict] = {}
   for record in records.values():
-    group = (record["task"], record["mode"], record["drafter"], record["schedule"])
+    group = (
+      record["task"],
+      record["mode"],
+      record.get("batch_size", 1),
+      record["drafter"],
+      record["schedule"],
+    )
     if group not in best or record["speedup"] > best[group]["speedup"]:
       best[group] = record
   lines = [
-    "| task | mode | drafter | schedule | best K | speedup | tokens / call | "
-    "draft length | acceptance |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| task | mode | batch | drafter | schedule | best K | speedup | ms/token (AR) | "
+    "tokens / call | draft length | acceptance | alpha |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
-  for (task, mode, name, schedule), r in sorted(best.items()):
+  for (task, mode, batch, name, schedule), r in sorted(best.items()):
     lines.append(
-      f"| {task} | {mode} | {name} | {schedule} | {r['num_draft_tokens']} | "
-      f"{r['speedup']:.2f}x | {r['tokens_per_call']:.2f} | "
-      f"{r['mean_draft_length']:.2f} | {r['acceptance_rate']:.3f} |"
+      f"| {task} | {mode} | {batch} | {name} | {schedule} | {r['num_draft_tokens']} | "
+      f"{r['speedup']:.2f}x | {r['ms_per_token']:.1f} ({r['ar_ms_per_token']:.1f}) | "
+      f"{r['tokens_per_call']:.2f} | {r['mean_draft_length']:.2f} | "
+      f"{r['acceptance_rate']:.3f} | {r['alpha']:.3f} |"
     )
   return "\n".join(lines)
