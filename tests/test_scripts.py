@@ -329,7 +329,7 @@ def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_
     assert 0.0 <= r["mean_draft_length"] <= 2.0
   lookup = [r for r in records.values() if r["drafter"] == "lookup"]
   assert all(r["draft_calls_per_call"] == 0 for r in lookup)
-  assert "| task | mode | drafter |" in open(os.path.join(output, "summary.md")).read()
+  assert "| task | mode | batch | drafter |" in open(os.path.join(output, "summary.md")).read()
 
 
 def test_notebook_runs_end_to_end(trained_workdir, monkeypatch):

@@ -129,8 +129,10 @@ def encode(texts: list[str], tokenizer: Any, *, chat: bool = False) -> Prompts:
         "sampling.chat_template is set but the pair's tokenizer has no chat template."
       )
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
-  add_bos = bool(getattr(tokenizer, "add_bos", False))
-  ids = [tokenizer.encode(text, add_bos=add_bos) for text in texts]
+  if getattr(tokenizer, "add_bos", False):  # The model expects BOS first (tokenizer_config).
+    ids = [tokenizer.encode(text, add_bos=True) for text in texts]
+  else:
+    ids = [tokenizer.encode(text) for text in texts]
   width = max(len(row) for row in ids)
   tokens = np.full((len(ids), width), tokenizer.pad_id, np.int32)
   for row, row_ids in enumerate(ids):
