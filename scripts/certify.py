@@ -75,6 +75,11 @@ def real_target_main() -> None:
     f"{_NUM_SAMPLES.value:,} sequences per case, {(time.perf_counter() - start) / 60:.1f} min: "
     + ("ALL PASS" if not failed else f"{len(failed)} FAILED")
   )
+  report(table, summary, failed)
+
+
+def report(table: str, summary: str, failed: list) -> None:
+  """Prints the table and summary, writes them to --output, exits 1 on a failed case."""
   print(table + "\n\n" + summary, flush=True)
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w", encoding="utf-8") as f:
@@ -85,7 +90,7 @@ def real_target_main() -> None:
 def main(argv):
   cli.start(argv)
   if _REAL_TARGET.value:
-    real_target_main()
+    return real_target_main()
   cases = certify.all_cases(_SCOPE.value)
   if _MODEL.value != "all":
     cases = [case for case in cases if case.model == _MODEL.value]
@@ -102,11 +107,7 @@ def main(argv):
     f"{_NUM_SAMPLES.value:,} sequences each, {minutes:.1f} min: "
     + ("ALL PASS" if not failed else f"{len(failed)} FAILED")
   )
-  print(table + "\n\n" + summary, flush=True)
-  if _OUTPUT.value:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      f.write(table + "\n\n" + summary + "\n")
-  sys.exit(1 if failed else 0)
+  report(table, summary, failed)
 
 
 if __name__ == "__main__":

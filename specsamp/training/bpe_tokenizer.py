@@ -19,6 +19,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from specsamp.training import tokenizer
+
 TOKENIZER_JSON = "tokenizer.json"
 CONFIG_JSON = "tokenizer_config.json"
 
@@ -111,7 +113,6 @@ class BpeTokenizer:
   def save(self, directory: str) -> list[str]:
     """Writes tokenizer.json and tokenizer_config.json into ``directory`` (atomically);
     returns their names."""
-    os.makedirs(directory, exist_ok=True)
     config = {
       "tokenizer_class": "PreTrainedTokenizerFast",
       "eos_token": self.id_to_piece(self.eos_id),
@@ -126,10 +127,7 @@ class BpeTokenizer:
       config["chat_template"] = self.chat_template
     files = {TOKENIZER_JSON: self.backend.to_str(), CONFIG_JSON: json.dumps(config, indent=2)}
     for name, text in files.items():
-      target = os.path.join(directory, name)
-      with open(target + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text)
-      os.replace(target + ".tmp", target)
+      tokenizer.write_atomically(os.path.join(directory, name), text)
     return list(files)
 
   @property
@@ -167,12 +165,7 @@ class BpeTokenizer:
   def decode(self, ids: Sequence[int]) -> str:
     """Text of ``ids``, stopping at the first EOS; special and out-of-vocabulary ids are dropped
     (a model's vocabulary may be padded past the tokenizer's)."""
-    kept = []
-    for i in (int(i) for i in ids):
-      if i == self.eos_id:
-        break
-      if 0 <= i < self.vocab_size and i not in self._special:
-        kept.append(i)
+    kept = tokenizer.decodable(ids, self.eos_id, self.vocab_size, self._special.__contains__)
     return self.backend.decode(kept, skip_special_tokens=True)
 
   def id_to_piece(self, i: int) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import sentencepiece as spm
 
@@ -102,10 +102,7 @@ class Tokenizer:
       raise ValueError(f"SentencePiece training failed: {error}") from error
     tokenizer = cls(buffer.getvalue(), path)
     if path is not None:
-      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-      with open(path + ".tmp", "wb") as f:
-        f.write(tokenizer.model_proto)
-      os.replace(path + ".tmp", path)
+      write_atomically(path, tokenizer.model_proto)
     return tokenizer
 
   @property
@@ -145,12 +142,7 @@ class Tokenizer:
   def decode(self, ids: Sequence[int]) -> str:
     """Text of ``ids``, stopping at the first EOS; special and out-of-vocabulary ids are dropped
     (a model's vocabulary may be padded past the tokenizer's)."""
-    kept = []
-    for i in (int(i) for i in ids):
-      if i == self.eos_id:
-        break
-      if 0 <= i < self.vocab_size and not self._processor.IsControl(i):
-        kept.append(i)
+    kept = decodable(ids, self.eos_id, self.vocab_size, self._processor.IsControl)
     return self._processor.DecodeIds(kept)
 
   def id_to_piece(self, i: int) -> str:
@@ -158,12 +150,30 @@ class Tokenizer:
 
   def save(self, directory: str) -> list[str]:
     """Writes ``tokenizer.model`` into ``directory`` (atomically); returns its name."""
-    os.makedirs(directory, exist_ok=True)
-    target = os.path.join(directory, MODEL_FILE)
-    with open(target + ".tmp", "wb") as f:
-      f.write(self.model_proto)
-    os.replace(target + ".tmp", target)
+    write_atomically(os.path.join(directory, MODEL_FILE), self.model_proto)
     return [MODEL_FILE]
+
+
+def decodable(
+  ids: Sequence[int], eos_id: int, vocab_size: int, is_special: Callable[[int], bool]
+) -> list[int]:
+  """The ids a tokenizer decodes: up to the first EOS, without special ids and ids past the
+  tokenizer's vocabulary (a model's vocabulary may be padded past it)."""
+  kept = []
+  for i in (int(i) for i in ids):
+    if i == eos_id:
+      break
+    if 0 <= i < vocab_size and not is_special(i):
+      kept.append(i)
+  return kept
+
+
+def write_atomically(path: str, data: bytes | str) -> None:
+  """Writes ``data`` to ``path`` through a temporary file, so a reader never sees half of it."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path + ".tmp", "wb") as f:
+    f.write(data.encode() if isinstance(data, str) else data)
+  os.replace(path + ".tmp", path)
 
 
 MODEL_FILE = "tokenizer.model"
