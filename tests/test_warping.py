@@ -136,3 +136,25 @@ def test_nucleus_without_sorting_matches_the_sorted_definition(vocab):
       np.testing.assert_array_equal(ours[row][clear], kept[clear])
       checked += int(clear.sum())
   assert checked > 0.95 * logits.size * 5  # Nearly every token is clear of the boundary.
+
+
+def test_top_k_without_sorting_matches_a_stable_sort():
+  """The bit-by-bit threshold keeps exactly the first k of a stable descending sort: exact
+  ties (at the boundary too), -inf entries, negative and positive logits, rows with fewer
+  than k finite values."""
+  from specsamp.sampling.warping import top_k_mask
+
+  rng = np.random.default_rng(0)
+  logits = (rng.normal(size=(24, 3000)) * 4).astype(np.float32)
+  logits[::3] = np.round(logits[::3])  # Many ties.
+  logits[1::4, rng.integers(0, 3000, 500)] = -np.inf
+  logits[2, 3:] = -np.inf  # Three finite values only.
+  logits[5] = -0.0  # Every token tied.
+  logits[7, :10], logits[7, 10:20], logits[7, 20:] = -0.0, 0.0, -1.0  # -0.0 ties with 0.0.
+  mask = jax.jit(top_k_mask, static_argnums=1)
+  for k in (1, 4, 50, 2999):
+    ours = np.asarray(mask(jnp.asarray(logits), k))
+    for row, values in enumerate(logits):
+      expected = np.zeros(len(values), bool)
+      expected[np.argsort(-values, kind="stable")[:k]] = True
+      np.testing.assert_array_equal(ours[row], expected, err_msg=f"k={k} row={row}")

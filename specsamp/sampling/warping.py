@@ -65,30 +65,44 @@ def warp_logits(logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
     best = jnp.argmax(logits_BV, axis=-1)
     return jnp.where(jax.nn.one_hot(best, vocab, dtype=bool), 0.0, -jnp.inf)
   logits_BV = logits_BV / sampling.temperature
-  top_k = sampling.top_k if 0 < sampling.top_k < vocab else 0
-  if not top_k and sampling.top_p >= 1.0:
-    return logits_BV
-  if not top_k:  # Nucleus alone: a threshold search, no sort.
-    return jnp.where(nucleus_mask(logits_BV, sampling.top_p), logits_BV, -jnp.inf)
-  order_BV = jnp.argsort(-logits_BV, axis=-1, stable=True)  # descending, ties by token id
-  sorted_BV = jnp.take_along_axis(logits_BV, order_BV, axis=-1)
-  keep_sorted_BV = jnp.ones(sorted_BV.shape, bool)
-  if top_k:
-    keep_sorted_BV = keep_sorted_BV & (jnp.arange(vocab) < top_k)
+  # Both cuts are threshold searches, not sorts (a sort, lax.top_k's too, costs 10x on a CPU).
+  if 0 < sampling.top_k < vocab:
+    logits_BV = jnp.where(top_k_mask(logits_BV, sampling.top_k), logits_BV, -jnp.inf)
   if sampling.top_p < 1.0:
-    probs_BV = jax.nn.softmax(jnp.where(keep_sorted_BV, sorted_BV, -jnp.inf), axis=-1)
-    mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
-    keep_sorted_BV = keep_sorted_BV & (mass_before_BV < sampling.top_p)
-  # Undo the sort with a scatter (a second argsort would cost as much as the first on a CPU).
-  flat_order = order_BV.reshape(-1, vocab)  # Any leading dims (e.g. [B, G, V]) as rows.
-  rows = jnp.arange(flat_order.shape[0])[:, None]
-  keep_BV = (
-    jnp.zeros(flat_order.shape, bool)
-    .at[rows, flat_order]
-    .set(keep_sorted_BV.reshape(-1, vocab))
-    .reshape(order_BV.shape)
-  )
-  return jnp.where(keep_BV, logits_BV, -jnp.inf)
+    logits_BV = jnp.where(nucleus_mask(logits_BV, sampling.top_p), logits_BV, -jnp.inf)
+  return logits_BV
+
+
+def _ordered_bits(values: jax.Array) -> jax.Array:
+  """uint32 keys ordered like the float32 ``values`` (-inf lowest; NaN is checked elsewhere)."""
+  values = values.astype(jnp.float32)
+  values = jnp.where(values == 0, 0.0, values)  # -0.0 ties with 0.0, as it compares.
+  bits = jax.lax.bitcast_convert_type(values, jnp.int32)
+  signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # Negative floats count down: flip them.
+  return jax.lax.bitcast_convert_type(signed, jnp.uint32) ^ jnp.uint32(0x80000000)
+
+
+def top_k_mask(logits_BV: jax.Array, top_k: int) -> jax.Array:
+  """[..., V] bool: the ``top_k`` largest logits, ties broken by token id (as a stable sort
+  would), found without sorting.
+
+  The k-th largest value's key t* is the largest t with #(key >= t) >= k; it is built bit by
+  bit from the top, 32 masked counts over the vocabulary. Tokens above t* are kept, and those
+  tied at t* in token-id order until k are kept. On a CPU this is 12x faster than a sort for
+  256 rows of 49,152 (0.23 s against 2.8 s; lax.top_k sorts too, 2.1 s).
+  """
+  keys = _ordered_bits(logits_BV)
+
+  def grow(bit, threshold):
+    candidate = threshold | (jnp.uint32(1) << (jnp.uint32(31) - bit.astype(jnp.uint32)))
+    enough = jnp.sum(keys >= candidate[..., None], axis=-1) >= top_k
+    return jnp.where(enough, candidate, threshold)
+
+  start = jnp.zeros(keys.shape[:-1], jnp.uint32)
+  threshold = jax.lax.fori_loop(0, 32, grow, start)[..., None]
+  above, tied = keys > threshold, keys == threshold
+  room = top_k - jnp.sum(above, axis=-1, keepdims=True)
+  return above | (tied & (jnp.cumsum(tied, axis=-1) <= room))
 
 
 def nucleus_mask(logits_BV: jax.Array, top_p: float) -> jax.Array:
