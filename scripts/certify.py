@@ -7,7 +7,7 @@ r"""The exactness certificate: G-tests of speculative samples against exact enum
   python scripts/certify.py --output=docs/certificate.md
   # A real pretrained target: SmolLM2-135M-Instruct at top-k 4, 3 new tokens (4^3 continuations
   # enumerated from its own logits), a self-speculative draft, and a planted bug:
-  python scripts/certify.py --real_target=smollm2 --num_samples=100000
+  python scripts/certify.py --real_target=smollm2 --num_samples=100000   # resumable
 
 Runs on a CPU with 8 simulated devices (for the 2x4 mesh cases); see
 specsamp/experiments/proofs/certify.py for the cases, the planted bugs and the test. Exits 1 if
@@ -48,6 +48,11 @@ _REAL_TARGET = flags.DEFINE_string(
 )
 _REAL_PROMPT = flags.DEFINE_string("real_prompt", "def fibonacci(n):", "The real target's prompt.")
 _REAL_TOP_K = flags.DEFINE_integer("real_top_k", 4, "Top-k that makes the real target enumerable.")
+_REAL_CACHE = flags.DEFINE_string(
+  "real_cache",
+  "workdir/certify_real",
+  "The real case's draws are saved here chunk by chunk; a rerun resumes ('' : not saved).",
+)
 
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
@@ -63,10 +68,12 @@ def real_target_main() -> None:
   results = certify_real.certify_real(
     target,
     prompt,
+    name=f"{os.path.basename(path)} ({os.path.getsize(path):,} bytes)",
     top_k=_REAL_TOP_K.value,
     num_samples=_NUM_SAMPLES.value,
     level=_LEVEL.value,
     seed=_SEED.value,
+    cache_dir=_REAL_CACHE.value or None,
   )
   table = certify_real.format_table(results, _LEVEL.value)
   failed = [r for r in results if not r["passed"]]

@@ -72,7 +72,7 @@ def test_greedy_speculative_equals_autoregressive_for_every_drafter(pair):
       )
 
 
-def test_the_real_target_certificate_enumerates_and_samples_inside_the_support(pair):
+def test_the_real_target_certificate_enumerates_and_samples_inside_the_support(pair, tmp_path):
   prompt = pair.tokenizer.encode("def add(a, b):")
   sampling = warping.SamplingConfig(1.0, top_k=4)
   exact = certify_real.support_distribution(pair.target, prompt, sampling, 2)
@@ -94,7 +94,26 @@ def test_the_real_target_certificate_enumerates_and_samples_inside_the_support(p
     num_draft_tokens=2,
     num_samples=64,
     seed=0,
-    chunk=64,
+    chunk=32,
+    cache_dir=str(tmp_path),
   )
   assert all(tuple(row) in exact for row in drawn.tolist())
   assert len({tuple(row) for row in drawn.tolist()}) > 1
+  # A rerun resumes from the saved chunks (a marked one shows it was read, not redrawn).
+  saved = sorted(tmp_path.glob("draws_*.npy"))
+  assert len(saved) == 2
+  np.save(saved[1], np.full((32, 2), -7, np.int32))
+  again = certify_real.draw(
+    pair.target,
+    4,
+    prompt,
+    sampling,
+    new_tokens=2,
+    num_draft_tokens=2,
+    num_samples=64,
+    seed=0,
+    chunk=32,
+    cache_dir=str(tmp_path),
+  )
+  np.testing.assert_array_equal(again[:32], drawn[:32])
+  assert (again[32:] == -7).all()

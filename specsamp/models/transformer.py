@@ -116,19 +116,21 @@ def run_blocks(
   values_LBSKH: jax.Array,
   num_layers: int,
   tree: TreeCall | None = None,
+  start: int = 0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """The first ``num_layers`` of the stacked ``blocks``: one ``lax.scan`` over the layers
-  (``config.scan_layers``), or a Python loop over the same slices (the unrolled reference).
+  """Layers ``start`` .. ``num_layers - 1`` of the stacked ``blocks``: one ``lax.scan`` over
+  them (``config.scan_layers``), or a Python loop over the same slices (the unrolled
+  reference).
 
   Returns:
     (x_BTD, keys_LBSKH, values_LBSKH) with each layer's cache updated.
   """
   graphdef, state = nnx.split(blocks)
   state = jax.tree.map(_drop_layer_axis, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
-  if num_layers < config.num_layers:
-    state = jax.tree.map(lambda a: a[:num_layers], state)
+  if (start, num_layers) != (0, config.num_layers):
+    state = jax.tree.map(lambda a: a[start:num_layers], state)
   windows = config.layer_windows()
-  windows_L = None if windows is None else jnp.asarray(windows[:num_layers], jnp.int32)
+  windows_L = None if windows is None else jnp.asarray(windows[start:num_layers], jnp.int32)
 
   # The stacked cache is carried (not scanned over): each layer writes its slots in place
   # and reads its own layer, so a step never copies the cache.
@@ -140,13 +142,13 @@ def run_blocks(
 
   carry = (x_BTD, keys_LBSKH, values_LBSKH)
   if config.scan_layers:
-    inputs = (state, jnp.arange(num_layers, dtype=jnp.int32), windows_L)
+    inputs = (state, jnp.arange(start, num_layers, dtype=jnp.int32), windows_L)
     carry, _ = jax.lax.scan(layer, carry, inputs)
   else:
-    for index in range(num_layers):
+    for index in range(start, num_layers):
       with jax.named_scope(f"layer_{index}"):
-        layer_state = jax.tree.map(lambda a, i=index: a[i], state)
-        window = None if windows_L is None else windows_L[index]
+        layer_state = jax.tree.map(lambda a, i=index - start: a[i], state)
+        window = None if windows_L is None else windows_L[index - start]
         carry, _ = layer(carry, (layer_state, index, window))
   x_BTD, keys_LBSKH, values_LBSKH = carry
   keys_LBSKH = sharding.constrain(keys_LBSKH, kv_cache.STACKED_CACHE_AXES)
@@ -189,8 +191,10 @@ class Transformer(nnx.Module):
     *,
     num_layers: int | None = None,
     tree: TreeCall | None = None,
-  ) -> tuple[jax.Array, KVCache | None]:
-    """Processes T >= 1 tokens per row; returns float32 logits and the updated cache.
+    capture_layers: tuple[int, ...] = (),
+  ) -> tuple[jax.Array, KVCache | None] | tuple[jax.Array, KVCache | None, jax.Array]:
+    """Processes T >= 1 tokens per row; returns float32 logits and the updated cache (and the
+    captured features when ``capture_layers`` is given).
 
     Args:
       tokens_BT: int token ids.
@@ -204,6 +208,12 @@ class Transformer(nnx.Module):
         slot ``tree.root_B + tree.offsets_T[t]`` while ``positions_BT`` (RoPE) give each
         node its depth, and sees the slots before the root and the tree slots
         ``tree.mask_TM[t]`` marks. ``cache.lengths`` becomes one past the tree's slots.
+      capture_layers: ascending layer indices; the call then also returns the hidden states
+        entering each of them (before its norm; layer 0's is the embedding), concatenated
+        along the features: [B, T, len(capture_layers) * D] in the activation dtype. The
+        decode protocol's part (g), which feature-level drafters read
+        (``specsamp.sampling.model_protocol``). The layers run as one scan per segment
+        between captures, so capturing costs no extra compute.
     """
     num_layers = self.config.num_layers if num_layers is None else num_layers
     if not 1 <= num_layers <= self.config.num_layers:
@@ -227,16 +237,15 @@ class Transformer(nnx.Module):
     x_BTD = self.embedder.encode(tokens_BT)
     if tree is not None:
       _check_tree_call(self.config, tree, length)
-    x_BTD, keys, values = run_blocks(
-      self.blocks,
-      self.config,
-      x_BTD,
-      positions_BT,
-      cache.keys,
-      cache.values,
-      num_layers,
-      tree,
-    )
+    check_capture_layers(capture_layers, num_layers)
+    keys, values, captured, start = cache.keys, cache.values, [], 0
+    for stop in (*capture_layers, num_layers):
+      if stop > start:
+        x_BTD, keys, values = run_blocks(
+          self.blocks, self.config, x_BTD, positions_BT, keys, values, stop, tree, start
+        )
+      captured.append(x_BTD)
+      start = stop
     x_BTD = self.final_norm(x_BTD)
     with jax.named_scope("logits"):
       logits_BTV = (
@@ -249,12 +258,26 @@ class Transformer(nnx.Module):
     else:
       lengths_B = tree.root_B + tree.mask_TM.shape[1]
     new_cache = KVCache(keys=keys, values=values, lengths=lengths_B)
+    if capture_layers:
+      return logits_BTV, (new_cache if had_cache else None), jnp.concatenate(captured[:-1], -1)
     return logits_BTV, (new_cache if had_cache else None)
 
   def compact_cache(self, cache: KVCache, source_BD: jax.Array, start_B: jax.Array) -> KVCache:
     """After a tree call: copies slots ``source_BD[b, j]`` to ``start_B[b] + j`` (the accepted
     path to the row's contiguous positions); the decode protocol's tree compaction."""
     return kv_cache.compact(cache, source_BD, start_B)
+
+
+def check_capture_layers(capture_layers: tuple[int, ...], num_layers: int) -> None:
+  """Raises a clear error unless ``capture_layers`` are ascending layers of the model."""
+  layers = tuple(capture_layers)
+  if any(not isinstance(i, int) for i in layers) or list(layers) != sorted(set(layers)):
+    raise ValueError(f"capture_layers must be distinct ascending ints, got {capture_layers}.")
+  if layers and not 0 <= layers[0] <= layers[-1] < num_layers:
+    raise ValueError(
+      f"capture_layers must lie in [0, {num_layers}) (the hidden states entering those "
+      f"layers of a {num_layers}-layer model), got {capture_layers}."
+    )
 
 
 def _check_tree_call(config: TransformerConfig, tree: TreeCall, length: int) -> None:

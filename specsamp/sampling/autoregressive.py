@@ -120,18 +120,29 @@ def check_prompts(
 
 
 def prefill(
-  model: Any, prompts_BT: jax.Array, prompt_lengths_B: jax.Array, cache: Any
-) -> tuple[jax.Array, Any]:
-  """Runs the padded prompts through the model; returns each row's last logits and the cache.
+  model: Any,
+  prompts_BT: jax.Array,
+  prompt_lengths_B: jax.Array,
+  cache: Any,
+  capture_layers: tuple[int, ...] = (),
+) -> tuple[jax.Array, Any] | tuple[jax.Array, Any, jax.Array]:
+  """Runs the padded prompts through the model; returns each row's last logits and the cache
+  (and, with ``capture_layers``, the features at every prompt position: decode protocol (g)).
 
   Padding tokens write cache slots at or beyond their row's length; those are
   masked until the row's real tokens overwrite them.
   """
   batch, length = prompts_BT.shape
   positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  logits_BTV, cache = model(prompts_BT, positions_BT, cache)
+  if capture_layers:
+    logits_BTV, cache, features_BTF = model(
+      prompts_BT, positions_BT, cache, capture_layers=capture_layers
+    )
+  else:
+    logits_BTV, cache = model(prompts_BT, positions_BT, cache)
   last_BV = jnp.take_along_axis(logits_BTV, (prompt_lengths_B - 1)[:, None, None], axis=1)[:, 0]
-  return last_BV, cache.replace(lengths=prompt_lengths_B)
+  cache = cache.replace(lengths=prompt_lengths_B)
+  return (last_BV, cache, features_BTF) if capture_layers else (last_BV, cache)
 
 
 def initial_tokens(

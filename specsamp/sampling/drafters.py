@@ -110,6 +110,10 @@ class Drafter:
   (any decode-protocol model, or None), every other field is static and hashable."""
 
   model_calls_per_prefill = 0
+  # Target layers whose entering hidden states the drafter reads (a feature drafter,
+  # ``feature_drafter.py``); the loop then captures them in the target's prefill and scoring
+  # calls and hands them over with ``init_features`` and ``observe``.
+  feature_layers: tuple[int, ...] = ()
 
   def split(self) -> tuple[Any, Any]:
     """(static, dynamic): the hashable structure, and the arrays to pass into jit."""

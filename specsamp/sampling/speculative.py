@@ -248,11 +248,15 @@ class SpeculativeLoop:
       proposed_B = jnp.minimum(proposal.num_proposed, limit_B)
     with jax.named_scope("score"):
       last_B = state.tokens[rows_B, lengths_B - 1]
-      target_logits_BG1V, target_cache = target(
+      scored = target(
         jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
         lengths_B[:, None] - 1 + jnp.arange(num_draft_tokens + 1),
         state.target_cache,
+        **({"capture_layers": drafter.feature_layers} if drafter.feature_layers else {}),
       )
+      target_logits_BG1V, target_cache = scored[:2]
+      if drafter.feature_layers:  # The scored positions' features: the head's next input.
+        drafter_state = drafter.observe(drafter_state, scored[2], lengths_B - 1)
     with jax.named_scope("verify"):
       verdict = verify(
         threefry.fold_in(key, 1),
@@ -340,10 +344,23 @@ class SpeculativeLoop:
       target_cache, drafter_state = caches if caches is not None else (None, None)
       if target_cache is None:
         target_cache = target.init_cache(batch, self.cache_length)
-      target_logits, target_cache = prefill(target, prompts_BT, prompt_lengths_B, target_cache)
-      drafter_state, drafter_nan = drafters.init_drafter(
-        drafter, prompts_BT, prompt_lengths_B, self.cache_length, drafter_state
-      )
+      if drafter.feature_layers:  # A feature drafter starts from the prompt's features.
+        target_logits, target_cache, features_BTF = prefill(
+          target, prompts_BT, prompt_lengths_B, target_cache, drafter.feature_layers
+        )
+        drafter_state, drafter_nan = drafter.init_features(
+          prompts_BT,
+          prompt_lengths_B,
+          self.cache_length,
+          features_BTF,
+          num_draft_tokens,
+          drafter_state,
+        )
+      else:
+        target_logits, target_cache = prefill(target, prompts_BT, prompt_lengths_B, target_cache)
+        drafter_state, drafter_nan = drafters.init_drafter(
+          drafter, prompts_BT, prompt_lengths_B, self.cache_length, drafter_state
+        )
     width = prompt_width + self.max_new_tokens + num_draft_tokens + 1
     zeros_B = jnp.zeros((batch,), jnp.int32)
     state = _LoopState(

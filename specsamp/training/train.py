@@ -458,10 +458,10 @@ def fit(
         now = time.perf_counter()
         rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
         eta = (config.steps - step) * tokens_per_step / max(rate, 1e-9)
-        extra = (
-          f"  kl {float(metrics['kl']):.3f}  ce {float(metrics['ce']):.3f}"
-          if ("kl" in metrics)
-          else ""
+        extra = "".join(
+          f"  {key} {float(metrics[key]):.3f}"
+          for key in ("kl", "ce", "top1", "top1_last")
+          if key in metrics
         )
         log(
           f"{name} step {step:>5}/{config.steps}  loss {loss:.3f}{extra}  "
@@ -471,7 +471,12 @@ def fit(
         window_start, window_steps = now, 0
       if step % config.eval_every == 0 or step == config.steps:
         loss = trainer.evaluate(state.params, eval_batches)
-        log(f"{name} eval  step {step:>5}  loss {loss:.3f}  perplexity {math.exp(loss):.2f}")
+        perplexity = (
+          f"  perplexity {math.exp(loss):.2f}"
+          if getattr(trainer, "reports_perplexity", True)
+          else ""
+        )
+        log(f"{name} eval  step {step:>5}  loss {loss:.3f}{perplexity}")
       if step % config.checkpoint_every == 0 or step == end:
         checkpoints.save(step, _as_items(state), meta)
   except KeyboardInterrupt:

@@ -73,7 +73,9 @@ WARPINGS = {
 }
 CHAIN_WARPINGS = ("T=1", "T=0.7", "top-k=3", "top-p=0.8", "T=0.7,k=4,p=0.9")
 VERIFIERS = ("token", "block")
-DRAFTERS = ("model", "lookup", "self_speculative", "confidence_stop")
+DRAFTERS = ("model", "lookup", "self_speculative", "confidence_stop", "feature", "feature_vocab")
+# Drafters that read the target Transformer (its layers or its features): not on the trigram.
+TRANSFORMER_DRAFTERS = ("self_speculative", "feature", "feature_vocab")
 SCHEDULES = ("fixed", "heuristic")
 BATCHES = ("1", "ragged16")
 MESHES = ("1", "2x4")
@@ -156,7 +158,7 @@ def all_cases(scope: str = "full") -> list[Case]:
   if scope == "trees":  # The full certificate's tree cases and tree bugs only.
     return tree_cases("full") + [c for c in bug_cases() if c.tree]
   warpings = list(CHAIN_WARPINGS)
-  table_drafters = [d for d in DRAFTERS if d != "self_speculative"]
+  table_drafters = [d for d in DRAFTERS if d not in TRANSFORMER_DRAFTERS]
   if scope == "full":
     cases = [
       Case("trigram", v, d, s, w, b, "1")
@@ -188,7 +190,11 @@ def all_cases(scope: str = "full") -> list[Case]:
       for i, (v, d) in enumerate(itertools.product(VERIFIERS, table_drafters))
     ]
     cases += [
-      Case("transformer", "block", "self_speculative", "heuristic", "T=0.7", "ragged16", "1")
+      Case("transformer", "block", "self_speculative", "heuristic", "T=0.7", "ragged16", "1"),
+      Case("transformer", "token", "feature", "fixed", "top-p=0.8", "1", "1"),
+      Case(
+        "transformer", "block", "feature_vocab", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"
+      ),
     ]
   bugs = bug_cases()
   if scope == "quick":  # The verifier's residual bug is enumerated exactly in the suite.
@@ -342,6 +348,24 @@ def noisy_copy(model: Any, scale: float, seed: int) -> Any:
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
 
 
+def feature_drafter_for(target: Any, reduced_vocabulary: bool, mesh: Any = None) -> Any:
+  """A feature head (random weights, fixed seed) on ``target``'s layers 0 and 1: sharing the
+  target's head, or over a reduced draft vocabulary of 5 of the 8 tokens in a scrambled map,
+  so q is zero on three tokens the target can emit."""
+  from specsamp.models import feature_head
+  from specsamp.sampling.feature_drafter import FeatureDrafter
+
+  config = feature_head.FeatureHeadConfig(
+    feature_layers=(0, 1), draft_vocab_size=5 if reduced_vocabulary else 0
+  )
+  head = feature_head.create(config, target.config, mesh, seed=11)
+  if reduced_vocabulary:
+    head.draft_to_target[...] = jax.device_put(
+      jnp.asarray([6, 1, 4, 0, 3], jnp.int32), head.draft_to_target[...].sharding
+    )
+  return FeatureDrafter(feature_head.FeatureDraftModel(head, target))
+
+
 @dataclasses.dataclass
 class Setup:
   """Target, draft and mesh for one (model, mesh) choice."""
@@ -359,6 +383,8 @@ class Setup:
       return drafters.self_speculative(self.target, 1)
     if name == "confidence_stop":
       return drafters.ModelDrafter(self.draft, confidence_threshold=0.3)
+    if name in ("feature", "feature_vocab"):
+      return feature_drafter_for(self.target, name == "feature_vocab", self.mesh)
     raise ValueError(f"Unknown drafter {name!r}; known: {DRAFTERS}.")
 
   def context(self) -> contextlib.AbstractContextManager:

@@ -21,6 +21,9 @@ must be rejected by the same test.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +35,7 @@ from flax import nnx
 
 from specsamp.experiments.proofs import certify
 from specsamp.sampling import drafters, speculative, warping
+from specsamp.training import tokenizer
 
 
 def support_distribution(
@@ -65,12 +69,20 @@ def draw(
   num_samples: int,
   seed: int,
   chunk: int = 512,
+  cache_dir: str | None = None,
+  cache_tag: str = "",
+  log: Callable[[str], None] | None = None,
 ) -> np.ndarray:
   """[num_samples, new_tokens] continuations: the rows of batched speculative calls (``chunk``
   rows of the same prompt per call, each row its own draws; a batch-1 loop vmapped over keys
   turns every cache access into a gather and is 5x slower here). The draft is the target's
   first ``draft_layers`` layers. The weights enter the compiled program as arguments (a
-  closure would bake 540 MB of constants into it)."""
+  closure would bake 540 MB of constants into it).
+
+  Chunk i draws with ``fold_in(key(seed), i)``. With ``cache_dir`` each chunk is saved there
+  under a name that digests every setting it depends on (``chunk_file``; ``cache_tag`` for
+  what the arguments do not show, such as a planted bug), and a rerun loads the
+  chunks it has: a 10^5 run can be stopped and resumed without changing a single draw."""
   prompts = np.tile(np.asarray([prompt], np.int32), (chunk, 1))
   lengths = np.full((chunk,), len(prompt), np.int32)
   graphdef, state = nnx.split(target)
@@ -93,15 +105,44 @@ def draw(
     )
     return out.tokens[:, len(prompt) : len(prompt) + new_tokens]
 
-  keys = jax.random.split(jax.random.key(seed), -(-num_samples // chunk))
-  drawn = np.concatenate([np.asarray(sample(state, key)) for key in keys])
-  return drawn[:num_samples]
+  settings = dict(
+    prompt=prompt,
+    sampling=sampling,
+    draft_layers=draft_layers,
+    new_tokens=new_tokens,
+    num_draft_tokens=num_draft_tokens,
+    seed=seed,
+    chunk=chunk,
+    tag=cache_tag,  # What else changes the draws, e.g. a planted bug.
+  )
+  chunks, start = [], time.perf_counter()
+  for index in range(-(-num_samples // chunk)):
+    path = cache_dir and os.path.join(cache_dir, chunk_file(settings, index))
+    if path and os.path.exists(path):
+      chunks.append(np.load(path))
+      continue
+    rows = np.asarray(sample(state, jax.random.fold_in(jax.random.key(seed), index)))
+    if path:
+      buffer = io.BytesIO()
+      np.save(buffer, rows)
+      tokenizer.write_atomically(path, buffer.getvalue())
+    chunks.append(rows)
+    if log:
+      log(f"  chunk {index + 1}: {(index + 1) * chunk:,} rows, {time.perf_counter() - start:.0f} s")
+  return np.concatenate(chunks)[:num_samples]
+
+
+def chunk_file(settings: dict[str, Any], index: int) -> str:
+  """The cache file name of one chunk of draws: a digest of every setting it depends on."""
+  digest = hashlib.sha256(repr(sorted(settings.items())).encode()).hexdigest()[:16]
+  return f"draws_{digest}_{index:05d}.npy"
 
 
 def certify_real(
   target: Any,
   prompt: list[int],
   *,
+  name: str = "SmolLM2",
   top_k: int = 4,
   temperature: float = 1.0,
   new_tokens: int = 3,
@@ -112,6 +153,7 @@ def certify_real(
   bugs: tuple[str, ...] = ("residual_from_p",),
   seed: int = 0,
   chunk: int = 512,
+  cache_dir: str | None = None,
   log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
   """The real case, then each planted bug; a list of result dicts (``passed`` for each:
@@ -140,6 +182,9 @@ def certify_real(
         num_samples=num_samples,
         seed=seed + index,
         chunk=chunk,
+        cache_dir=cache_dir,
+        cache_tag=f"{name} {bug or ''}",
+        log=log,
       )
     codes = np.asarray([cells.get(tuple(row), len(exact)) for row in drawn.tolist()])
     counts = np.bincount(codes, minlength=len(probs))
@@ -147,7 +192,7 @@ def certify_real(
     rejected = not test["G"] < test["threshold"]
     result = dict(
       test,
-      case=f"SmolLM2 top-k={top_k} T={temperature:g} self{draft_layers} K={num_draft_tokens}"
+      case=f"{name} top-k={top_k} T={temperature:g} self{draft_layers} K={num_draft_tokens}"
       + (f" BUG={bug}" if bug else ""),
       n=int(counts.sum()),
       support=len(exact),

@@ -1,0 +1,212 @@
+r"""A drafter that reads the target's features: the feature head (``models/feature_head.py``,
+EAGLE style) in the speculative loop, sampling every token from its real, warped q.
+
+Positions. A row holds n tokens x_0..x_{n-1}. Head position p consumes the pair
+(f_p, x_{p+1}) (the target's features at p and the token that followed) and predicts x_{p+2}.
+The head's cache holds pairs 0..m-1 made with the target's true features; the features
+f_m..f_{n-2} are *pending*: the target computed them in its last call (the prompt's prefill,
+or the last scoring call, whose positions the loop hands over with ``observe``), but their
+following tokens were only settled by the verification after it.
+
+Each proposal
+  1. catches up: ONE head call on the pending pairs (m..n-2), whose last output (position
+     n-2) gives q_1, from which x~_1 is drawn;
+  2. drafts: x~_t for t >= 2 from the head's call on (h_{n-3+t}, x~_{t-1}) at position
+     n-2+t: its own hidden state stands in for the target's feature it does not have yet.
+Then the loop's scoring call on [x_{n-1}, x~_1..x~_K] returns the target's features there
+(``capture_layers``), which ``observe`` keeps as the next pending block: nothing the target
+computed is recomputed, and the head's drafted cache entries beyond n-2 are rewritten with
+true features by the next catch-up before anything reads them.
+
+Exactness: every x~_t is drawn from q_t = warp(head logits), the distribution reported to
+the verifier; the features it reads are the target's on the accepted past, and how many
+tokens it proposes depends on the past only. So the sampler's output is distributed as the
+target's, whatever the head's quality (a reduced draft vocabulary only makes q zero outside
+it). Greedy sampling proposes the argmax and equals autoregressive greedy token for token.
+
+A row of one token has no feature yet (the target has not run on it): it proposes nothing in
+its first iteration and the loop emits one target token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specsamp.models.kv_cache import KVCache
+from specsamp.sampling import memory, model_protocol, threefry
+from specsamp.sampling.drafters import Drafter, Proposal
+from specsamp.sampling.tree import TreeShape
+from specsamp.sampling.verification import sample_from
+from specsamp.sampling.warping import SamplingConfig, probabilities
+
+
+@struct.dataclass
+class FeatureState:
+  """The feature drafter's state.
+
+  Attributes:
+    cache: the head's KV cache (one layer).
+    pending: [B, P, F] the target's features at positions start..start+P-1 (P = K + 1, the
+      scoring call's width); the first n - 1 - start of them are the pending pairs' features.
+    start: [B] int32, the first pending position (the head's cache is valid before it).
+  """
+
+  cache: KVCache
+  pending: jax.Array
+  start: jax.Array
+
+
+def check_feature_target(target: Any) -> None:
+  """Raises a clear error unless ``target`` returns its features (decode protocol, part (g))."""
+  if not callable(target) or "capture_layers" not in inspect.signature(target).parameters:
+    raise TypeError(
+      f"A feature drafter reads the target's hidden features, but the target "
+      f"({type(target).__name__}) does not return them: it needs "
+      "model(tokens, positions, cache, capture_layers=(...)) -> (logits, cache, features) "
+      "(decode protocol, part (g), in specsamp.sampling.model_protocol)."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureDrafter(Drafter):
+  """Drafts chains with a feature head (module docstring).
+
+  Attributes:
+    model: a ``feature_head.FeatureDraftModel`` (the head and the target it reads).
+  """
+
+  model: Any
+  model_calls_per_prefill = 1
+
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    return self.model.feature_layers
+
+  def check(self, target: Any) -> None:
+    check_feature_target(target)
+    model_protocol.check_same_vocabulary(target, self.model)
+
+  def check_tree(self, tree: TreeShape) -> None:
+    raise ValueError(
+      "The feature drafter proposes chains (a tree needs the scoring call's features gathered "
+      "along the accepted path); use tree=None."
+    )
+
+  def state_bytes(self, batch_size: int, cache_length: int) -> int:
+    return memory.cache_bytes(self.model, batch_size, cache_length)
+
+  def init(self, prompts_BT, prompt_lengths_B, cache_length: int, state: Any = None):
+    raise TypeError(
+      "A feature drafter starts from the target's prompt features: the speculative loop calls "
+      "init_features(...), which needs a target that returns them."
+    )
+
+  def init_features(
+    self,
+    prompts_BT: jax.Array,
+    prompt_lengths_B: jax.Array,
+    cache_length: int,
+    features_BTF: jax.Array,
+    num_draft_tokens: int,
+    state: FeatureState | None = None,
+  ) -> tuple[FeatureState, jax.Array]:
+    """The head's cache over the prompt's pairs 0..n-3 and f_{n-2} pending; (state, nan_B).
+
+    ``features_BTF`` are the target's features at the prompt's positions (its prefill)."""
+    batch, width = prompts_BT.shape
+    rows_B = jnp.arange(batch)
+    cache = self.model.init_cache(batch, cache_length) if state is None else state.cache
+    following_BT = jnp.concatenate([prompts_BT[:, 1:], prompts_BT[:, -1:]], axis=1)
+    positions_BT = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+    h_BTD, cache = self.model.hidden(
+      following_BT, self.model.head.fuse(features_BTF), positions_BT, cache
+    )
+    start_B = jnp.maximum(prompt_lengths_B - 2, 0)
+    pending_BPF = jnp.zeros((batch, num_draft_tokens + 1, features_BTF.shape[-1]))
+    pending_BPF = pending_BPF.astype(features_BTF.dtype).at[:, 0].set(features_BTF[rows_B, start_B])
+    state = FeatureState(cache=cache.replace(lengths=start_B), pending=pending_BPF, start=start_B)
+    return state, model_protocol.has_nan(h_BTD)
+
+  def observe(self, state: FeatureState, features_BTF: jax.Array, start_B: jax.Array):
+    """Keeps the scoring call's features (positions start_B..start_B+K) as the pending block."""
+    return state.replace(pending=features_BTF.astype(state.pending.dtype), start=start_B)
+
+  def rollback(self, state: FeatureState, lengths_B):
+    return state.replace(cache=state.cache.replace(lengths=state.start))
+
+  def propose(
+    self,
+    state: FeatureState,
+    tokens_BW,
+    lengths_B,
+    key,
+    num_draft_tokens: int,
+    limit_B,
+    sampling: SamplingConfig,
+    vocab_size: int,
+  ):
+    model = self.model
+    batch, width = tokens_BW.shape
+    rows_B = jnp.arange(batch)
+    pending = state.pending.shape[1]
+    count_B = lengths_B - 1 - state.start  # Pending pairs: 0 (a one-token row) .. K + 1.
+    # 1. Catch up on the pending pairs; the output at the last one (position n-2) gives q_1.
+    positions_BP = state.start[:, None] + jnp.arange(pending, dtype=jnp.int32)
+    following_BP = tokens_BW[rows_B[:, None], jnp.minimum(positions_BP + 1, width - 1)]
+    h_BPD, cache = model.hidden(
+      following_BP, model.head.fuse(state.pending), positions_BP, state.cache
+    )
+    h_BD = h_BPD[rows_B, jnp.maximum(count_B - 1, 0)]
+    tokens_BG = jnp.zeros((batch, num_draft_tokens), jnp.int32)
+    probs_BGV = jnp.zeros((batch, num_draft_tokens, vocab_size), jnp.float32)
+
+    def draw(t, h_BD, tokens_BG, probs_BGV, active_B, count_B):
+      logits_BV = model.logits(h_BD[:, None])[:, 0]
+      q_BV = probabilities(logits_BV, sampling)  # Warped once: sampled from and verified with.
+      token_B = sample_from(threefry.fold_in(key, t), q_BV)
+      count_B = count_B + active_B
+      active_B = active_B & (t + 1 < limit_B)
+      nan_B = model_protocol.has_nan(logits_BV)
+      return tokens_BG.at[:, t].set(token_B), probs_BGV.at[:, t].set(q_BV), active_B, count_B, nan_B
+
+    active_B = (limit_B > 0) & (count_B > 0)
+    tokens_BG, probs_BGV, active_B, proposed_B, nan_B = draw(
+      0, h_BD, tokens_BG, probs_BGV, active_B, jnp.zeros((batch,), jnp.int32)
+    )
+
+    # 2. Draft on: the head's own h stands in for the feature at the next position.
+    def cond(carry):
+      return (carry[0] < num_draft_tokens) & jnp.any(carry[5])
+
+    def body(carry):
+      t, cache, h_BD, tokens_BG, probs_BGV, active_B, proposed_B, nan_B = carry
+      positions_B1 = (lengths_B - 2 + t)[:, None]  # The pair (h_{n-3+t}, x~_t) at n-2+t.
+      h_B1D, cache = model.hidden(tokens_BG[:, t - 1][:, None], h_BD[:, None], positions_B1, cache)
+      tokens_BG, probs_BGV, active_B, proposed_B, step_nan_B = draw(
+        t, h_B1D[:, 0], tokens_BG, probs_BGV, active_B, proposed_B
+      )
+      return (
+        t + 1,
+        cache,
+        h_B1D[:, 0],
+        tokens_BG,
+        probs_BGV,
+        active_B,
+        proposed_B,
+        nan_B | step_nan_B,
+      )
+
+    carry = (jnp.int32(1), cache, h_BD, tokens_BG, probs_BGV, active_B, proposed_B, nan_B)
+    steps, cache, _, tokens_BG, probs_BGV, _, proposed_B, nan_B = jax.lax.while_loop(
+      cond, body, carry
+    )
+    proposal = Proposal(
+      tokens=tokens_BG, probs=probs_BGV, num_proposed=proposed_B, model_calls=steps, nan=nan_B
+    )
+    return proposal, state.replace(cache=cache)

@@ -1,0 +1,270 @@
+r"""Training a feature head (EAGLE-3 style) against a frozen target, with training-time test.
+
+Each batch of corpus windows x_0..x_{T-1} goes through the target once (its parameters are an
+input of the step, never trained): its features f_p at ``feature_layers`` and its logits. The
+head is then unrolled ``ttt_steps`` times over the whole window (``FeatureHead.unrolled``):
+row p of step k is the chain that starts from the target's feature at p and has drafted k
+tokens, fed the true tokens (teacher forcing, shifted one per step), and it predicts x_{p+2+k},
+whose target distribution is the target's logits at p+1+k. The loss is
+
+    sum_k  decay^k  mean_p KL( p_target(. | x_<=p+1+k)  ||  q_head^k(.) )
+
+over the rows whose target position exists, at ``distill.temperature``. With a reduced draft
+vocabulary the target's distribution is restricted to it and renormalised (q is zero outside
+it: that mass is the acceptance the head gives up for its cheaper output layer).
+
+``fit`` (``train.py``) runs it: orbax checkpoints, resume, Ctrl-C, the same logs. Only the
+head's float parameters are optimised; its vocabulary map is data (``frequent_tokens``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, traverse_util
+from jax.sharding import NamedSharding, PartitionSpec
+
+from specsamp import sharding
+from specsamp.models.feature_head import FeatureDraftModel, FeatureHead, FeatureHeadConfig
+from specsamp.training import train
+from specsamp.training.train import TrainConfig, TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureTrainConfig(TrainConfig):
+  """TrainConfig plus training-time test: ``ttt_steps`` unrolled steps (EAGLE-3 uses 7),
+  step k weighted ``ttt_decay ** k`` (EAGLE-3: 0.8)."""
+
+  ttt_steps: int = 7
+  ttt_decay: float = 0.8
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not isinstance(self.ttt_steps, int) or not 1 <= self.ttt_steps < self.seq_len:
+      raise ValueError(f"ttt_steps must be an int in [1, seq_len), got {self.ttt_steps!r}.")
+    if not 0 < self.ttt_decay <= 1:
+      raise ValueError(f"ttt_decay must be in (0, 1], got {self.ttt_decay}.")
+
+
+def frequent_tokens(stream: np.ndarray, vocab_size: int, draft_vocab_size: int) -> np.ndarray:
+  """The ``draft_vocab_size`` most frequent ids of ``stream`` (ties by id), ascending: a
+  reduced draft vocabulary, as EAGLE-3 picks its own."""
+  counts = np.bincount(np.asarray(stream).ravel(), minlength=vocab_size)[:vocab_size]
+  order = np.lexsort((np.arange(vocab_size), -counts))
+  return np.sort(order[:draft_vocab_size]).astype(np.int32)
+
+
+def _split(tree: dict, float_keys: frozenset) -> tuple[dict, dict]:
+  """(the float parameters' entries, the rest) of a parameter-shaped nested dict."""
+  flat = traverse_util.flatten_dict(tree)
+  floats = {k: v for k, v in flat.items() if k in float_keys}
+  rest = {k: v for k, v in flat.items() if k not in float_keys}
+  return traverse_util.unflatten_dict(floats), traverse_util.unflatten_dict(rest)
+
+
+def _join(floats: dict, rest: dict) -> dict:
+  return traverse_util.unflatten_dict(
+    {**traverse_util.flatten_dict(floats), **traverse_util.flatten_dict(rest)}
+  )
+
+
+def ttt_loss(
+  model: FeatureDraftModel,
+  tokens_BT: jax.Array,
+  steps: int,
+  decay: float,
+  temperature: float,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The weighted training-time-test KL (module docstring) and per-step metrics."""
+  head, target = model.head, model.target
+  batch, length = tokens_BT.shape
+  teacher_BTV, _, features_BTF = target(tokens_BT, capture_layers=head.config.feature_layers)
+  teacher_BTV = jax.lax.stop_gradient(teacher_BTV)
+  features_BTF = jax.lax.stop_gradient(features_BTF)
+  padded_BT = jnp.pad(tokens_BT, ((0, 0), (0, steps + 1)))
+  embedded = jnp.stack(
+    [target.embedder.encode(padded_BT[:, 1 + k : 1 + k + length]) for k in range(steps)]
+  )
+  hidden = head.unrolled(jax.lax.stop_gradient(embedded), head.fuse(features_BTF), steps)
+  draft_vocab = head.config.draft_vocab_size
+  total, metrics = 0.0, {}
+  for k, h_BTD in enumerate(hidden):
+    valid_T = jnp.arange(length) + 1 + k < length  # The target position p + 1 + k exists.
+    teacher_k = jnp.pad(teacher_BTV[:, 1 + k :], ((0, 0), (0, 1 + k), (0, 0)))
+    if draft_vocab:
+      teacher_k = teacher_k[..., head.draft_to_target[...]]
+      student_k = head.small_logits(h_BTD)
+    else:
+      student_k = model.logits(h_BTD)
+    teacher_logp = jax.nn.log_softmax(teacher_k / temperature, axis=-1)
+    student_logp = jax.nn.log_softmax(student_k.astype(jnp.float32) / temperature, axis=-1)
+    kl_BT = (jnp.exp(teacher_logp) * (teacher_logp - student_logp)).sum(-1)
+    weight_BT = jnp.broadcast_to(valid_T, kl_BT.shape).astype(jnp.float32)
+    kl = (kl_BT * weight_BT).sum() / weight_BT.sum()
+    agree = (jnp.argmax(student_logp, -1) == jnp.argmax(teacher_logp, -1)) * weight_BT
+    total = total + decay**k * kl
+    metrics[f"kl{k}"] = kl
+    metrics[f"top1_{k}"] = agree.sum() / weight_BT.sum()
+  return total, metrics
+
+
+class FeatureTrainer:
+  """Jitted, sharded init / train / eval of a feature head on a frozen target; ``train.fit``
+  runs it as it runs the draft's ``Trainer``.
+
+  Args:
+    head_config: the head to train.
+    target: the frozen target (a specsamp Transformer on ``mesh``).
+    config: optimisation and training-time-test settings.
+    mesh: the device mesh; every array is placed by the rules table.
+    draft_to_target: the reduced draft vocabulary's map (``frequent_tokens``), when
+      ``head_config.draft_vocab_size`` > 0.
+    seed: parameter init seed.
+  """
+
+  reports_perplexity = False  # Its evaluation is the TTT loss, not nats per token.
+
+  def __init__(
+    self,
+    head_config: FeatureHeadConfig,
+    target: Any,
+    config: FeatureTrainConfig,
+    mesh: jax.sharding.Mesh,
+    draft_to_target: np.ndarray | None = None,
+    seed: int = 0,
+  ):
+    self.config, self.mesh, self.seed = config, mesh, seed
+    self.head_config = head_config.resolve(target.config)
+    self.target_config = target.config
+    if bool(self.head_config.draft_vocab_size) != (draft_to_target is not None):
+      raise ValueError(
+        "A reduced draft vocabulary (draft_vocab_size > 0) needs its draft_to_target map, and "
+        "a shared head none."
+      )
+    if draft_to_target is not None:
+      draft_to_target = np.asarray(draft_to_target, np.int32)
+      if draft_to_target.shape != (self.head_config.draft_vocab_size,):
+        raise ValueError(
+          f"draft_to_target has shape {draft_to_target.shape}; the head's draft vocabulary "
+          f"has {self.head_config.draft_vocab_size} tokens."
+        )
+    self._map = draft_to_target
+    self.optimizer = train.make_optimizer(config)
+
+    def factory(rngs):
+      return FeatureHead(self.head_config, self.target_config, rngs=rngs)
+
+    abstract = sharding.abstract_model(factory, mesh, seed)
+    self.graphdef, self.param_shardings = abstract.graphdef, abstract.shardings
+    self._float_keys = frozenset(
+      key
+      for key, value in traverse_util.flatten_dict(abstract.shapes).items()
+      if jnp.issubdtype(value.dtype, jnp.floating)
+    )
+    floats, _ = _split(abstract.shapes, self._float_keys)
+    float_shardings, _ = _split(abstract.shardings, self._float_keys)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    abstract_opt = jax.eval_shape(self.optimizer.init, floats)
+    opt_shardings = optax.tree_map_params(
+      self.optimizer,
+      lambda _, s: s,
+      abstract_opt,
+      float_shardings,
+      transform_non_params=lambda _: replicated,
+    )
+    self.state_shardings = TrainState(
+      step=replicated, params=self.param_shardings, opt_state=opt_shardings
+    )
+    self.abstract_state = sharding.abstract_arrays(
+      TrainState(
+        step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract.shapes, opt_state=abstract_opt
+      ),
+      self.state_shardings,
+    )
+    self._target = nnx.split(target)
+    self._batch_sharding = NamedSharding(
+      mesh,
+      sharding.logical_to_spec(
+        ("act_batch", "act_length"), (config.batch_size, config.seq_len + 1), dict(mesh.shape)
+      ),
+    )
+    self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
+    self._step = jax.jit(
+      self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated)
+    )
+    self._eval = jax.jit(self._eval_fn, out_shardings=replicated)
+
+  def _model(self, params, target_state) -> FeatureDraftModel:
+    head = nnx.merge(self.graphdef, params)
+    return FeatureDraftModel(head, nnx.merge(self._target[0], target_state))
+
+  def _loss(self, floats, rest, batch_BT, target_state):
+    config = self.config
+    model = self._model(_join(floats, rest), target_state)
+    loss, metrics = ttt_loss(
+      model, batch_BT, config.ttt_steps, config.ttt_decay, config.distill_temperature
+    )
+    return loss, metrics
+
+  def _init_fn(self, draft_to_target=None) -> TrainState:
+    head = FeatureHead(self.head_config, self.target_config, rngs=nnx.Rngs(self.seed))
+    if draft_to_target is not None:
+      head.draft_to_target[...] = draft_to_target
+    params = train.params_of(head)
+    floats, _ = _split(params, self._float_keys)
+    return TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(floats)
+    )
+
+  def _step_fn(self, state: TrainState, batch_BT, target_state):
+    floats, rest = _split(state.params, self._float_keys)
+    (loss, metrics), grads = jax.value_and_grad(self._loss, has_aux=True)(
+      floats, rest, batch_BT, target_state
+    )
+    updates, opt_state = self.optimizer.update(grads, state.opt_state, floats)
+    params = _join(optax.apply_updates(floats, updates), rest)
+    last = self.config.ttt_steps - 1
+    logged = dict(
+      loss=loss,
+      kl=metrics["kl0"],
+      top1=metrics["top1_0"],
+      top1_last=metrics[f"top1_{last}"],
+      grad_norm=optax.tree.norm(grads),
+    )
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), logged
+
+  def _eval_fn(self, params, batch_BT, target_state):
+    floats, rest = _split(params, self._float_keys)
+    return self._loss(floats, rest, batch_BT, target_state)[0]
+
+  # --- host API (what ``train.fit`` calls) ----------------------------------------------------
+  def init_state(self) -> TrainState:
+    with sharding.use_mesh(self.mesh):
+      return self._init(None if self._map is None else jnp.asarray(self._map))
+
+  def place(self, batch: np.ndarray) -> jax.Array:
+    batch = np.asarray(batch, np.int32)
+    return jax.make_array_from_callback(
+      batch.shape, self._batch_sharding, lambda index: batch[index]
+    )
+
+  def train_step(self, state: TrainState, batch: np.ndarray) -> tuple[TrainState, dict]:
+    with sharding.use_mesh(self.mesh):
+      return self._step(state, self.place(batch), self._target[1])
+
+  def evaluate(self, params, batches) -> float:
+    """The mean training-time-test loss over ``batches``."""
+    with sharding.use_mesh(self.mesh):
+      losses = [float(self._eval(params, self.place(b), self._target[1])) for b in batches]
+    return float(np.mean(losses))
+
+  def head(self, params) -> FeatureHead:
+    return nnx.merge(self.graphdef, params)
+
+  def learning_rate(self, step: int) -> float:
+    return float(train.learning_rate_schedule(self.config)(step))

@@ -1,0 +1,177 @@
+"""The feature head (EAGLE style): the target's captured features, the head's cache against
+its training-time-test unroll, the drafter in the loop (greedy equals autoregressive; the
+sampled exactness is the certificate's feature cases, tests/test_certify.py), training, and
+the errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from bigram import random_bigram
+
+from specsamp.models import feature_head, transformer
+from specsamp.models.config import TransformerConfig
+from specsamp.sampling import autoregressive, speculative, warping
+from specsamp.sampling.feature_drafter import FeatureDrafter
+from specsamp.training import checkpoint, feature_train
+from specsamp.training.data import Batches
+
+CONFIG = TransformerConfig(
+  vocab_size=64, num_layers=6, d_model=32, num_heads=4, num_kv_heads=2, ffn_dim=64
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+  return transformer.create(CONFIG, seed=1)
+
+
+def _drafter(target, draft_vocab_size=0, seed=2):
+  config = feature_head.FeatureHeadConfig(draft_vocab_size=draft_vocab_size)
+  head = feature_head.create(config, CONFIG, seed=seed)
+  return FeatureDrafter(feature_head.FeatureDraftModel(head, target))
+
+
+def test_captured_features_are_the_hidden_states_entering_each_layer(target):
+  tokens = jax.random.randint(jax.random.key(0), (2, 7), 0, 64)
+  cache = target.init_cache(2, 10)
+  logits, plain_cache = target(tokens, None, cache)
+  captured_logits, captured_cache, features = target(tokens, None, cache, capture_layers=(0, 2, 5))
+  np.testing.assert_array_equal(captured_logits, logits)  # Capturing changes nothing else.
+  np.testing.assert_array_equal(captured_cache.keys, plain_cache.keys)
+  assert features.shape == (2, 7, 3 * 32)
+  np.testing.assert_array_equal(features[..., :32], target.embedder.encode(tokens))
+  # Entering layer l = the unrolled reference's residual stream after layers 0..l-1.
+  for index, layer in enumerate((2, 5)):
+    x, _, _ = transformer.run_blocks(
+      target.blocks,
+      CONFIG.replace(scan_layers=False),
+      target.embedder.encode(tokens),
+      jnp.broadcast_to(jnp.arange(7), (2, 7)),
+      cache.keys,
+      cache.values,
+      layer,
+    )
+    np.testing.assert_allclose(features[..., 32 * (index + 1) : 32 * (index + 2)], x, atol=1e-5)
+  for bad in ((2, 1), (0, 6), (-1,)):
+    with pytest.raises(ValueError, match="capture_layers"):
+      target(tokens, None, cache, capture_layers=bad)
+
+
+def test_training_time_test_unroll_is_what_the_head_sees_when_drafting(target):
+  """Row p of TTT step k equals the cached head after catching up to p on true features and
+  drafting k steps on its own hidden states (the same tokens fed): mask, positions, cache."""
+  drafter = _drafter(target)
+  model, head = drafter.model, drafter.model.head
+  length, steps = 10, 4
+  tokens = jax.random.randint(jax.random.key(3), (2, length + steps + 1), 0, 64)
+  _, _, features = target(tokens[:, :length], capture_layers=head.config.feature_layers)
+  embedded = jnp.stack(
+    [target.embedder.encode(tokens[:, 1 + k : 1 + k + length]) for k in range(steps)]
+  )
+  unrolled = head.unrolled(embedded, head.fuse(features), steps)
+  for p in (0, 4, 9):
+    cache = model.init_cache(2, 32)
+    positions = jnp.broadcast_to(jnp.arange(p + 1), (2, p + 1))
+    h, cache = model.hidden(tokens[:, 1 : p + 2], head.fuse(features[:, : p + 1]), positions, cache)
+    np.testing.assert_allclose(h[:, p], unrolled[0][:, p], atol=1e-5)
+    h = h[:, p]
+    for k in range(1, steps):
+      h, cache = model.hidden(
+        tokens[:, p + 1 + k][:, None], h[:, None], jnp.full((2, 1), p + k), cache
+      )
+      h = h[:, 0]
+      np.testing.assert_allclose(h, unrolled[k][:, p], atol=1e-5)
+
+
+@pytest.mark.parametrize("draft_vocab_size", [0, 40])
+@pytest.mark.parametrize("num_draft_tokens", [1, 4])
+def test_greedy_speculative_equals_autoregressive(target, draft_vocab_size, num_draft_tokens):
+  """Ragged rows, one of a single token (no feature yet: it proposes nothing first)."""
+  drafter = _drafter(target, draft_vocab_size)
+  prompts = jnp.asarray([[1, 2, 3, 4, 5], [7, 8, 0, 0, 0], [9, 0, 0, 0, 0]], jnp.int32)
+  lengths = jnp.asarray([5, 2, 1], jnp.int32)
+  out = speculative.speculative_generate(
+    target,
+    drafter,
+    prompts,
+    lengths,
+    jax.random.key(0),
+    max_new_tokens=12,
+    num_draft_tokens=num_draft_tokens,
+    temperature=0.0,
+  )
+  expected = autoregressive.generate(
+    target, prompts, lengths, jax.random.key(0), max_new_tokens=12, temperature=0.0
+  )
+  np.testing.assert_array_equal(out.tokens, expected.tokens)
+  assert int(out.proposed.sum()) > 0
+
+
+def test_reduced_vocabulary_puts_q_only_on_mapped_tokens(target):
+  drafter = _drafter(target, draft_vocab_size=5)
+  head = drafter.model.head
+  head.draft_to_target[...] = jnp.asarray([60, 3, 17, 9, 41], jnp.int32)
+  h = jax.random.normal(jax.random.key(0), (2, 3, 32))
+  q = warping.probabilities(drafter.model.logits(h), warping.SamplingConfig(1.0))
+  support = np.flatnonzero(np.asarray(q).reshape(-1, 64).sum(0) > 0)
+  np.testing.assert_array_equal(support, [3, 9, 17, 41, 60])
+  np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, rtol=1e-6)
+
+
+def test_a_target_without_features_and_trees_are_refused(target):
+  drafter = _drafter(target)
+  bigram = random_bigram(64, seed=0)
+  prompts, lengths = jnp.asarray([[1, 2]], jnp.int32), jnp.asarray([2], jnp.int32)
+  with pytest.raises(TypeError, match="part \\(g\\)"):
+    speculative.speculative_generate(
+      bigram, drafter, prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=2
+    )
+  with pytest.raises(ValueError, match="chains"):
+    speculative.speculative_generate(
+      target,
+      drafter,
+      prompts,
+      lengths,
+      jax.random.key(0),
+      max_new_tokens=4,
+      num_draft_tokens=2,
+      tree="chains:2x2",
+    )
+  with pytest.raises(ValueError, match="feature_layers"):
+    feature_head.FeatureHeadConfig(feature_layers=(3, 1)).resolve(CONFIG)
+  with pytest.raises(ValueError, match="draft_vocab_size"):
+    feature_head.FeatureHeadConfig(draft_vocab_size=65).resolve(CONFIG)
+
+
+def test_frequent_tokens_picks_the_most_common_ids():
+  stream = np.asarray([5, 5, 5, 2, 2, 9, 9, 1, 7])
+  np.testing.assert_array_equal(feature_train.frequent_tokens(stream, 10, 3), [2, 5, 9])
+  np.testing.assert_array_equal(feature_train.frequent_tokens(stream, 10, 4), [1, 2, 5, 9])
+
+
+@pytest.mark.parametrize("draft_vocab_size", [0, 40])
+def test_training_lowers_the_unrolled_kl_and_keeps_the_map(target, draft_vocab_size):
+  stream = np.asarray(jax.random.randint(jax.random.key(0), (6000,), 0, 64))
+  config = feature_train.FeatureTrainConfig(
+    steps=30, batch_size=4, seq_len=16, learning_rate=3e-3, warmup_steps=3, ttt_steps=3
+  )
+  mapping = (
+    feature_train.frequent_tokens(stream, 64, draft_vocab_size) if draft_vocab_size else None
+  )
+  trainer = feature_train.FeatureTrainer(
+    feature_head.FeatureHeadConfig(draft_vocab_size=draft_vocab_size),
+    target,
+    config,
+    checkpoint.default_mesh(),
+    mapping,
+  )
+  batches = Batches.pack(stream, 16, 4)
+  state = trainer.init_state()
+  before = trainer.evaluate(state.params, batches.first(2))
+  for step in range(config.steps):
+    state, _ = trainer.train_step(state, batches.at(step))
+  after = trainer.evaluate(state.params, batches.first(2))
+  assert after < 0.85 * before, (before, after)
+  if draft_vocab_size:
+    np.testing.assert_array_equal(trainer.head(state.params).draft_to_target[...], mapping)
