@@ -115,6 +115,23 @@ def get_config(arg=None):
     steps=80, batch_size=16, seq_len=128, learning_rate=3e-3, distill_mode="token"
   )
 
+  # The feature head (EAGLE-3 style, specsamp/models/feature_head.py): one decoder layer on the
+  # target's own hidden features, trained on the frozen target with training-time test.
+  config.feature = ml_collections.ConfigDict()
+  config.feature.checkpoint = ""  # A trained head to load instead (its metadata gives the rest).
+  config.feature.head = ml_collections.ConfigDict()
+  config.feature.head.feature_layers = ()  # Target layers fused; () is EAGLE-3's 2, N//2, N-3.
+  config.feature.head.num_heads = 0  # The decoder layer's widths; 0 takes the target's.
+  config.feature.head.num_kv_heads = 0
+  config.feature.head.head_dim = 0
+  config.feature.head.ffn_dim = 0
+  config.feature.head.draft_vocab_size = 0  # 0 shares the target's head; V_d: its own head.
+  config.feature.train = _train(
+    steps=80, batch_size=16, seq_len=128, learning_rate=3e-3, distill_mode="token"
+  )
+  config.feature.train.ttt_steps = 4  # Unrolled steps (EAGLE-3: 7), weighted ttt_decay ** k.
+  config.feature.train.ttt_decay = 0.8
+
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
   config.mesh.fsdp = 1  # Batch for activations, parameters sharded along d_model.
@@ -146,6 +163,9 @@ def get_config(arg=None):
   # the acceptance of one untimed call, through the performance model (0: autoregressive,
   # when no K pays); 'fixed': K = num_draft_tokens.
   config.speculative.draft_length = "auto"
+  # 'draft': the draft model above; 'feature': the feature head (config.feature), trained on
+  # the target's own hidden features on the first run.
+  config.speculative.drafter = "draft"
   config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
   # A tree of drafts scored in one target call: '' (one chain of K), 'chains:2x4' (2
   # independent chains of 4), 'tree:2,2,1,1' (children per node at each depth). K becomes the
@@ -178,6 +198,11 @@ def get_config(arg=None):
     config.draft.train = _train(
       steps=8, batch_size=8, seq_len=32, learning_rate=3e-3, distill_mode="token"
     )
+    config.feature.train = _train(
+      steps=8, batch_size=8, seq_len=32, learning_rate=3e-3, distill_mode="token"
+    )
+    config.feature.train.ttt_steps = 3
+    config.feature.train.ttt_decay = 0.8
     config.sampling.num_prompts = 2
     config.sampling.prompt_tokens = 8
     config.sampling.max_new_tokens = 8

@@ -161,3 +161,35 @@ def test_a_tiny_acceptance_probability_is_not_rounded_up(monkeypatch):
     )
     verdict = verification.token_verify(jax.random.key(0), tokens[:, :1], q[:, :1], p[:, :2])
     assert int(verdict.num_accepted[0]) == accepted, x
+
+
+def test_the_two_stage_race_of_a_large_vocabulary_follows_its_probabilities():
+  """V > FLAT_RACE_MAX: a block race, then a race inside the winning block. Mass spread over
+  blocks unevenly, a partial last block, zero-mass blocks and zero tokens inside live ones,
+  and a rare token: the counts follow p (chi-square), zeros are never drawn."""
+  vocab = draws.FLAT_RACE_MAX + 77  # 4173 tokens: 17 blocks, the last one partial.
+  assert vocab > draws.FLAT_RACE_MAX
+  probs = np.zeros(vocab)
+  probs[[5, 300, 301, 2000, 4100, 4172]] = [0.3, 0.2, 0.1, 0.15, 0.05, 0.1]
+  probs[3000:3010] = 0.009  # Ten tokens of one block.
+  probs[700] = 0.01 - 1e-6
+  probs[701] = 1e-6  # Rare: expected 0.2 times in 200k draws; must never exceed a few.
+  rows, chunk = 200_000, 10_000
+  row_probs = jnp.broadcast_to(jnp.asarray(probs, jnp.float32), (chunk, vocab))
+  draw = jax.jit(lambda key: draws.categorical(key, row_probs))
+  tokens = np.concatenate(
+    [np.asarray(draw(jax.random.fold_in(jax.random.key(4), i))) for i in range(rows // chunk)]
+  )
+  counts = np.bincount(tokens, minlength=vocab)
+  assert counts[probs == 0].sum() == 0
+  common = probs > 1e-3
+  expected = rows * probs[common] / probs[common].sum() * (counts[common].sum() / rows)
+  assert stats.chisquare(counts[common], expected).pvalue > 1e-3
+  assert counts[701] <= 6
+  # The pairwise block sums are the blocks' totals.
+  np.testing.assert_allclose(
+    draws.block_masses(jnp.asarray(np.pad(probs, (0, 17 * draws.BLOCK - vocab)), jnp.float32)),
+    np.pad(probs, (0, 17 * draws.BLOCK - vocab)).reshape(17, -1).sum(-1),
+    rtol=1e-6,
+    atol=1e-12,
+  )

@@ -570,3 +570,33 @@ def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
   ):
     assert needle in result.stdout, needle
   assert "| proposal |" in open(os.path.join(output, "summary.md")).read()
+
+
+def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir, tmp_path):
+  """speculative.drafter='feature': the head trains on the cached target on the first run
+  (into its own stage, the target untouched), loads on the next, and greedy speculative
+  equals autoregressive."""
+  from specsamp.experiments.jobs import sample_job
+
+  workdir = str(tmp_path / "work")
+  shutil.copytree(trained_workdir[0], workdir)
+  logs = []
+  reports = []
+  for _ in range(2):
+    config = _test_pair_config()
+    config.speculative.drafter = "feature"
+    config.speculative.draft_length = "fixed"
+    config.sampling.temperature = 0.0
+    reports.append(sample_job.run(config, workdir, log=logs.append))
+  text = "\n".join(logs)
+  assert text.count("feature head: training on target layers") == 1, text
+  assert "feature head: loaded step 8" in text
+  assert "target: loaded step" in text and "target: training" not in text
+  for report in reports:
+    assert report.tokens["speculative"] == report.tokens["autoregressive"]
+    assert report.stats["tokens_per_target_call"] > 1.0
+  config = _test_pair_config()
+  config.speculative.drafter = "feature"
+  config.speculative.tree = "chains:2x2"
+  with pytest.raises(ValueError, match="speculative.drafter"):
+    sample_job.check_settings(config)

@@ -355,6 +355,33 @@ class FeatureDraftModel(nnx.Module):
   def compact_cache(self, cache: KVCache, source_BD: jax.Array, start_B: jax.Array) -> KVCache:
     return kv_cache.compact(cache, source_BD, start_B)
 
+  def as_step_model(self) -> FeatureStep:
+    return FeatureStep(self)
+
+
+class FeatureStep(nnx.Module):
+  """The head as a plain decode-protocol model, for the cost model's timing only: one call
+  costs one draft step (the decoder layer on a D-wide feature, then the output head). The
+  feature is zeros: its tokens are meaningless, its cost is the drafting step's."""
+
+  def __init__(self, model: FeatureDraftModel):
+    self.model = model
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def init_cache(self, batch_size: int, max_length: int) -> KVCache:
+    return self.model.init_cache(batch_size, max_length)
+
+  def __call__(self, tokens_BT, positions_BT=None, cache=None):
+    if positions_BT is None:
+      positions_BT = cache.lengths[:, None] + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
+    config = self.model.head.layer
+    fused = jnp.zeros((*tokens_BT.shape, config.d_model), config.activation_dtype)
+    logits, _, cache = self.model(tokens_BT, fused, positions_BT, cache)
+    return logits, cache
+
 
 def create(
   config: FeatureHeadConfig,

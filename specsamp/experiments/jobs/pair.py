@@ -6,6 +6,8 @@ the workdir yet, so the first run trains and later runs load in seconds:
   workdir/tokenizer.model       SentencePiece (or config.tokenizer.path)
   workdir/target/<step>/        orbax checkpoints of the target
   workdir/draft_<mode>/<step>/  a draft per distillation mode ('none': from scratch)
+  workdir/feature_head/<step>/  the feature head (EAGLE style) on the target's features, when
+                                asked for (``prepare(..., feature_head=True)``)
 
 A section with ``checkpoint`` set (e.g. a Hugging Face model imported by
 scripts/import_hf.py) is loaded from there instead, with the model config its
@@ -35,8 +37,9 @@ import numpy as np
 from specsamp import sharding
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
+from specsamp.models.feature_head import FeatureDraftModel, FeatureHeadConfig
 from specsamp.sampling import model_protocol, speculative
-from specsamp.training import checkpoint, data, train
+from specsamp.training import checkpoint, data, feature_train, train
 from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.training.tokenizer import Tokenizer
 
@@ -59,6 +62,7 @@ class Pair:
   drafts: dict[str, Any]  # Distillation mode -> draft model.
   prompts: np.ndarray  # [num_prompts, prompt_tokens] held-out prompt ids.
   mesh: jax.sharding.Mesh
+  feature_head: Any = None  # A FeatureDraftModel (the head and the target), when prepared.
 
   @property
   def draft(self) -> Any:
@@ -229,11 +233,76 @@ def _train_model(
   return trainer.model(state.params)
 
 
+def _train_feature_head(
+  section: ml_collections.ConfigDict,
+  target: Any,
+  tokenizer: Tokenizer,
+  get_corpus: Callable[[], Corpus],
+  mesh,
+  directory: str,
+  seed: int,
+  data_config: dict,
+  resume: str = "latest",
+  log: Callable[[str], None] = print,
+):
+  """The feature head from ``section.checkpoint``, or trained once into ``directory`` on the
+  frozen target (``feature_train``) and loaded from there after."""
+  name = "feature head"
+  if section.get("checkpoint"):
+    model, _ = feature_train.load_head(section.checkpoint, target, mesh, resume=resume)
+    log(f"{name}: loaded from {section.checkpoint}")
+    return model
+  head_config = FeatureHeadConfig.from_config(section.head)
+  train_cfg = feature_train.FeatureTrainConfig.from_config(section.train)
+  meta = dict(
+    feature_train.head_meta(head_config, target),
+    tokenizer=tokenizer.fingerprint,
+    data=data_config,
+  )
+  store = checkpoint.Checkpoints(
+    directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
+  )
+  latest = store.latest_step()
+  if latest is not None and latest >= train_cfg.steps:
+    model, saved = feature_train.load_head(
+      directory, target, mesh, expected_meta=meta, resume=resume
+    )
+    if saved["step"] >= train_cfg.steps:
+      log(f"{name}: loaded step {saved['step']} from {directory}")
+      return model
+    store = checkpoint.Checkpoints(
+      directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
+    )
+  resolved = head_config.resolve(target.config)
+  corpus = get_corpus()
+  mapping = None
+  if resolved.draft_vocab_size:
+    mapping = feature_train.frequent_tokens(
+      corpus.train_stream, target.vocab_size, resolved.draft_vocab_size
+    )
+  if latest is None:
+    output = f"own head over {resolved.draft_vocab_size} tokens" if mapping is not None else ""
+    log(
+      f"{name}: training on target layers {list(resolved.feature_layers)} "
+      f"({output or 'shared head'}), "
+      f"{train_cfg.steps} steps of {train_cfg.batch_size} x {train_cfg.seq_len} tokens, "
+      f"{train_cfg.ttt_steps} unrolled steps, into {directory}"
+    )
+  trainer = feature_train.FeatureTrainer(head_config, target, train_cfg, mesh, mapping, seed)
+  batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
+  eval_batches = data.Batches.pack(
+    corpus.eval_stream, train_cfg.seq_len, train_cfg.batch_size
+  ).first(train_cfg.eval_batches)
+  state = train.fit(trainer, batches, eval_batches, store, meta, name=name, log=log)
+  return FeatureDraftModel(trainer.head(state.params), target)
+
+
 def prepare(
   config: ml_collections.ConfigDict,
   workdir: str | None = None,
   *,
   draft_modes: Sequence[str] | None = None,
+  feature_head: bool = False,
   log: Callable[[str], None] = print,
 ) -> Pair:
   """Loads the pair from ``workdir``, training whatever is missing (see the module docstring).
@@ -243,6 +312,7 @@ def prepare(
     workdir: the cache directory; default ``workdir/<config.name>``.
     draft_modes: distillation modes of the drafts to prepare; default the
       config's ``draft.train.distill.mode``.
+    feature_head: also prepare the config's ``feature`` head (trained on the first run).
     log: where progress goes.
   """
   workdir = os.path.abspath(workdir or default_workdir(config))
@@ -314,7 +384,28 @@ def prepare(
     config.sampling.prompt_tokens,
     config.sampling.prompt_seed,
   )
-  return Pair(tokenizer=tokenizer, target=target, drafts=drafts, prompts=prompts, mesh=mesh)
+  head = None
+  if feature_head:
+    head = _train_feature_head(
+      config.feature,
+      target,
+      tokenizer,
+      get_corpus,
+      mesh,
+      os.path.join(workdir, "feature_head"),
+      config.seed + 2,
+      config.data.to_dict(),
+      resume=config.resume_from,
+      log=log,
+    )
+  return Pair(
+    tokenizer=tokenizer,
+    target=target,
+    drafts=drafts,
+    prompts=prompts,
+    mesh=mesh,
+    feature_head=head,
+  )
 
 
 def acceptance(

@@ -23,9 +23,12 @@ from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.sampling import speculative, tree_step
 from specsamp.sampling import tree as tree_lib
+from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.tree import TreeShape
 
 DRAFT = "draft"  # The pair's one draft, by its name in the harness.
+# speculative.drafter: the pair's draft model, or its feature head on the target's features.
+DRAFTERS = ("draft", "feature")
 
 
 @dataclasses.dataclass
@@ -155,6 +158,13 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       "must be 'auto' or 'fixed'",
     ),
     (
+      "speculative.drafter",
+      spec.get("drafter", "draft"),
+      spec.get("drafter", "draft") in DRAFTERS
+      and (tree is None or spec.get("drafter", "draft") == "draft"),
+      f"must be one of {DRAFTERS}" + ("" if tree is None else " ('draft' with a tree)"),
+    ),
+    (
       "speculative.verifier",
       spec.verifier,
       spec.verifier in verifiers,
@@ -204,8 +214,10 @@ def run(
   source = s.get("prompt_source", "held_out")
   if source != "held_out":
     prompts_lib.texts_of(source)  # A missing prompt file fails before anything trains.
-  pair = pair_lib.prepare(config, workdir, log=log)
-  tokenizer, draft = pair.tokenizer, pair.draft
+  feature = config.speculative.get("drafter", "draft") == "feature"
+  pair = pair_lib.prepare(config, workdir, feature_head=feature, log=log)
+  tokenizer = pair.tokenizer
+  draft = FeatureDrafter(pair.feature_head) if feature else pair.draft
   prompts = prompts_lib.of_pair(
     pair, source, chat=bool(s.get("chat_template", False)), limit=s.get("max_prompts", 0)
   )
