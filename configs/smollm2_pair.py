@@ -58,6 +58,17 @@ def get_config(arg=None):
   # directions ('random': from scratch).
   config.draft.train.init_embedding = "teacher_pca"
 
+  # The feature head on SmolLM2's own features: entering layers 2, 15 and 27 (EAGLE-3's
+  # choice for 30 layers), its own output head over the corpus's 8192 most frequent tokens.
+  config.feature.head.feature_layers = ()
+  config.feature.head.draft_vocab_size = 8192
+  config.feature.train = code_pair._train(
+    steps=300, batch_size=8, seq_len=128, learning_rate=3e-3, distill_mode="token"
+  )
+  config.feature.train.eval_batches = 2
+  config.feature.train.ttt_steps = 2
+  config.feature.train.ttt_decay = 0.8
+
   config.sampling.prompt_source = "humaneval"  # HumanEval prompts, continued as code.
   config.sampling.max_prompts = 8  # The first 8 HumanEval problems.
   config.sampling.max_new_tokens = 64  # Tokens generated per prompt.
@@ -77,6 +88,11 @@ def get_config(arg=None):
       steps=2, batch_size=2, seq_len=16, learning_rate=2e-3, distill_mode="token"
     )
     config.draft.train.init_embedding = "teacher_pca"
+    config.feature.train = code_pair._train(
+      steps=2, batch_size=2, seq_len=16, learning_rate=3e-3, distill_mode="token"
+    )
+    config.feature.train.ttt_steps = 2
+    config.feature.train.ttt_decay = 0.8
     config.sampling.max_prompts = 2
     config.sampling.max_new_tokens = 8
     config.speculative.draft_length = "fixed"

@@ -14,6 +14,7 @@ from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, speculative, warping
 from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.training import checkpoint, feature_train
+from specsamp.training import train as train_lib
 from specsamp.training.data import Batches
 
 CONFIG = TransformerConfig(
@@ -53,7 +54,7 @@ def test_captured_features_are_the_hidden_states_entering_each_layer(target):
       layer,
     )
     np.testing.assert_allclose(features[..., 32 * (index + 1) : 32 * (index + 2)], x, atol=1e-5)
-  for bad in ((2, 1), (0, 6), (-1,)):
+  for bad in ((2, 1), (0, 7), (-1,)):
     with pytest.raises(ValueError, match="capture_layers"):
       target(tokens, None, cache, capture_layers=bad)
 
@@ -175,3 +176,31 @@ def test_training_lowers_the_unrolled_kl_and_keeps_the_map(target, draft_vocab_s
   assert after < 0.85 * before, (before, after)
   if draft_vocab_size:
     np.testing.assert_array_equal(trainer.head(state.params).draft_to_target[...], mapping)
+
+
+def test_a_trained_head_saves_loads_and_refuses_another_target(target, tmp_path):
+  stream = np.asarray(jax.random.randint(jax.random.key(1), (3000,), 0, 64))
+  config = feature_train.FeatureTrainConfig(
+    steps=2, batch_size=2, seq_len=16, learning_rate=1e-3, warmup_steps=1, ttt_steps=2
+  )
+  head_config = feature_head.FeatureHeadConfig(draft_vocab_size=40)
+  mapping = feature_train.frequent_tokens(stream, 64, 40)
+  trainer = feature_train.FeatureTrainer(
+    head_config, target, config, checkpoint.default_mesh(), mapping
+  )
+  batches = Batches.pack(stream, 16, 2)
+  store = checkpoint.Checkpoints(str(tmp_path / "head"))
+  meta = feature_train.head_meta(head_config, target)
+  state = train_lib.fit(trainer, batches, batches.first(1), store, meta, log=lambda line: None)
+  model, saved = feature_train.load_head(str(tmp_path / "head"), target)
+  assert saved["step"] == 2
+  np.testing.assert_array_equal(model.head.draft_to_target[...], mapping)
+  np.testing.assert_array_equal(model.head.fc_FD[...], state.params["fc_FD"])
+  other = transformer.create(CONFIG.replace(num_layers=4), seed=3)
+  with pytest.raises(checkpoint.CheckpointError, match="target_model"):
+    feature_train.load_head(str(tmp_path / "head"), other)
+  with pytest.raises(checkpoint.CheckpointError, match="no feature head"):
+    store = checkpoint.Checkpoints(str(tmp_path / "model"))
+    store.save(1, {"params": {"x": jnp.zeros(2)}}, {"model": {}})
+    store.wait()
+    feature_train.load_head(str(tmp_path / "model"), target)

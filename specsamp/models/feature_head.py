@@ -64,6 +64,9 @@ class FeatureHeadConfig(ConfigFields):
     num_heads, num_kv_heads, head_dim, ffn_dim: the decoder layer's (0: the target's).
     draft_vocab_size: 0 shares the target's final norm and output head (EAGLE-1/2); V_d > 0
       gives the head its own norm and head over V_d draft tokens (EAGLE-3).
+    rope_theta: the head's RoPE base, unscaled (published EAGLE-3 heads use 10000 whatever
+      their target's); 0 takes the target's base and scaling.
+    norm_eps: the head's RMSNorm epsilon; 0 takes the target's.
   """
 
   feature_layers: tuple[int, ...] = ()
@@ -72,6 +75,8 @@ class FeatureHeadConfig(ConfigFields):
   head_dim: int = 0
   ffn_dim: int = 0
   draft_vocab_size: int = 0
+  rope_theta: float = 0.0
+  norm_eps: float = 0.0
 
   def __post_init__(self):
     object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
@@ -79,14 +84,18 @@ class FeatureHeadConfig(ConfigFields):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 0:
         raise ValueError(f"FeatureHeadConfig.{name} must be an int >= 0, got {value!r}.")
+    for name in ("rope_theta", "norm_eps"):
+      if not getattr(self, name) >= 0:
+        raise ValueError(f"FeatureHeadConfig.{name} must be >= 0, got {getattr(self, name)!r}.")
 
   def resolve(self, target: TransformerConfig) -> FeatureHeadConfig:
     """This config with the target's defaults filled in, checked against the target."""
     layers = self.feature_layers or default_feature_layers(target.num_layers)
-    if list(layers) != sorted(set(layers)) or not 0 <= layers[0] <= layers[-1] < target.num_layers:
+    if list(layers) != sorted(set(layers)) or not 0 <= layers[0] <= layers[-1] <= target.num_layers:
       raise ValueError(
-        f"feature_layers must be distinct ascending layers of the {target.num_layers}-layer "
-        f"target, got {layers}."
+        f"feature_layers must be distinct ascending layers in [0, {target.num_layers}] of the "
+        f"{target.num_layers}-layer target (the hidden states entering them; "
+        f"{target.num_layers}: its last layer's output), got {layers}."
       )
     if self.draft_vocab_size > target.vocab_size:
       raise ValueError(
@@ -99,18 +108,24 @@ class FeatureHeadConfig(ConfigFields):
       num_kv_heads=self.num_kv_heads or target.num_kv_heads,
       head_dim=self.head_dim or target.resolved_head_dim,
       ffn_dim=self.ffn_dim or target.ffn_dim,
+      norm_eps=self.norm_eps or target.norm_eps,
     )
 
   def layer_config(self, target: TransformerConfig) -> TransformerConfig:
     """The head's decoder layer as a one-layer TransformerConfig (attention, MLP, norms and
     RoPE as the target's, its own widths)."""
     resolved = self.resolve(target)
+    rope = {}
+    if resolved.rope_theta:
+      rope = dict(rope_theta=float(resolved.rope_theta), rope_scaling="none")
     return target.replace(
+      **rope,
       num_layers=1,
       num_heads=resolved.num_heads,
       num_kv_heads=resolved.num_kv_heads,
       head_dim=resolved.head_dim,
       ffn_dim=resolved.ffn_dim,
+      norm_eps=resolved.norm_eps,
       sliding_window=None,
       post_norms=False,
       tensor_parallel="auto",

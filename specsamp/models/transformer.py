@@ -209,7 +209,8 @@ class Transformer(nnx.Module):
         node its depth, and sees the slots before the root and the tree slots
         ``tree.mask_TM[t]`` marks. ``cache.lengths`` becomes one past the tree's slots.
       capture_layers: ascending layer indices; the call then also returns the hidden states
-        entering each of them (before its norm; layer 0's is the embedding), concatenated
+        entering each of them (before its norm; layer 0's is the embedding, layer L's the
+        last layer's output before the final norm), concatenated
         along the features: [B, T, len(capture_layers) * D] in the activation dtype. The
         decode protocol's part (g), which feature-level drafters read
         (``specsamp.sampling.model_protocol``). The layers run as one scan per segment
@@ -273,10 +274,11 @@ def check_capture_layers(capture_layers: tuple[int, ...], num_layers: int) -> No
   layers = tuple(capture_layers)
   if any(not isinstance(i, int) for i in layers) or list(layers) != sorted(set(layers)):
     raise ValueError(f"capture_layers must be distinct ascending ints, got {capture_layers}.")
-  if layers and not 0 <= layers[0] <= layers[-1] < num_layers:
+  if layers and not 0 <= layers[0] <= layers[-1] <= num_layers:
     raise ValueError(
-      f"capture_layers must lie in [0, {num_layers}) (the hidden states entering those "
-      f"layers of a {num_layers}-layer model), got {capture_layers}."
+      f"capture_layers must lie in [0, {num_layers}] (the hidden states entering those "
+      f"layers of a {num_layers}-layer model; {num_layers}: the last layer's output, before "
+      f"the final norm), got {capture_layers}."
     )
 
 

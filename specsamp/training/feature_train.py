@@ -301,6 +301,8 @@ def load_head(
   if "head" not in meta:
     raise checkpoint.CheckpointError(f"{store.directory} holds no feature head (no 'head' meta).")
   head_config = FeatureHeadConfig.from_config(meta["head"])
+  # The saved head config read with today's defaults for fields added since it was written.
+  meta = dict(meta, head=head_meta(head_config, target)["head"])
   checkpoint.check_meta(meta, head_meta(head_config, target), store.directory)
   if expected_meta is not None:
     checkpoint.check_meta(meta, expected_meta, store.directory)
