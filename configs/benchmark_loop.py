@@ -8,6 +8,9 @@ Arguments:
   (none)  the default pair (configs/code_pair.py), K=4, T=1, a 128-token prompt, batch 1
           and 8, 5 interleaved rounds: about 6 minutes on a 2-core CPU once the pair is
           trained.
+  smollm2 the real target (configs/smollm2_pair.py, its distilled draft), K=3, T=0.8 /
+          top-p 0.95, batch 1 and 8, 3 rounds: where a 49,152-token vocabulary's iteration
+          goes.
   test    the micro pair, 1 round, for the test suite.
 """
 
@@ -17,7 +20,7 @@ from specsamp.experiments import config_files
 
 code_pair = config_files.sibling(__file__, "code_pair")
 
-VARIANTS = ("default", "test")
+VARIANTS = ("default", "smollm2", "test")
 
 
 def get_config(arg=None):
@@ -37,6 +40,13 @@ def get_config(arg=None):
   config.short_tokens = 32
   config.long_tokens = 128
   config.rounds = 5  # Interleaved rounds; every number is the median over them.
+  if variant == "smollm2":
+    config.pair = config_files.sibling(__file__, "smollm2_pair").get_config()
+    config.output = "docs/benchmarks/loop_smollm2.json"
+    config.num_draft_tokens = 3
+    config.temperature = 0.8
+    config.top_p = 0.95
+    config.rounds = 3
   if variant == "test":
     config.output = ""
     config.batch_sizes = "1"

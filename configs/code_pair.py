@@ -183,6 +183,7 @@ def get_config(arg=None):
     config.draft.train = _train(
       steps=10_000, batch_size=64, seq_len=512, learning_rate=1e-3, distill_mode="token"
     )
+    config.feature.head.feature_layers = ()  # EAGLE-3's 2, N//2, N-3 of 12 layers.
     config.sampling.prompt_tokens = 64
     config.sampling.max_new_tokens = 128
   elif variant == "llama":
@@ -200,6 +201,7 @@ def get_config(arg=None):
     config.draft.train = _train(
       steps=8, batch_size=8, seq_len=32, learning_rate=3e-3, distill_mode="token"
     )
+    config.feature.head.feature_layers = ()  # EAGLE-3's choice, collapsed: 0 and 1 of 2.
     config.feature.train = _train(
       steps=8, batch_size=8, seq_len=32, learning_rate=3e-3, distill_mode="token"
     )

@@ -35,6 +35,7 @@ import ml_collections
 import numpy as np
 
 from specsamp import sharding
+from specsamp.hf import eagle
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.models.feature_head import FeatureDraftModel, FeatureHeadConfig
@@ -175,6 +176,50 @@ def _parameters(config: TransformerConfig) -> int:
   return sharding.count_parameters(lambda rngs: transformer.Transformer(config, rngs=rngs))
 
 
+def _fit_stage(
+  name: str,
+  directory: str,
+  train_cfg: train.TrainConfig,
+  meta: dict,
+  load: Callable[[str], tuple[Any, dict]],
+  make_trainer: Callable[[Corpus], Any],
+  describe: Callable[[Corpus], str],
+  get_corpus: Callable[[], Corpus],
+  seed: int,
+  resume: str,
+  log: Callable[[str], None],
+) -> tuple[Any, Any]:
+  """One cached training stage: (model, None) when ``directory`` holds the finished run
+  (``load(directory)`` checks ``meta``), else (None, trainer state) after training the rest
+  with ``train.fit`` (resuming from the newest checkpoint)."""
+  store = checkpoint.Checkpoints(
+    directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
+  )
+  latest = store.latest_step()
+  if latest is not None and latest >= train_cfg.steps:
+    model, saved = load(directory)
+    if saved["step"] >= train_cfg.steps:
+      log(f"{name}: loaded step {saved['step']} from {directory}")
+      return model, None
+    # The finished step was corrupt and moved aside: train on from the intact one.
+    latest = saved["step"]
+    store = checkpoint.Checkpoints(
+      directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
+    )
+  corpus = get_corpus()  # Tokenized only when some stage trains.
+  if latest is None:
+    if os.path.isdir(directory):  # A workdir stage is a cache: empty means not trained yet.
+      log(f"{name}: {directory} holds no checkpoint; training from scratch")
+    log(f"{name}: training {describe(corpus)} into {directory}")
+  batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
+  eval_batches = data.Batches.pack(
+    corpus.eval_stream, train_cfg.seq_len, train_cfg.batch_size
+  ).first(train_cfg.eval_batches)
+  trainer = make_trainer(corpus)
+  state = train.fit(trainer, batches, eval_batches, store, meta, name=name, log=log)
+  return None, (trainer, state)
+
+
 def _train_model(
   name: str,
   section: ml_collections.ConfigDict,
@@ -198,38 +243,28 @@ def _train_model(
     "tokenizer": tokenizer.fingerprint,
     "data": data_config,
   }
-  store = checkpoint.Checkpoints(
-    directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
-  )
-  latest = store.latest_step()
-  if latest is not None and latest >= train_cfg.steps:
-    model, saved = checkpoint.load_model(
-      directory, mesh, config=model_cfg, expected_meta=meta, resume=resume
-    )
-    if saved["step"] >= train_cfg.steps:
-      log(f"{name}: loaded step {saved['step']} from {directory}")
-      return model
-    # The finished step was corrupt and moved aside: train on from the intact one.
-    latest = saved["step"]
-    store = checkpoint.Checkpoints(
-      directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
-    )
-  if latest is None:
-    if os.path.isdir(directory):  # A workdir stage is a cache: empty means not trained yet.
-      log(f"{name}: {directory} holds no checkpoint; training from scratch")
-    log(
-      f"{name}: training {model_cfg.num_layers} x {model_cfg.d_model} "
-      f"({_parameters(model_cfg) / 1e6:.1f}M "
+  model, trained = _fit_stage(
+    name,
+    directory,
+    train_cfg,
+    meta,
+    lambda path: checkpoint.load_model(
+      path, mesh, config=model_cfg, expected_meta=meta, resume=resume
+    ),
+    lambda corpus: train.Trainer(model_cfg, train_cfg, mesh, teacher=teacher, seed=seed),
+    lambda corpus: (
+      f"{model_cfg.num_layers} x {model_cfg.d_model} ({_parameters(model_cfg) / 1e6:.1f}M "
       f"parameters) for {train_cfg.steps} steps of {train_cfg.batch_size} x "
-      f"{train_cfg.seq_len} tokens into {directory}"
-    )
-  trainer = train.Trainer(model_cfg, train_cfg, mesh, teacher=teacher, seed=seed)
-  corpus = get_corpus()  # Tokenized only when some stage trains.
-  batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
-  eval_batches = data.Batches.pack(
-    corpus.eval_stream, train_cfg.seq_len, train_cfg.batch_size
-  ).first(train_cfg.eval_batches)
-  state = train.fit(trainer, batches, eval_batches, store, meta, name=name, log=log)
+      f"{train_cfg.seq_len} tokens"
+    ),
+    get_corpus,
+    seed,
+    resume,
+    log,
+  )
+  if model is not None:
+    return model
+  trainer, state = trained
   return trainer.model(state.params)
 
 
@@ -249,7 +284,11 @@ def _train_feature_head(
   frozen target (``feature_train``) and loaded from there after."""
   name = "feature head"
   if section.get("checkpoint"):
-    model, _ = feature_train.load_head(section.checkpoint, target, mesh, resume=resume)
+    path = os.path.expanduser(section.checkpoint)
+    if os.path.isfile(os.path.join(path, eagle.CONFIG_FILE)):  # A published EAGLE-3 head.
+      model = eagle.load_eagle3(path, target, mesh)
+    else:
+      model, _ = feature_train.load_head(path, target, mesh, resume=resume)
     log(f"{name}: loaded from {section.checkpoint}")
     return model
   head_config = FeatureHeadConfig.from_config(section.head)
@@ -259,41 +298,38 @@ def _train_feature_head(
     tokenizer=tokenizer.fingerprint,
     data=data_config,
   )
-  store = checkpoint.Checkpoints(
-    directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
-  )
-  latest = store.latest_step()
-  if latest is not None and latest >= train_cfg.steps:
-    model, saved = feature_train.load_head(
-      directory, target, mesh, expected_meta=meta, resume=resume
-    )
-    if saved["step"] >= train_cfg.steps:
-      log(f"{name}: loaded step {saved['step']} from {directory}")
-      return model
-    store = checkpoint.Checkpoints(
-      directory, max_to_keep=train_cfg.keep_checkpoints, resume=resume, log=log
-    )
   resolved = head_config.resolve(target.config)
-  corpus = get_corpus()
-  mapping = None
-  if resolved.draft_vocab_size:
-    mapping = feature_train.frequent_tokens(
+
+  def mapping(corpus):  # A reduced draft vocabulary: the corpus's most frequent tokens.
+    if not resolved.draft_vocab_size:
+      return None
+    return feature_train.frequent_tokens(
       corpus.train_stream, target.vocab_size, resolved.draft_vocab_size
     )
-  if latest is None:
-    output = f"own head over {resolved.draft_vocab_size} tokens" if mapping is not None else ""
-    log(
-      f"{name}: training on target layers {list(resolved.feature_layers)} "
-      f"({output or 'shared head'}), "
+
+  output = f"own head over {resolved.draft_vocab_size} tokens" if resolved.draft_vocab_size else ""
+  model, trained = _fit_stage(
+    name,
+    directory,
+    train_cfg,
+    meta,
+    lambda path: feature_train.load_head(path, target, mesh, expected_meta=meta, resume=resume),
+    lambda corpus: feature_train.FeatureTrainer(
+      head_config, target, train_cfg, mesh, mapping(corpus), seed
+    ),
+    lambda corpus: (
+      f"on target layers {list(resolved.feature_layers)} ({output or 'shared head'}), "
       f"{train_cfg.steps} steps of {train_cfg.batch_size} x {train_cfg.seq_len} tokens, "
-      f"{train_cfg.ttt_steps} unrolled steps, into {directory}"
-    )
-  trainer = feature_train.FeatureTrainer(head_config, target, train_cfg, mesh, mapping, seed)
-  batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
-  eval_batches = data.Batches.pack(
-    corpus.eval_stream, train_cfg.seq_len, train_cfg.batch_size
-  ).first(train_cfg.eval_batches)
-  state = train.fit(trainer, batches, eval_batches, store, meta, name=name, log=log)
+      f"{train_cfg.ttt_steps} unrolled steps,"
+    ),
+    get_corpus,
+    seed,
+    resume,
+    log,
+  )
+  if model is not None:
+    return model
+  trainer, state = trained
   return FeatureDraftModel(trainer.head(state.params), target)
 
 

@@ -134,19 +134,20 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (191 cases: 140 single-chain, 44 tree, 7 planted bugs):
+  'full' (201 cases: 150 single-chain, 44 tree, 7 planted bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
-    transformer, 1 device: every verifier x drafter (all four, self-speculative
-      included) x schedule, warpings in rotation, batches alternating: 16 cases;
+    transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
+      feature heads included) x schedule, warpings in rotation, batches alternating: 24 cases;
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
-      warpings in rotation: 4 cases.
-  'quick' (16 cases, what the test suite runs: 7 single-chain, 3 tree, 6 bugs): each
+      warpings in rotation: 6 cases.
+  'quick' (18 cases, what the test suite runs: 9 single-chain, 3 tree, 6 bugs): each
     verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
-    self-speculative on the transformer, and the quick tree cases (``tree_cases``). The
-    mesh is left to the full certificate: the suite checks that the 2x4 mesh samples the
-    same tokens as one device for the same key (tests/test_speculative.py), so its
+    self-speculative and both feature heads on the transformer, and the quick tree cases
+    (``tree_cases``). The mesh is left to the full certificate: the suite checks that the
+    2x4 mesh samples the same tokens as one device for the same key
+    (tests/test_speculative.py), so its
     exactness follows from one device's. The tree bug 'sibling_against_p' is left to the full
     certificate: tests/test_tree_verification.py rejects the same fault by exact enumeration.
   'trees': the full certificate's tree cases and tree bugs only.
