@@ -169,6 +169,10 @@ def get_config(arg=None):
   # the target's own hidden features on the first run.
   config.speculative.drafter = "draft"
   config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
+  # 'sampled': every draft token drawn from the drafter's real warped q; 'greedy': its most
+  # likely tokens (the r-th most likely for a tree's sibling of rank r), verified with one-hot
+  # q, as vLLM and SGLang run EAGLE. Both are exact (specsamp/sampling/proposals.py).
+  config.speculative.proposal = "sampled"
   # A tree of drafts scored in one target call: '' (one chain of K), 'chains:2x4' (2
   # independent chains of 4), 'tree:2,2,1,1' (children per node at each depth). K becomes the
   # tree's depth; the verifier is 'token' (recursive rejection sampling) or 'traversal'.

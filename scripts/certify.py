@@ -7,7 +7,7 @@ r"""The exactness certificate: G-tests of speculative samples against exact enum
   python scripts/certify.py --output=docs/certificate.md
   # A real pretrained target: SmolLM2-135M-Instruct at top-k 4, 3 new tokens (4^3 continuations
   # enumerated from its own logits), a self-speculative draft, and a planted bug:
-  python scripts/certify.py --real_target=smollm2 --num_samples=100000   # resumable
+  python scripts/certify.py --real_target=smollm2 --num_samples=100000 --real_bug_samples=20000
 
 Runs on a CPU with 8 simulated devices (for the 2x4 mesh cases); see
 specsamp/experiments/proofs/certify.py for the cases, the planted bugs and the test. Exits 1 if
@@ -48,6 +48,9 @@ _REAL_TARGET = flags.DEFINE_string(
 )
 _REAL_PROMPT = flags.DEFINE_string("real_prompt", "def fibonacci(n):", "The real target's prompt.")
 _REAL_TOP_K = flags.DEFINE_integer("real_top_k", 4, "Top-k that makes the real target enumerable.")
+_REAL_BUG_SAMPLES = flags.DEFINE_integer(
+  "real_bug_samples", 0, "Sequences drawn for the real target's planted bug (0: --num_samples)."
+)
 _REAL_CACHE = flags.DEFINE_string(
   "real_cache",
   "workdir/certify_real",
@@ -71,6 +74,7 @@ def real_target_main() -> None:
     name=f"{os.path.basename(path)} ({os.path.getsize(path):,} bytes)",
     top_k=_REAL_TOP_K.value,
     num_samples=_NUM_SAMPLES.value,
+    bug_samples=_REAL_BUG_SAMPLES.value or None,
     level=_LEVEL.value,
     seed=_SEED.value,
     cache_dir=_REAL_CACHE.value or None,

@@ -12,6 +12,7 @@ from bigram import random_bigram
 from specsamp.models import feature_head, transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, speculative, warping
+from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.training import checkpoint, feature_train
 from specsamp.training import train as train_lib
@@ -109,6 +110,80 @@ def test_greedy_speculative_equals_autoregressive(target, draft_vocab_size, num_
   assert int(out.proposed.sum()) > 0
 
 
+@pytest.mark.parametrize("proposal", ["sampled", "greedy"])
+@pytest.mark.parametrize("tree", ["chains:2x3/distinct", "tree:2,2,1"])
+def test_greedy_tree_speculative_equals_autoregressive(target, tree, proposal):
+  """Trees grown by the head (either proposal mode) at temperature 0: ragged rows, one of a
+  single token."""
+  drafter = _drafter(target, draft_vocab_size=40)
+  drafter = FeatureDrafter(drafter.model, proposal=proposal)
+  prompts = jnp.asarray([[1, 2, 3, 4, 5], [7, 8, 0, 0, 0], [9, 0, 0, 0, 0]], jnp.int32)
+  lengths = jnp.asarray([5, 2, 1], jnp.int32)
+  out = speculative.speculative_generate(
+    target,
+    drafter,
+    prompts,
+    lengths,
+    jax.random.key(0),
+    max_new_tokens=12,
+    num_draft_tokens=3,
+    temperature=0.0,
+    tree=tree,
+  )
+  expected = autoregressive.generate(
+    target, prompts, lengths, jax.random.key(0), max_new_tokens=12, temperature=0.0
+  )
+  np.testing.assert_array_equal(out.tokens, expected.tokens)
+  assert int(out.proposed.sum()) > 0
+
+
+@pytest.mark.parametrize("tree", [None, "tree:3,2,1"])
+def test_the_head_reads_the_targets_features_along_the_accepted_path(target, tree):
+  """After a sampled run (T=1, so paths go through later siblings), the head's pending
+  features are the target's own at those positions of the output, computed afresh by one
+  forward pass: the loop handed over the accepted path's features, not a rejected branch's,
+  and never recomputed them. (A wrong feature would not break exactness, only acceptance, so
+  the certificate cannot see it: this test does.)"""
+  drafter = _drafter(target)
+  prompts = jnp.asarray([[1, 2, 3, 4, 5], [7, 8, 0, 0, 0]], jnp.int32)
+  lengths = jnp.asarray([5, 2], jnp.int32)
+  loop, target_arrays, drafter_arrays = speculative.SpeculativeLoop.for_models(
+    target,
+    drafter,
+    max_new_tokens=10,
+    num_draft_tokens=3,
+    sampling=warping.SamplingConfig(1.0),
+    verifier="token",
+    schedule="fixed",
+    eos_id=None,
+    pad_id=0,
+    cache_length=32,
+    tree=None if tree is None else tree_lib.parse(tree),
+  )
+  out, (_, state) = loop.reusing(
+    target_arrays,
+    drafter_arrays,
+    (None, None),
+    prompts,
+    lengths,
+    jax.random.key(3),
+    jnp.float32(0.0),
+  )
+  layers = drafter.feature_layers
+  checked = []
+  for row in range(2):  # A row that finished before the last iteration has nothing pending.
+    n = int(out.lengths[row])
+    _, _, features = target(out.tokens[row : row + 1, :n], capture_layers=layers)
+    start = int(state.start[row])
+    count = n - 1 - start
+    assert 0 <= count <= 4
+    np.testing.assert_allclose(
+      state.pending[row, :count], features[0, start : start + count], atol=2e-5
+    )
+    checked.append(count)
+  assert max(checked) >= 2  # At least one accepted draft token's feature was checked.
+
+
 def test_reduced_vocabulary_puts_q_only_on_mapped_tokens(target):
   drafter = _drafter(target, draft_vocab_size=5)
   head = drafter.model.head
@@ -120,7 +195,7 @@ def test_reduced_vocabulary_puts_q_only_on_mapped_tokens(target):
   np.testing.assert_allclose(np.asarray(q).sum(-1), 1.0, rtol=1e-6)
 
 
-def test_a_target_without_features_and_trees_are_refused(target):
+def test_a_target_without_features_and_bad_proposals_are_refused(target):
   drafter = _drafter(target)
   bigram = random_bigram(64, seed=0)
   prompts, lengths = jnp.asarray([[1, 2]], jnp.int32), jnp.asarray([2], jnp.int32)
@@ -128,16 +203,26 @@ def test_a_target_without_features_and_trees_are_refused(target):
     speculative.speculative_generate(
       bigram, drafter, prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=2
     )
-  with pytest.raises(ValueError, match="chains"):
+  with pytest.raises(ValueError, match="distinct siblings"):
     speculative.speculative_generate(
       target,
-      drafter,
+      FeatureDrafter(drafter.model, proposal="greedy"),
       prompts,
       lengths,
       jax.random.key(0),
       max_new_tokens=4,
       num_draft_tokens=2,
       tree="chains:2x2",
+    )
+  with pytest.raises(ValueError, match="proposal must be one of"):
+    speculative.speculative_generate(
+      target,
+      FeatureDrafter(drafter.model, proposal="top"),
+      prompts,
+      lengths,
+      jax.random.key(0),
+      max_new_tokens=4,
+      num_draft_tokens=2,
     )
   with pytest.raises(ValueError, match="feature_layers"):
     feature_head.FeatureHeadConfig(feature_layers=(3, 1)).resolve(CONFIG)

@@ -574,19 +574,23 @@ def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
 
 def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir, tmp_path):
   """speculative.drafter='feature': the head trains on the cached target on the first run
-  (into its own stage, the target untouched), loads on the next, and greedy speculative
-  equals autoregressive."""
+  (into its own stage, the target untouched), loads on the next (growing a tree of greedy
+  proposals), and greedy speculative equals autoregressive."""
   from specsamp.experiments.jobs import sample_job
 
   workdir = str(tmp_path / "work")
   shutil.copytree(trained_workdir[0], workdir)
   logs = []
   reports = []
-  for _ in range(2):
+  for run in range(2):
     config = _test_pair_config()
     config.speculative.drafter = "feature"
     config.speculative.draft_length = "fixed"
     config.sampling.temperature = 0.0
+    if run:  # The loaded head grows trees too, choosing its tokens (proposal='greedy').
+      config.speculative.tree = "tree:2,1"
+      config.speculative.num_draft_tokens = 2
+      config.speculative.proposal = "greedy"
     reports.append(sample_job.run(config, workdir, log=logs.append))
   text = "\n".join(logs)
   assert text.count("feature head: training on target layers") == 1, text
@@ -598,5 +602,7 @@ def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir
   config = _test_pair_config()
   config.speculative.drafter = "feature"
   config.speculative.tree = "chains:2x2"
-  with pytest.raises(ValueError, match="speculative.drafter"):
+  config.speculative.num_draft_tokens = 2
+  config.speculative.proposal = "greedy"  # i.i.d. siblings cannot be chosen greedily.
+  with pytest.raises(ValueError, match="speculative.proposal='greedy'"):
     sample_job.check_settings(config)

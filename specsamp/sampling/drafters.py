@@ -43,8 +43,13 @@ A ModelDrafter grows the tree depth by depth: one draft call on the root
 (as for a chain), then ONE tree call per depth on all of that depth's nodes
 (``attention.TreeCall``: each node attends to the row's cache and its own
 ancestors), and draws every node of the next depth from its parent's q, i.i.d.
-or without replacement (``TreeShape.distinct_siblings``). Any drafter can
-propose a chain-shaped tree; prompt lookup proposes only chains.
+or without replacement (``TreeShape.distinct_siblings``), as ``proposals.grow_tree``
+does for every model drafter. Any drafter can propose a chain-shaped tree; prompt
+lookup proposes only chains.
+
+Model drafters propose in one of two modes (``proposal``, ``proposals.py``):
+'sampled' draws every token from the real warped q; 'greedy' chooses the most
+likely tokens and reports a one-hot q. Both are exact.
 """
 
 from __future__ import annotations
@@ -57,11 +62,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from specsamp.models.attention import TreeCall
-from specsamp.sampling import memory, model_protocol, threefry
+from specsamp.sampling import memory, model_protocol, proposals, threefry
 from specsamp.sampling.autoregressive import prefill
 from specsamp.sampling.tree import TreeShape
-from specsamp.sampling.verification import sample_from
-from specsamp.sampling.warping import SamplingConfig, probabilities
+from specsamp.sampling.warping import SamplingConfig
 
 
 @struct.dataclass
@@ -195,59 +199,6 @@ class Drafter:
     return state
 
 
-def draw_depth(
-  key: jax.Array,
-  tree: TreeShape,
-  depth: int,
-  parent_q_BnV: jax.Array,
-  tokens_BN: jax.Array,
-  greedy_logits_BnV: jax.Array | None = None,
-) -> tuple[jax.Array, jax.Array]:
-  """Draws every node at ``depth`` from its parent's q (``parent_q_BnV``, one row per node).
-
-  i.i.d. siblings: one draw for the whole depth. Distinct siblings: rank by rank, each node
-  from its parent's q renormalised over the tokens its earlier siblings did not take (rank 0
-  with the depth's key, so a chain draws exactly as ``ModelDrafter.propose``).
-  Greedy sampling (``greedy_logits_BnV``, the parent's draft logits) with distinct siblings:
-  the sibling of rank r is the draft's r-th most likely token, a deterministic proposal with
-  one-hot q (greedy verification needs only the tokens).
-
-  Returns:
-    (tokens_Bn, q_BnV): the nodes' tokens and the distributions they were drawn from (all
-    zero for a node left without tokens to draw).
-  """
-  nodes = tree.nodes_at_depth(depth)
-  depth_key = threefry.fold_in(key, depth - 1)
-  if not tree.distinct_siblings:
-    return sample_from(depth_key, parent_q_BnV), parent_q_BnV
-  ranks = [tree.sibling_rank[j] for j in nodes]
-  if greedy_logits_BnV is not None:
-    _, best_Bnr = jax.lax.top_k(greedy_logits_BnV, max(ranks) + 1)
-    tokens_Bn = best_Bnr[:, jnp.arange(len(nodes)), jnp.asarray(ranks)].astype(jnp.int32)
-    return tokens_Bn, jax.nn.one_hot(tokens_Bn, parent_q_BnV.shape[-1], dtype=jnp.float32)
-  tokens_Bn = jnp.zeros(parent_q_BnV.shape[:2], jnp.int32)
-  q_BnV = jnp.zeros_like(parent_q_BnV)
-  vocab = parent_q_BnV.shape[-1]
-  for rank in range(max(ranks) + 1):
-    here = [k for k, r in enumerate(ranks) if r == rank]
-    taken_BnV = jnp.zeros((tokens_BN.shape[0], len(here), vocab), bool)
-    for k_index, k in enumerate(here):
-      siblings = tree.children(tree.parents[nodes[k]])[:rank]
-      for sibling in siblings:
-        local = nodes.index(sibling)
-        taken_BnV = taken_BnV.at[:, k_index].set(
-          taken_BnV[:, k_index] | jax.nn.one_hot(tokens_Bn[:, local], vocab, dtype=bool)
-        )
-    left_BnV = jnp.where(taken_BnV, 0.0, parent_q_BnV[:, here])
-    mass_Bn1 = left_BnV.sum(-1, keepdims=True)
-    left_BnV = jnp.where(mass_Bn1 > 0, left_BnV / jnp.where(mass_Bn1 > 0, mass_Bn1, 1.0), 0.0)
-    rank_key = depth_key if rank == 0 else threefry.fold_in(depth_key, rank)
-    drawn_Bn = sample_from(rank_key, jnp.where(mass_Bn1 > 0, left_BnV, 1.0))
-    tokens_Bn = tokens_Bn.at[:, here].set(drawn_Bn)
-    q_BnV = q_BnV.at[:, here].set(left_BnV)
-  return tokens_Bn, q_BnV
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter(Drafter):
   """Drafts with a model that follows the decode protocol, sampling from its warped q.
@@ -258,10 +209,13 @@ class ModelDrafter(Drafter):
       draft's softmax is below this (HF's assistant_confidence_threshold); 0 never stops early.
       Rows that stopped ride along until every row has, so the draft model runs only as
       many steps as the longest row needs.
+    proposal: 'sampled' (drawn from the real warped q) or 'greedy' (the most likely tokens,
+      verified with one-hot q): ``proposals.py``.
   """
 
   model: Any
   confidence_threshold: float = 0.0
+  proposal: str = "sampled"
   model_calls_per_prefill = 1
 
   def check(self, target: Any) -> None:
@@ -269,6 +223,7 @@ class ModelDrafter(Drafter):
     model_protocol.check_same_vocabulary(target, self.model)
     if not 0.0 <= self.confidence_threshold < 1.0:
       raise ValueError(f"confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
+    proposals.check_proposal(self.proposal)
 
   def state_bytes(self, batch_size: int, cache_length: int) -> int:
     return memory.cache_bytes(self.model, batch_size, cache_length)
@@ -301,8 +256,9 @@ class ModelDrafter(Drafter):
 
     def draw(t, logits_BV, tokens_BG, probs_BGV, active_B, count_B):
       """Samples token t from q_t for every row; counts it for the rows still drafting."""
-      q_BV = probabilities(logits_BV, sampling)  # Warped once: sampled from and verified with.
-      token_B = sample_from(threefry.fold_in(key, t), q_BV)
+      token_B, q_BV = proposals.draw_token(
+        threefry.fold_in(key, t), logits_BV, sampling, self.proposal
+      )
       confident_B = jnp.ones((batch,), bool)
       if self.confidence_threshold > 0:  # The draft's own (unwarped) probability of its token.
         own_B = jax.nn.softmax(logits_BV, axis=-1)[rows_B, token_B]
@@ -348,6 +304,7 @@ class ModelDrafter(Drafter):
 
   def check_tree(self, tree: TreeShape) -> None:
     model_protocol.check_tree_support(self.model, "draft")
+    proposals.check_proposal(self.proposal, tree)
 
   def accept_path(self, cache, source_BD, start_B):
     return self.model.compact_cache(cache, source_BD, start_B)
@@ -363,57 +320,42 @@ class ModelDrafter(Drafter):
     sampling: SamplingConfig,
     vocab_size: int,
   ) -> tuple[TreeProposal, Any]:
-    """Grows ``tree`` depth by depth: a call on the root, then one tree call per depth that
-    has children (module docstring). Node i goes to draft cache slot n + i of a row of n
-    tokens, as in the target's tree call."""
-    batch = tokens_BW.shape[0]
-    rows_B = jnp.arange(batch)
+    """Grows ``tree`` depth by depth (``proposals.grow_tree``): a call on the root, then one
+    tree call per depth that has children (module docstring). Node i goes to draft cache slot
+    n + i of a row of n tokens, as in the target's tree call."""
+    rows_B = jnp.arange(tokens_BW.shape[0])
     root_B = lengths_B - 1
     positions_B2 = jnp.stack([jnp.maximum(lengths_B - 2, 0), root_B], axis=1)
     logits_B2V, cache = self.model(tokens_BW[rows_B[:, None], positions_B2], positions_B2, cache)
-    num_nodes = tree.num_nodes
     mask_NM = tree.attention_mask()[1:]
-    logits_of = {-1: logits_B2V[:, -1]}  # Draft logits after each node (-1: the root).
-    continues = {-1: limit_B > 0}  # Whether a node's children may be proposed.
-    tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
-    probs_BNV = jnp.zeros((batch, num_nodes, vocab_size), jnp.float32)
-    proposed_BN = jnp.zeros((batch, num_nodes), bool)
-    nan_B = model_protocol.has_nan(logits_B2V)
-    calls = 1
-    for depth in range(1, tree.max_depth + 1):
-      nodes = tree.nodes_at_depth(depth)
-      parents = [tree.parents[j] for j in nodes]
-      parent_logits_BnV = jnp.stack([logits_of[u] for u in parents], axis=1)
-      parent_q_BnV = probabilities(parent_logits_BnV, sampling)
-      greedy_logits_BnV = parent_logits_BnV if sampling.greedy else None
-      drawn_Bn, q_BnV = draw_depth(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV)
-      has_mass_Bn = q_BnV.sum(-1) > 0
-      tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
-      probs_BNV = probs_BNV.at[:, nodes].set(q_BnV)
-      for k, (j, u) in enumerate(zip(nodes, parents)):
-        proposed_B = continues[u] & has_mass_Bn[:, k] & (depth <= limit_B)
-        proposed_BN = proposed_BN.at[:, j].set(proposed_B)
-        if self.confidence_threshold > 0:  # The draft's own (unwarped) probability.
-          own_B = jax.nn.softmax(parent_logits_BnV[:, k], axis=-1)[rows_B, drawn_Bn[:, k]]
-          proposed_B = proposed_B & (own_B >= self.confidence_threshold)
-        continues[j] = proposed_B
-      if not any(tree.children(j) for j in nodes):
-        continue
+    calls = [cache]
+
+    def expand(depth, nodes, drawn_Bn):
       offsets_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
       call = TreeCall(root_B, offsets_n, jnp.asarray(mask_NM[list(nodes)]))
       positions_Bn = jnp.broadcast_to((root_B + depth)[:, None], drawn_Bn.shape)
-      logits_BnV, cache = self.model(drawn_Bn, positions_Bn, cache, tree=call)
-      nan_B = nan_B | model_protocol.has_nan(logits_BnV)
-      calls += 1
-      for k, j in enumerate(nodes):
-        logits_of[j] = logits_BnV[:, k]
+      logits_BnV, cache = self.model(drawn_Bn, positions_Bn, calls[-1], tree=call)
+      calls.append(cache)
+      return logits_BnV
+
+    tokens_BN, probs_BNV, proposed_BN, nan_B = proposals.grow_tree(
+      key,
+      tree,
+      logits_B2V[:, -1],
+      limit_B,
+      sampling,
+      vocab_size,
+      expand,
+      proposal=self.proposal,
+      confidence_threshold=self.confidence_threshold,
+    )
     return TreeProposal(
       tokens=tokens_BN,
       probs=probs_BNV,
       proposed=proposed_BN,
-      model_calls=jnp.int32(calls),
+      model_calls=jnp.int32(len(calls)),
       nan=nan_B,
-    ), cache
+    ), calls[-1]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,12 +38,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specsamp.models.attention import TreeCall
 from specsamp.models.kv_cache import KVCache
-from specsamp.sampling import memory, model_protocol, threefry
-from specsamp.sampling.drafters import Drafter, Proposal
+from specsamp.sampling import memory, model_protocol, proposals, threefry
+from specsamp.sampling.drafters import Drafter, Proposal, TreeProposal
 from specsamp.sampling.tree import TreeShape
-from specsamp.sampling.verification import sample_from
-from specsamp.sampling.warping import SamplingConfig, probabilities
+from specsamp.sampling.warping import SamplingConfig
 
 
 @struct.dataclass
@@ -79,9 +79,12 @@ class FeatureDrafter(Drafter):
 
   Attributes:
     model: a ``feature_head.FeatureDraftModel`` (the head and the target it reads).
+    proposal: 'sampled' (every token drawn from the head's real warped q) or 'greedy' (its
+      most likely tokens, verified with one-hot q, as EAGLE in vLLM): ``proposals.py``.
   """
 
   model: Any
+  proposal: str = "sampled"
   model_calls_per_prefill = 1
 
   @property
@@ -91,12 +94,10 @@ class FeatureDrafter(Drafter):
   def check(self, target: Any) -> None:
     check_feature_target(target)
     model_protocol.check_same_vocabulary(target, self.model)
+    proposals.check_proposal(self.proposal)
 
   def check_tree(self, tree: TreeShape) -> None:
-    raise ValueError(
-      "The feature drafter proposes chains (a tree needs the scoring call's features gathered "
-      "along the accepted path); use tree=None."
-    )
+    proposals.check_proposal(self.proposal, tree)
 
   def state_bytes(self, batch_size: int, cache_length: int) -> int:
     return memory.cache_bytes(self.model, batch_size, cache_length)
@@ -140,6 +141,20 @@ class FeatureDrafter(Drafter):
   def rollback(self, state: FeatureState, lengths_B):
     return state.replace(cache=state.cache.replace(lengths=state.start))
 
+  def _catch_up(self, state: FeatureState, tokens_BW, lengths_B):
+    """ONE head call on the pending pairs; (h at position n-2, the head's cache, pairs caught
+    up per row: 0 for a one-token row, which has no feature yet)."""
+    model = self.model
+    batch, width = tokens_BW.shape
+    rows_B = jnp.arange(batch)
+    count_B = lengths_B - 1 - state.start  # Pending pairs: 0 (a one-token row) .. K + 1.
+    positions_BP = state.start[:, None] + jnp.arange(state.pending.shape[1], dtype=jnp.int32)
+    following_BP = tokens_BW[rows_B[:, None], jnp.minimum(positions_BP + 1, width - 1)]
+    h_BPD, cache = model.hidden(
+      following_BP, model.head.fuse(state.pending), positions_BP, state.cache
+    )
+    return h_BPD[rows_B, jnp.maximum(count_B - 1, 0)], cache, count_B
+
   def propose(
     self,
     state: FeatureState,
@@ -152,24 +167,17 @@ class FeatureDrafter(Drafter):
     vocab_size: int,
   ):
     model = self.model
-    batch, width = tokens_BW.shape
-    rows_B = jnp.arange(batch)
-    pending = state.pending.shape[1]
-    count_B = lengths_B - 1 - state.start  # Pending pairs: 0 (a one-token row) .. K + 1.
+    batch = tokens_BW.shape[0]
     # 1. Catch up on the pending pairs; the output at the last one (position n-2) gives q_1.
-    positions_BP = state.start[:, None] + jnp.arange(pending, dtype=jnp.int32)
-    following_BP = tokens_BW[rows_B[:, None], jnp.minimum(positions_BP + 1, width - 1)]
-    h_BPD, cache = model.hidden(
-      following_BP, model.head.fuse(state.pending), positions_BP, state.cache
-    )
-    h_BD = h_BPD[rows_B, jnp.maximum(count_B - 1, 0)]
+    h_BD, cache, count_B = self._catch_up(state, tokens_BW, lengths_B)
     tokens_BG = jnp.zeros((batch, num_draft_tokens), jnp.int32)
     probs_BGV = jnp.zeros((batch, num_draft_tokens, vocab_size), jnp.float32)
 
     def draw(t, h_BD, tokens_BG, probs_BGV, active_B, count_B):
       logits_BV = model.logits(h_BD[:, None])[:, 0]
-      q_BV = probabilities(logits_BV, sampling)  # Warped once: sampled from and verified with.
-      token_B = sample_from(threefry.fold_in(key, t), q_BV)
+      token_B, q_BV = proposals.draw_token(
+        threefry.fold_in(key, t), logits_BV, sampling, self.proposal
+      )
       count_B = count_B + active_B
       active_B = active_B & (t + 1 < limit_B)
       nan_B = model_protocol.has_nan(logits_BV)
@@ -210,3 +218,57 @@ class FeatureDrafter(Drafter):
       tokens=tokens_BG, probs=probs_BGV, num_proposed=proposed_B, model_calls=steps, nan=nan_B
     )
     return proposal, state.replace(cache=cache)
+
+  def propose_tree(
+    self,
+    state: FeatureState,
+    tokens_BW,
+    lengths_B,
+    key,
+    tree: TreeShape,
+    limit_B,
+    sampling: SamplingConfig,
+    vocab_size: int,
+  ):
+    """Catches up (as ``propose``), then grows ``tree`` depth by depth
+    (``proposals.grow_tree``): node j at depth d is the pair (h of its parent, x~_j) at head
+    position n-2+d, in head cache slot n-1+j; ONE tree call per depth that has children, each
+    node attending to the head's cache before n-1 and to its own ancestors (the tree's root is
+    the pair at n-2, whose output gave the root's q). Slots beyond the accepted path are never
+    read: the next catch-up rewrites the path's pairs with the target's true features."""
+    model = self.model
+    h_BD, cache, count_B = self._catch_up(state, tokens_BW, lengths_B)
+    head_root_B = jnp.maximum(lengths_B - 2, 0)
+    mask_NM = tree.attention_mask()[1:]
+    h_of = {-1: h_BD}  # The head's hidden state after each node (-1: the root).
+    calls = [cache]
+
+    def expand(depth, nodes, drawn_Bn):
+      offsets_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
+      call = TreeCall(head_root_B, offsets_n, jnp.asarray(mask_NM[list(nodes)]))
+      positions_Bn = jnp.broadcast_to((head_root_B + depth)[:, None], drawn_Bn.shape)
+      parents_BnD = jnp.stack([h_of[tree.parents[j]] for j in nodes], axis=1)
+      h_BnD, cache = model.hidden(drawn_Bn, parents_BnD, positions_Bn, calls[-1], tree=call)
+      calls.append(cache)
+      for k, j in enumerate(nodes):
+        h_of[j] = h_BnD[:, k]
+      return model.logits(h_BnD)
+
+    tokens_BN, probs_BNV, proposed_BN, nan_B = proposals.grow_tree(
+      key,
+      tree,
+      model.logits(h_BD[:, None])[:, 0],
+      jnp.where(count_B > 0, limit_B, 0),  # A one-token row has no feature: nothing.
+      sampling,
+      vocab_size,
+      expand,
+      proposal=self.proposal,
+    )
+    proposal = TreeProposal(
+      tokens=tokens_BN,
+      probs=probs_BNV,
+      proposed=proposed_BN,
+      model_calls=jnp.int32(len(calls)),
+      nan=nan_B,
+    )
+    return proposal, state.replace(cache=calls[-1])

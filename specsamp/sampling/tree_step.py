@@ -16,7 +16,9 @@ shared. For a row of n tokens, whose caches hold positions 0..n-2:
   4. Compact: in the target's cache and the draft's, slot n + path_d moves to
      slot n + d - 1 (position n-1+d), so the path sits at the row's consecutive
      positions. The loop then rolls both caches back by their lengths, as for a
-     chain: nothing is recomputed.
+     chain: nothing is recomputed. A feature drafter receives the target's
+     features of the scoring call along the accepted path (root, then the path's
+     nodes), the inputs of its next catch-up.
 
 A chain-shaped tree (``tree.chain(K)``) runs the same computation as the chain
 step, draws included, and gives the same tokens.
@@ -138,12 +140,15 @@ def step(
       jnp.arange(tree.num_nodes + 1, dtype=jnp.int32),
       jnp.asarray(tree.attention_mask()),
     )
-    target_logits_BTV, target_cache = target(
+    capture = {"capture_layers": drafter.feature_layers} if drafter.feature_layers else {}
+    scored = target(
       jnp.concatenate([tokens_BW[rows_B, root_B][:, None], proposal.tokens], axis=1),
       root_B[:, None] + jnp.asarray(offsets_T)[None, :],
       target_cache,
       tree=call,
+      **capture,
     )
+    target_logits_BTV, target_cache = scored[:2]
   with jax.named_scope("verify_tree"):
     verdict = verifier(verifier_name, sampling.greedy)(
       threefry.fold_in(key, 1),
@@ -158,6 +163,11 @@ def step(
     source_BD = lengths_B[:, None] + verdict.path
     target_cache = target.compact_cache(target_cache, source_BD, lengths_B)
     drafter_state = drafter.accept_path(drafter_state, source_BD, lengths_B)
+    if drafter.feature_layers:  # The target's features along the accepted path: the root's,
+      # then the path's nodes' (entries past the accepted depth are never read).
+      index_BD1 = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), 1 + verdict.path], axis=1)
+      path_features = jnp.take_along_axis(scored[2], index_BD1[:, :, None], axis=1)
+      drafter_state = drafter.observe(drafter_state, path_features, root_B)
   depths_N = jnp.asarray(tree.depths, jnp.int32)
   return StepResult(
     path_tokens=jnp.take_along_axis(proposal.tokens, verdict.path, axis=1),

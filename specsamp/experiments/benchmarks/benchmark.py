@@ -55,6 +55,7 @@ MODES = {
   "greedy": {"temperature": 0.0, "top_p": 1.0},
   "nucleus": {"temperature": 0.8, "top_p": 0.95},
   "sample": {"temperature": 1.0, "top_p": 1.0},
+  "t07": {"temperature": 0.7, "top_p": 1.0},
 }
 SYNTHETIC = "synthetic"
 AUTO = "auto"  # The automatic draft length (harness.Bench.choose_draft_length).

@@ -19,6 +19,13 @@ Drafters (names in ``config.drafters``):
   lookup           prompt lookup, n-grams ``lookup_max_ngram``..1
   selfL            self-speculative: the target's first L layers, e.g. self2
   feature          the feature head (EAGLE style) on the target's features, trained once
+  feature_greedy   the same head proposing its most likely tokens, verified with one-hot q
+                   (how vLLM and SGLang run EAGLE); ``proposals.py``
+  model_greedy     the trained draft proposing its most likely tokens, with one-hot q
+
+Proposals (``config.trees``, ';'-separated): 'chain' (one chain of each K of
+``num_draft_tokens``) and tree shapes (``tree.py``, e.g. 'tree:2,2,1,1' or
+'chains:2x4/distinct'), whose K is their depth, verified by recursive rejection sampling.
 
 Timing as in ``benchmark.py``: compile and warm-up excluded, median over
 ``calls`` calls. Results go to ``output_dir``/results.json (resumable per
@@ -48,6 +55,7 @@ from specsamp.experiments.benchmarks.timing import time_sampler
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.sampling import drafters, speculative
+from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.feature_drafter import FeatureDrafter
 
 TASKS = ("continue", "grounded")
@@ -73,18 +81,40 @@ def grounded_prompts(prompts: prompts_lib.Prompts, repeat_tokens: int) -> prompt
 def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters.Drafter:
   if name == "model":
     return drafters.ModelDrafter(pair.draft)
+  if name == "model_greedy":
+    return drafters.ModelDrafter(pair.draft, proposal="greedy")
   if name == "model_confident":
     return drafters.ModelDrafter(pair.draft, confidence_threshold=config.confidence_threshold)
   if name == "lookup":
     return drafters.PromptLookupDrafter(max_ngram=config.lookup_max_ngram)
   if name.startswith("self") and name[4:].isdigit():
     return drafters.self_speculative(pair.target, int(name[4:]))
-  if name == "feature":
-    return FeatureDrafter(pair.feature_head)
+  if name in ("feature", "feature_greedy"):
+    return FeatureDrafter(pair.feature_head, proposal="greedy" if "greedy" in name else "sampled")
   raise ValueError(
-    f"Unknown drafter {name!r}: use model, model_confident, lookup, feature or selfL "
-    "(L = layers of the target, e.g. self2)."
+    f"Unknown drafter {name!r}: use model, model_greedy, model_confident, lookup, feature, "
+    "feature_greedy or selfL (L = layers of the target, e.g. self2)."
   )
+
+
+CHAIN = "chain"  # One chain of K draft tokens (config.trees).
+
+
+def proposal_settings(config: ml_collections.ConfigDict) -> list[tuple[str, int]]:
+  """(proposal, K) pairs: the chain at every K of ``num_draft_tokens``, each tree at its
+  depth."""
+  settings = []
+  for spec in [s.strip() for s in config.get("trees", CHAIN).split(";") if s.strip()]:
+    if spec == CHAIN:
+      settings += [(CHAIN, k) for k in parse_list(config.num_draft_tokens, int)]
+    else:
+      settings.append((spec, tree_lib.parse(spec).max_depth))
+  return settings
+
+
+def trees_ok(name: str, schedule: str) -> bool:
+  """Trees need a drafter that grows them (not prompt lookup) and a fixed draft length."""
+  return name != "lookup" and schedule == "fixed"
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -102,7 +132,8 @@ def run(
   check_config(config)
   store = Store(config.output_dir, fingerprint(config, ("repeat_tokens",)), config.resume)
   names = parse_list(config.drafters)
-  pair = pair_lib.prepare(pair_config(config), workdir, feature_head="feature" in names, log=log)
+  feature = any(name.startswith("feature") for name in names)
+  pair = pair_lib.prepare(pair_config(config), workdir, feature_head=feature, log=log)
   built = {name: make_drafter(name, pair, config) for name in names}
   prompts = prompts_lib.of_pair(
     pair,
@@ -113,8 +144,9 @@ def run(
   batch_sizes = parse_list(config.get("batch_sizes", "1"), int)
   log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}, batches {batch_sizes}")
   tasks = {"continue": prompts, "grounded": grounded_prompts(prompts, config.repeat_tokens)}
-  max_num_draft_tokens = max(parse_list(config.num_draft_tokens, int))
-  cache_slots = prompts.tokens.shape[1] + config.max_new_tokens + max_num_draft_tokens + 1
+  settings = proposal_settings(config)
+  widest = max(k if p == CHAIN else tree_lib.parse(p).num_nodes for p, k in settings)
+  cache_slots = prompts.tokens.shape[1] + config.max_new_tokens + widest + 1
   bench = Bench(pair, cache_slots, seed=config.seed, drafters=built)
 
   for task, mode, batch_size in itertools.product(
@@ -125,7 +157,9 @@ def run(
     ar = None
     for name in names:
       for schedule in parse_list(config.schedules):
-        for num_draft_tokens in parse_list(config.num_draft_tokens, int):
+        for proposal, num_draft_tokens in settings:
+          if proposal != CHAIN and not trees_ok(name, schedule):
+            continue
           record = {
             "task": task,
             "mode": mode,
@@ -135,6 +169,8 @@ def run(
           }
           if batch_size != 1:  # Batch-1 records keep the keys they had before batches.
             record["batch_size"] = batch_size
+          if proposal != CHAIN:  # Chain records keep the keys they had before trees.
+            record["tree"] = proposal
           record_key = "/".join(str(v) for v in record.values())
           if record_key in store.data["records"]:
             continue
@@ -147,7 +183,13 @@ def run(
             )
           timed = time_sampler(
             "speculative",
-            bench.sample(name, num_draft_tokens=num_draft_tokens, schedule=schedule, **warp),
+            bench.sample(
+              name,
+              num_draft_tokens=num_draft_tokens,
+              schedule=schedule,
+              tree=None if proposal == CHAIN else proposal,
+              **warp,
+            ),
             batches,
             config.calls,
           )
@@ -162,11 +204,13 @@ def run(
             acceptance_rate=stats["acceptance_rate"],
             alpha=stats["alpha"],
             draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1),
+            acceptance_at_position=stats["acceptance_at_position"],
           )
           store.data["records"][record_key] = record
           store.save()
           log(
-            f"{task:>9} {mode:>7} B={batch_size} {name:>15} {schedule:>9} K={num_draft_tokens}: "
+            f"{task:>9} {mode:>7} B={batch_size} {name:>15} {schedule:>9} {proposal} "
+            f"K={num_draft_tokens}: "
             f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
             f"{record['speedup']:4.2f}x, {stats['tokens_per_target_call']:.2f} tokens/call, "
             f"draft length {stats['mean_draft_length']:.2f}, acceptance "
@@ -189,17 +233,19 @@ def summary_table(records: dict[str, dict]) -> str:
       record.get("batch_size", 1),
       record["drafter"],
       record["schedule"],
+      record.get("tree", CHAIN),
     )
     if group not in best or record["speedup"] > best[group]["speedup"]:
       best[group] = record
   lines = [
-    "| task | mode | batch | drafter | schedule | best K | speedup | ms/token (AR) | "
+    "| task | mode | batch | drafter | schedule | proposal | best K | speedup | ms/token (AR) | "
     "tokens / call | draft length | acceptance | alpha |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
-  for (task, mode, batch, name, schedule), r in sorted(best.items()):
+  for (task, mode, batch, name, schedule, proposal), r in sorted(best.items()):
     lines.append(
-      f"| {task} | {mode} | {batch} | {name} | {schedule} | {r['num_draft_tokens']} | "
+      f"| {task} | {mode} | {batch} | {name} | {schedule} | {proposal} | "
+      f"{r['num_draft_tokens']} | "
       f"{r['speedup']:.2f}x | {r['ms_per_token']:.1f} ({r['ar_ms_per_token']:.1f}) | "
       f"{r['tokens_per_call']:.2f} | {r['mean_draft_length']:.2f} | "
       f"{r['acceptance_rate']:.3f} | {r['alpha']:.3f} |"

@@ -21,7 +21,7 @@ from specsamp.experiments.benchmarks import speedup, timing
 from specsamp.experiments.benchmarks.harness import Bench, format_choice
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.sampling import speculative, tree_step
+from specsamp.sampling import drafters, proposals, speculative, tree_step
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.tree import TreeShape
@@ -160,9 +160,21 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
     (
       "speculative.drafter",
       spec.get("drafter", "draft"),
-      spec.get("drafter", "draft") in DRAFTERS
-      and (tree is None or spec.get("drafter", "draft") == "draft"),
-      f"must be one of {DRAFTERS}" + ("" if tree is None else " ('draft' with a tree)"),
+      spec.get("drafter", "draft") in DRAFTERS,
+      f"must be one of {DRAFTERS}",
+    ),
+    (
+      "speculative.proposal",
+      spec.get("proposal", "sampled"),
+      spec.get("proposal", "sampled") in proposals.PROPOSALS
+      and (
+        tree is None
+        or tree.distinct_siblings
+        or tree.is_chain
+        or spec.get("proposal", "sampled") == "sampled"
+      ),
+      f"must be one of {proposals.PROPOSALS}"
+      + ("" if tree is None else " ('greedy' with distinct siblings only)"),
     ),
     (
       "speculative.verifier",
@@ -217,7 +229,13 @@ def run(
   feature = config.speculative.get("drafter", "draft") == "feature"
   pair = pair_lib.prepare(config, workdir, feature_head=feature, log=log)
   tokenizer = pair.tokenizer
-  draft = FeatureDrafter(pair.feature_head) if feature else pair.draft
+  proposal = config.speculative.get("proposal", "sampled")
+  if feature:
+    draft = FeatureDrafter(pair.feature_head, proposal=proposal)
+  elif proposal != "sampled":
+    draft = drafters.ModelDrafter(pair.draft, proposal=proposal)
+  else:
+    draft = pair.draft
   prompts = prompts_lib.of_pair(
     pair, source, chat=bool(s.get("chat_template", False)), limit=s.get("max_prompts", 0)
   )

@@ -29,6 +29,18 @@ above its threshold), showing that it has the power to see a real fault:
                      instead of the residual left by the rejected ones  (tree verifiers)
   siblings_full_q    siblings drawn without replacement report their parent's whole q
                      instead of the renormalised one they were drawn from  (tree drafting)
+  chosen_real_q      the feature head's greedy choice verified with its warped q, which it
+                     was not drawn from, instead of the one-hot q  (proposal modes)
+
+Proposal modes (``proposal_cases``): the feature head's chains and trees, its tokens
+sampled from its real q or chosen greedily with one-hot q (``proposals.py``), shared head
+and reduced draft vocabulary. Two faults that look like bugs are not, and no G-test can see
+them: a head fed a wrong feature (a rejected branch's) stays exact, since q is still what it
+drew from (tests/test_feature_drafter.py checks the head's inputs against the target's
+features of the accepted sequence directly); and a SAMPLED token verified with a one-hot q
+stays exact too (given the draws, each token is a point-mass proposal, independent of the
+target's coins; it only accepts p(x) instead of min(1, p/q)): measured, G = 1498.5 against a
+threshold of 1681.3 at 10^5 (docs/certificate.md).
 
 Tree proposals (``tree_cases``): multi-draft chains, a token tree with distinct
 siblings and a wide level of i.i.d. siblings, each verified by recursive
@@ -58,7 +70,7 @@ from scipy import stats
 
 from specsamp import sharding
 from specsamp.models import TransformerConfig, transformer
-from specsamp.sampling import drafters, draws, speculative, verification, warping
+from specsamp.sampling import drafters, draws, proposals, speculative, verification, warping
 
 VOCAB = 8
 NEW_TOKENS = 4
@@ -85,6 +97,11 @@ TREES = ("chains:2x3", "tree:2,2,1", "tree:3,1,1/iid")
 TREE_VERIFIERS = ("token", "traversal")
 TREE_WARPINGS = ("T=1", "T=0.7,p=0.9", "top-k=3")
 TREE_BUGS = ("sibling_against_p", "siblings_full_q")
+# Proposal modes (proposals.py): the feature head's chains and trees, sampled from its real q
+# or greedy with one-hot q; the draft model's greedy proposals on the trigram.
+PROPOSAL_DRAFTERS = ("feature", "feature_greedy", "feature_vocab", "feature_vocab_greedy")
+PROPOSAL_TREE = "tree:2,2,1"
+PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 TREE_BUG = "tree:3,1,1"  # Where the tree bugs show: three distinct siblings, then chains.
 BUGS = (
   "residual_from_p",
@@ -94,6 +111,7 @@ BUGS = (
   "misreported_q",
   "sibling_against_p",
   "siblings_full_q",
+  "chosen_real_q",
 )
 # Batch-1 prompt: its last token occurred before, so prompt lookup proposes from the start.
 PROMPT = (3, 6, 1, 3)
@@ -200,7 +218,44 @@ def all_cases(scope: str = "full") -> list[Case]:
   bugs = bug_cases()
   if scope == "quick":  # The verifier's residual bug is enumerated exactly in the suite.
     bugs = [bug for bug in bugs if bug.bug != "sibling_against_p"]
-  return cases + tree_cases(scope) + bugs
+  return cases + tree_cases(scope) + proposal_cases(scope) + bugs
+
+
+def proposal_cases(scope: str = "full") -> list[Case]:
+  """The feature head's chains and trees in both proposal modes (sampled from its real q;
+  greedy with one-hot q), shared head and reduced vocabulary alternating. 'full': chain and
+  tree x proposal x warping (T=1; T=0.7 with top-k and top-p) x batch (1, ragged 16) on the
+  transformer (16), and the draft model's greedy proposals on the trigram, chain and tree
+  (2). 'quick': a greedy tree on ragged rows and a sampled reduced-vocabulary tree."""
+  if scope == "quick":
+    return [
+      Case(
+        "transformer",
+        "traversal",
+        "feature_greedy",
+        "fixed",
+        "T=0.7,k=4,p=0.9",
+        "ragged16",
+        "1",
+        tree=PROPOSAL_TREE,
+      ),
+      Case("transformer", "token", "feature_vocab", "fixed", "T=1", "1", "1", tree=PROPOSAL_TREE),
+    ]
+  cases = []
+  shapes = itertools.product((None, PROPOSAL_TREE), ("", "_greedy"), PROPOSAL_WARPINGS, BATCHES)
+  for i, (tree, greedy, warping_name, batch) in enumerate(shapes):
+    verifiers = VERIFIERS if tree is None else TREE_VERIFIERS
+    drafter = ("feature", "feature_vocab")[(i >> 1 ^ i >> 2) & 1] + greedy
+    schedule = SCHEDULES[i % 2] if tree is None else "fixed"
+    verifier = verifiers[(i ^ i >> 1) & 1]
+    cases.append(
+      Case("transformer", verifier, drafter, schedule, warping_name, batch, "1", tree=tree)
+    )
+  cases += [
+    Case("trigram", "block", "model_greedy", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"),
+    Case("trigram", "token", "model_greedy", "fixed", "top-p=0.8", "1", "1", tree=PROPOSAL_TREE),
+  ]
+  return cases
 
 
 def tree_cases(scope: str = "full") -> list[Case]:
@@ -253,6 +308,7 @@ def bug_cases() -> list[Case]:
     Case("trigram", "token", "lookup", "fixed", "T=1", "1", "1", bug="misreported_q"),
     Case("trigram", "token", "model", "fixed", "T=1", "1", "1", "sibling_against_p", TREE_BUG),
     Case("trigram", "token", "model", "fixed", "top-k=3", "1", "1", "siblings_full_q", TREE_BUG),
+    Case("transformer", "token", "feature_greedy", "fixed", "T=1", "1", "1", bug="chosen_real_q"),
   ]
 
 
@@ -384,9 +440,12 @@ class Setup:
       return drafters.self_speculative(self.target, 1)
     if name == "confidence_stop":
       return drafters.ModelDrafter(self.draft, confidence_threshold=0.3)
-    if name in ("feature", "feature_vocab"):
-      return feature_drafter_for(self.target, name == "feature_vocab", self.mesh)
-    raise ValueError(f"Unknown drafter {name!r}; known: {DRAFTERS}.")
+    if name == "model_greedy":
+      return drafters.ModelDrafter(self.draft, proposal="greedy")
+    if name in PROPOSAL_DRAFTERS:
+      drafter = feature_drafter_for(self.target, "vocab" in name, self.mesh)
+      return dataclasses.replace(drafter, proposal="greedy" if "greedy" in name else "sampled")
+    raise ValueError(f"Unknown drafter {name!r}; known: {DRAFTERS + PROPOSAL_DRAFTERS}.")
 
   def context(self) -> contextlib.AbstractContextManager:
     return sharding.use_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
@@ -616,13 +675,21 @@ def planted(bug: str | None) -> Iterator[None]:
   elif bug == "sibling_against_p":  # After a rejected sibling, try the next against r as is.
     patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: p_BV)
   elif bug == "siblings_full_q":  # Distinct siblings reporting their parent's whole q.
-    original_draw = drafters.draw_depth
+    original_draw = proposals.draw_depth
 
     def draw_depth(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV=None):
       tokens_Bn, _ = original_draw(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV)
       return tokens_Bn, parent_q_BnV
 
-    patch(drafters, "draw_depth", draw_depth)
+    patch(proposals, "draw_depth", draw_depth)
+  elif bug == "chosen_real_q":  # A greedy choice verified with the q it was NOT drawn from.
+    original_token = proposals.draw_token
+
+    def draw_token(key, logits_BV, sampling, proposal):
+      token_B, _ = original_token(key, logits_BV, sampling, proposal)
+      return token_B, warping.probabilities(logits_BV, sampling)
+
+    patch(proposals, "draw_token", draw_token)
   else:
     raise ValueError(f"Unknown planted bug {bug!r}; known: {BUGS}.")
   jax.clear_caches()

@@ -149,6 +149,7 @@ def certify_real(
   num_draft_tokens: int = 2,
   draft_layers: int = 4,
   num_samples: int = 100_000,
+  bug_samples: int | None = None,
   level: float = 1e-4,
   bugs: tuple[str, ...] = ("residual_from_p",),
   seed: int = 0,
@@ -157,7 +158,9 @@ def certify_real(
   log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
   """The real case, then each planted bug; a list of result dicts (``passed`` for each:
-  the real case not rejected, a bug rejected)."""
+  the real case not rejected, a bug rejected). A bug draws ``bug_samples`` sequences
+  (default ``num_samples``): a fault's G grows in proportion to n, so one rejected far above
+  its threshold at fewer draws is rejected further at more."""
   sampling = warping.SamplingConfig(temperature, top_k=top_k)
   start = time.perf_counter()
   exact = support_distribution(target, prompt, sampling, new_tokens)
@@ -179,7 +182,7 @@ def certify_real(
         sampling,
         new_tokens=new_tokens,
         num_draft_tokens=num_draft_tokens,
-        num_samples=num_samples,
+        num_samples=num_samples if bug is None or bug_samples is None else bug_samples,
         seed=seed + index,
         chunk=chunk,
         cache_dir=cache_dir,

@@ -1,0 +1,192 @@
+r"""How a drafter turns its logits into proposals, and which q each proposal is verified with.
+
+Two proposal modes (a drafter's ``proposal`` field), both exact:
+
+  'sampled'  every token is DRAWN from the drafter's real warped q (the target's temperature,
+             top-k and top-p), and that q goes to the verifier: min(1, p/q) accepts. Siblings
+             in a tree are drawn i.i.d. or without replacement (``TreeShape``), each with the
+             distribution it was actually drawn from.
+  'greedy'   every token is CHOSEN: the drafter's most likely token (a chain), or the r-th
+             most likely for the sibling of rank r (a tree with distinct siblings). A
+             deterministic choice is a draw from a point mass, so its q is one-hot, and the
+             verifier accepts x~ with probability min(1, p(x~)/1) = p(x~). This is how EAGLE
+             is verified in vLLM, SGLang, TensorRT-LLM and tpu-inference.
+
+Why both are exact. The verifiers are exact for any proposal, as long as each token is
+reported with the distribution it was drawn from, the tree's shape (how many children a node
+gets) is fixed before those children are drawn, and the draws are independent of the
+target's coins. A real q is the law of a sampled token; a one-hot q is the law of a chosen
+token, and also of ANY token given the draws that produced it. So one-hot verification is
+exact for sampled tokens too, and even for a tree reranked or pruned by its own draws; it
+only gives acceptance away: it accepts x~ with p(x~), where the real q accepts with
+min(1, p(x~)/q(x~)) >= p(x~) (measured: docs/certificate.md). The converse is the fault: a
+chosen token verified with the warped q it was not drawn from (the certificate's planted bug
+``chosen_real_q``), or a sibling drawn without replacement reported with its parent's whole q
+(``siblings_full_q``). Real q is offered only where it is true: sampled tokens, in a tree of
+static shape.
+
+At temperature 0 the two coincide: the warped q is one-hot at the argmax already.
+
+Functions:
+  draw_token(key, logits_BV, sampling, proposal)   one chain position: (token_B, q_BV)
+  draw_depth(key, tree, depth, parent_q, tokens, greedy_logits)   one depth of a tree
+  grow_tree(key, tree, root_logits_BV, limit_B, sampling, vocab_size, expand, ...)
+      a whole tree, depth by depth; ``expand`` runs the drafter's model on a depth's nodes
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from specsamp.sampling import model_protocol, threefry
+from specsamp.sampling.tree import TreeShape
+from specsamp.sampling.verification import sample_from
+from specsamp.sampling.warping import SamplingConfig, probabilities
+
+PROPOSALS = ("sampled", "greedy")
+
+
+def check_proposal(proposal: str, tree: TreeShape | None = None) -> None:
+  """Raises a clear error for an unknown proposal mode, or a tree it cannot fill."""
+  if proposal not in PROPOSALS:
+    raise ValueError(
+      f"proposal must be one of {PROPOSALS} ('sampled': drawn from the real q; 'greedy': the "
+      f"most likely tokens, verified with one-hot q), got {proposal!r}."
+    )
+  if proposal == "greedy" and tree is not None and not tree.is_chain and not tree.distinct_siblings:
+    raise ValueError(
+      f"Greedy proposals choose the r most likely tokens for the r siblings of a node, but the "
+      f"tree ({tree.describe()}) draws its siblings i.i.d.: use distinct siblings (a "
+      "'/distinct' suffix, e.g. 'chains:2x4/distinct')."
+    )
+
+
+def draw_token(
+  key: jax.Array, logits_BV: jax.Array, sampling: SamplingConfig, proposal: str
+) -> tuple[jax.Array, jax.Array]:
+  """(token_B, q_BV): one proposed token per row and the distribution it was drawn from."""
+  q_BV = probabilities(logits_BV, sampling)  # Warped once: sampled from and verified with.
+  if proposal == "greedy" and not sampling.greedy:
+    token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    return token_B, jax.nn.one_hot(token_B, logits_BV.shape[-1], dtype=jnp.float32)
+  return sample_from(key, q_BV), q_BV
+
+
+def draw_depth(
+  key: jax.Array,
+  tree: TreeShape,
+  depth: int,
+  parent_q_BnV: jax.Array,
+  tokens_BN: jax.Array,
+  greedy_logits_BnV: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+  """Draws every node at ``depth`` from its parent's q (``parent_q_BnV``, one row per node).
+
+  i.i.d. siblings: one draw for the whole depth. Distinct siblings: rank by rank, each node
+  from its parent's q renormalised over the tokens its earlier siblings did not take (rank 0
+  with the depth's key, so a chain draws exactly as a chain proposal does).
+  Greedy proposals (``greedy_logits_BnV``, the parent's draft logits) with distinct siblings:
+  the sibling of rank r is the draft's r-th most likely token, a deterministic proposal with
+  one-hot q.
+
+  Returns:
+    (tokens_Bn, q_BnV): the nodes' tokens and the distributions they were drawn from (all
+    zero for a node left without tokens to draw).
+  """
+  nodes = tree.nodes_at_depth(depth)
+  depth_key = threefry.fold_in(key, depth - 1)
+  if not tree.distinct_siblings:
+    return sample_from(depth_key, parent_q_BnV), parent_q_BnV
+  ranks = [tree.sibling_rank[j] for j in nodes]
+  if greedy_logits_BnV is not None:
+    _, best_Bnr = jax.lax.top_k(greedy_logits_BnV, max(ranks) + 1)
+    tokens_Bn = best_Bnr[:, jnp.arange(len(nodes)), jnp.asarray(ranks)].astype(jnp.int32)
+    return tokens_Bn, jax.nn.one_hot(tokens_Bn, parent_q_BnV.shape[-1], dtype=jnp.float32)
+  tokens_Bn = jnp.zeros(parent_q_BnV.shape[:2], jnp.int32)
+  q_BnV = jnp.zeros_like(parent_q_BnV)
+  vocab = parent_q_BnV.shape[-1]
+  for rank in range(max(ranks) + 1):
+    here = [k for k, r in enumerate(ranks) if r == rank]
+    taken_BnV = jnp.zeros((tokens_BN.shape[0], len(here), vocab), bool)
+    for k_index, k in enumerate(here):
+      siblings = tree.children(tree.parents[nodes[k]])[:rank]
+      for sibling in siblings:
+        local = nodes.index(sibling)
+        taken_BnV = taken_BnV.at[:, k_index].set(
+          taken_BnV[:, k_index] | jax.nn.one_hot(tokens_Bn[:, local], vocab, dtype=bool)
+        )
+    left_BnV = jnp.where(taken_BnV, 0.0, parent_q_BnV[:, here])
+    mass_Bn1 = left_BnV.sum(-1, keepdims=True)
+    left_BnV = jnp.where(mass_Bn1 > 0, left_BnV / jnp.where(mass_Bn1 > 0, mass_Bn1, 1.0), 0.0)
+    rank_key = depth_key if rank == 0 else threefry.fold_in(depth_key, rank)
+    drawn_Bn = sample_from(rank_key, jnp.where(mass_Bn1 > 0, left_BnV, 1.0))
+    tokens_Bn = tokens_Bn.at[:, here].set(drawn_Bn)
+    q_BnV = q_BnV.at[:, here].set(left_BnV)
+  return tokens_Bn, q_BnV
+
+
+# expand(depth, nodes, tokens_Bn) -> logits_BnV: the drafter's model on the nodes of one depth
+# (their tokens drawn), giving the distributions their children are drawn from.
+Expand = Callable[[int, tuple[int, ...], jax.Array], jax.Array]
+
+
+def grow_tree(
+  key: jax.Array,
+  tree: TreeShape,
+  root_logits_BV: jax.Array,
+  limit_B: jax.Array,
+  sampling: SamplingConfig,
+  vocab_size: int,
+  expand: Expand,
+  *,
+  proposal: str = "sampled",
+  confidence_threshold: float = 0.0,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Grows ``tree`` depth by depth from the root's draft logits.
+
+  Every node of a depth is drawn from its parent's warped q (``draw_depth``); a node is
+  proposed if its parent was, it had mass to draw from, and its depth is within the row's
+  draft limit (and, with ``confidence_threshold``, the draft's own probability of its token
+  reached it). Then ``expand`` runs the drafter on the depth's nodes, if any has children.
+  The shape is static, so how many children a node gets is fixed before they are drawn.
+
+  Returns:
+    (tokens_BN, probs_BNV, proposed_BN, nan_B); ``expand`` is called once per depth that has
+    children.
+  """
+  batch = root_logits_BV.shape[0]
+  rows_B = jnp.arange(batch)
+  logits_of = {-1: root_logits_BV}  # Draft logits after each node (-1: the root).
+  continues = {-1: limit_B > 0}  # Whether a node's children may be proposed.
+  tokens_BN = jnp.zeros((batch, tree.num_nodes), jnp.int32)
+  probs_BNV = jnp.zeros((batch, tree.num_nodes, vocab_size), jnp.float32)
+  proposed_BN = jnp.zeros((batch, tree.num_nodes), bool)
+  nan_B = model_protocol.has_nan(root_logits_BV)
+  for depth in range(1, tree.max_depth + 1):
+    nodes = tree.nodes_at_depth(depth)
+    parents = [tree.parents[j] for j in nodes]
+    parent_logits_BnV = jnp.stack([logits_of[u] for u in parents], axis=1)
+    parent_q_BnV = probabilities(parent_logits_BnV, sampling)
+    chosen = sampling.greedy or proposal == "greedy"
+    greedy_logits_BnV = parent_logits_BnV if chosen else None
+    drawn_Bn, q_BnV = draw_depth(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV)
+    has_mass_Bn = q_BnV.sum(-1) > 0
+    tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
+    probs_BNV = probs_BNV.at[:, nodes].set(q_BnV)
+    for k, (j, u) in enumerate(zip(nodes, parents)):
+      proposed_B = continues[u] & has_mass_Bn[:, k] & (depth <= limit_B)
+      proposed_BN = proposed_BN.at[:, j].set(proposed_B)
+      if confidence_threshold > 0:  # The draft's own (unwarped) probability.
+        own_B = jax.nn.softmax(parent_logits_BnV[:, k], axis=-1)[rows_B, drawn_Bn[:, k]]
+        proposed_B = proposed_B & (own_B >= confidence_threshold)
+      continues[j] = proposed_B
+    if not any(tree.children(j) for j in nodes):
+      continue
+    logits_BnV = expand(depth, nodes, drawn_Bn)
+    nan_B = nan_B | model_protocol.has_nan(logits_BnV)
+    for k, j in enumerate(nodes):
+      logits_of[j] = logits_BnV[:, k]
+  return tokens_BN, probs_BNV, proposed_BN, nan_B
