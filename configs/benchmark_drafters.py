@@ -7,16 +7,20 @@
   # SmolLM2-135M-Instruct (configs/smollm2_pair.py): every drafter at T=0, T=0.8 / top-p 0.95
   # and T=1, batch 1 and 8, on 8 HumanEval problems:
   python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:smollm2
+  # The feature head on the default pair against the distilled draft and prompt lookup:
+  # chains (K=4) and static trees, sampled (real q) against greedy (one-hot q) proposals, at
+  # T=0, 0.7, 1 and 0.8 / top-p 0.95 (docs/feature_head.md):
+  python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:feature
 
-Variants: '' (the default pair), smollm2 (the real target), test (the micro pair, for the
-tests).
+Variants: '' (the default pair), smollm2 (the real target), feature (the feature head's
+chains and trees on the default pair), test (the micro pair, for the tests).
 """
 
 import ml_collections
 
 from specsamp.experiments import config_files
 
-VARIANTS = ("full", "smollm2", "test")
+VARIANTS = ("full", "smollm2", "feature", "test")
 
 
 def get_config(arg=None):
@@ -39,6 +43,10 @@ def get_config(arg=None):
   config.drafters = "model,model_confident,lookup,self2,self4"
   config.schedules = "fixed,heuristic"  # Draft length: K always, or HF's +2/-1 rule.
   config.num_draft_tokens = "2,4,6"  # K (the most, for the heuristic schedule).
+  # Proposals, ';'-separated: 'chain' (one chain at each K above) and tree shapes (their depth
+  # is their K; fixed schedule, not prompt lookup; recursive rejection sampling).
+  config.trees = "chain"
+  config.chain_verifier = "token"  # A chain's verifier: 'token' (Chen et al.) or 'block'.
   config.confidence_threshold = 0.4  # model_confident's stop (HF's default).
   config.lookup_max_ngram = 3  # Prompt lookup tries 3-, 2-, then 1-grams.
 
@@ -68,6 +76,15 @@ def get_config(arg=None):
     config.max_prompts = 8
     config.batch_sizes = "1,8"
     config.calls = 4
+  if variant == "feature":
+    config.output_dir = "benchmark_results/drafters_feature"
+    config.tasks = "continue"
+    config.modes = "greedy,t07,sample,nucleus"
+    config.drafters = "model,lookup,feature,feature_greedy"
+    config.schedules = "fixed"
+    config.num_draft_tokens = "4"
+    config.chain_verifier = "block"  # The distilled draft's best chain (Sun et al.).
+    config.trees = "chain;chains:4x4/distinct;tree:4,2,1,1"  # 16 and 28 nodes, depth 4.
   if variant == "test":
     config.modes = "greedy"
     config.drafters = "model,lookup"

@@ -316,20 +316,28 @@ def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_
     f"--workdir={workdir}",
     f"--config.output_dir={output}",
     f"--prompts_file={prompt_file}",
+    "--config.trees=chain;tree:2,1",
   )
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"timing 2 file:{prompt_file} prompts of" in result.stdout
   records = json.load(open(os.path.join(output, "results.json")))["records"]
-  # 2 tasks x greedy x 2 drafters x 2 schedules x K=2.
-  assert len(records) == 8
+  # 2 tasks x greedy x (2 drafters x 2 schedules x the chain at K=2, + the model's tree).
+  assert len(records) == 10
   assert {r["drafter"] for r in records.values()} == {"model", "lookup"}
   assert {r["task"] for r in records.values()} == {"continue", "grounded"}
+  trees = [r for r in records.values() if "tree" in r]
+  assert {(r["drafter"], r["schedule"], r["tree"]) for r in trees} == {
+    ("model", "fixed", "tree:2,1")
+  }
   for r in records.values():
     assert r["speedup"] > 0 and 1.0 <= r["tokens_per_call"] <= 3.0
-    assert 0.0 <= r["mean_draft_length"] <= 2.0
+    assert 0.0 <= r["mean_draft_length"] <= (4.0 if "tree" in r else 2.0)  # tree:2,1: 4 nodes.
   lookup = [r for r in records.values() if r["drafter"] == "lookup"]
-  assert all(r["draft_calls_per_call"] == 0 for r in lookup)
-  assert "| task | mode | batch | drafter |" in open(os.path.join(output, "summary.md")).read()
+  assert all(r["draft_calls_per_call"] == 0 and r["draft_cost"] is None for r in lookup)
+  assert all(r["draft_cost"] > 0 for r in records.values() if r["drafter"] == "model")
+  summary = open(os.path.join(output, "summary.md")).read()
+  assert "| task | mode | batch | drafter | schedule | proposal |" in summary
+  assert "| tree:2,1 |" in summary
 
 
 def test_notebook_runs_end_to_end(trained_workdir, monkeypatch):

@@ -112,6 +112,13 @@ def proposal_settings(config: ml_collections.ConfigDict) -> list[tuple[str, int]
   return settings
 
 
+def draft_cost(bench: Bench, name: str, batch_size: int) -> float | None:
+  """c: a draft step over a target step, both timed alone (None for prompt lookup)."""
+  if name == "lookup":
+    return None
+  return bench.step_s(name, batch_size, 1) / bench.step_s("target", batch_size, 1)
+
+
 def trees_ok(name: str, schedule: str) -> bool:
   """Trees need a drafter that grows them (not prompt lookup) and a fixed draft length."""
   return name != "lookup" and schedule == "fixed"
@@ -187,6 +194,7 @@ def run(
               name,
               num_draft_tokens=num_draft_tokens,
               schedule=schedule,
+              verifier=config.get("chain_verifier", "token") if proposal == CHAIN else "token",
               tree=None if proposal == CHAIN else proposal,
               **warp,
             ),
@@ -205,6 +213,7 @@ def run(
             alpha=stats["alpha"],
             draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1),
             acceptance_at_position=stats["acceptance_at_position"],
+            draft_cost=draft_cost(bench, name, batch_size),
           )
           store.data["records"][record_key] = record
           store.save()
@@ -239,8 +248,8 @@ def summary_table(records: dict[str, dict]) -> str:
       best[group] = record
   lines = [
     "| task | mode | batch | drafter | schedule | proposal | best K | speedup | ms/token (AR) | "
-    "tokens / call | draft length | acceptance | alpha |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "tokens / call | draft length | acceptance | alpha | c |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for (task, mode, batch, name, schedule, proposal), r in sorted(best.items()):
     lines.append(
@@ -248,6 +257,8 @@ def summary_table(records: dict[str, dict]) -> str:
       f"{r['num_draft_tokens']} | "
       f"{r['speedup']:.2f}x | {r['ms_per_token']:.1f} ({r['ar_ms_per_token']:.1f}) | "
       f"{r['tokens_per_call']:.2f} | {r['mean_draft_length']:.2f} | "
-      f"{r['acceptance_rate']:.3f} | {r['alpha']:.3f} |"
+      f"{r['acceptance_rate']:.3f} | {r['alpha']:.3f} | "
+      + ("-" if r.get("draft_cost") is None else f"{r['draft_cost']:.3f}")
+      + " |"
     )
   return "\n".join(lines)

@@ -40,7 +40,7 @@ import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments.benchmarks import speedup, timing
-from specsamp.sampling import speculative
+from specsamp.sampling import drafters, speculative
 from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.sampler import Sampler
 
@@ -49,10 +49,12 @@ TARGET = "target"
 
 
 def step_model(model: Any) -> Any:
-  """What a draft step's cost is timed on: a decode-protocol model as it is, a feature
-  drafter's head as a step model (``FeatureStep``)."""
+  """What a draft step's cost is timed on: a decode-protocol model as it is, a model
+  drafter's model, a feature drafter's head as a step model (``FeatureStep``)."""
   if isinstance(model, FeatureDrafter):
     return model.model.as_step_model()
+  if isinstance(model, drafters.ModelDrafter):
+    return model.model
   return model
 
 
