@@ -27,6 +27,30 @@ def test_parameter_counts_match_the_model(family):
   assert total == sharding.count_parameters(lambda rngs: Transformer(config, rngs=rngs))
 
 
+@pytest.mark.parametrize("family", ["chinchilla", "llama"])
+@pytest.mark.parametrize("draft_vocab_size", [0, 24])
+def test_a_feature_head_costs_what_its_equivalent_config_reads(family, draft_vocab_size):
+  """The head's matmul weights (fc, the 2D-wide q/k/v, o, the MLP, and the output head it
+  reads: its own, or the target's shared one) are what the equivalent one-layer config's
+  call charges, to within the rounding of the folded width (one MLP column)."""
+  from specsamp.models import feature_head
+
+  config = tiny_config(family)
+  head = feature_head.create(
+    feature_head.FeatureHeadConfig(feature_layers=(0, 1, 2), draft_vocab_size=draft_vocab_size),
+    config,
+  )
+  matrices = [head.fc_FD, head.q_ENH, head.k_EKH, head.v_EKH, head.o_NHD]
+  matrices += list(head.mlp.weights().values())
+  read = sum(int(np.prod(m[...].shape)) for m in matrices)
+  read += config.d_model * (draft_vocab_size or config.vocab_size)  # The output head.
+  equivalent = perf_model.feature_head_equivalent(config, 3, draft_vocab_size)
+  counts = perf_model.parameter_counts(equivalent)
+  charged = counts["matmul_per_layer"] + counts["head"]
+  column = config.d_model * (3 if config.gated_mlp else 2)
+  assert read <= charged < read + column
+
+
 def test_call_cost_terms():
   config = TransformerConfig.from_config(load_config("chinchilla_70b").model)
   tpu = perf_model.PRESETS["tpu_v4"]

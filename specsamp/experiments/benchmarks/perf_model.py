@@ -197,6 +197,28 @@ def call_cost(
   )
 
 
+def feature_head_equivalent(
+  target: TransformerConfig, num_fused_layers: int = 3, draft_vocab_size: int = 0
+) -> TransformerConfig:
+  """A one-layer config that a draft step of a feature head (``models/feature_head.py``) on
+  ``target`` costs the same as in this model: the same weight bytes and matmul FLOPs per token.
+
+  The head reads, per step, its decoder layer (q, k and v read the 2D-wide [embedding | fused
+  feature], o and the MLP as the target's), the fusion map fc (C D x D, C = fused layers) and
+  an output head (the target's, shared, or its own over ``draft_vocab_size`` tokens). The
+  extra q/k/v inputs and fc are folded into the MLP's width, which call_cost charges alike;
+  one layer's collectives and the output head's all-gather remain as they are."""
+  d, n, k, h = target.d_model, target.num_heads, target.num_kv_heads, target.resolved_head_dim
+  extra = d * n * h + 2 * d * k * h + num_fused_layers * d * d
+  per_width = d * (3 if target.gated_mlp else 2)
+  return target.replace(
+    num_layers=1,
+    ffn_dim=target.ffn_dim + -(-extra // per_width),
+    vocab_size=draft_vocab_size or target.vocab_size,
+    tie_embeddings=False,
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class Observation:
   """A measured call, for calibration."""
