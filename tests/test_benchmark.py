@@ -112,3 +112,14 @@ def test_plots_are_written(tmp_path):
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   assert plots.write_all({"records": {}}, str(tmp_path)) == []
+
+
+def test_the_docs_figures_draw(tmp_path):
+  """The tree and feature-head figures of docs/how_it_works.md are written as PNGs."""
+  paths = [
+    plots.tree_figure("tree:2,2,1", str(tmp_path / "tree.png"), accepted=(1, 4, 8)),
+    plots.feature_head_figure(str(tmp_path / "head.png")),
+  ]
+  for path in paths:
+    with open(path, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -203,3 +203,102 @@ def tree_figure(spec: str, path: str, accepted: tuple[int, ...] = ()) -> str:
   figure.savefig(path, dpi=110)
   plt.close(figure)
   return path
+
+
+def feature_head_figure(path: str) -> str:
+  """The feature head (``models/feature_head.py``) as a block diagram: its inputs (the
+  target's features entering three layers, the next token's embedding), its one decoder
+  layer, its output, and the loop by which its own h stands in for a feature."""
+  from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+  figure, axis = plt.subplots(figsize=(12, 6.2))
+  axis.set_xlim(0, 12)
+  axis.set_ylim(0, 6.6)
+  axis.axis("off")
+  colours = {"target": "#dbe8f5", "head": "#fde3c8", "shared": "#dcefd9", "out": "#eeeeee"}
+
+  def box(x, y, text, kind, width=2.1, height=0.62):
+    axis.add_patch(
+      FancyBboxPatch(
+        (x - width / 2, y - height / 2),
+        width,
+        height,
+        boxstyle="round,pad=0.04",
+        facecolor=colours[kind],
+        edgecolor="0.35",
+      )
+    )
+    axis.text(x, y, text, ha="center", va="center", fontsize=9)
+    return x, y, width, height
+
+  def arrow(a, b, text="", dashed=False, bend=0.0):
+    (xa, ya, wa, _), (xb, yb, wb, _) = a, b
+    start = (xa + wa / 2, ya) if xb > xa + 0.5 else (xa, ya - 0.31 if yb < ya else ya + 0.31)
+    end = (xb - wb / 2, yb) if xb > xa + 0.5 else (xb, yb + 0.31 if yb < ya else yb - 0.31)
+    axis.add_patch(
+      FancyArrowPatch(
+        start,
+        end,
+        arrowstyle="-|>",
+        mutation_scale=12,
+        color="0.25",
+        linestyle="--" if dashed else "-",
+        connectionstyle=f"arc3,rad={bend}",
+      )
+    )
+    if text:
+      axis.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.18, text, fontsize=8)
+
+  low = box(1.3, 6.0, "target: entering layer 2", "target")
+  mid = box(1.3, 5.2, "entering layer N//2", "target")
+  high = box(1.3, 4.4, "entering layer N-3", "target")
+  fc = box(4.0, 5.2, "concat [3D] -> fc -> D\nfused f_p", "head", height=0.8)
+  token = box(1.3, 2.2, "next token x_{p+1}", "out")
+  embed = box(4.0, 2.2, "target's embedding\n(shared)", "shared", height=0.8)
+  inputs = box(6.5, 3.7, "[norm_e(embed) | norm_f(f)]\n2D wide", "head", height=0.8)
+  attention = box(
+    9.0, 3.7, "attention, own KV cache\nRoPE at p; + f (residual)", "head", height=0.8
+  )
+  mlp = box(9.0, 2.2, "h_p = r + MLP(norm(r))", "head")
+  out = box(
+    9.0, 0.8, "final norm + head: the target's\n(shared) or own V_d + map", "shared", height=0.8
+  )
+  q = box(11.3, 0.8, "q over V\n(0 off the map)", "out", width=1.3, height=0.8)
+  for source in (low, mid, high):
+    arrow(source, fc)
+  arrow(token, embed)
+  arrow(fc, inputs)
+  arrow(embed, inputs)
+  arrow(inputs, attention)
+  arrow(attention, mlp)
+  arrow(mlp, out)
+  arrow(out, q)
+  axis.add_patch(
+    FancyArrowPatch(
+      (mlp[0] - 1.05, mlp[1]),
+      (inputs[0] - 0.3, inputs[1] - 0.41),
+      arrowstyle="-|>",
+      mutation_scale=12,
+      color="tab:red",
+      linestyle="--",
+      connectionstyle="arc3,rad=-0.35",
+    )
+  )
+  axis.text(
+    3.2,
+    0.75,
+    "drafting past the last scored position, the head's own h_p\nstands in for the next fused "
+    "feature f (it skips fc)",
+    fontsize=8,
+    color="tab:red",
+  )
+  axis.set_title(
+    "The feature head (EAGLE-3 style): blue = the target's features, orange = the head's own "
+    "weights, green = shared with the target",
+    fontsize=10,
+  )
+  figure.tight_layout()
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+  return path
