@@ -127,29 +127,30 @@ def run_blocks(
   """
   graphdef, state = nnx.split(blocks)
   state = jax.tree.map(_drop_layer_axis, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
-  if (start, num_layers) != (0, config.num_layers):
-    state = jax.tree.map(lambda a: a[start:num_layers], state)
   windows = config.layer_windows()
-  windows_L = None if windows is None else jnp.asarray(windows[start:num_layers], jnp.int32)
+  windows_L = None if windows is None else jnp.asarray(windows, jnp.int32)
 
-  # The stacked cache is carried (not scanned over): each layer writes its slots in place
-  # and reads its own layer, so a step never copies the cache.
-  def layer(carry, inputs):
+  # The stacked weights are read one layer at a time by index, never sliced: a slice
+  # [start:num_layers] of the stack (an early exit, a segment between captured layers) would
+  # be materialised as a copy of those layers' weights at every call. The stacked cache is
+  # carried (not scanned over): each layer writes its slots in place and reads its own layer,
+  # so a step never copies the cache.
+  def layer(carry, index):
     x_BTD, keys_LBSKH, values_LBSKH = carry
-    layer_state, index, window = inputs
+    layer_state = jax.tree.map(
+      lambda a: jax.lax.dynamic_index_in_dim(a, index, keepdims=False), state
+    )
+    window = None if windows_L is None else windows_L[index]
     block = nnx.merge(graphdef, layer_state)
     return block(x_BTD, positions_BT, keys_LBSKH, values_LBSKH, index, window, tree), None
 
   carry = (x_BTD, keys_LBSKH, values_LBSKH)
   if config.scan_layers:
-    inputs = (state, jnp.arange(start, num_layers, dtype=jnp.int32), windows_L)
-    carry, _ = jax.lax.scan(layer, carry, inputs)
+    carry, _ = jax.lax.scan(layer, carry, jnp.arange(start, num_layers, dtype=jnp.int32))
   else:
     for index in range(start, num_layers):
       with jax.named_scope(f"layer_{index}"):
-        layer_state = jax.tree.map(lambda a, i=index - start: a[i], state)
-        window = None if windows_L is None else windows_L[index - start]
-        carry, _ = layer(carry, (layer_state, index, window))
+        carry, _ = layer(carry, index)
   x_BTD, keys_LBSKH, values_LBSKH = carry
   keys_LBSKH = sharding.constrain(keys_LBSKH, kv_cache.STACKED_CACHE_AXES)
   values_LBSKH = sharding.constrain(values_LBSKH, kv_cache.STACKED_CACHE_AXES)
