@@ -29,8 +29,9 @@ above its threshold), showing that it has the power to see a real fault:
                      instead of the residual left by the rejected ones  (tree verifiers)
   siblings_full_q    siblings drawn without replacement report their parent's whole q
                      instead of the renormalised one they were drawn from  (tree drafting)
-  chosen_real_q      the feature head's greedy choice verified with its warped q, which it
-                     was not drawn from, instead of the one-hot q  (proposal modes)
+  chosen_real_q      a greedy choice verified with the drafter's warped q, which it was not
+                     drawn from, instead of the one-hot q  (proposal modes; the draft model and
+                     the feature head share ``proposals.draw_token``)
 
 Proposal modes (``proposal_cases``): the feature head's chains and trees, its tokens
 sampled from its real q or chosen greedily with one-hot q (``proposals.py``), shared head
@@ -157,13 +158,15 @@ def all_cases(scope: str = "full") -> list[Case]:
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
       feature heads included) x schedule, warpings in rotation, batches alternating: 24 cases;
+    proposal modes (``proposal_cases``): 16 feature-head cases and 2 trigram ones;
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
       warpings in rotation: 6 cases.
-  'quick' (18 cases, what the test suite runs: 9 single-chain, 3 tree, 6 bugs): each
+  'quick' (20 cases, what the test suite runs: 8 single-chain, 5 tree, 7 bugs): each
     verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
-    self-speculative and both feature heads on the transformer, and the quick tree cases
-    (``tree_cases``). The mesh is left to the full certificate: the suite checks that the
+    self-speculative and the reduced-vocabulary feature head on the transformer, the quick
+    tree cases (``tree_cases``) and proposal cases (``proposal_cases``: the shared-head
+    feature tree, greedy proposals on the trigram). The mesh is left to the full certificate: the suite checks that the
     2x4 mesh samples the same tokens as one device for the same key
     (tests/test_speculative.py), so its
     exactness follows from one device's. The tree bug 'sibling_against_p' is left to the full
@@ -210,7 +213,6 @@ def all_cases(scope: str = "full") -> list[Case]:
     ]
     cases += [
       Case("transformer", "block", "self_speculative", "heuristic", "T=0.7", "ragged16", "1"),
-      Case("transformer", "token", "feature", "fixed", "top-p=0.8", "1", "1"),
       Case(
         "transformer", "block", "feature_vocab", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"
       ),
@@ -226,20 +228,21 @@ def proposal_cases(scope: str = "full") -> list[Case]:
   greedy with one-hot q), shared head and reduced vocabulary alternating. 'full': chain and
   tree x proposal x warping (T=1; T=0.7 with top-k and top-p) x batch (1, ragged 16) on the
   transformer (16), and the draft model's greedy proposals on the trigram, chain and tree
-  (2). 'quick': a greedy tree on ragged rows and a sampled reduced-vocabulary tree."""
+  (2). 'quick': the head's sampled tree, and greedy proposals in a tree on ragged rows on the
+  trigram (the draft model's proposals go through the same ``proposals`` functions)."""
   if scope == "quick":
     return [
+      Case("transformer", "token", "feature", "fixed", "T=1", "1", "1", tree=PROPOSAL_TREE),
       Case(
-        "transformer",
+        "trigram",
         "traversal",
-        "feature_greedy",
+        "model_greedy",
         "fixed",
         "T=0.7,k=4,p=0.9",
         "ragged16",
         "1",
         tree=PROPOSAL_TREE,
       ),
-      Case("transformer", "token", "feature_vocab", "fixed", "T=1", "1", "1", tree=PROPOSAL_TREE),
     ]
   cases = []
   shapes = itertools.product((None, PROPOSAL_TREE), ("", "_greedy"), PROPOSAL_WARPINGS, BATCHES)
@@ -308,7 +311,7 @@ def bug_cases() -> list[Case]:
     Case("trigram", "token", "lookup", "fixed", "T=1", "1", "1", bug="misreported_q"),
     Case("trigram", "token", "model", "fixed", "T=1", "1", "1", "sibling_against_p", TREE_BUG),
     Case("trigram", "token", "model", "fixed", "top-k=3", "1", "1", "siblings_full_q", TREE_BUG),
-    Case("transformer", "token", "feature_greedy", "fixed", "T=1", "1", "1", bug="chosen_real_q"),
+    Case("trigram", "token", "model_greedy", "fixed", "T=1", "1", "1", bug="chosen_real_q"),
   ]
 
 
