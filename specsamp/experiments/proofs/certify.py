@@ -166,11 +166,11 @@ def all_cases(scope: str = "full") -> list[Case]:
     verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
     self-speculative and the reduced-vocabulary feature head on the transformer, the quick
     tree cases (``tree_cases``) and proposal cases (``proposal_cases``: the shared-head
-    feature tree, greedy proposals on the trigram). The mesh is left to the full certificate: the suite checks that the
-    2x4 mesh samples the same tokens as one device for the same key
-    (tests/test_speculative.py), so its
-    exactness follows from one device's. The tree bug 'sibling_against_p' is left to the full
-    certificate: tests/test_tree_verification.py rejects the same fault by exact enumeration.
+    feature tree, greedy proposals on the trigram). The mesh is left to the full
+    certificate: the suite checks that the 2x4 mesh samples the same tokens as one device for
+    the same key (tests/test_speculative.py), so its exactness follows from one device's.
+    The tree bug 'sibling_against_p' is left to the full certificate:
+    tests/test_tree_verification.py rejects the same fault by exact enumeration.
   'trees': the full certificate's tree cases and tree bugs only.
   The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
   covering set above rather than the full product.
