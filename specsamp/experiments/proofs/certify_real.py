@@ -68,7 +68,7 @@ def draw(
   num_draft_tokens: int,
   num_samples: int,
   seed: int,
-  chunk: int = 512,
+  chunk: int = 256,
   cache_dir: str | None = None,
   cache_tag: str = "",
   log: Callable[[str], None] | None = None,
@@ -82,7 +82,9 @@ def draw(
   Chunk i draws with ``fold_in(key(seed), i)``. With ``cache_dir`` each chunk is saved there
   under a name that digests every setting it depends on (``chunk_file``; ``cache_tag`` for
   what the arguments do not show, such as a planted bug), and a rerun loads the
-  chunks it has: a 10^5 run can be stopped and resumed without changing a single draw."""
+  chunks it has: a 10^5 run can be stopped and resumed without changing a single draw. A
+  chunk of 512 rows peaked at 13.5 GB of host memory on a CPU (the [rows, 49,152]
+  distributions of every scored and drafted position); 256 rows keep it about half that."""
   prompts = np.tile(np.asarray([prompt], np.int32), (chunk, 1))
   lengths = np.full((chunk,), len(prompt), np.int32)
   graphdef, state = nnx.split(target)
@@ -153,7 +155,7 @@ def certify_real(
   level: float = 1e-4,
   bugs: tuple[str, ...] = ("residual_from_p",),
   seed: int = 0,
-  chunk: int = 512,
+  chunk: int = 256,
   cache_dir: str | None = None,
   log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
