@@ -110,8 +110,9 @@ def test_greedy_speculative_equals_autoregressive(target, draft_vocab_size, num_
   assert int(out.proposed.sum()) > 0
 
 
-@pytest.mark.parametrize("proposal", ["sampled", "greedy"])
-@pytest.mark.parametrize("tree", ["chains:2x3/distinct", "tree:2,2,1"])
+@pytest.mark.parametrize(
+  "tree, proposal", [("chains:2x3/distinct", "greedy"), ("tree:2,2,1", "sampled")]
+)
 def test_greedy_tree_speculative_equals_autoregressive(target, tree, proposal):
   """Trees grown by the head (either proposal mode) at temperature 0: ragged rows, one of a
   single token."""

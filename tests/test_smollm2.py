@@ -10,7 +10,9 @@ from specsamp.experiments import config_files
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.experiments.proofs import certify, certify_real
+from specsamp.models import feature_head
 from specsamp.sampling import autoregressive, drafters, speculative, warping
+from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.training.bpe_tokenizer import BpeTokenizer
 
 
@@ -54,6 +56,16 @@ def test_greedy_speculative_equals_autoregressive_for_every_drafter(pair):
     drafters.ModelDrafter(pair.draft),
     drafters.PromptLookupDrafter(max_ngram=3),
     drafters.self_speculative(pair.target, 4),
+    # A feature head (untrained: greedy equality holds whatever it proposes) on layers 2, 15
+    # and 27 of the real target, with its own 256-token head.
+    FeatureDrafter(
+      feature_head.FeatureDraftModel(
+        feature_head.create(
+          feature_head.FeatureHeadConfig(draft_vocab_size=256), pair.target.config
+        ),
+        pair.target,
+      )
+    ),
   ):
     out = speculative.speculative_generate(
       pair.target,
