@@ -588,6 +588,8 @@ def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir
 
   workdir = str(tmp_path / "work")
   shutil.copytree(trained_workdir[0], workdir)
+  # The notebook's head iteration may have trained a head in the shared workdir already.
+  shutil.rmtree(os.path.join(workdir, "feature_head"), ignore_errors=True)
   logs = []
   reports = []
   for run in range(2):
