@@ -184,31 +184,25 @@ def test_a_target_without_features_and_bad_proposals_are_refused(target):
   drafter = _drafter(target)
   bigram = random_bigram(64, seed=0)
   prompts, lengths = jnp.asarray([[1, 2]], jnp.int32), jnp.asarray([2], jnp.int32)
+
+  def generate(model, drafter, **options):
+    return speculative.speculative_generate(
+      model,
+      drafter,
+      prompts,
+      lengths,
+      jax.random.key(0),
+      max_new_tokens=4,
+      num_draft_tokens=2,
+      **options,
+    )
+
   with pytest.raises(TypeError, match="part \\(g\\)"):
-    speculative.speculative_generate(
-      bigram, drafter, prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=2
-    )
+    generate(bigram, drafter)
   with pytest.raises(ValueError, match="distinct siblings"):
-    speculative.speculative_generate(
-      target,
-      FeatureDrafter(drafter.model, proposal="greedy"),
-      prompts,
-      lengths,
-      jax.random.key(0),
-      max_new_tokens=4,
-      num_draft_tokens=2,
-      tree="chains:2x2",
-    )
+    generate(target, FeatureDrafter(drafter.model, proposal="greedy"), tree="chains:2x2")
   with pytest.raises(ValueError, match="proposal must be one of"):
-    speculative.speculative_generate(
-      target,
-      FeatureDrafter(drafter.model, proposal="top"),
-      prompts,
-      lengths,
-      jax.random.key(0),
-      max_new_tokens=4,
-      num_draft_tokens=2,
-    )
+    generate(target, FeatureDrafter(drafter.model, proposal="top"))
   with pytest.raises(ValueError, match="feature_layers"):
     feature_head.FeatureHeadConfig(feature_layers=(3, 1)).resolve(CONFIG)
   with pytest.raises(ValueError, match="draft_vocab_size"):

@@ -61,7 +61,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specsamp.models.attention import TreeCall
 from specsamp.sampling import memory, model_protocol, proposals, threefry
 from specsamp.sampling.autoregressive import prefill
 from specsamp.sampling.tree import TreeShape
@@ -327,21 +326,17 @@ class ModelDrafter(Drafter):
     root_B = lengths_B - 1
     positions_B2 = jnp.stack([jnp.maximum(lengths_B - 2, 0), root_B], axis=1)
     logits_B2V, cache = self.model(tokens_BW[rows_B[:, None], positions_B2], positions_B2, cache)
-    mask_NM = tree.attention_mask()[1:]
-    calls = [cache]
 
-    def expand(depth, nodes, drawn_Bn):
-      offsets_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
-      call = TreeCall(root_B, offsets_n, jnp.asarray(mask_NM[list(nodes)]))
-      positions_Bn = jnp.broadcast_to((root_B + depth)[:, None], drawn_Bn.shape)
-      logits_BnV, cache = self.model(drawn_Bn, positions_Bn, calls[-1], tree=call)
-      calls.append(cache)
+    def expand(nodes, drawn_Bn, call, positions_Bn):
+      nonlocal cache
+      logits_BnV, cache = self.model(drawn_Bn, positions_Bn, cache, tree=call)
       return logits_BnV
 
-    tokens_BN, probs_BNV, proposed_BN, nan_B = proposals.grow_tree(
+    tokens_BN, probs_BNV, proposed_BN, nan_B, expansions = proposals.grow_tree(
       key,
       tree,
       logits_B2V[:, -1],
+      root_B,
       limit_B,
       sampling,
       vocab_size,
@@ -353,9 +348,9 @@ class ModelDrafter(Drafter):
       tokens=tokens_BN,
       probs=probs_BNV,
       proposed=proposed_BN,
-      model_calls=jnp.int32(len(calls)),
+      model_calls=jnp.int32(1 + expansions),
       nan=nan_B,
-    ), calls[-1]
+    ), cache
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specsamp.models.attention import TreeCall
 from specsamp.models.kv_cache import KVCache
 from specsamp.sampling import memory, model_protocol, proposals, threefry
 from specsamp.sampling.drafters import Drafter, Proposal, TreeProposal
@@ -238,26 +237,21 @@ class FeatureDrafter(Drafter):
     read: the next catch-up rewrites the path's pairs with the target's true features."""
     model = self.model
     h_BD, cache, count_B = self._catch_up(state, tokens_BW, lengths_B)
-    head_root_B = jnp.maximum(lengths_B - 2, 0)
-    mask_NM = tree.attention_mask()[1:]
     h_of = {-1: h_BD}  # The head's hidden state after each node (-1: the root).
-    calls = [cache]
 
-    def expand(depth, nodes, drawn_Bn):
-      offsets_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
-      call = TreeCall(head_root_B, offsets_n, jnp.asarray(mask_NM[list(nodes)]))
-      positions_Bn = jnp.broadcast_to((head_root_B + depth)[:, None], drawn_Bn.shape)
+    def expand(nodes, drawn_Bn, call, positions_Bn):
+      nonlocal cache
       parents_BnD = jnp.stack([h_of[tree.parents[j]] for j in nodes], axis=1)
-      h_BnD, cache = model.hidden(drawn_Bn, parents_BnD, positions_Bn, calls[-1], tree=call)
-      calls.append(cache)
+      h_BnD, cache = model.hidden(drawn_Bn, parents_BnD, positions_Bn, cache, tree=call)
       for k, j in enumerate(nodes):
         h_of[j] = h_BnD[:, k]
       return model.logits(h_BnD)
 
-    tokens_BN, probs_BNV, proposed_BN, nan_B = proposals.grow_tree(
+    tokens_BN, probs_BNV, proposed_BN, nan_B, expansions = proposals.grow_tree(
       key,
       tree,
       model.logits(h_BD[:, None])[:, 0],
+      jnp.maximum(lengths_B - 2, 0),  # The head's root: the pair at n-2.
       jnp.where(count_B > 0, limit_B, 0),  # A one-token row has no feature: nothing.
       sampling,
       vocab_size,
@@ -268,7 +262,7 @@ class FeatureDrafter(Drafter):
       tokens=tokens_BN,
       probs=probs_BNV,
       proposed=proposed_BN,
-      model_calls=jnp.int32(len(calls)),
+      model_calls=jnp.int32(1 + expansions),
       nan=nan_B,
     )
-    return proposal, state.replace(cache=calls[-1])
+    return proposal, state.replace(cache=cache)

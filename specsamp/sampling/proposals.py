@@ -30,7 +30,7 @@ At temperature 0 the two coincide: the warped q is one-hot at the argmax already
 Functions:
   draw_token(key, logits_BV, sampling, proposal)   one chain position: (token_B, q_BV)
   draw_depth(key, tree, depth, parent_q, tokens, greedy_logits)   one depth of a tree
-  grow_tree(key, tree, root_logits_BV, limit_B, sampling, vocab_size, expand, ...)
+  grow_tree(key, tree, root_logits_BV, root_slot_B, limit_B, sampling, vocab_size, expand, ...)
       a whole tree, depth by depth; ``expand`` runs the drafter's model on a depth's nodes
 """
 
@@ -41,12 +41,19 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from specsamp.models.attention import TreeCall
 from specsamp.sampling import model_protocol, threefry
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.verification import sample_from
 from specsamp.sampling.warping import SamplingConfig, probabilities
 
 PROPOSALS = ("sampled", "greedy")
+
+
+def fits(proposal: str, tree: TreeShape | None) -> bool:
+  """Whether ``proposal`` can fill ``tree``: greedy siblings are the r most likely tokens, so
+  they need distinct siblings (a chain, or no tree, has none to speak of)."""
+  return proposal != "greedy" or tree is None or tree.is_chain or tree.distinct_siblings
 
 
 def check_proposal(proposal: str, tree: TreeShape | None = None) -> None:
@@ -56,7 +63,7 @@ def check_proposal(proposal: str, tree: TreeShape | None = None) -> None:
       f"proposal must be one of {PROPOSALS} ('sampled': drawn from the real q; 'greedy': the "
       f"most likely tokens, verified with one-hot q), got {proposal!r}."
     )
-  if proposal == "greedy" and tree is not None and not tree.is_chain and not tree.distinct_siblings:
+  if not fits(proposal, tree):
     raise ValueError(
       f"Greedy proposals choose the r most likely tokens for the r siblings of a node, but the "
       f"tree ({tree.describe()}) draws its siblings i.i.d.: use distinct siblings (a "
@@ -128,15 +135,17 @@ def draw_depth(
   return tokens_Bn, q_BnV
 
 
-# expand(depth, nodes, tokens_Bn) -> logits_BnV: the drafter's model on the nodes of one depth
-# (their tokens drawn), giving the distributions their children are drawn from.
-Expand = Callable[[int, tuple[int, ...], jax.Array], jax.Array]
+# expand(nodes, tokens_Bn, call, positions_Bn) -> logits_BnV: the drafter's model on the nodes
+# of one depth (their tokens drawn), as one tree call, giving the distributions their children
+# are drawn from.
+Expand = Callable[[tuple[int, ...], jax.Array, TreeCall, jax.Array], jax.Array]
 
 
 def grow_tree(
   key: jax.Array,
   tree: TreeShape,
   root_logits_BV: jax.Array,
+  root_slot_B: jax.Array,
   limit_B: jax.Array,
   sampling: SamplingConfig,
   vocab_size: int,
@@ -144,18 +153,21 @@ def grow_tree(
   *,
   proposal: str = "sampled",
   confidence_threshold: float = 0.0,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, int]:
   """Grows ``tree`` depth by depth from the root's draft logits.
 
   Every node of a depth is drawn from its parent's warped q (``draw_depth``); a node is
   proposed if its parent was, it had mass to draw from, and its depth is within the row's
   draft limit (and, with ``confidence_threshold``, the draft's own probability of its token
-  reached it). Then ``expand`` runs the drafter on the depth's nodes, if any has children.
-  The shape is static, so how many children a node gets is fixed before they are drawn.
+  reached it). Then ``expand`` runs the drafter on the depth's nodes, if any has children,
+  as one tree call (``attention.TreeCall``): node j goes to the drafter's cache slot
+  ``root_slot_B + 1 + j`` at position ``root_slot_B + depth``, and sees the slots before the
+  root's, the root's, and its own ancestors'. The shape is static, so how many children a
+  node gets is fixed before they are drawn.
 
   Returns:
-    (tokens_BN, probs_BNV, proposed_BN, nan_B); ``expand`` is called once per depth that has
-    children.
+    (tokens_BN, probs_BNV, proposed_BN, nan_B, expansions): ``expand`` was called
+    ``expansions`` times, once per depth that has children.
   """
   batch = root_logits_BV.shape[0]
   rows_B = jnp.arange(batch)
@@ -165,6 +177,8 @@ def grow_tree(
   probs_BNV = jnp.zeros((batch, tree.num_nodes, vocab_size), jnp.float32)
   proposed_BN = jnp.zeros((batch, tree.num_nodes), bool)
   nan_B = model_protocol.has_nan(root_logits_BV)
+  mask_NM = tree.attention_mask()[1:]
+  expansions = 0
   for depth in range(1, tree.max_depth + 1):
     nodes = tree.nodes_at_depth(depth)
     parents = [tree.parents[j] for j in nodes]
@@ -185,8 +199,12 @@ def grow_tree(
       continues[j] = proposed_B
     if not any(tree.children(j) for j in nodes):
       continue
-    logits_BnV = expand(depth, nodes, drawn_Bn)
+    offsets_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
+    call = TreeCall(root_slot_B, offsets_n, jnp.asarray(mask_NM[list(nodes)]))
+    positions_Bn = jnp.broadcast_to((root_slot_B + depth)[:, None], drawn_Bn.shape)
+    logits_BnV = expand(nodes, drawn_Bn, call, positions_Bn)
+    expansions += 1
     nan_B = nan_B | model_protocol.has_nan(logits_BnV)
     for k, j in enumerate(nodes):
       logits_of[j] = logits_BnV[:, k]
-  return tokens_BN, probs_BNV, proposed_BN, nan_B
+  return tokens_BN, probs_BNV, proposed_BN, nan_B, expansions

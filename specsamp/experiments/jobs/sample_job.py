@@ -167,12 +167,7 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       "speculative.proposal",
       spec.get("proposal", "sampled"),
       spec.get("proposal", "sampled") in proposals.PROPOSALS
-      and (
-        tree is None
-        or tree.distinct_siblings
-        or tree.is_chain
-        or spec.get("proposal", "sampled") == "sampled"
-      ),
+      and proposals.fits(spec.get("proposal", "sampled"), tree),
       f"must be one of {proposals.PROPOSALS}"
       + ("" if tree is None else " ('greedy' with distinct siblings only)"),
     ),
