@@ -25,7 +25,7 @@ class Bigram:
     return BigramCache(lengths=jnp.zeros((batch_size,), jnp.int32))
 
   def __call__(self, tokens_BT, positions_BT, cache, tree=None):
-    lengths = positions_BT[:, -1] + 1 if tree is None else tree.root_B + tree.mask_TM.shape[1]
+    lengths = positions_BT[:, -1] + 1 if tree is None else tree.root_B + tree.num_slots
     return self.logits_VV[tokens_BT], cache.replace(lengths=lengths)
 
   def compact_cache(self, cache, source_BD, start_B):

@@ -13,7 +13,8 @@ the root token's position), in node order, while their positions (RoPE) are
 the root's plus each node's depth, so siblings share a position. A call's
 token t is written to slot root + offsets[t]; it sees every slot before the
 root's and, among the tree's M slots, those ``mask[t]`` marks: its ancestors
-and itself. Without a tree, slot = position.
+and itself. The mask is one for every row ([T, M], a static tree) or one per row ([B, T, M],
+a dynamic tree, whose parents differ between rows). Without a tree, slot = position.
 """
 
 from __future__ import annotations
@@ -39,12 +40,24 @@ class TreeCall:
   Attributes:
     root_B: [B] int32, the slot (= position) of each row's tree root.
     offsets_T: [T] int32, each call token's slot after the root's (static per tree).
-    mask_TM: [T, M] bool, token t sees tree slot root + m iff ``mask_TM[t, m]``.
+    mask_TM: [T, M] bool, token t sees tree slot root + m iff ``mask_TM[t, m]``; or
+      [B, T, M], one mask per row (a dynamic tree).
   """
 
   root_B: jax.Array
   offsets_T: jax.Array
   mask_TM: jax.Array
+
+  @property
+  def num_slots(self) -> int:
+    """M: the tree slots root..root+M-1 the call's tree occupies."""
+    return self.mask_TM.shape[-1]
+
+  def mask_BTM(self, batch: int) -> jax.Array:
+    """[B, T, M]: the mask of every row."""
+    if self.mask_TM.ndim == 3:
+      return self.mask_TM
+    return jnp.broadcast_to(self.mask_TM[None], (batch, *self.mask_TM.shape))
 
 
 def _visible(slots_S, positions_BT, window, tree: TreeCall | None = None):
@@ -54,10 +67,15 @@ def _visible(slots_S, positions_BT, window, tree: TreeCall | None = None):
     visible_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
   else:
     offset_BS = slots_S[None, :] - tree.root_B[:, None]
-    tree_slots = tree.mask_TM.shape[1]
+    tree_slots = tree.num_slots
     inside_BS = (offset_BS >= 0) & (offset_BS < tree_slots)
-    marked_TBS = jnp.take(tree.mask_TM, jnp.clip(offset_BS, 0, tree_slots - 1), axis=1)
-    marked_BTS = jnp.transpose(marked_TBS, (1, 0, 2)) & inside_BS[:, None, :]
+    clipped_BS = jnp.clip(offset_BS, 0, tree_slots - 1)
+    if tree.mask_TM.ndim == 2:
+      marked_TBS = jnp.take(tree.mask_TM, clipped_BS, axis=1)
+      marked_BTS = jnp.transpose(marked_TBS, (1, 0, 2))
+    else:  # One mask per row.
+      marked_BTS = jnp.take_along_axis(tree.mask_TM, clipped_BS[:, None, :], axis=2)
+    marked_BTS = marked_BTS & inside_BS[:, None, :]
     visible_BTS = (offset_BS < 0)[:, None, :] | marked_BTS
   if window is not None:
     visible_BTS = visible_BTS & (slots_S[None, None, :] > positions_BT[:, :, None] - window)

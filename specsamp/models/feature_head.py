@@ -216,7 +216,7 @@ class FeatureHead(nnx.Module):
     if tree is None:
       lengths_B = positions_BT[:, -1] + 1
     else:
-      lengths_B = tree.root_B + tree.mask_TM.shape[1]
+      lengths_B = tree.root_B + tree.num_slots
     return h_BTD, KVCache(keys=keys, values=values, lengths=lengths_B)
 
   def _inputs(self, embedded_BTD: jax.Array, fused_BTD: jax.Array) -> jax.Array:

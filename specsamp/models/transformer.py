@@ -258,7 +258,7 @@ class Transformer(nnx.Module):
     if tree is None:
       lengths_B = positions_BT[:, -1] + 1
     else:
-      lengths_B = tree.root_B + tree.mask_TM.shape[1]
+      lengths_B = tree.root_B + tree.num_slots
     new_cache = KVCache(keys=keys, values=values, lengths=lengths_B)
     if capture_layers:
       return logits_BTV, (new_cache if had_cache else None), jnp.concatenate(captured[:-1], -1)
@@ -284,13 +284,13 @@ def check_capture_layers(capture_layers: tuple[int, ...], num_layers: int) -> No
 
 
 def _check_tree_call(config: TransformerConfig, tree: TreeCall, length: int) -> None:
-  if tree.offsets_T.shape != (length,) or tree.mask_TM.shape[0] != length:
+  if tree.offsets_T.shape != (length,) or tree.mask_TM.shape[-2] != length:
     raise ValueError(
-      f"A tree call of {length} tokens needs offsets [{length}] and a mask [{length}, M], got "
-      f"{tree.offsets_T.shape} and {tree.mask_TM.shape}."
+      f"A tree call of {length} tokens needs offsets [{length}] and a mask [{length}, M] (or "
+      f"[B, {length}, M]), got {tree.offsets_T.shape} and {tree.mask_TM.shape}."
     )
   windows = [w for w in (config.layer_windows() or ()) if w is not None]
-  tree_slots = tree.mask_TM.shape[1]
+  tree_slots = tree.num_slots
   if windows and min(windows) < tree_slots:
     raise ValueError(
       f"A tree of {tree_slots} slots needs sliding windows of at least {tree_slots} slots "

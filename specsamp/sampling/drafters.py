@@ -99,6 +99,8 @@ class TreeProposal:
       confidence stop, or out of tokens to draw) is never accepted, nor its descendants.
     model_calls: scalar int32, draft model calls made.
     nan: [B] bool, the drafter produced NaN for the row.
+    parents: [B, N] int32, each row's parent of node i (-1: the root) for a dynamic tree
+      (``tree.dynamic``); None for a static tree, whose parents are the shape's.
   """
 
   tokens: jax.Array
@@ -106,6 +108,7 @@ class TreeProposal:
   proposed: jax.Array
   model_calls: jax.Array
   nan: jax.Array
+  parents: jax.Array | None = None
 
 
 class Drafter:
@@ -304,6 +307,11 @@ class ModelDrafter(Drafter):
   def check_tree(self, tree: TreeShape) -> None:
     model_protocol.check_tree_support(self.model, "draft")
     proposals.check_proposal(self.proposal, tree)
+    if tree.dynamic and self.confidence_threshold > 0:
+      raise ValueError(
+        "A dynamic tree already spends its node budget where the draft is confident; "
+        "confidence_threshold applies to static trees and chains."
+      )
 
   def accept_path(self, cache, source_BD, start_B):
     return self.model.compact_cache(cache, source_BD, start_B)
@@ -327,12 +335,12 @@ class ModelDrafter(Drafter):
     positions_B2 = jnp.stack([jnp.maximum(lengths_B - 2, 0), root_B], axis=1)
     logits_B2V, cache = self.model(tokens_BW[rows_B[:, None], positions_B2], positions_B2, cache)
 
-    def expand(nodes, drawn_Bn, call, positions_Bn):
+    def expand(nodes, drawn_Bn, call, positions_Bn, parents_Bn):
       nonlocal cache
       logits_BnV, cache = self.model(drawn_Bn, positions_Bn, cache, tree=call)
       return logits_BnV
 
-    tokens_BN, probs_BNV, proposed_BN, nan_B, expansions = proposals.grow_tree(
+    tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN = proposals.grow_tree(
       key,
       tree,
       logits_B2V[:, -1],
@@ -350,6 +358,7 @@ class ModelDrafter(Drafter):
       proposed=proposed_BN,
       model_calls=jnp.int32(1 + expansions),
       nan=nan_B,
+      parents=parents_BN,
     ), cache
 
 

@@ -237,17 +237,18 @@ class FeatureDrafter(Drafter):
     read: the next catch-up rewrites the path's pairs with the target's true features."""
     model = self.model
     h_BD, cache, count_B = self._catch_up(state, tokens_BW, lengths_B)
-    h_of = {-1: h_BD}  # The head's hidden state after each node (-1: the root).
+    # The head's hidden state after the root (row 0) and after each node j (row 1 + j).
+    h_BSD = jnp.zeros((h_BD.shape[0], tree.num_nodes + 1, h_BD.shape[-1]), h_BD.dtype)
+    h_BSD = h_BSD.at[:, 0].set(h_BD)
 
-    def expand(nodes, drawn_Bn, call, positions_Bn):
-      nonlocal cache
-      parents_BnD = jnp.stack([h_of[tree.parents[j]] for j in nodes], axis=1)
+    def expand(nodes, drawn_Bn, call, positions_Bn, parents_Bn):
+      nonlocal cache, h_BSD
+      parents_BnD = jnp.take_along_axis(h_BSD, (parents_Bn + 1)[:, :, None], axis=1)
       h_BnD, cache = model.hidden(drawn_Bn, parents_BnD, positions_Bn, cache, tree=call)
-      for k, j in enumerate(nodes):
-        h_of[j] = h_BnD[:, k]
+      h_BSD = h_BSD.at[:, [1 + j for j in nodes]].set(h_BnD)
       return model.logits(h_BnD)
 
-    tokens_BN, probs_BNV, proposed_BN, nan_B, expansions = proposals.grow_tree(
+    tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN = proposals.grow_tree(
       key,
       tree,
       model.logits(h_BD[:, None])[:, 0],
@@ -264,5 +265,6 @@ class FeatureDrafter(Drafter):
       proposed=proposed_BN,
       model_calls=jnp.int32(1 + expansions),
       nan=nan_B,
+      parents=parents_BN,
     )
     return proposal, state.replace(cache=cache)

@@ -22,7 +22,8 @@ from the target and from a model drafter:
       token t is written to slot root_B + offsets_T[t] (slots are no longer
       positions: siblings share a position), and attends to the slots before
       root_B and to the tree slots root_B + m with mask_TM[t, m]
-      (``specsamp.models.attention.TreeCall``);
+      (``specsamp.models.attention.TreeCall``; a dynamic tree gives one mask per row,
+      [B, T, M], and ``TreeCall.mask_BTM`` reads either);
   (f) ``model.compact_cache(cache, source_BD, start_B) -> cache``: copies slot
       source_BD[b, j] to start_B[b] + j (the accepted path to consecutive slots).
 

@@ -27,11 +27,21 @@ static shape.
 
 At temperature 0 the two coincide: the warped q is one-hot at the argmax already.
 
+Dynamic trees (EAGLE-2, ``tree.dynamic``) are 'greedy' only. Depth d keeps, per row, the w_d
+nodes of highest joint draft probability (the product of the draft's warped q along the path)
+among the w_d most likely children of each node kept at depth d-1. Which node gets how many
+children is then decided by the children's own values: a sampled child would no longer be
+distributed as q, so no real q exists to verify it with. Chosen tokens have the one-hot q, and
+the tree is a deterministic function of the draft's outputs, settled before the target's
+coins: exact. (A dynamic tree with real q would need each node's child count fixed from its
+parents' path probabilities BEFORE its children are drawn; not built.)
+
 Functions:
   draw_token(key, logits_BV, sampling, proposal)   one chain position: (token_B, q_BV)
   draw_depth(key, tree, depth, parent_q, tokens, greedy_logits)   one depth of a tree
   grow_tree(key, tree, root_logits_BV, root_slot_B, limit_B, sampling, vocab_size, expand, ...)
       a whole tree, depth by depth; ``expand`` runs the drafter's model on a depth's nodes
+  grow_dynamic(...)   the same for a dynamic tree, its parents chosen per row
 """
 
 from __future__ import annotations
@@ -52,7 +62,10 @@ PROPOSALS = ("sampled", "greedy")
 
 def fits(proposal: str, tree: TreeShape | None) -> bool:
   """Whether ``proposal`` can fill ``tree``: greedy siblings are the r most likely tokens, so
-  they need distinct siblings (a chain, or no tree, has none to speak of)."""
+  they need distinct siblings (a chain, or no tree, has none to speak of); a dynamic tree's
+  tokens are chosen, so it needs 'greedy' (module docstring)."""
+  if tree is not None and tree.dynamic:
+    return proposal == "greedy"
   return proposal != "greedy" or tree is None or tree.is_chain or tree.distinct_siblings
 
 
@@ -63,12 +76,26 @@ def check_proposal(proposal: str, tree: TreeShape | None = None) -> None:
       f"proposal must be one of {PROPOSALS} ('sampled': drawn from the real q; 'greedy': the "
       f"most likely tokens, verified with one-hot q), got {proposal!r}."
     )
+  if not fits(proposal, tree) and tree.dynamic:
+    raise ValueError(
+      f"A dynamic tree ({tree.describe()}) keeps the children of highest joint draft "
+      "probability, so its tokens are chosen, not drawn, and only one-hot q verifies them "
+      "exactly: use proposal='greedy' (--config.speculative.proposal=greedy), or a static "
+      "tree with sampled tokens."
+    )
   if not fits(proposal, tree):
     raise ValueError(
       f"Greedy proposals choose the r most likely tokens for the r siblings of a node, but the "
       f"tree ({tree.describe()}) draws its siblings i.i.d.: use distinct siblings (a "
       "'/distinct' suffix, e.g. 'chains:2x4/distinct')."
     )
+
+
+def chosen_q(tokens: jax.Array, warped_q: jax.Array) -> jax.Array:
+  """The q a CHOSEN token is verified with: the point mass at it (module docstring). The
+  draft's warped q it was chosen from (same shape, [..., V]) is what it must NOT be verified
+  with (the certificate's planted bug ``chosen_real_q`` returns it instead)."""
+  return jax.nn.one_hot(tokens, warped_q.shape[-1], dtype=jnp.float32)
 
 
 def draw_token(
@@ -78,7 +105,7 @@ def draw_token(
   q_BV = probabilities(logits_BV, sampling)  # Warped once: sampled from and verified with.
   if proposal == "greedy" and not sampling.greedy:
     token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    return token_B, jax.nn.one_hot(token_B, logits_BV.shape[-1], dtype=jnp.float32)
+    return token_B, chosen_q(token_B, q_BV)
   return sample_from(key, q_BV), q_BV
 
 
@@ -111,7 +138,7 @@ def draw_depth(
   if greedy_logits_BnV is not None:
     _, best_Bnr = jax.lax.top_k(greedy_logits_BnV, max(ranks) + 1)
     tokens_Bn = best_Bnr[:, jnp.arange(len(nodes)), jnp.asarray(ranks)].astype(jnp.int32)
-    return tokens_Bn, jax.nn.one_hot(tokens_Bn, parent_q_BnV.shape[-1], dtype=jnp.float32)
+    return tokens_Bn, chosen_q(tokens_Bn, parent_q_BnV)
   tokens_Bn = jnp.zeros(parent_q_BnV.shape[:2], jnp.int32)
   q_BnV = jnp.zeros_like(parent_q_BnV)
   vocab = parent_q_BnV.shape[-1]
@@ -135,10 +162,10 @@ def draw_depth(
   return tokens_Bn, q_BnV
 
 
-# expand(nodes, tokens_Bn, call, positions_Bn) -> logits_BnV: the drafter's model on the nodes
-# of one depth (their tokens drawn), as one tree call, giving the distributions their children
-# are drawn from.
-Expand = Callable[[tuple[int, ...], jax.Array, TreeCall, jax.Array], jax.Array]
+# expand(nodes, tokens_Bn, call, positions_Bn, parents_Bn) -> logits_BnV: the drafter's model
+# on the nodes of one depth (their tokens drawn; parents_Bn: each row's parent of each node,
+# -1 for the root), as one tree call, giving the distributions their children are drawn from.
+Expand = Callable[[tuple[int, ...], jax.Array, TreeCall, jax.Array, jax.Array], jax.Array]
 
 
 def grow_tree(
@@ -153,8 +180,9 @@ def grow_tree(
   *,
   proposal: str = "sampled",
   confidence_threshold: float = 0.0,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, int]:
-  """Grows ``tree`` depth by depth from the root's draft logits.
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, int, jax.Array | None]:
+  """Grows ``tree`` depth by depth from the root's draft logits (a dynamic tree:
+  ``grow_dynamic``, whose per-row parents come last; None for a static tree).
 
   Every node of a depth is drawn from its parent's warped q (``draw_depth``); a node is
   proposed if its parent was, it had mass to draw from, and its depth is within the row's
@@ -166,9 +194,11 @@ def grow_tree(
   node gets is fixed before they are drawn.
 
   Returns:
-    (tokens_BN, probs_BNV, proposed_BN, nan_B, expansions): ``expand`` was called
+    (tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, None): ``expand`` was called
     ``expansions`` times, once per depth that has children.
   """
+  if tree.dynamic:
+    return grow_dynamic(tree, root_logits_BV, root_slot_B, limit_B, sampling, vocab_size, expand)
   batch = root_logits_BV.shape[0]
   rows_B = jnp.arange(batch)
   logits_of = {-1: root_logits_BV}  # Draft logits after each node (-1: the root).
@@ -202,9 +232,84 @@ def grow_tree(
     offsets_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
     call = TreeCall(root_slot_B, offsets_n, jnp.asarray(mask_NM[list(nodes)]))
     positions_Bn = jnp.broadcast_to((root_slot_B + depth)[:, None], drawn_Bn.shape)
-    logits_BnV = expand(nodes, drawn_Bn, call, positions_Bn)
+    parents_Bn = jnp.broadcast_to(jnp.asarray(parents, jnp.int32), drawn_Bn.shape)
+    logits_BnV = expand(nodes, drawn_Bn, call, positions_Bn, parents_Bn)
     expansions += 1
     nan_B = nan_B | model_protocol.has_nan(logits_BnV)
     for k, j in enumerate(nodes):
       logits_of[j] = logits_BnV[:, k]
-  return tokens_BN, probs_BNV, proposed_BN, nan_B, expansions
+  return tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, None
+
+
+def grow_dynamic(
+  tree: TreeShape,
+  root_logits_BV: jax.Array,
+  root_slot_B: jax.Array,
+  limit_B: jax.Array,
+  sampling: SamplingConfig,
+  vocab_size: int,
+  expand: Expand,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, int, jax.Array]:
+  """Grows a dynamic tree (module docstring; EAGLE-2's expansion, its node budget static).
+
+  Depth d (w_d slots): each node kept at depth d-1 (the root at depth 1) offers its w_d most
+  likely children under the draft's warped q (its softmax at temperature 0, where the warped
+  q is one-hot); the w_d of highest joint probability, the product of q along the path, fill
+  the depth's slots, best first. A slot is proposed if its joint probability is positive, its
+  parent was proposed and its depth is within the row's draft limit. ``expand`` then runs the
+  drafter on them as one tree call whose mask is each row's own (``TreeCall``, [B, n, N+1]):
+  node j sees the slots before the root's, the root's and its own ancestors' of that row.
+
+  Returns:
+    (tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN): probs are one-hot at
+    the chosen tokens; parents_BN[b, j] is row b's parent of node j (-1: the root).
+  """
+  batch = root_logits_BV.shape[0]
+  num_nodes = tree.num_nodes
+  slots = num_nodes + 1  # The root's slot, then the nodes'.
+
+  tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
+  probs_BNV = jnp.zeros((batch, num_nodes, vocab_size), jnp.float32)
+  parents_BN = jnp.full((batch, num_nodes), -1, jnp.int32)
+  proposed_BN = jnp.zeros((batch, num_nodes), bool)
+  # Row r of ancestors_BSS: the tree slots (0: the root, 1 + j: node j) slot r sees.
+  ancestors_BSS = jnp.zeros((batch, slots, slots), bool).at[:, 0, 0].set(True)
+  frontier = (-1,)  # The previous depth's nodes (-1: the root).
+  frontier_logits_BfV = root_logits_BV[:, None]
+  frontier_score_Bf = jnp.where(limit_B > 0, 0.0, -jnp.inf)[:, None]  # log joint probability
+  nan_B = model_protocol.has_nan(root_logits_BV)
+  expansions = 0
+  for depth in range(1, tree.max_depth + 1):
+    nodes = tree.nodes_at_depth(depth)
+    width = len(nodes)
+    q_BfV = probabilities(frontier_logits_BfV, sampling)
+    if sampling.greedy:  # The warped q is one-hot: rank by the draft's softmax.
+      confidence_BfV = jax.nn.log_softmax(frontier_logits_BfV, axis=-1)
+    else:
+      confidence_BfV = jnp.log(q_BfV)  # -inf outside the warped support.
+    score_BfV = frontier_score_Bf[:, :, None] + confidence_BfV
+    best_Bfw, token_Bfw = jax.lax.top_k(score_BfV, min(width, vocab_size))
+    score_Bn, flat_Bn = jax.lax.top_k(best_Bfw.reshape(batch, -1), width)
+    local_Bn = flat_Bn // best_Bfw.shape[-1]  # Which frontier node each kept child hangs under.
+    drawn_Bn = jnp.take_along_axis(token_Bfw.reshape(batch, -1), flat_Bn, axis=1).astype(jnp.int32)
+    parent_Bn = jnp.asarray(frontier, jnp.int32)[local_Bn]
+    proposed_Bn = (score_Bn > -jnp.inf) & (depth <= limit_B)[:, None]
+    score_Bn = jnp.where(proposed_Bn, score_Bn, -jnp.inf)  # A child of an unproposed node.
+    parent_q_BnV = jnp.take_along_axis(q_BfV, local_Bn[:, :, None], axis=1)
+    probs_BNV = probs_BNV.at[:, nodes].set(chosen_q(drawn_Bn, parent_q_BnV))
+    tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
+    parents_BN = parents_BN.at[:, nodes].set(parent_Bn)
+    proposed_BN = proposed_BN.at[:, nodes].set(proposed_Bn)
+    slot_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
+    seen_BnS = jnp.take_along_axis(ancestors_BSS, (parent_Bn + 1)[:, :, None], axis=1)
+    seen_BnS = seen_BnS | jax.nn.one_hot(slot_n, slots, dtype=bool)[None]
+    ancestors_BSS = ancestors_BSS.at[:, slot_n].set(seen_BnS)
+    if depth == tree.max_depth:
+      break
+    call = TreeCall(root_slot_B, slot_n, seen_BnS)
+    positions_Bn = jnp.broadcast_to((root_slot_B + depth)[:, None], drawn_Bn.shape)
+    frontier_logits_BfV = expand(nodes, drawn_Bn, call, positions_Bn, parent_Bn)
+    expansions += 1
+    nan_B = nan_B | model_protocol.has_nan(frontier_logits_BfV)
+    frontier, frontier_score_Bf = nodes, score_Bn
+  return tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN

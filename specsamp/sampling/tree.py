@@ -17,6 +17,13 @@ Shapes (the ``--config.speculative.tree`` strings, ``parse``):
                    Siblings are drawn WITHOUT replacement (distinct tokens).
   parents:p0,p1,.. any tree, by its parent list (siblings without replacement).
   chain:D          one chain, N = D: the ordinary draft block.
+  dynamic:w1,..,wD a DYNAMIC tree (EAGLE-2, Li et al. 2024, arXiv 2406.16858) of w_d nodes at
+  dynamic:WxD      depth d (WxD: W at every depth): the drafter expands, per row, the w_d
+                   children of highest joint draft probability among the w_d most likely
+                   children of each depth-(d-1) node. Its shape is static (N = sum w_d slots,
+                   depth by depth); which node is whose parent is chosen per row
+                   (``TreeProposal.parents``). Its tokens are deterministic choices, so only
+                   the 'greedy' proposal mode (one-hot q) fills it (``proposals.py``).
 
 A suffix ``/iid`` or ``/distinct`` overrides how siblings are drawn:
 ``/iid`` draws each sibling independently from its parent's q (duplicates
@@ -26,7 +33,9 @@ renormalised over the tokens its earlier siblings did not take (Jeon et al.
 actually drawn from, which is all the verifiers need.
 
 Everything here is static (numpy or Python tuples): the loop compiles once per
-shape.
+shape. For a dynamic tree ``parents`` is only its slot layout (each depth's slots hang under
+the previous depth's first slot); the structure that counts is the proposal's per-row parents,
+and what needs it (the tree calls' masks, the verifiers) takes it from there.
 """
 
 from __future__ import annotations
@@ -42,12 +51,15 @@ class TreeShape:
   """A tree of N draft nodes under the root (see the module docstring).
 
   Attributes:
-    parents: parent of each node, -1 for a child of the root; breadth-first order.
+    parents: parent of each node, -1 for a child of the root; breadth-first order (for a
+      dynamic tree: its slot layout only, module docstring).
     distinct_siblings: siblings are drawn without replacement (else i.i.d.).
+    dynamic: the parents are chosen per row by the drafter (EAGLE-2, ``dynamic``).
   """
 
   parents: tuple[int, ...]
   distinct_siblings: bool = True
+  dynamic: bool = False
 
   def __post_init__(self):
     parents = tuple(int(p) for p in self.parents)
@@ -120,11 +132,21 @@ class TreeShape:
     """[N+1] int32: each scored token's position after the root's (0, then the depths)."""
     return np.asarray((0, *self.depths), np.int32)
 
+  @property
+  def widths(self) -> tuple[int, ...]:
+    """Nodes per depth, 1..D."""
+    return tuple(len(self.nodes_at_depth(d)) for d in range(1, self.max_depth + 1))
+
   def describe(self) -> str:
-    widths = [len(self.nodes_at_depth(d)) for d in range(1, self.max_depth + 1)]
+    if self.dynamic:
+      return (
+        f"a dynamic tree of {self.num_nodes} nodes, depth {self.max_depth}, nodes per depth "
+        f"{list(self.widths)}, parents chosen per row by joint draft probability"
+      )
     draws = "without replacement" if self.distinct_siblings else "i.i.d."
     return (
-      f"{self.num_nodes} nodes, depth {self.max_depth}, nodes per depth {widths}, siblings {draws}"
+      f"{self.num_nodes} nodes, depth {self.max_depth}, nodes per depth {list(self.widths)}, "
+      f"siblings {draws}"
     )
 
 
@@ -160,6 +182,21 @@ def branching(factors: tuple[int, ...] | list[int]) -> TreeShape:
   return TreeShape(tuple(parents), distinct_siblings=True)
 
 
+def dynamic(widths: tuple[int, ...] | list[int]) -> TreeShape:
+  """A dynamic tree (module docstring) of ``widths[d-1]`` nodes at depth d, any widths >= 1:
+  depth d picks its w_d nodes among the w_{d-1} * w_d candidates (each depth-(d-1) node's w_d
+  most likely children), so it can always fill them."""
+  if not widths or any(int(w) < 1 for w in widths):
+    raise ValueError(f"A dynamic tree needs >= 1 node per depth, got widths {tuple(widths)}.")
+  parents: list[int] = []
+  first = -1  # The previous depth's first slot.
+  for width in widths:
+    here = len(parents)
+    parents += [first] * int(width)
+    first = here
+  return TreeShape(tuple(parents), distinct_siblings=True, dynamic=True)
+
+
 def parse(spec: str) -> TreeShape:
   """A TreeShape from its config string (module docstring): 'chains:2x4', 'tree:3,2,1,1',
   'parents:-1,-1,0', 'chain:4', each optionally with '/iid' or '/distinct'."""
@@ -176,14 +213,24 @@ def parse(spec: str) -> TreeShape:
       shape = TreeShape(tuple(int(p) for p in args.split(",")))
     elif kind == "chain":
       shape = chain(int(args))
+    elif kind == "dynamic":
+      width, times, depth = args.lower().partition("x")
+      widths = [int(width)] * int(depth) if times else [int(w) for w in args.split(",")]
+      shape = dynamic(widths)
     else:
       raise ValueError(f"unknown kind {kind!r}")
   except ValueError as error:
     raise ValueError(
       f"Bad tree {spec!r}: {str(error).rstrip('.')}. Use 'chains:KxD' (K chains of D tokens), "
-      "'tree:b1,b2,...' (branching per depth), 'parents:-1,-1,0,...' or 'chain:D', "
-      "optionally with '/iid' or '/distinct'."
+      "'tree:b1,b2,...' (branching per depth), 'parents:-1,-1,0,...', 'chain:D' (each "
+      "optionally with '/iid' or '/distinct'), or 'dynamic:w1,w2,...' / 'dynamic:WxD' "
+      "(EAGLE-2: w_d nodes at depth d, parents chosen per row)."
     ) from None
+  if draws and shape.dynamic:
+    raise ValueError(
+      f"Bad tree {spec!r}: a dynamic tree's siblings are its draft's most likely distinct "
+      "tokens; it takes no '/iid' or '/distinct' suffix."
+    )
   if draws:
     if draws not in ("iid", "distinct"):
       raise ValueError(f"Bad tree {spec!r}: the suffix must be '/iid' or '/distinct'.")

@@ -95,9 +95,31 @@ def check_tree(
     raise ValueError(
       f"A tree is verified by one of {TREE_VERIFIERS} (both exact), got verifier={verifier!r}."
     )
+  if tree.dynamic and verifier != "token":
+    raise ValueError(
+      f"A dynamic tree ({tree.describe()}) has per-row parents, which the token verifier "
+      f"reads; verifier={verifier!r} walks a static tree. Use verifier='token'."
+    )
+  if tree.dynamic and max(tree.widths) > target.vocab_size:
+    raise ValueError(
+      f"A dynamic tree's depth keeps at most one child per token of the vocabulary "
+      f"({target.vocab_size}), but {tree.describe()} asks for {max(tree.widths)}."
+    )
   model_protocol.check_tree_support(target, "target")
   drafter.check_tree(tree)
   return tree
+
+
+def row_masks(proposal: drafters.TreeProposal) -> jax.Array:
+  """[B, N+1, N+1]: each row's ``TreeShape.attention_mask`` from its own parents (a dynamic
+  tree): token t (0: the root, 1 + j: node j) sees the root, itself and its ancestors."""
+  parents_BN = proposal.parents
+  batch, num_nodes = parents_BN.shape
+  mask_BSS = jnp.zeros((batch, num_nodes + 1, num_nodes + 1), bool).at[:, :, 0].set(True)
+  for j in range(num_nodes):  # Parents come before their children.
+    parent_row_BS = jnp.take_along_axis(mask_BSS, (parents_BN[:, j] + 1)[:, None, None], axis=1)
+    mask_BSS = mask_BSS.at[:, 1 + j].set(parent_row_BS[:, 0].at[:, 1 + j].set(True))
+  return mask_BSS
 
 
 def verifier(name: str, greedy: bool) -> Callable[..., Any]:
@@ -138,7 +160,7 @@ def step(
     call = TreeCall(
       root_B,
       jnp.arange(tree.num_nodes + 1, dtype=jnp.int32),
-      jnp.asarray(tree.attention_mask()),
+      jnp.asarray(tree.attention_mask()) if proposal.parents is None else row_masks(proposal),
     )
     capture = {"capture_layers": drafter.feature_layers} if drafter.feature_layers else {}
     scored = target(
@@ -157,6 +179,7 @@ def step(
       proposal.probs,
       probabilities(target_logits_BTV, sampling),
       proposal.proposed,
+      parents_BN=proposal.parents,
     )
   with jax.named_scope("compact"):
     # Node i sits at slot n + i; the path's depth-d node goes to slot n + d - 1.

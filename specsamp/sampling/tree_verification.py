@@ -46,6 +46,12 @@ depends on the rejected token, so later siblings may be drawn from any q given e
 (Weng et al. write the sibling update as M_s renormalised without the rejected token, which
 is q of the next sibling when siblings are drawn without replacement.)
 
+Dynamic trees (EAGLE-2, ``tree.dynamic``): every row has its own parents, a node at depth d
+under one of depth d-1's nodes (``parents_BN``). The token verifier runs as above with parent(j)
+read per row; nothing in its proof uses the shape beyond each node's own q and that the shape
+is settled before the target's coins. A dynamic tree's shape and tokens are a deterministic
+function of the draft's outputs on the accepted past, so its q is one-hot (``proposals.py``).
+
 Greedy (temperature 0): at each depth accept the first alive proposed child with
 x~_j = argmax p_u, merging duplicates as above; emit argmax p_u at the last accepted u.
 
@@ -127,11 +133,32 @@ def _stack(columns: list[jax.Array]) -> jax.Array:
   return jnp.stack(columns, axis=1)
 
 
+def _parent_alive(tree: TreeShape, parents_BN, alive: dict, j: int) -> jax.Array:
+  """[B]: whether node j's parent is alive; its parent per row when ``parents_BN`` is given
+  (a dynamic tree: a node at depth d hangs under one of depth d-1's nodes, or the root)."""
+  if parents_BN is None:
+    return alive[tree.parents[j]]
+  depth = tree.depths[j]
+  if depth == 1:
+    return alive[-1]
+  previous = tree.nodes_at_depth(depth - 1)
+  alive_Bn = jnp.stack([alive[u] for u in previous], axis=1)
+  return _take(alive_Bn, parents_BN[:, j] - previous[0])
+
+
 def _token_trace(
-  tree: TreeShape, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin: Coin, greedy: bool = False
+  tree: TreeShape,
+  tokens_BN,
+  q_BNV,
+  p_BN1V,
+  proposed_BN,
+  coin: Coin,
+  greedy: bool = False,
+  parents_BN=None,
 ) -> _Trace:
   """Recursive rejection sampling with merged prefixes (module docstring); ``greedy``: accept
-  the first alive child equal to argmax p_u instead (no coins, no residuals)."""
+  the first alive child equal to argmax p_u instead (no coins, no residuals). ``parents_BN``:
+  each row's own parents (a dynamic tree); else the tree's static ones."""
   batch, num_nodes = tokens_BN.shape
   ones_B = jnp.ones((batch,), bool)
   alive = {-1: ones_B}
@@ -147,7 +174,8 @@ def _token_trace(
     best_B = _take(best_BN1, row_B)
     for j in tree.nodes_at_depth(depth):
       x_B, q_BV = tokens_BN[:, j], q_BNV[:, j]
-      tried_B = alive[tree.parents[j]] & proposed_BN[:, j] & ~accepted_B & ~stopped_B
+      tried_B = _parent_alive(tree, parents_BN, alive, j) & proposed_BN[:, j]
+      tried_B &= ~accepted_B & ~stopped_B
       if greedy:
         probability_B = (x_B == best_B).astype(jnp.float32)
         accept_B = tried_B & (x_B == best_B)
@@ -163,8 +191,8 @@ def _token_trace(
     stopped_B |= ~accepted_B
     token_B = _take(tokens_BN, node_B)
     for j in tree.nodes_at_depth(depth):
-      parent = tree.parents[j]
-      alive[j] = accepted_B & alive[parent] & proposed_BN[:, j] & (tokens_BN[:, j] == token_B)
+      parent_alive_B = _parent_alive(tree, parents_BN, alive, j)
+      alive[j] = accepted_B & parent_alive_B & proposed_BN[:, j] & (tokens_BN[:, j] == token_B)
     row_B = jnp.where(accepted_B, node_B + 1, row_B)
     r_BV = jnp.where(accepted_B[:, None], _row(p_BN1V, row_B), r_BV)
     fresh_B |= accepted_B
@@ -244,6 +272,7 @@ def tree_token_verify(
   q_BNV: jax.Array,
   p_BN1V: jax.Array,
   proposed_BN: jax.Array,
+  parents_BN: jax.Array | None = None,
 ) -> TreeVerdict:
   """Recursive rejection sampling over the tree, merging equal prefixes (module docstring).
 
@@ -254,6 +283,8 @@ def tree_token_verify(
     q_BNV: [B, N, V] float32, the distribution node i's token was drawn from.
     p_BN1V: [B, N+1, V] float32, the target at the root (0) and after node i (i+1).
     proposed_BN: [B, N] bool, nodes proposed (closed under ancestors).
+    parents_BN: [B, N] int32, each row's parent of node i (-1: the root), for a dynamic tree
+      (``tree.dynamic``); None: the tree's static parents.
 
   Returns:
     The accepted depth, path and next token per row. On ``tree.chain(K)`` with every node
@@ -261,7 +292,8 @@ def tree_token_verify(
   """
   coin_key, emit_key = threefry.split(key)
   coin = _word_coins(coin_key, tokens_BN.shape)
-  return _token_trace(tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin).verdict(emit_key)
+  trace = _token_trace(tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin, parents_BN=parents_BN)
+  return trace.verdict(emit_key)
 
 
 def traversal_verify(
@@ -271,9 +303,16 @@ def traversal_verify(
   q_BNV: jax.Array,
   p_BN1V: jax.Array,
   proposed_BN: jax.Array,
+  parents_BN: jax.Array | None = None,
 ) -> TreeVerdict:
   """Traversal verification, Weng et al. 2025 (module docstring); arguments as
-  ``tree_token_verify``. On ``tree.chain(K)``, bit-identical to ``verification.block_verify``."""
+  ``tree_token_verify``. On ``tree.chain(K)``, bit-identical to ``verification.block_verify``.
+  Its post-order walk follows the static tree: a dynamic tree is refused."""
+  if parents_BN is not None or tree.dynamic:
+    raise ValueError(
+      "Traversal verification walks a static tree; a dynamic tree (per-row parents) is "
+      "verified by verifier='token'."
+    )
   coin_key, emit_key = threefry.split(key)
   coin = _word_coins(coin_key, tokens_BN.shape)
   return _traversal_trace(tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin).verdict(emit_key)
@@ -286,12 +325,15 @@ def tree_greedy_verify(
   q_BNV: jax.Array,
   p_BN1V: jax.Array,
   proposed_BN: jax.Array,
+  parents_BN: jax.Array | None = None,
 ) -> TreeVerdict:
   """Temperature 0: follow the target's argmax down the tree (merging equal prefixes) and emit
   the argmax after the last accepted node; key and q are not needed. On a chain, equal to
   ``verification.greedy_verify``."""
   del key
-  trace = _token_trace(tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin=None, greedy=True)
+  trace = _token_trace(
+    tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin=None, greedy=True, parents_BN=parents_BN
+  )
   return TreeVerdict(
     num_accepted=trace.num_accepted,
     path=trace.path,
@@ -299,10 +341,8 @@ def tree_greedy_verify(
   )
 
 
-TreeVerifier = Callable[
-  [jax.Array, TreeShape, jax.Array, jax.Array, jax.Array, jax.Array], TreeVerdict
-]
-"""(key, tree, tokens_BN, q_BNV, p_BN1V, proposed_BN) -> TreeVerdict."""
+TreeVerifier = Callable[..., TreeVerdict]
+"""(key, tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, parents_BN=None) -> TreeVerdict."""
 
 TREE_VERIFIERS: dict[str, TreeVerifier] = {
   "token": tree_token_verify,

@@ -102,6 +102,7 @@ TREE_BUGS = ("sibling_against_p", "siblings_full_q")
 # or greedy with one-hot q; the draft model's greedy proposals on the trigram.
 PROPOSAL_DRAFTERS = ("feature", "feature_greedy", "feature_vocab", "feature_vocab_greedy")
 PROPOSAL_TREE = "tree:2,2,1"
+DYNAMIC_TREE = "dynamic:3,2,2"  # EAGLE-2: 3 nodes at depth 1, then the 2 best of 6 per depth.
 PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 TREE_BUG = "tree:3,1,1"  # Where the tree bugs show: three distinct siblings, then chains.
 BUGS = (
@@ -114,6 +115,7 @@ BUGS = (
   "siblings_full_q",
   "chosen_real_q",
 )
+SCOPES = ("full", "quick", "trees", "proposals")
 # Batch-1 prompt: its last token occurred before, so prompt lookup proposes from the start.
 PROMPT = (3, 6, 1, 3)
 RAGGED_ROWS = 16
@@ -172,13 +174,17 @@ def all_cases(scope: str = "full") -> list[Case]:
     The tree bug 'sibling_against_p' is left to the full certificate:
     tests/test_tree_verification.py rejects the same fault by exact enumeration.
   'trees': the full certificate's tree cases and tree bugs only.
+  'proposals': the full certificate's proposal-mode cases (``proposal_cases``, dynamic trees
+  included) and the bug 'chosen_real_q' (chain and dynamic tree) only.
   The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
   covering set above rather than the full product.
   """
-  if scope not in ("full", "quick", "trees"):
-    raise ValueError(f"scope must be 'full', 'quick' or 'trees', got {scope!r}.")
+  if scope not in SCOPES:
+    raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}.")
   if scope == "trees":  # The full certificate's tree cases and tree bugs only.
     return tree_cases("full") + [c for c in bug_cases() if c.tree]
+  if scope == "proposals":
+    return proposal_cases("full") + [c for c in bug_cases() if c.bug == "chosen_real_q"]
   warpings = list(CHAIN_WARPINGS)
   table_drafters = [d for d in DRAFTERS if d not in TRANSFORMER_DRAFTERS]
   if scope == "full":
@@ -258,7 +264,34 @@ def proposal_cases(scope: str = "full") -> list[Case]:
     Case("trigram", "block", "model_greedy", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"),
     Case("trigram", "token", "model_greedy", "fixed", "top-p=0.8", "1", "1", tree=PROPOSAL_TREE),
   ]
-  return cases
+  return cases + dynamic_cases(scope)
+
+
+def dynamic_cases(scope: str = "full") -> list[Case]:
+  """Dynamic trees (EAGLE-2, greedy proposals with one-hot q, the token verifier). 'full': the
+  head (shared and reduced vocabulary) x warping x batch on the transformer (4), and the draft
+  model on the trigram x warping x batch (4). 'quick': the trigram on ragged rows."""
+  if scope == "quick":
+    return [
+      Case("trigram", "token", "model_greedy", "fixed", "T=1", "ragged16", "1", tree=DYNAMIC_TREE)
+    ]
+  shapes = list(itertools.product(PROPOSAL_WARPINGS, BATCHES))
+  return [
+    Case(
+      "transformer",
+      "token",
+      ("feature_greedy", "feature_vocab_greedy")[i % 2],
+      "fixed",
+      warping_name,
+      batch,
+      "1",
+      tree=DYNAMIC_TREE,
+    )
+    for i, (warping_name, batch) in enumerate(shapes)
+  ] + [
+    Case("trigram", "token", "model_greedy", "fixed", w, b, "1", tree=DYNAMIC_TREE)
+    for w, b in shapes
+  ]
 
 
 def tree_cases(scope: str = "full") -> list[Case]:
@@ -312,6 +345,9 @@ def bug_cases() -> list[Case]:
     Case("trigram", "token", "model", "fixed", "T=1", "1", "1", "sibling_against_p", TREE_BUG),
     Case("trigram", "token", "model", "fixed", "top-k=3", "1", "1", "siblings_full_q", TREE_BUG),
     Case("trigram", "token", "model_greedy", "fixed", "T=1", "1", "1", bug="chosen_real_q"),
+    Case(
+      "trigram", "token", "model_greedy", "fixed", "T=1", "1", "1", "chosen_real_q", DYNAMIC_TREE
+    ),
   ]
 
 
@@ -352,12 +388,13 @@ class Trigram:
       slots_BT, previous_slots_BT = positions_BT, positions_BT - 1
       lengths_B = positions_BT[:, -1] + 1
     else:  # A tree call: the token before a node is its parent's, in the parent's slot.
-      tree_slots = jnp.arange(tree.mask_TM.shape[1])
-      earlier_TM = tree.mask_TM & (tree_slots[None, :] < tree.offsets_T[:, None])
-      parent_T = jnp.max(jnp.where(earlier_TM, tree_slots[None, :], -1), axis=1)
+      tree_slots = jnp.arange(tree.num_slots)
+      mask_BTM = tree.mask_BTM(tokens_BT.shape[0])
+      earlier_BTM = mask_BTM & (tree_slots[None, None, :] < tree.offsets_T[None, :, None])
+      parent_BT = jnp.max(jnp.where(earlier_BTM, tree_slots, -1), axis=2)
       slots_BT = tree.root_B[:, None] + tree.offsets_T[None, :]
-      previous_slots_BT = tree.root_B[:, None] + parent_T[None, :]
-      lengths_B = tree.root_B + tree.mask_TM.shape[1]
+      previous_slots_BT = tree.root_B[:, None] + parent_BT
+      lengths_B = tree.root_B + tree.num_slots
     fed_BS = cache.tokens.at[rows_B1, slots_BT].set(tokens_BT)
     previous_BT = jnp.where(
       previous_slots_BT >= 0,
@@ -685,14 +722,9 @@ def planted(bug: str | None) -> Iterator[None]:
       return tokens_Bn, parent_q_BnV
 
     patch(proposals, "draw_depth", draw_depth)
-  elif bug == "chosen_real_q":  # A greedy choice verified with the q it was NOT drawn from.
-    original_token = proposals.draw_token
-
-    def draw_token(key, logits_BV, sampling, proposal):
-      token_B, _ = original_token(key, logits_BV, sampling, proposal)
-      return token_B, warping.probabilities(logits_BV, sampling)
-
-    patch(proposals, "draw_token", draw_token)
+  elif bug == "chosen_real_q":  # A greedy choice verified with the q it was NOT drawn from
+    # (chains, static trees and dynamic trees all report chosen tokens through chosen_q).
+    patch(proposals, "chosen_q", lambda tokens, warped_q: warped_q)
   else:
     raise ValueError(f"Unknown planted bug {bug!r}; known: {BUGS}.")
   jax.clear_caches()
