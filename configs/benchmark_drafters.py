@@ -11,16 +11,20 @@
   # chains (K=4) and static trees, sampled (real q) against greedy (one-hot q) proposals, at
   # T=0, 0.7, 1 and 0.8 / top-p 0.95 (docs/feature_head.md):
   python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:feature
+  # Dynamic trees (EAGLE-2) of <= 32 nodes from the head and the draft, greedy proposals,
+  # against their chains at the same depth (docs/feature_head.md):
+  python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:dynamic
 
 Variants: '' (the default pair), smollm2 (the real target), feature (the feature head's
-chains and trees on the default pair), test (the micro pair, for the tests).
+chains and trees on the default pair), dynamic (dynamic trees on the default pair), test (the
+micro pair, for the tests).
 """
 
 import ml_collections
 
 from specsamp.experiments import config_files
 
-VARIANTS = ("full", "smollm2", "feature", "test")
+VARIANTS = ("full", "smollm2", "feature", "dynamic", "test")
 
 
 def get_config(arg=None):
@@ -85,6 +89,16 @@ def get_config(arg=None):
     config.num_draft_tokens = "4"
     config.chain_verifier = "block"  # The distilled draft's best chain (Sun et al.).
     config.trees = "chain;chains:4x4/distinct;tree:4,2,1,1"  # 16 and 28 nodes, depth 4.
+  if variant == "dynamic":
+    config.output_dir = "benchmark_results/drafters_dynamic"
+    config.tasks = "continue"
+    config.modes = "greedy,t07,sample,nucleus"
+    config.drafters = "model,feature,model_greedy,feature_greedy"
+    config.schedules = "fixed"
+    config.num_draft_tokens = "4,6"
+    config.chain_verifier = "block"
+    # 32 nodes, depth 6 (wide near the root); 24 nodes, depth 6 (4 per depth); 16, depth 4.
+    config.trees = "chain;dynamic:8,8,6,4,3,3;dynamic:4x6;dynamic:4x4"
   if variant == "test":
     config.modes = "greedy"
     config.drafters = "model,lookup"

@@ -3,6 +3,8 @@ loop's tree step (a chain-shaped tree reproduces the chain path; greedy trees re
 autoregressive greedy). Exactness by G-test: tests/test_certify.py (tree cases) and the
 verifiers by exact enumeration: tests/test_tree_verification.py."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -202,3 +204,60 @@ class NoTree:
 
   def __call__(self, tokens_BT, positions_BT, cache):
     return self.model(tokens_BT, positions_BT, cache)
+
+
+def _all_trees(num_nodes, max_depth, max_children):
+  """Every breadth-first tree of exactly num_nodes nodes within the limits (brute force)."""
+  for parents in itertools.product(*[range(-1, i) for i in range(num_nodes)]):
+    try:
+      shape = tree_lib.TreeShape(parents)
+    except ValueError:
+      continue
+    if shape.max_depth <= max_depth and shape.max_children <= max_children:
+      yield shape
+
+
+@pytest.mark.parametrize("acceptance", [(0.7, 0.2, 0.05), (0.5, 0.4, 0.3), (0.9, 0.02, 0.01)])
+def test_sequoia_tree_is_the_best_tree_by_brute_force(acceptance):
+  for num_nodes, max_depth in [(4, 2), (6, 3), (6, 6)]:
+    shape = tree_lib.sequoia(acceptance, num_nodes, max_depth)
+    assert shape.num_nodes <= num_nodes and shape.max_depth <= max_depth
+    value = tree_lib.expected_accepted(shape, acceptance)
+    best = max(
+      tree_lib.expected_accepted(t, acceptance)
+      for n in range(1, num_nodes + 1)
+      for t in _all_trees(n, max_depth, len(acceptance))
+    )
+    assert value == pytest.approx(best, abs=1e-12)
+  assert tree_lib.parse("sequoia:6x3@0.7,0.2,0.05") == tree_lib.sequoia((0.7, 0.2, 0.05), 6, 3)
+  # A chain when only the first rank is ever accepted.
+  assert tree_lib.sequoia((0.8, 0.0), 5, 5).is_chain
+  with pytest.raises(ValueError, match="acceptances in \\[0, 1\\]"):
+    tree_lib.sequoia((1.2,), 4, 2)
+
+
+def test_rank_counts_follow_the_accepted_path():
+  """Counts per sibling rank against a direct reading of one verdict: accepted nodes by rank,
+  and proposed nodes whose parent is on the path (or is the root)."""
+  from specsamp.sampling import drafters, tree_step, tree_verification
+
+  shape = tree_lib.parse("tree:3,2,1")  # Ranks 0-2 at depth 1, 0-1 at depth 2.
+  proposed = np.ones((2, shape.num_nodes), bool)
+  proposed[1, 2] = False  # Row 1: the root's third child (and its subtree) not proposed.
+  proposed[1, [7, 8, 13, 14]] = False
+  path = np.array([[1, 6, 0], [0, 3, 9]])  # Row 0: node 1, then its second child, node 6.
+  verdict = tree_verification.TreeVerdict(
+    num_accepted=jnp.asarray([2, 1]), path=jnp.asarray(path), next_token=jnp.zeros(2, jnp.int32)
+  )
+  proposal = drafters.TreeProposal(
+    jnp.zeros((2, shape.num_nodes), jnp.int32), None, jnp.asarray(proposed), None, None
+  )
+  accepted, reached = map(np.asarray, tree_step.rank_counts(shape, proposal, verdict))
+  assert shape.max_children == 3 and shape.children(1) == (5, 6) and shape.children(6) == (12,)
+  # Row 0: nodes 1 and 6, both rank 1; reached: the root's 3 children (ranks 0-2), node 1's 2
+  # children (5, 6) and node 6's one (12).
+  np.testing.assert_array_equal(accepted[0], [0, 2, 0])
+  np.testing.assert_array_equal(reached[0], [3, 2, 1])
+  # Row 1: node 0 (rank 0); reached: the root's 2 proposed children, node 0's 2 children.
+  np.testing.assert_array_equal(accepted[1], [1, 0, 0])
+  np.testing.assert_array_equal(reached[1], [2, 2, 0])

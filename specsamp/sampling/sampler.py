@@ -52,6 +52,8 @@ def as_speculative_output(output: autoregressive.GenerationOutput) -> Speculativ
     verified_at_position=jnp.zeros((batch, 0), jnp.int32),
     proposed=jnp.zeros((batch,), jnp.int32),
     nan_logits=jnp.zeros((batch,), bool),
+    accepted_at_rank=jnp.zeros((batch, 0), jnp.int32),
+    reached_at_rank=jnp.zeros((batch, 0), jnp.int32),
   )
 
 

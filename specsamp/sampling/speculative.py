@@ -81,6 +81,8 @@ class _LoopState:
   verified_at_position: jax.Array
   proposed: jax.Array
   nan_logits: jax.Array
+  accepted_at_rank: jax.Array  # [B, R]
+  reached_at_rank: jax.Array  # [B, R]
 
 
 def append(
@@ -363,6 +365,7 @@ class SpeculativeLoop:
         )
     width = prompt_width + self.max_new_tokens + num_draft_tokens + 1
     zeros_B = jnp.zeros((batch,), jnp.int32)
+    ranks = 1 if self.tree is None else self.tree.max_children
     state = _LoopState(
       step=jnp.int32(0),
       tokens=initial_tokens(prompts_BT, prompt_lengths_B, width, self.pad_id),
@@ -378,6 +381,8 @@ class SpeculativeLoop:
       verified_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
       proposed=zeros_B,
       nan_logits=model_protocol.has_nan(target_logits) | drafter_nan,
+      accepted_at_rank=jnp.zeros((batch, ranks), jnp.int32),
+      reached_at_rank=jnp.zeros((batch, ranks), jnp.int32),
     )
 
     def body(state: _LoopState) -> _LoopState:
@@ -426,6 +431,7 @@ class SpeculativeLoop:
           count_B,
           num_draft_tokens,
           result.proposed_nodes,
+          result.rank_counts,
         )
       return state.replace(
         step=state.step + 1,

@@ -32,6 +32,12 @@ class SpeculativeOutput(GenerationOutput):
       reached (every earlier one accepted), before any EOS: the denominators of acceptance.
     proposed: [B] draft tokens proposed in all (a block cut by EOS counts its tokens up to
       the EOS).
+    accepted_at_rank: [B, R] iterations' accepted draft nodes of sibling rank r (0: a
+      parent's first child; R: the most children a node of the tree has, 1 for a chain),
+      as the verifier accepted them (before any EOS cut).
+    reached_at_rank: [B, R] proposed nodes of rank r whose parent was accepted (or was the
+      root): the denominators of the acceptance per sibling rank, which shapes Sequoia
+      trees (``tree.sequoia``).
     nan_logits: [B] bool, a model produced NaN logits for the row.
 
   Every statistic counts what was appended to the rows: tokens a row discards after its
@@ -47,6 +53,8 @@ class SpeculativeOutput(GenerationOutput):
   verified_at_position: jax.Array
   proposed: jax.Array
   nan_logits: jax.Array
+  accepted_at_rank: jax.Array
+  reached_at_rank: jax.Array
 
   @property
   def target_calls(self) -> jax.Array:
@@ -85,6 +93,11 @@ def summarize(outputs: list[SpeculativeOutput]) -> dict[str, Any]:
     # i.i.d. acceptance of Leviathan et al. that predicts tokens per call.
     "alpha": float(at_position.sum() / max(reached.sum(), 1)),
     "tokens_per_target_call": generated / iterations,
+    # P(the parent's rank-r child is the accepted one | the parent was accepted, that child
+    # proposed): Sequoia's acceptance vector, r = 0, 1, ...
+    "acceptance_at_rank": (
+      pooled("accepted_at_rank") / np.maximum(pooled("reached_at_rank"), 1)
+    ).tolist(),
     "generated_per_row": np.concatenate([np.asarray(o.num_generated) for o in outputs]).tolist(),
   }
 
@@ -95,11 +108,19 @@ STATISTICS = (
   "accepted_at_position",
   "verified_at_position",
   "proposed",
+  "accepted_at_rank",
+  "reached_at_rank",
 )
 
 
 def count_appended(
-  active_B, proposed_B, accepted_B, count_B, num_draft_tokens: int, proposed_nodes_B=None
+  active_B,
+  proposed_B,
+  accepted_B,
+  count_B,
+  num_draft_tokens: int,
+  proposed_nodes_B=None,
+  ranks=None,
 ) -> dict:
   """One iteration's statistics (the fields of STATISTICS), counting what was APPENDED.
 
@@ -111,13 +132,20 @@ def count_appended(
 
   For a tree, ``proposed_B`` is the deepest proposed position (the denominators of
   acceptance per position) and ``proposed_nodes_B`` the nodes proposed (``proposed``).
+  ``ranks``: (accepted_BR, reached_BR), the step's counts per sibling rank
+  (``tree_step.rank_counts``); a chain's, rank 0 only, follow from the verdict.
   """
   active_i32 = active_B.astype(jnp.int32)
   positions_G = jnp.arange(num_draft_tokens)[None, :]
   kept_B = jnp.minimum(accepted_B, count_B)  # Draft tokens appended.
   cut_B = count_B <= accepted_B
   realised_proposed_B = jnp.where(cut_B, count_B, proposed_B)
+  if ranks is None:  # A chain: its one child per depth is rank 0.
+    ranks = (accepted_B[:, None], jnp.minimum(proposed_B, accepted_B + 1)[:, None])
+  accepted_BR, reached_BR = ranks
   return {
+    "accepted_at_rank": active_i32[:, None] * accepted_BR.astype(jnp.int32),
+    "reached_at_rank": active_i32[:, None] * reached_BR.astype(jnp.int32),
     "iterations": active_i32,
     "accepted_histogram": active_i32[:, None]
     * jax.nn.one_hot(kept_B, num_draft_tokens + 1, dtype=jnp.int32),

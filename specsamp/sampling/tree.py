@@ -24,6 +24,10 @@ Shapes (the ``--config.speculative.tree`` strings, ``parse``):
                    depth by depth); which node is whose parent is chosen per row
                    (``TreeProposal.parents``). Its tokens are deterministic choices, so only
                    the 'greedy' proposal mode (one-hot q) fills it (``proposals.py``).
+  sequoia:NxD@a0,a1,..  the static tree of at most N nodes and depth D with the most expected
+                   accepted tokens when a node's rank-r child is accepted with probability
+                   a_r (Sequoia; ``sequoia``). The a_r are what a run measured: its summary's
+                   ``acceptance_at_rank``.
 
 A suffix ``/iid`` or ``/distinct`` overrides how siblings are drawn:
 ``/iid`` draws each sibling independently from its parent's q (duplicates
@@ -132,6 +136,14 @@ class TreeShape:
     """[N+1] int32: each scored token's position after the root's (0, then the depths)."""
     return np.asarray((0, *self.depths), np.int32)
 
+  @functools.cached_property
+  def max_children(self) -> int:
+    """R: the most children one node (the root included) can have; a dynamic tree's node may
+    hold all of the next depth's slots."""
+    if self.dynamic:
+      return max(self.widths)
+    return max(len(self.children(node)) for node in (-1, *range(self.num_nodes)))
+
   @property
   def widths(self) -> tuple[int, ...]:
     """Nodes per depth, 1..D."""
@@ -197,6 +209,73 @@ def dynamic(widths: tuple[int, ...] | list[int]) -> TreeShape:
   return TreeShape(tuple(parents), distinct_siblings=True, dynamic=True)
 
 
+def expected_accepted(tree: TreeShape, acceptance: tuple[float, ...] | list[float]) -> float:
+  """Draft tokens a static tree is expected to get accepted per iteration when a node's
+  rank-r child is the accepted one with probability ``acceptance[r]`` given its parent was
+  (Sequoia's positional acceptance): the sum over nodes of the product along their path."""
+  value, reach = 0.0, []
+  for node, parent in enumerate(tree.parents):
+    rank = tree.sibling_rank[node]
+    p = acceptance[rank] if rank < len(acceptance) else 0.0
+    reach.append(p * (1.0 if parent < 0 else reach[parent]))
+    value += reach[-1]
+  return value
+
+
+def sequoia(
+  acceptance: tuple[float, ...] | list[float], num_nodes: int, max_depth: int
+) -> TreeShape:
+  """The static tree of at most ``num_nodes`` nodes and depth ``max_depth`` that maximises
+  ``expected_accepted`` for the acceptance per sibling rank ``acceptance`` (Sequoia, Chen et
+  al. 2024, arXiv 2402.12374: dynamic programming over subtree sizes). Siblings are drawn
+  without replacement, in rank order, as measured (``statistics``: acceptance_at_rank)."""
+  acceptance = [float(a) for a in acceptance]
+  ranks = len(acceptance)
+  if ranks < 1 or num_nodes < 1 or max_depth < 1 or any(not 0 <= a <= 1 for a in acceptance):
+    raise ValueError(
+      f"sequoia needs acceptances in [0, 1] per rank, >= 1 node and depth >= 1; got "
+      f"{list(acceptance)}, {num_nodes} nodes, depth {max_depth}."
+    )
+  none = -1.0  # No tree of that size fits (every value is >= 0).
+  # best[d][n]: the most a node's subtree of n nodes below it, at most d deep, adds.
+  # share[d][r][m]: the most children of ranks r.. with m nodes in all add, and how.
+  best = [[0.0] + [none] * num_nodes]
+  choice: dict[tuple[int, int, int], int] = {}
+  for depth in range(1, max_depth + 1):
+    share = [[0.0] + [none] * num_nodes for _ in range(ranks + 1)]
+    for r in range(ranks - 1, -1, -1):
+      for m in range(1, num_nodes + 1):
+        for size in range(1, m + 1):  # The rank-r child's subtree, itself included.
+          below, rest = best[depth - 1][size - 1], share[r + 1][m - size]
+          if below < 0 or rest < 0:
+            continue
+          value = acceptance[r] * (1.0 + below) + rest
+          if value > share[r][m] + 1e-12:
+            share[r][m], choice[depth, r, m] = value, size
+    best.append(share[0])
+  size = max(range(num_nodes + 1), key=lambda m: (best[max_depth][m], -m))
+
+  def children(depth: int, nodes: int) -> list:
+    """The subtrees (lists of their children) under a node with ``nodes`` nodes below it."""
+    kids, r = [], 0
+    while nodes > 0:
+      taken = choice[depth, r, nodes]
+      kids.append(children(depth - 1, taken - 1))
+      nodes, r = nodes - taken, r + 1
+    return kids
+
+  parents: list[int] = []
+  level = [(-1, children(max_depth, size))]
+  while level:  # Breadth first, siblings in rank order.
+    next_level = []
+    for parent, kids in level:
+      for kid in kids:
+        next_level.append((len(parents), kid))
+        parents.append(parent)
+    level = next_level
+  return TreeShape(tuple(parents), distinct_siblings=True)
+
+
 def parse(spec: str) -> TreeShape:
   """A TreeShape from its config string (module docstring): 'chains:2x4', 'tree:3,2,1,1',
   'parents:-1,-1,0', 'chain:4', each optionally with '/iid' or '/distinct'."""
@@ -213,6 +292,10 @@ def parse(spec: str) -> TreeShape:
       shape = TreeShape(tuple(int(p) for p in args.split(",")))
     elif kind == "chain":
       shape = chain(int(args))
+    elif kind == "sequoia":
+      budget, _, measured = args.partition("@")
+      count, _, depth = budget.lower().partition("x")
+      shape = sequoia([float(a) for a in measured.split(",")], int(count), int(depth))
     elif kind == "dynamic":
       width, times, depth = args.lower().partition("x")
       widths = [int(width)] * int(depth) if times else [int(w) for w in args.split(",")]
@@ -223,8 +306,9 @@ def parse(spec: str) -> TreeShape:
     raise ValueError(
       f"Bad tree {spec!r}: {str(error).rstrip('.')}. Use 'chains:KxD' (K chains of D tokens), "
       "'tree:b1,b2,...' (branching per depth), 'parents:-1,-1,0,...', 'chain:D' (each "
-      "optionally with '/iid' or '/distinct'), or 'dynamic:w1,w2,...' / 'dynamic:WxD' "
-      "(EAGLE-2: w_d nodes at depth d, parents chosen per row)."
+      "optionally with '/iid' or '/distinct'), 'dynamic:w1,w2,...' / 'dynamic:WxD' "
+      "(EAGLE-2: w_d nodes at depth d, parents chosen per row), or 'sequoia:NxD@a0,a1,...' "
+      "(the best static tree of N nodes, depth D, for acceptance a_r per sibling rank)."
     ) from None
   if draws and shape.dynamic:
     raise ValueError(

@@ -53,6 +53,8 @@ class StepResult:
     target_cache, drafter_state: after the step, not yet rolled back.
     draft_calls: scalar, draft model calls.
     nan: [B] either model produced NaN for the row.
+    rank_counts: ([B, R], [B, R]) accepted and reached nodes per sibling rank (a tree's,
+      ``rank_counts``); None for a chain (rank 0 only, counted from the verdict).
   """
 
   path_tokens: jax.Array
@@ -64,6 +66,7 @@ class StepResult:
   drafter_state: Any
   draft_calls: jax.Array
   nan: jax.Array
+  rank_counts: tuple[jax.Array, jax.Array] | None = None
 
 
 TREE_VERIFIERS = ("token", "traversal")  # Exact tree verifiers; temperature 0 uses argmax.
@@ -202,4 +205,34 @@ def step(
     drafter_state=drafter_state,
     draft_calls=proposal.model_calls,
     nan=model_protocol.has_nan(target_logits_BTV) | proposal.nan,
+    rank_counts=rank_counts(tree, proposal, verdict),
+  )
+
+
+def rank_counts(
+  tree: TreeShape, proposal: drafters.TreeProposal, verdict: tree_verification.TreeVerdict
+) -> tuple[jax.Array, jax.Array]:
+  """([B, R] accepted, [B, R] reached): per sibling rank r (a node's index among its parent's
+  children in that row, R = ``tree.max_children``), the accepted path's nodes of rank r, and
+  the proposed nodes of rank r whose parent is on the accepted path (or is the root). Their
+  ratio is the acceptance per sibling rank that shapes Sequoia trees (``tree.sequoia``)."""
+  batch, num_nodes = proposal.tokens.shape
+  parents_BN = proposal.parents
+  if parents_BN is None:
+    parents_BN = jnp.broadcast_to(jnp.asarray(tree.parents, jnp.int32), (batch, num_nodes))
+  nodes_N = jnp.arange(num_nodes)
+  earlier_NN = nodes_N[None, :] < nodes_N[:, None]  # [j, i]: i comes before j.
+  same_parent_BNN = parents_BN[:, :, None] == parents_BN[:, None, :]
+  rank_BN = jnp.sum(same_parent_BNN & earlier_NN[None], axis=2)
+  depth_D = jnp.arange(verdict.path.shape[1])
+  accepted_BD = depth_D[None, :] < verdict.num_accepted[:, None]
+  on_path_BN = jnp.any(
+    (verdict.path[:, :, None] == nodes_N[None, None, :]) & accepted_BD[:, :, None], axis=1
+  )
+  parent_on_path_BN = jnp.take_along_axis(on_path_BN, jnp.maximum(parents_BN, 0), axis=1)
+  reached_BN = proposal.proposed & ((parents_BN < 0) | parent_on_path_BN)
+  rank_BNR = jax.nn.one_hot(rank_BN, tree.max_children, dtype=jnp.int32)
+  return (
+    jnp.sum(rank_BNR * on_path_BN[:, :, None], axis=1),
+    jnp.sum(rank_BNR * reached_BN[:, :, None], axis=1),
   )

@@ -54,7 +54,7 @@ from specsamp.experiments.benchmarks.harness import Bench
 from specsamp.experiments.benchmarks.timing import time_sampler
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.sampling import drafters, speculative
+from specsamp.sampling import drafters, proposals, speculative
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.feature_drafter import FeatureDrafter
 
@@ -119,9 +119,11 @@ def draft_cost(bench: Bench, name: str, batch_size: int) -> float | None:
   return bench.step_s(name, batch_size, 1) / bench.step_s("target", batch_size, 1)
 
 
-def trees_ok(name: str, schedule: str) -> bool:
-  """Trees need a drafter that grows them (not prompt lookup) and a fixed draft length."""
-  return name != "lookup" and schedule == "fixed"
+def trees_ok(name: str, drafter: drafters.Drafter, schedule: str, spec: str) -> bool:
+  """Trees need a drafter that grows them (not prompt lookup), a fixed draft length, and a
+  proposal mode that can fill them (a dynamic tree: greedy proposals, ``proposals.fits``)."""
+  proposal = getattr(drafter, "proposal", "sampled")
+  return name != "lookup" and schedule == "fixed" and proposals.fits(proposal, tree_lib.parse(spec))
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -165,7 +167,7 @@ def run(
     for name in names:
       for schedule in parse_list(config.schedules):
         for proposal, num_draft_tokens in settings:
-          if proposal != CHAIN and not trees_ok(name, schedule):
+          if proposal != CHAIN and not trees_ok(name, built[name], schedule, proposal):
             continue
           record = {
             "task": task,
