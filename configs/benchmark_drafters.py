@@ -11,8 +11,9 @@
   # chains (K=4) and static trees, sampled (real q) against greedy (one-hot q) proposals, at
   # T=0, 0.7, 1 and 0.8 / top-p 0.95 (docs/feature_head.md):
   python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:feature
-  # Dynamic trees (EAGLE-2) of <= 32 nodes from the head and the draft, greedy proposals,
-  # against their chains at the same depth (docs/feature_head.md):
+  # Dynamic trees (EAGLE-2) of <= 32 nodes from the head (greedy proposals) and a Sequoia tree
+  # shaped from measured acceptance per sibling rank, against chains of K=4 and 6 and the
+  # distilled draft (docs/feature_head.md):
   python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:dynamic
 
 Variants: '' (the default pair), smollm2 (the real target), feature (the feature head's
@@ -92,13 +93,15 @@ def get_config(arg=None):
   if variant == "dynamic":
     config.output_dir = "benchmark_results/drafters_dynamic"
     config.tasks = "continue"
-    config.modes = "greedy,t07,sample,nucleus"
-    config.drafters = "model,feature,model_greedy,feature_greedy"
+    config.modes = "greedy,sample,nucleus"
+    config.drafters = "model,feature,feature_greedy"
     config.schedules = "fixed"
     config.num_draft_tokens = "4,6"
     config.chain_verifier = "block"
-    # 32 nodes, depth 6 (wide near the root); 24 nodes, depth 6 (4 per depth); 16, depth 4.
-    config.trees = "chain;dynamic:8,8,6,4,3,3;dynamic:4x6;dynamic:4x4"
+    # The static 28-node tree measures the acceptance per sibling rank that shapes a Sequoia
+    # tree of the same budget; dynamic trees (greedy proposals only): 16 nodes at depth 4, 24
+    # at depth 6 (4 per depth), 32 at depth 6 (wide near the root).
+    config.trees = "chain;tree:4,2,1,1;sequoia:28x4;dynamic:4x4;dynamic:4x6;dynamic:8,8,6,4,3,3"
   if variant == "test":
     config.modes = "greedy"
     config.drafters = "model,lookup"

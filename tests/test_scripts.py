@@ -6,7 +6,10 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+from specsamp.sampling import tree as tree_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -316,19 +319,27 @@ def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_
     f"--workdir={workdir}",
     f"--config.output_dir={output}",
     f"--prompts_file={prompt_file}",
-    "--config.trees=chain;tree:2,1",
+    "--config.trees=chain;tree:2,1;sequoia:3x2",
   )
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"timing 2 file:{prompt_file} prompts of" in result.stdout
   records = json.load(open(os.path.join(output, "results.json")))["records"]
-  # 2 tasks x greedy x (2 drafters x 2 schedules x the chain at K=2, + the model's tree).
-  assert len(records) == 10
+  # 2 tasks x greedy x (2 drafters x 2 schedules x the chain at K=2, + the model's 2 trees).
+  assert len(records) == 12
   assert {r["drafter"] for r in records.values()} == {"model", "lookup"}
   assert {r["task"] for r in records.values()} == {"continue", "grounded"}
   trees = [r for r in records.values() if "tree" in r]
   assert {(r["drafter"], r["schedule"], r["tree"]) for r in trees} == {
-    ("model", "fixed", "tree:2,1")
+    ("model", "fixed", "tree:2,1"),
+    ("model", "fixed", "sequoia:3x2"),
   }
+  for r in trees:  # The Sequoia tree is shaped from the tree:2,1 run's acceptance per rank.
+    assert len(r["acceptance_at_rank"]) == 2
+    if r["tree"].startswith("sequoia"):
+      measured = [t for t in trees if t["tree"] == "tree:2,1" and t["task"] == r["task"]][0]
+      ranks = [float(a) for a in r["shaped_from"].split(",")]
+      np.testing.assert_allclose(ranks, measured["acceptance_at_rank"], atol=1e-4)
+      assert r["shaped_tree"] == list(tree_lib.sequoia(ranks, 3, 2).parents)
   for r in records.values():
     assert r["speedup"] > 0 and 1.0 <= r["tokens_per_call"] <= 3.0
     assert 0.0 <= r["mean_draft_length"] <= (4.0 if "tree" in r else 2.0)  # tree:2,1: 4 nodes.

@@ -24,8 +24,11 @@ Drafters (names in ``config.drafters``):
   model_greedy     the trained draft proposing its most likely tokens, with one-hot q
 
 Proposals (``config.trees``, ';'-separated): 'chain' (one chain of each K of
-``num_draft_tokens``) and tree shapes (``tree.py``, e.g. 'tree:2,2,1,1' or
-'chains:2x4/distinct'), whose K is their depth, verified by recursive rejection sampling.
+``num_draft_tokens``) and tree shapes (``tree.py``, e.g. 'tree:2,2,1,1',
+'chains:2x4/distinct' or 'dynamic:4x6'), whose K is their depth, verified by recursive
+rejection sampling. 'sequoia:NxD' is shaped in the run (``tree.sequoia``) from the acceptance
+per sibling rank that the same drafter and mode measured on the proposal before it with the
+most ranks (list a wide tree first); the record keeps the shape and the acceptance it used.
 
 Timing as in ``benchmark.py``: compile and warm-up excluded, median over
 ``calls`` calls. Results go to ``output_dir``/results.json (resumable per
@@ -100,6 +103,36 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
 CHAIN = "chain"  # One chain of K draft tokens (config.trees).
 
 
+SEQUOIA = "sequoia:"  # Shaped in the run from measured acceptance per rank (module docstring).
+
+
+def tree_budget(spec: str) -> tuple[int, int]:
+  """(nodes, depth) of a tree spec; a 'sequoia:NxD' to be shaped in the run gives (N, D)."""
+  if spec.startswith(SEQUOIA) and "@" not in spec:
+    count, _, depth = spec[len(SEQUOIA) :].lower().partition("x")
+    try:
+      return int(count), int(depth)
+    except ValueError:
+      raise ValueError(f"Bad tree {spec!r}: use 'sequoia:NxD' (N nodes, depth D).") from None
+  shape = tree_lib.parse(spec)
+  return shape.num_nodes, shape.max_depth
+
+
+def shaped(spec: str, records: list[dict]) -> str:
+  """A tree spec to run: a 'sequoia:NxD' gets the acceptance per rank of the record (same
+  task, mode, batch and drafter, measured before it) with the most ranks."""
+  if not spec.startswith(SEQUOIA) or "@" in spec:
+    return spec
+  measured = [r["acceptance_at_rank"] for r in records if len(r.get("acceptance_at_rank", ())) > 1]
+  if not measured:
+    raise ValueError(
+      f"{spec} is shaped from the acceptance per sibling rank of an earlier tree of the same "
+      "drafter and mode: list a tree with siblings before it in config.trees."
+    )
+  ranks = max(measured, key=len)
+  return f"{spec}@" + ",".join(f"{a:.4f}" for a in ranks)
+
+
 def proposal_settings(config: ml_collections.ConfigDict) -> list[tuple[str, int]]:
   """(proposal, K) pairs: the chain at every K of ``num_draft_tokens``, each tree at its
   depth."""
@@ -108,7 +141,7 @@ def proposal_settings(config: ml_collections.ConfigDict) -> list[tuple[str, int]
     if spec == CHAIN:
       settings += [(CHAIN, k) for k in parse_list(config.num_draft_tokens, int)]
     else:
-      settings.append((spec, tree_lib.parse(spec).max_depth))
+      settings.append((spec, tree_budget(spec)[1]))
   return settings
 
 
@@ -123,7 +156,9 @@ def trees_ok(name: str, drafter: drafters.Drafter, schedule: str, spec: str) -> 
   """Trees need a drafter that grows them (not prompt lookup), a fixed draft length, and a
   proposal mode that can fill them (a dynamic tree: greedy proposals, ``proposals.fits``)."""
   proposal = getattr(drafter, "proposal", "sampled")
-  return name != "lookup" and schedule == "fixed" and proposals.fits(proposal, tree_lib.parse(spec))
+  if name == "lookup" or schedule != "fixed":
+    return False
+  return spec.startswith(SEQUOIA) or proposals.fits(proposal, tree_lib.parse(spec))
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -154,7 +189,7 @@ def run(
   log(f"timing {prompts_lib.describe(prompts, config.prompt_source)}, batches {batch_sizes}")
   tasks = {"continue": prompts, "grounded": grounded_prompts(prompts, config.repeat_tokens)}
   settings = proposal_settings(config)
-  widest = max(k if p == CHAIN else tree_lib.parse(p).num_nodes for p, k in settings)
+  widest = max(k if p == CHAIN else tree_budget(p)[0] for p, k in settings)
   cache_slots = prompts.tokens.shape[1] + config.max_new_tokens + widest + 1
   bench = Bench(pair, cache_slots, seed=config.seed, drafters=built)
 
@@ -183,6 +218,18 @@ def run(
           record_key = "/".join(str(v) for v in record.values())
           if record_key in store.data["records"]:
             continue
+          same = [
+            r
+            for r in store.data["records"].values()
+            if (r["task"], r["mode"], r.get("batch_size", 1), r["drafter"])
+            == (task, mode, batch_size, name)
+          ]
+          tree_spec = None if proposal == CHAIN else shaped(proposal, same)
+          depth = num_draft_tokens
+          if tree_spec != proposal and proposal != CHAIN:  # A shaped tree may be shallower.
+            record["shaped_tree"] = tree_lib.parse(tree_spec).parents
+            record["shaped_from"] = tree_spec.partition("@")[2]
+            depth = tree_lib.parse(tree_spec).max_depth
           if ar is None:
             ar = time_sampler(
               "autoregressive",
@@ -194,10 +241,10 @@ def run(
             "speculative",
             bench.sample(
               name,
-              num_draft_tokens=num_draft_tokens,
+              num_draft_tokens=depth,
               schedule=schedule,
               verifier=config.get("chain_verifier", "token") if proposal == CHAIN else "token",
-              tree=None if proposal == CHAIN else proposal,
+              tree=tree_spec,
               **warp,
             ),
             batches,
@@ -215,6 +262,7 @@ def run(
             alpha=stats["alpha"],
             draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1),
             acceptance_at_position=stats["acceptance_at_position"],
+            acceptance_at_rank=stats["acceptance_at_rank"],
             draft_cost=draft_cost(bench, name, batch_size),
           )
           store.data["records"][record_key] = record
