@@ -135,6 +135,15 @@ def get_config(arg=None):
   )
   config.feature.train.ttt_steps = 3  # Unrolled steps (EAGLE-3: 7), weighted ttt_decay ** k.
   config.feature.train.ttt_decay = 0.8
+  # Train on the target's own samples instead of the corpus (specsamp/training/
+  # target_samples.py): num_sequences corpus prompts of prompt_tokens, each continued by the
+  # target with new_tokens at temperature. 0 sequences: the corpus itself.
+  config.feature.target_samples = ml_collections.ConfigDict()
+  config.feature.target_samples.num_sequences = 0
+  config.feature.target_samples.prompt_tokens = 32
+  config.feature.target_samples.new_tokens = 96
+  config.feature.target_samples.temperature = 1.0
+  config.feature.target_samples.batch_size = 16
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.

@@ -274,3 +274,44 @@ def test_a_trained_head_saves_loads_and_refuses_another_target(target, tmp_path)
     store.save(1, {"params": {"x": jnp.zeros(2)}}, {"model": {}})
     store.wait()
     feature_train.load_head(str(tmp_path / "model"), target)
+
+
+def test_target_samples_are_corpus_prompts_and_the_targets_continuations(target):
+  """The stream holds, back to back, corpus windows and what the target sampled after each
+  (the same draws as autoregressive.generate with the same key and batch)."""
+  from specsamp.training import target_samples
+
+  corpus = np.arange(200, dtype=np.int32) % 64
+  stream = target_samples.sample_stream(
+    target, corpus, num_sequences=3, prompt_tokens=5, new_tokens=4, batch_size=2, seed=7
+  )
+  rows = stream.reshape(3, 9)
+  starts = [int(np.flatnonzero(corpus == row[0])[0]) for row in rows]
+  for row, start in zip(rows, starts):
+    np.testing.assert_array_equal(row[:5], corpus[start : start + 5])  # A corpus window.
+  expected = autoregressive.generate(
+    target,
+    rows[:2, :5],
+    np.full((2,), 5, np.int32),
+    jax.random.fold_in(jax.random.key(7), 0),
+    max_new_tokens=4,
+  )
+  np.testing.assert_array_equal(rows[:2], np.asarray(expected.tokens)[:, :9])
+  with pytest.raises(ValueError, match="shorter than one prompt"):
+    target_samples.sample_stream(target, corpus[:3], num_sequences=1, prompt_tokens=5, new_tokens=2)
+
+
+def test_a_pair_trains_its_head_on_target_samples_when_asked(target):
+  """config.feature.target_samples replaces the head's training stream (not the evaluation
+  stream) with the target's own samples, and the checkpoint's metadata records it."""
+  import ml_collections
+
+  from specsamp.experiments.jobs import pair as pair_lib
+
+  corpus = pair_lib.Corpus(split=None, train_stream=np.arange(300) % 64, eval_stream=np.ones(50))
+  samples = ml_collections.ConfigDict(
+    dict(num_sequences=4, prompt_tokens=6, new_tokens=3, temperature=1.0, batch_size=4)
+  )
+  wrapped = pair_lib._with_target_samples(lambda: corpus, target, samples, 3, log=lambda _: None)()
+  assert wrapped.train_stream.shape == (4 * 9,)
+  np.testing.assert_array_equal(wrapped.eval_stream, corpus.eval_stream)

@@ -40,7 +40,7 @@ from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.models.feature_head import FeatureDraftModel, FeatureHeadConfig
 from specsamp.sampling import model_protocol, speculative
-from specsamp.training import checkpoint, data, feature_train, train
+from specsamp.training import checkpoint, data, feature_train, target_samples, train
 from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.training.tokenizer import Tokenizer
 
@@ -308,6 +308,10 @@ def _train_feature_head(
     )
 
   output = f"own head over {resolved.draft_vocab_size} tokens" if resolved.draft_vocab_size else ""
+  samples = section.get("target_samples", None)
+  if samples is not None and samples.num_sequences > 0:  # The target's own text to train on.
+    meta["target_samples"] = dict(samples.to_dict(), seed=seed)
+    get_corpus = _with_target_samples(get_corpus, target, samples, seed, log)
   model, trained = _fit_stage(
     name,
     directory,
@@ -331,6 +335,38 @@ def _train_feature_head(
     return model
   trainer, state = trained
   return FeatureDraftModel(trainer.head(state.params), target)
+
+
+def _with_target_samples(
+  get_corpus: Callable[[], Corpus],
+  target: Any,
+  samples: ml_collections.ConfigDict,
+  seed: int,
+  log: Callable[[str], None],
+) -> Callable[[], Corpus]:
+  """``get_corpus`` whose training stream is the target's own samples
+  (``target_samples.sample_stream``: corpus prompts, the target's continuations); the
+  evaluation stream stays the corpus's."""
+
+  def corpus() -> Corpus:
+    base = get_corpus()
+    log(
+      f"sampling {samples.num_sequences} sequences of {samples.new_tokens} tokens from the "
+      f"target at T={samples.temperature:g} to train on"
+    )
+    stream = target_samples.sample_stream(
+      target,
+      base.train_stream,
+      num_sequences=samples.num_sequences,
+      prompt_tokens=samples.prompt_tokens,
+      new_tokens=samples.new_tokens,
+      temperature=samples.temperature,
+      batch_size=samples.batch_size,
+      seed=seed,
+    )
+    return dataclasses.replace(base, train_stream=stream)
+
+  return corpus
 
 
 def prepare(
