@@ -94,6 +94,8 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
   s, spec = config.sampling, config.speculative
   tree = tree_of(config)
   verifiers = speculative.EXACT_VERIFIERS if tree is None else tree_step.TREE_VERIFIERS
+  if tree is not None and tree.dynamic:
+    verifiers = ("token",)  # Per-row parents: the token verifier reads them.
   checks = [
     (
       "sampling.max_new_tokens",
@@ -169,13 +171,20 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       spec.get("proposal", "sampled") in proposals.PROPOSALS
       and proposals.fits(spec.get("proposal", "sampled"), tree),
       f"must be one of {proposals.PROPOSALS}"
-      + ("" if tree is None else " ('greedy' with distinct siblings only)"),
+      + (
+        ""
+        if tree is None
+        else " ('greedy' only, with a dynamic tree: its tokens are chosen)"
+        if tree.dynamic
+        else " ('greedy' with distinct siblings only)"
+      ),
     ),
     (
       "speculative.verifier",
       spec.verifier,
       spec.verifier in verifiers,
-      f"must be one of {verifiers}" + ("" if tree is None else " with a tree"),
+      f"must be one of {verifiers}"
+      + ("" if tree is None else " with a dynamic tree" if tree.dynamic else " with a tree"),
     ),
   ]
   if tree is not None:
