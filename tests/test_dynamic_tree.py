@@ -1,8 +1,8 @@
 """Dynamic trees (EAGLE-2): the shape, the expansion against a brute-force beam over the same
 draft, per-row tree calls against plain forward passes, the token verifier with per-row
-parents against the static verifier on each row's own tree, greedy runs against
-autoregressive, and the settings that cannot be exact. Their sampled exactness is the
-certificate's dynamic cases (tests/test_certify.py)."""
+parents against the static verifier on each row's own tree. Greedy runs against
+autoregressive and the settings that cannot be exact: tests/test_tree.py. Their sampled
+exactness: the certificate's dynamic cases (tests/test_certify.py)."""
 
 import itertools
 
@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import perturbed, tiny_config
+from conftest import tiny_config
 
 from specsamp.models import transformer
 from specsamp.models.attention import TreeCall
-from specsamp.sampling import drafters, generate, proposals, speculative_generate, tree_step
+from specsamp.sampling import drafters, proposals, tree_step
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling import tree_verification as tv
 from specsamp.sampling.warping import SamplingConfig, probabilities
@@ -185,61 +185,3 @@ def test_token_verifier_with_per_row_parents_is_each_rows_static_verifier(greedy
         np.testing.assert_array_equal(
           np.asarray(getattr(dynamic, field))[rows], np.asarray(getattr(static, field))[rows]
         )
-
-
-PROMPTS = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0], [60, 2, 17, 90, 60, 2, 0]])
-LENGTHS = np.array([7, 3, 6])
-
-
-@pytest.fixture(scope="module")
-def pair():
-  target = transformer.create(tiny_config(), seed=0)
-  return target, perturbed(target, 0.3, seed=4)
-
-
-def test_greedy_dynamic_trees_equal_greedy_autoregressive(pair):
-  target, draft = pair
-  common = dict(max_new_tokens=15, temperature=0)
-  reference = generate(target, PROMPTS, LENGTHS, jax.random.key(0), **common)
-  out = speculative_generate(
-    target,
-    drafters.ModelDrafter(draft, proposal="greedy"),
-    PROMPTS,
-    LENGTHS,
-    jax.random.key(2),
-    num_draft_tokens=3,
-    tree="dynamic:3,3,2",
-    **common,
-  )
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(reference.tokens))
-  assert out.summary()["mean_draft_length"] > 3
-
-
-def test_dynamic_settings_that_cannot_be_exact_are_refused(pair):
-  target, draft = pair
-  run = lambda drafter, **kw: speculative_generate(
-    target, drafter, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=4, **kw
-  )
-  with pytest.raises(ValueError, match="use proposal='greedy'"):
-    run(draft, num_draft_tokens=2, tree="dynamic:2x2")
-  greedy = drafters.ModelDrafter(draft, proposal="greedy")
-  with pytest.raises(ValueError, match="verifier='token'"):
-    run(greedy, num_draft_tokens=2, tree="dynamic:2x2", verifier="traversal")
-  with pytest.raises(ValueError, match="at most one child per token"):
-    run(greedy, num_draft_tokens=2, tree=f"dynamic:{target.vocab_size + 1},1")
-  with pytest.raises(ValueError, match="confidence_threshold applies"):
-    run(
-      drafters.ModelDrafter(draft, proposal="greedy", confidence_threshold=0.2),
-      num_draft_tokens=2,
-      tree="dynamic:2x2",
-    )
-  with pytest.raises(ValueError, match="walks a static tree"):
-    shape = tree_lib.dynamic((2,))
-    tv.traversal_verify(
-      jax.random.key(0),
-      shape,
-      jnp.zeros((1, 2), jnp.int32),
-      jnp.ones((1, 2, 3)) / 3,
-      jnp.ones((1, 3, 3)) / 3,
-      jnp.ones((1, 2), bool),
-    )

@@ -14,8 +14,9 @@ from conftest import perturbed, tiny_config
 
 from specsamp.models import transformer
 from specsamp.models.attention import TreeCall
-from specsamp.sampling import generate, speculative_generate
+from specsamp.sampling import drafters, generate, speculative_generate
 from specsamp.sampling import tree as tree_lib
+from specsamp.sampling import tree_verification as tv
 from specsamp.sampling.drafters import PromptLookupDrafter
 
 
@@ -190,6 +191,54 @@ def test_tree_settings_that_cannot_work_are_refused(pair):
       max_new_tokens=4,
       num_draft_tokens=2,
       tree="chains:2x2",
+    )
+
+
+def test_greedy_dynamic_trees_equal_greedy_autoregressive(pair):
+  target, draft = pair
+  common = dict(max_new_tokens=15, temperature=0)
+  reference = generate(target, PROMPTS, LENGTHS, jax.random.key(0), **common)
+  out = speculative_generate(
+    target,
+    drafters.ModelDrafter(draft, proposal="greedy"),
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(2),
+    num_draft_tokens=3,
+    tree="dynamic:3,3,2",
+    **common,
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(reference.tokens))
+  assert out.summary()["mean_draft_length"] > 3
+
+
+def test_dynamic_settings_that_cannot_be_exact_are_refused(pair):
+  target, draft = pair
+  run = lambda drafter, **kw: speculative_generate(
+    target, drafter, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=4, **kw
+  )
+  with pytest.raises(ValueError, match="use proposal='greedy'"):
+    run(draft, num_draft_tokens=2, tree="dynamic:2x2")
+  greedy = drafters.ModelDrafter(draft, proposal="greedy")
+  with pytest.raises(ValueError, match="verifier='token'"):
+    run(greedy, num_draft_tokens=2, tree="dynamic:2x2", verifier="traversal")
+  with pytest.raises(ValueError, match="at most one child per token"):
+    run(greedy, num_draft_tokens=2, tree=f"dynamic:{target.vocab_size + 1},1")
+  with pytest.raises(ValueError, match="confidence_threshold applies"):
+    run(
+      drafters.ModelDrafter(draft, proposal="greedy", confidence_threshold=0.2),
+      num_draft_tokens=2,
+      tree="dynamic:2x2",
+    )
+  with pytest.raises(ValueError, match="walks a static tree"):
+    shape = tree_lib.dynamic((2,))
+    tv.traversal_verify(
+      jax.random.key(0),
+      shape,
+      jnp.zeros((1, 2), jnp.int32),
+      jnp.ones((1, 2, 3)) / 3,
+      jnp.ones((1, 3, 3)) / 3,
+      jnp.ones((1, 2), bool),
     )
 
 
