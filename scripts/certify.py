@@ -52,6 +52,13 @@ _REAL_TARGET = flags.DEFINE_string(
 )
 _REAL_PROMPT = flags.DEFINE_string("real_prompt", "def fibonacci(n):", "The real target's prompt.")
 _REAL_TOP_K = flags.DEFINE_integer("real_top_k", 4, "Top-k that makes the real target enumerable.")
+_REAL_DRAFT_LAYERS = flags.DEFINE_integer(
+  "real_draft_layers",
+  12,
+  "The real draft: the target's first L layers, its final norm and head. SmolLM2's first 4 "
+  "put no top-4 mass where the target does (every draft token rejected, and a planted bug in "
+  "the residual invisible); its first 12 overlap it.",
+)
 _REAL_BUG_SAMPLES = flags.DEFINE_integer(
   "real_bug_samples", 0, "Sequences drawn for the real target's planted bug (0: --num_samples)."
 )
@@ -77,6 +84,7 @@ def real_target_main() -> None:
     prompt,
     name=f"{os.path.basename(path)} ({os.path.getsize(path):,} bytes)",
     top_k=_REAL_TOP_K.value,
+    draft_layers=_REAL_DRAFT_LAYERS.value,
     num_samples=_NUM_SAMPLES.value,
     bug_samples=_REAL_BUG_SAMPLES.value or None,
     level=_LEVEL.value,

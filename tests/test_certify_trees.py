@@ -9,13 +9,14 @@ from specsamp.experiments.proofs import certify
 def test_quick_tree_certificate_passes_and_rejects_the_planted_tree_bugs():
   cases = [c for c in certify.all_cases("quick") if c.tree is not None]
   real = [c for c in cases if c.bug is None]
-  assert {c.tree for c in real} == set(certify.TREES)
+  assert {c.tree for c in real} == {*certify.TREES, certify.DYNAMIC_TREE}
   assert {c.verifier for c in real} == set(certify.TREE_VERIFIERS)
   assert {c.warping for c in real} >= set(certify.TREE_WARPINGS)
   # The feature head's tree (sampled, real q) and greedy proposals (one-hot q) in a tree.
   assert {"feature", "model_greedy"} <= {c.drafter for c in real}
-  # The verifier's sibling bug is rejected by exact enumeration (test_tree_verification.py).
-  assert {c.bug for c in cases} == {None, "siblings_full_q"}
+  # The verifier's sibling bug is rejected by exact enumeration (test_tree_verification.py);
+  # a dynamic tree's chosen tokens verified with the draft's warped q must be rejected here.
+  assert {c.bug for c in cases} == {None, "siblings_full_q", "chosen_real_q"}
   results = certify.certify(cases, 100_000, level=1e-4, log=lambda line: None)
   failed = [(r.case.name, r.G, r.threshold) for r in results if not r.passed]
   assert not failed, failed

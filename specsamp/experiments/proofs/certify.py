@@ -155,20 +155,22 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (201 cases: 150 single-chain, 44 tree, 7 planted bugs):
+  'full' (229 cases: 150 single-chain, 44 tree, 26 proposal-mode, 9 planted bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
       feature heads included) x schedule, warpings in rotation, batches alternating: 24 cases;
-    proposal modes (``proposal_cases``): 16 feature-head cases and 2 trigram ones;
+    proposal modes (``proposal_cases``): 16 feature-head cases and 2 trigram ones, and
+      dynamic trees (``dynamic_cases``): 4 feature-head and 4 trigram cases;
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
       warpings in rotation: 6 cases.
-  'quick' (20 cases, what the test suite runs: 8 single-chain, 5 tree, 7 bugs): each
+  'quick' (22 cases, what the test suite runs: 8 single-chain, 6 tree, 8 bugs): each
     verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
     self-speculative and the reduced-vocabulary feature head on the transformer, the quick
     tree cases (``tree_cases``) and proposal cases (``proposal_cases``: the shared-head
-    feature tree, greedy proposals on the trigram). The mesh is left to the full
+    feature tree, greedy proposals on the trigram, a dynamic tree on ragged rows). The
+    mesh is left to the full
     certificate: the suite checks that the 2x4 mesh samples the same tokens as one device for
     the same key (tests/test_speculative.py), so its exactness follows from one device's.
     The tree bug 'sibling_against_p' is left to the full certificate:
@@ -249,7 +251,7 @@ def proposal_cases(scope: str = "full") -> list[Case]:
         "1",
         tree=PROPOSAL_TREE,
       ),
-    ]
+    ] + dynamic_cases(scope)
   cases = []
   shapes = itertools.product((None, PROPOSAL_TREE), ("", "_greedy"), PROPOSAL_WARPINGS, BATCHES)
   for i, (tree, greedy, warping_name, batch) in enumerate(shapes):

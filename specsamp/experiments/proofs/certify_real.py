@@ -149,7 +149,7 @@ def certify_real(
   temperature: float = 1.0,
   new_tokens: int = 3,
   num_draft_tokens: int = 2,
-  draft_layers: int = 4,
+  draft_layers: int = 12,
   num_samples: int = 100_000,
   bug_samples: int | None = None,
   level: float = 1e-4,
