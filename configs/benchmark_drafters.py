@@ -93,7 +93,7 @@ def get_config(arg=None):
   if variant == "dynamic":
     config.output_dir = "benchmark_results/drafters_dynamic"
     config.tasks = "continue"
-    config.modes = "greedy,sample,nucleus"
+    config.modes = "greedy,sample"
     config.drafters = "model,feature,feature_greedy"
     config.schedules = "fixed"
     config.num_draft_tokens = "4,6"
