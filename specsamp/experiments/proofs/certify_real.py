@@ -16,7 +16,10 @@ its own draws) with a real draft of the same weights (self-speculative: the targ
 its final norm and head), and a G-test compares the counts with the enumeration
 (``certify.g_test``: small cells pooled; a draw outside the support fails outright). A
 planted bug (``certify.planted``: residual_from_p, resampling from p after a rejection)
-must be rejected by the same test.
+must be rejected by the same test. It can only show where the draft's and the target's warped
+supports overlap (sum min(p, q) > 0): SmolLM2's first 4 layers put their top 4 elsewhere at
+the prompt, every draft token was rejected and the bug was invisible, hence the default of 12
+layers (docs/certificate.md).
 """
 
 from __future__ import annotations
