@@ -8,12 +8,19 @@ os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent compilation cache for the whole run: both pytest-xdist workers and every
-# script the tests start (inheriting this environment) compile the same micro-pair programs,
-# and a script's second run of a program then loads it (a sample.py run: 10 s -> 4 s). The
-# cache is keyed by the program and the compiler, so it never serves a stale program.
+# A persistent compilation cache per pytest-xdist worker: the worker's tests and every script
+# they start (inheriting this environment) compile the same micro-pair programs, and a script's
+# second run of a program then loads it (a sample.py run: 10 s -> 4 s). The cache is keyed by
+# the program and the compiler, so it never serves a stale program. One directory per worker:
+# two workers writing the same entry at once crashed the writer inside JAX (SIGSEGV/SIGABRT in
+# compilation_cache.put_executable_and_time, three suite runs on 2026-11-25), and a crashed
+# write left an entry that segfaulted the next reader.
 os.environ.setdefault(
-  "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "specsamp-tests-jax-cache")
+  "JAX_COMPILATION_CACHE_DIR",
+  os.path.join(
+    tempfile.gettempdir(),
+    "specsamp-tests-jax-cache-" + os.environ.get("PYTEST_XDIST_WORKER", "main"),
+  ),
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
