@@ -44,6 +44,7 @@ def get_config(arg=None):
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = 1  # Batch 1 decoding.
   config.mesh.fsdp = 1  # Parameters whole along d_model.
+  config.mesh.expert = 1  # Expert parallelism: a mixture of experts' experts.
   config.mesh.tensor = -1  # All devices tensor parallel.
   config.mesh.rules = ""  # Sharding rule overrides, e.g. "embed=none" (sharding.parse_rules).
 

@@ -148,6 +148,7 @@ def get_config(arg=None):
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
   config.mesh.fsdp = 1  # Batch for activations, parameters sharded along d_model.
+  config.mesh.expert = 1  # Expert parallelism: a mixture of experts' experts.
   config.mesh.tensor = 1  # Megatron tensor parallelism over heads / MLP / vocab.
   config.mesh.rules = ""  # Sharding rule overrides, e.g. "embed=none" (sharding.parse_rules).
 

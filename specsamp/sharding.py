@@ -22,6 +22,8 @@ the data axis). So one table serves every mesh, from 1 CPU to a TPU pod.
 Mesh axes:
   data:   pure data parallelism (batch); parameters replicated.
   fsdp:   batch for activations; parameters sharded along d_model (ZeRO-3 style).
+  expert: expert parallelism: a mixture of experts' experts (``models/moe.py``); every other
+          parameter and every activation is replicated over it.
   tensor: Megatron tensor parallelism: heads, MLP hidden and vocab.
 """
 
@@ -38,7 +40,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 # logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
@@ -50,6 +52,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
   ("kv_heads", "tensor"),
   ("head_dim", None),
   ("mlp", "tensor"),
+  ("expert", "expert"),  # The stacked experts of a mixture of experts.
   ("norm", None),
   # Activations.
   ("act_batch", ("data", "fsdp")),

@@ -2,27 +2,17 @@
 
 import os
 import sys
-import tempfile
 
 os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# A persistent compilation cache per pytest-xdist worker: the worker's tests and every script
-# they start (inheriting this environment) compile the same micro-pair programs, and a script's
-# second run of a program then loads it (a sample.py run: 10 s -> 4 s). The cache is keyed by
-# the program and the compiler, so it never serves a stale program. One directory per worker:
-# two workers writing the same entry at once crashed the writer inside JAX (SIGSEGV/SIGABRT in
-# compilation_cache.put_executable_and_time, three suite runs on 2026-11-25), and a crashed
-# write left an entry that segfaulted the next reader.
-os.environ.setdefault(
-  "JAX_COMPILATION_CACHE_DIR",
-  os.path.join(
-    tempfile.gettempdir(),
-    "specsamp-tests-jax-cache-" + os.environ.get("PYTEST_XDIST_WORKER", "main"),
-  ),
-)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# No persistent compilation cache: JAX 0.10.2's cache segfaulted reading its own entries in a
+# fresh CI clone (compilation_cache.get_executable_and_time, a per-worker directory, 2026-11-25),
+# and crashed writers before that; a dead xdist worker then stalled the run past CI's limit. The
+# scripts the tests start inherit this environment, so it is cleared here for them too.
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS above)
 import jax.numpy as jnp  # noqa: E402

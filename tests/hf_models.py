@@ -40,6 +40,26 @@ ARCHITECTURES = {
       final_logit_softcapping=6.0,
     ),
   ),
+  "qwen3": (transformers.Qwen3Config, dict()),
+  # Sliding layers 0 and 2 with a RoPE base of their own; the global layer 1 with another
+  # base and linear RoPE scaling (Gemma 3 scales only its global layers).
+  "gemma3_text": (
+    transformers.Gemma3TextConfig,
+    dict(
+      sliding_window=4,
+      query_pre_attn_scalar=16,
+      layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+      rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "rope_theta": 100.0, "factor": 4.0},
+      },
+    ),
+  ),
+  "phi3": (transformers.Phi3Config, dict(sliding_window=5)),
+  "qwen3_moe": (
+    transformers.Qwen3MoeConfig,
+    dict(moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2, norm_topk_prob=True),
+  ),
 }
 
 

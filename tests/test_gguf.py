@@ -11,11 +11,17 @@ import numpy as np
 import pytest
 import torch
 
+from specsamp import sharding
 from specsamp.hf import gguf
 from specsamp.sampling import autoregressive
 from specsamp.training import checkpoint
 from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.training.bpe_tokenizer import BpeTokenizer
+
+
+def one_device():
+  """The suite's 8 simulated host devices would each hold a replica of the 135M model."""
+  return sharding.make_mesh({"data": 1}, jax.devices()[:1])
 
 
 def smollm2_path() -> str:
@@ -40,7 +46,7 @@ def tokenizers(file):
 @pytest.fixture(scope="module")
 def smollm2():
   path = smollm2_path()
-  model, config = gguf.import_model(path)
+  model, config = gguf.import_model(path, one_device())
   from transformers import AutoModelForCausalLM
 
   reference = AutoModelForCausalLM.from_pretrained(
@@ -178,14 +184,14 @@ def test_other_tokenizer_kinds_are_refused_by_name(file):
 def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(smollm2, tmp_path):
   model, _, _ = smollm2
   directory = str(tmp_path / "smollm2")
-  config = gguf.import_to_checkpoint(smollm2_path(), directory)
+  config = gguf.import_to_checkpoint(smollm2_path(), directory, one_device())
   assert (config.num_layers, config.d_model, config.tie_embeddings) == (30, 576, True)
   assert sorted(f for f in os.listdir(directory) if f.startswith("tokenizer")) == [
     "tokenizer.json",
     "tokenizer_config.json",
   ]
   tokenizer = tokenizer_lib.load(directory)
-  loaded, meta = checkpoint.load_model(directory, tokenizer=tokenizer)
+  loaded, meta = checkpoint.load_model(directory, one_device(), tokenizer=tokenizer)
   assert meta["source"]["format"] == "gguf" and meta["tokenizer"] == tokenizer.fingerprint
   cache = model.init_cache(1, 16)
   positions = jnp.arange(PROMPT.shape[1])[None]
@@ -194,4 +200,4 @@ def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(smollm2, tmp_pa
     np.asarray(model(jnp.asarray(PROMPT), positions, cache)[0]),
   )
   with pytest.raises(FileExistsError, match="already holds a checkpoint"):
-    gguf.import_to_checkpoint(smollm2_path(), directory)
+    gguf.import_to_checkpoint(smollm2_path(), directory, one_device())

@@ -105,6 +105,12 @@ def with_config(model, **changes):
     ("gemma2", "post_norms", False),
     ("gemma2", "final_logit_softcap", None),
     ("arcee", "gelu_approximate", False),
+    ("qwen3", "qk_norm", False),
+    ("gemma3_text", "rope_local_theta", None),
+    ("gemma3_text", "rope_scaling", "none"),
+    ("phi3", "sliding_window", None),
+    ("qwen3_moe", "normalize_expert_weights", False),
+    ("qwen3_moe", "experts_per_token", 1),
   ],
 )
 def test_parity_detects_each_feature(kind, field, value, saved, imported):
@@ -165,16 +171,22 @@ def read_all(directory) -> dict[str, np.ndarray]:
   return {name: np.asarray(tensors.tensor(name)) for name in tensors.keys()}
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "gemma2"])
+@pytest.mark.parametrize("kind", ["qwen2", "gemma2", "gemma3_text", "phi3", "qwen3_moe"])
 def test_export_round_trip_is_bit_exact_and_loads_in_transformers(kind, saved, imported, tmp_path):
+  """Phi-3 exports with its q/k/v and gate/up joined again; Qwen3-MoE one tensor per expert."""
   import transformers
 
   target_dir = saved(kind)[1]
   model = imported(kind)
-  files = hf.export_model(model, str(tmp_path / "out"), max_shard_bytes=20_000)
+  model_type = "phi3" if kind == "phi3" else None  # Else the type model_type_of finds.
+  files = hf.export_model(
+    model, str(tmp_path / "out"), max_shard_bytes=20_000, model_type=model_type
+  )
+  assert architectures.read_config(str(tmp_path / "out"))["model_type"] == kind
   assert len(files) > 1 and (tmp_path / "out" / safetensors_io.INDEX_FILE).exists()
   original, exported = read_all(target_dir), read_all(tmp_path / "out")
-  assert set(exported) == set(original) - {"lm_head.weight"}
+  tied = {"lm_head.weight"} if model.config.tie_embeddings else set()
+  assert set(exported) == set(original) - tied
   for name, value in exported.items():
     np.testing.assert_array_equal(value, original[name], err_msg=name)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(
@@ -302,7 +314,8 @@ def copy_with_config(source: str, destination, **changes):
       dict(model_type="gpt2", architectures=["GPT2LMHeadModel"]),
       "model_type 'gpt2'.*not supported",
     ),
-    (dict(model_type="qwen3"), "model_type 'qwen3'.*llama, mistral, qwen2"),
+    (dict(model_type="mixtral"), "model_type 'mixtral'.*llama, mistral, qwen2"),
+    (dict(model_type="gemma3"), "model_type 'gemma3'.*gemma3_text"),
     (dict(quantization_config={"quant_method": "gptq"}), "quantized \\(gptq\\)"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}), "'yarn'"),
     (dict(mlp_bias=True), "mlp_bias"),
@@ -314,6 +327,89 @@ def test_unsupported_architectures_are_refused(changes, message, saved, tmp_path
   directory = copy_with_config(saved("llama")[1], tmp_path / "m", **changes)
   with pytest.raises(architectures.UnsupportedArchitecture, match=message):
     hf.import_model(directory)
+
+
+@pytest.mark.parametrize(
+  "kind, changes, message",
+  [
+    ("phi3", dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}), "'longrope'"),
+    (
+      "phi3",
+      dict(
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75}
+      ),
+      "partial_rotary_factor=0.75",
+    ),
+    ("qwen3_moe", dict(mlp_only_layers=[1]), "qwen3_moe with dense mlp_only_layers"),
+    ("qwen3_moe", dict(decoder_sparse_step=2), "decoder_sparse_step"),
+    ("qwen3", dict(attention_bias=True), "attention_bias=true"),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=4, layer_types=None), "cannot tell"),
+    (
+      "gemma3_text",
+      dict(
+        rope_parameters={
+          "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
+          "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        }
+      ),
+      "'linear' on the sliding-window layers",
+    ),
+  ],
+)
+def test_each_familys_unimplemented_features_are_refused_by_name(kind, changes, message, saved):
+  config = {**architectures.read_config(saved(kind)[1]), **changes}
+  with pytest.raises(architectures.UnsupportedArchitecture, match=message):
+    architectures.from_hf(config)
+
+
+def test_published_config_forms_of_the_new_families():
+  """transformers 4's config.json forms: Gemma 3's rope_theta / rope_local_base_freq /
+  rope_scaling / sliding_window_pattern and Qwen3-MoE's num_experts; Qwen3 without
+  use_sliding_window has no window whatever layer_types says."""
+  gemma3 = architectures.from_hf(
+    dict(
+      model_type="gemma3_text",
+      vocab_size=97,
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=12,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      head_dim=8,
+      rope_theta=1_000_000.0,
+      rope_local_base_freq=10_000.0,
+      rope_scaling={"rope_type": "linear", "factor": 8.0},
+      sliding_window=512,
+      sliding_window_pattern=6,
+      query_pre_attn_scalar=8,
+      hidden_activation="gelu_pytorch_tanh",
+    )
+  )
+  assert (gemma3.rope_theta, gemma3.rope_local_theta) == (1e6, 1e4)
+  assert (gemma3.rope_scaling, gemma3.rope_scaling_factor) == ("linear", 8.0)
+  assert [gemma3.layer_window(i) for i in range(12)] == [512] * 5 + [None] + [512] * 5 + [None]
+  assert gemma3.qk_norm and gemma3.post_norms and gemma3.norm_plus_one
+  qwen3_moe = architectures.from_hf(
+    dict(
+      model_type="qwen3_moe",
+      vocab_size=97,
+      hidden_size=32,
+      intermediate_size=6144,
+      moe_intermediate_size=16,
+      num_experts=128,
+      num_experts_per_tok=8,
+      norm_topk_prob=True,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      head_dim=8,
+      sliding_window=None,
+      use_sliding_window=False,
+      max_window_layers=48,
+    )
+  )
+  assert (qwen3_moe.num_experts, qwen3_moe.experts_per_token, qwen3_moe.ffn_dim) == (128, 8, 16)
+  assert qwen3_moe.normalize_expert_weights and qwen3_moe.sliding_window is None
 
 
 def test_gemma_legacy_gelu_means_the_tanh_approximation(saved, imported, tmp_path):

@@ -19,7 +19,7 @@ LENGTHS = np.array([6, 3, 4, 6])
 
 def test_make_mesh_fills_the_free_axis_and_checks_sizes():
   mesh = sharding.make_mesh({"data": -1, "tensor": 2})
-  assert dict(mesh.shape) == {"data": 4, "fsdp": 1, "tensor": 2}
+  assert dict(mesh.shape) == {"data": 4, "fsdp": 1, "expert": 1, "tensor": 2}
   with pytest.raises(ValueError, match="need 6 devices"):
     sharding.make_mesh({"data": 3, "tensor": 2})
   with pytest.raises(ValueError, match="Unknown mesh axes"):
@@ -173,7 +173,7 @@ def test_a_config_mesh_applies_its_rules():
   previous = sharding.rules()
   try:
     mesh = sharding.mesh_from_config({"data": 2, "fsdp": 2, "tensor": 2, "rules": "vocab=none"})
-    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
     model = transformer.create(tiny_config(), mesh)
     assert model.embedder.table_VD[...].sharding.spec == P(None, "fsdp")
   finally:

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from specsamp import sharding
 from specsamp.experiments import config_files
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
@@ -21,9 +22,13 @@ def pair(tmp_path_factory):
   config = config_files.load_module("configs/smollm2_pair.py").get_config("test")
   workdir = str(tmp_path_factory.mktemp("smollm2"))
   lines = []
-  prepared = pair_lib.prepare(config, workdir, log=lines.append)
+  # One device: the suite's 8 simulated host devices would each hold a replica of the 135M
+  # target and its training state (10 GB resident instead of 2).
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  prepared = pair_lib.prepare(config, workdir, log=lines.append, mesh=mesh)
   assert any("importing" in line for line in lines)
-  again = pair_lib.prepare(config, workdir, log=lines.append)  # Cached: loads, never retrains.
+  # Cached: loads, never retrains.
+  again = pair_lib.prepare(config, workdir, log=lines.append, mesh=mesh)
   assert not any("training" in line for line in lines[-3:])
   assert again.tokenizer.fingerprint == prepared.tokenizer.fingerprint
   return prepared

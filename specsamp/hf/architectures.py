@@ -11,6 +11,17 @@ Supported ``model_type``s and what each sets beyond the shared Llama body
   gemma    GeGLU, tied and sqrt(d_model)-scaled embeddings, RMSNorm * (1 + w)
   gemma2   gemma + sandwich norms, query_pre_attn_scalar, logit soft-caps and
            sliding-window attention on alternate layers
+  qwen3    llama + RMSNorm on each query and key head (q_norm / k_norm)
+  gemma3_text  gemma2 + q/k norm, sliding windows on 5 layers of every 6 (``layer_types`` or
+           ``sliding_window_pattern``), a RoPE base of their own for the sliding layers
+           (``rope_local_base_freq``) and RoPE scaling on the global layers only
+  phi3     llama with q/k/v fused into ``qkv_proj`` and gate/up into ``gate_up_proj`` (split
+           on import, joined again on export with ``model_type='phi3'``); a sliding window
+           on every layer when set. LongRoPE (Phi-3 128k) and partial rotary dimensions
+           (Phi-4-mini) are refused by name.
+  qwen3_moe    qwen3 with every MLP a routed mixture of experts (top-k softmax routing,
+           ``norm_topk_prob``); dense layers between sparse ones (``mlp_only_layers``,
+           ``decoder_sparse_step`` > 1) are refused
 
 Anything else, or a feature of a supported type that specsamp does not
 implement (attention output biases, MLP biases, YaRN RoPE, quantized weights),
@@ -28,8 +39,21 @@ from typing import Any
 
 from specsamp.models.config import DTYPES, TransformerConfig
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "arcee", "gemma", "gemma2")
-_GEMMA = ("gemma", "gemma2")
+SUPPORTED_MODEL_TYPES = (
+  "llama",
+  "mistral",
+  "qwen2",
+  "arcee",
+  "gemma",
+  "gemma2",
+  "qwen3",
+  "gemma3_text",
+  "phi3",
+  "qwen3_moe",
+)
+_GEMMA = ("gemma", "gemma2", "gemma3_text")
+_SANDWICH = ("gemma2", "gemma3_text")  # Norms after each branch, query_pre_attn_scalar.
+_QWEN = ("qwen2", "qwen3", "qwen3_moe")  # Windows only with use_sliding_window.
 _ARCHITECTURE_CLASS = {
   "llama": "LlamaForCausalLM",
   "mistral": "MistralForCausalLM",
@@ -37,6 +61,10 @@ _ARCHITECTURE_CLASS = {
   "arcee": "ArceeForCausalLM",
   "gemma": "GemmaForCausalLM",
   "gemma2": "Gemma2ForCausalLM",
+  "qwen3": "Qwen3ForCausalLM",
+  "gemma3_text": "Gemma3ForCausalLM",
+  "phi3": "Phi3ForCausalLM",
+  "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 # HF activation name -> (activation, gelu_approximate); a gated family maps gelu to geglu.
 _ACTIVATIONS = {
@@ -75,14 +103,44 @@ def checkpoint_dtype(hf: Mapping[str, Any]) -> str | None:
   return _TORCH_DTYPES.get(str(name).replace("torch.", "")) if name else None
 
 
-def _rope(hf: Mapping[str, Any]) -> dict[str, Any]:
-  """RoPE fields from 'rope_parameters' (transformers 5) or 'rope_theta' + 'rope_scaling'."""
+def _rope_parameters(hf: Mapping[str, Any], model_type: str) -> tuple[dict, dict | None]:
+  """(the global layers' RoPE parameters, the sliding layers' or None) from 'rope_parameters'
+  (transformers 5; Gemma 3 keys it by layer type) or 'rope_theta' + 'rope_scaling' (+ Gemma 3's
+  'rope_local_base_freq')."""
   params = dict(hf.get("rope_parameters") or {})
   scaling = dict(hf.get("rope_scaling") or {})
-  theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
-  merged = {**scaling, **params}
+  if model_type != "gemma3_text":
+    return {"rope_theta": hf.get("rope_theta", 10_000.0), **scaling, **params}, None
+  if "full_attention" in params or "sliding_attention" in params:
+    full = dict(params.get("full_attention") or {})
+    local = dict(params.get("sliding_attention") or {})
+  else:
+    full = {**scaling, **params}
+    local = {"rope_type": "default"}
+  full.setdefault("rope_theta", hf.get("rope_theta", 1_000_000.0))
+  local.setdefault("rope_theta", hf.get("rope_local_base_freq", 10_000.0))
+  return full, local
+
+
+def _rope(hf: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+  """RoPE fields from 'rope_parameters' (transformers 5) or 'rope_theta' + 'rope_scaling'."""
+  merged, local = _rope_parameters(hf, model_type)
+  partial = merged.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+  if float(partial) != 1.0:
+    raise UnsupportedArchitecture(
+      f"{model_type} with partial_rotary_factor={partial} (RoPE on part of each head) is not "
+      "implemented in specsamp."
+    )
   kind = merged.get("rope_type", merged.get("type", "default"))
-  fields: dict[str, Any] = {"rope_theta": float(theta)}
+  fields: dict[str, Any] = {"rope_theta": float(merged["rope_theta"])}
+  if local is not None:
+    local_kind = local.get("rope_type", local.get("type", "default"))
+    if local_kind != "default":
+      raise UnsupportedArchitecture(
+        f"RoPE scaling {local_kind!r} on the sliding-window layers is not implemented in "
+        "specsamp (they take a base of their own, unscaled)."
+      )
+    fields["rope_local_theta"] = float(local["rope_theta"])
   if kind == "default":
     return fields
   if kind not in ("linear", "llama3"):
@@ -103,16 +161,20 @@ def _window(hf: Mapping[str, Any], model_type: str, num_layers: int) -> dict[str
   """sliding_window and its layer pattern from 'layer_types' (or the family's default)."""
   window = hf.get("sliding_window")
   types = hf.get("layer_types")
+  if model_type in _QWEN and not hf.get("use_sliding_window"):
+    return {}  # transformers ignores the window (and layer_types' sliding entries) then.
   if types is None:
-    if window is None or (model_type == "qwen2" and not hf.get("use_sliding_window")):
+    if window is None:
       return {}
-    if model_type == "qwen2":
+    if model_type in _QWEN:
       raise UnsupportedArchitecture(
-        "qwen2 with use_sliding_window=true and no layer_types: "
+        f"{model_type} with use_sliding_window=true and no layer_types: "
         "specsamp cannot tell which layers slide."
       )
+    every = {"mistral": 1, "phi3": 1, "gemma2": 2}.get(model_type)
+    every = every or int(hf.get("sliding_window_pattern") or 6)  # gemma3_text: 5 local, 1 global.
     types = [
-      "sliding_attention" if model_type == "mistral" or (i + 1) % 2 else "full_attention"
+      "sliding_attention" if every == 1 or (i + 1) % every else "full_attention"
       for i in range(num_layers)
     ]
   unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
@@ -157,9 +219,14 @@ def from_hf(
   model_type = hf.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
     archs = hf.get("architectures")
+    hint = {
+      "gemma3": " Gemma 3 4B and larger are multimodal checkpoints; specsamp imports the text "
+      "model, model_type 'gemma3_text' (Gemma 3 1B and 270M).",
+      "mixtral": " Its mixture of experts is supported in the qwen3_moe form.",
+    }.get(model_type, "")
     raise UnsupportedArchitecture(
       f"Hugging Face model_type {model_type!r} (architectures {archs}) is not supported; "
-      f"specsamp imports {', '.join(SUPPORTED_MODEL_TYPES)}."
+      f"specsamp imports {', '.join(SUPPORTED_MODEL_TYPES)}.{hint}"
     )
   if hf.get("quantization_config"):
     raise UnsupportedArchitecture(
@@ -175,7 +242,7 @@ def from_hf(
   _refuse(
     bool(hf.get("use_bidirectional_attention")), model_type, "use_bidirectional_attention=true"
   )
-  if model_type == "gemma2":
+  if model_type in _SANDWICH:
     act_name = hf.get("hidden_activation") or hf.get("hidden_act")
   else:
     act_name = hf.get("hidden_act", "silu")
@@ -203,13 +270,27 @@ def from_hf(
   num_layers = int(hf["num_hidden_layers"])
   gemma = model_type in _GEMMA
   head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // num_heads)
+  ffn_dim = int(hf["intermediate_size"])
+  moe: dict[str, Any] = {}
+  if model_type == "qwen3_moe":
+    _refuse(bool(hf.get("mlp_only_layers")), model_type, "dense mlp_only_layers")
+    _refuse(int(hf.get("decoder_sparse_step", 1)) != 1, model_type, "decoder_sparse_step != 1")
+    _refuse(
+      bool(hf.get("shared_expert_intermediate_size")), model_type, "shared experts (qwen2_moe's)"
+    )
+    ffn_dim = int(hf["moe_intermediate_size"])
+    moe = dict(
+      num_experts=int(hf.get("num_experts") or hf["num_local_experts"]),
+      experts_per_token=int(hf["num_experts_per_tok"]),
+      normalize_expert_weights=bool(hf.get("norm_topk_prob", False)),
+    )
   fields: dict[str, Any] = dict(
     vocab_size=int(hf["vocab_size"]),
     num_layers=num_layers,
     d_model=int(hf["hidden_size"]),
     num_heads=num_heads,
     num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
-    ffn_dim=int(hf["intermediate_size"]),
+    ffn_dim=ffn_dim,
     head_dim=head_dim if head_dim != int(hf["hidden_size"]) // num_heads else None,
     mlp_activation=activation,
     gelu_approximate=approximate,
@@ -221,10 +302,14 @@ def from_hf(
     param_dtype=param_dtype,
     dtype=dtype or param_dtype,
     tensor_parallel=tensor_parallel,
-    **_rope(hf),
+    qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
+    **moe,
+    **_rope(hf, model_type),
     **_window(hf, model_type, num_layers),
   )
-  if model_type == "gemma2":
+  if fields.get("rope_local_theta") is not None and "sliding_window" not in fields:
+    del fields["rope_local_theta"]  # No sliding layers: every layer is a global one.
+  if model_type in _SANDWICH:
     fields.update(
       post_norms=True,
       query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or head_dim),
@@ -236,8 +321,12 @@ def from_hf(
 
 def model_type_of(config: TransformerConfig) -> str:
   """The HF model_type that expresses ``config`` (checked by a round trip in ``to_hf``)."""
+  if config.num_experts:
+    return "qwen3_moe"
   if config.post_norms:
-    return "gemma2"
+    return "gemma3_text" if config.qk_norm else "gemma2"
+  if config.qk_norm:
+    return "qwen3"
   if config.norm_plus_one:
     return "gemma"
   if not config.gated_mlp:
@@ -254,6 +343,7 @@ def to_hf(
   *,
   dtype: str | None = None,
   special_ids: Mapping[str, int | None] | None = None,
+  model_type: str | None = None,
 ) -> dict[str, Any]:
   """The HF config.json dict of ``config``; refuses configs no supported type expresses exactly.
 
@@ -261,8 +351,13 @@ def to_hf(
     config: the model.
     dtype: the dtype the exported weights are stored in (default param_dtype).
     special_ids: bos/eos/pad token ids to record (``bos_token_id`` etc.).
+    model_type: the HF type to write (default ``model_type_of(config)``), e.g. 'phi3'.
   """
-  model_type = model_type_of(config)
+  model_type = model_type or model_type_of(config)
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise UnsupportedArchitecture(
+      f"Cannot export as model_type {model_type!r}; specsamp writes {SUPPORTED_MODEL_TYPES}."
+    )
   gated = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh" if config.gelu_approximate else "gelu"}
   plain = {
     "gelu": "gelu_pytorch_tanh" if config.gelu_approximate else "gelu",
@@ -292,7 +387,7 @@ def to_hf(
     "num_attention_heads": config.num_heads,
     "num_key_value_heads": config.num_kv_heads,
     "head_dim": config.resolved_head_dim,
-    ("hidden_activation" if model_type == "gemma2" else "hidden_act"): act,
+    ("hidden_activation" if model_type in _SANDWICH else "hidden_act"): act,
     "rms_norm_eps": config.norm_eps,
     "tie_word_embeddings": config.tie_embeddings,
     "rope_parameters": rope,
@@ -308,15 +403,31 @@ def to_hf(
       "sliding_attention" if config.layer_window(i) else "full_attention"
       for i in range(config.num_layers)
     ]
-    if model_type == "qwen2":
+    if model_type in _QWEN:
       hf["use_sliding_window"] = True
-  if model_type == "gemma2":
+  if model_type in _SANDWICH:
     scalar = config.query_pre_attn_scalar
     hf.update(
       query_pre_attn_scalar=int(scalar) if float(scalar).is_integer() else scalar,
       attn_logit_softcapping=config.attn_logit_softcap,
       final_logit_softcapping=config.final_logit_softcap,
     )
+  if model_type == "gemma3_text":  # Per layer type (transformers 5's form).
+    local = {"rope_type": "default", "rope_theta": config.rope_local_theta or config.rope_theta}
+    hf["rope_parameters"] = {"full_attention": rope, "sliding_attention": local}
+    del hf["rope_theta"]
+  if model_type == "qwen3_moe":
+    hf.update(
+      num_experts=config.num_experts,
+      num_experts_per_tok=config.experts_per_token,
+      norm_topk_prob=config.normalize_expert_weights,
+      moe_intermediate_size=config.ffn_dim,
+      decoder_sparse_step=1,
+      mlp_only_layers=[],
+    )
+  # No pad id unless the tokenizer gives one: a family's default (Phi-3's 32000) may lie
+  # outside the vocabulary, which transformers refuses as the embedding's padding_idx.
+  hf["pad_token_id"] = None
   hf.update({key: value for key, value in (special_ids or {}).items() if value is not None})
   back = from_hf(
     hf, param_dtype=config.param_dtype, dtype=config.dtype, tensor_parallel=config.tensor_parallel

@@ -12,6 +12,7 @@ reads only the bytes of its own devices' shards, so the same code imports a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from collections.abc import Mapping
@@ -114,7 +115,7 @@ def import_tensors(
   mesh = mesh or checkpoint.default_mesh()
   model = sharding.abstract_model(lambda rngs: transformer.Transformer(config, rngs=rngs), mesh)
   graphdef, abstract, shardings = model.graphdef, model.shapes, model.shardings
-  table = weights.entries(config)
+  table = weights.entries(config, hf_config["model_type"])
   expected = {entry.hf_name for entry in table}
   missing = sorted(expected - set(tensors.keys()))
   if missing:
@@ -134,33 +135,33 @@ def import_tensors(
       f"has no place for, e.g. {unexpected[:4]}: the architecture differs from what "
       "config.json says, or uses a feature specsamp lacks."
     )
-  # Each HF tensor in our layout (a view), and its name, per parameter (one per layer).
-  views: dict[weights.Path, list[tuple[np.ndarray, str]]] = {}
+  # Each HF tensor (or fused part of one) in our layout (a view), and its name, per
+  # parameter, by its leading index into the stacked parameter: (layer,) or (layer, expert).
+  views: dict[weights.Path, dict[tuple[int, ...], tuple[np.ndarray, str]]] = {}
   for entry in table:
     stored = tensors.tensor(entry.hf_name)
     if tuple(stored.shape) != entry.hf_shape:
       raise ValueError(
         f"{entry.hf_name} has shape {tuple(stored.shape)}; config.json implies {entry.hf_shape}."
       )
-    views.setdefault(entry.path, []).append((entry.to_ours(stored), entry.hf_name))
+    views.setdefault(entry.path, {})[entry.index] = (
+      entry.to_ours(entry.part(stored)),
+      entry.hf_name,
+    )
   params: dict = jax.tree.map(lambda x: None, abstract)
-  for path, layer_views in views.items():
+  for path, indexed in views.items():
     target = weights.get(abstract, path)
-    if path[0] == "blocks":  # Stacked over the layers: each shard stacks its layers' slices.
-      assert (len(layer_views), *layer_views[0][0].shape) == target.shape, (path, target.shape)
+    lead = len(next(iter(indexed)))  # Leading stacked axes: 0, 1 (layers) or 2 (+ experts).
+    assert len(indexed) == int(np.prod(target.shape[:lead])), (path, target.shape)
 
-      def read(index, layer_views=layer_views, dtype=target.dtype):
-        layers = range(len(layer_views))[index[0]]
-        return np.stack(
-          [_cast(layer_views[i][1], layer_views[i][0][index[1:]], dtype) for i in layers]
-        )
-
-    else:
-      [(view, name)] = layer_views
-      assert view.shape == target.shape, (path, view.shape, target.shape)
-
-      def read(index, view=view, name=name, dtype=target.dtype):
-        return _cast(name, view[index], dtype)
+    def read(index, indexed=indexed, lead=lead, shape=target.shape, dtype=target.dtype):
+      ranges = [range(size)[index[axis]] for axis, size in enumerate(shape[:lead])]
+      pieces = [
+        _cast(indexed[key][1], indexed[key][0][index[lead:]], dtype)
+        for key in itertools.product(*ranges)
+      ]
+      block = np.stack(pieces) if lead else pieces[0]
+      return block.reshape(*(len(r) for r in ranges), *pieces[0].shape)
 
     array = jax.make_array_from_callback(target.shape, weights.get(shardings, path), read)
     weights.put(params, path, array)
@@ -240,11 +241,14 @@ def export_model(
   tokenizer: Any = None,
   dtype: str | None = None,
   max_shard_bytes: int = 5 << 30,
+  model_type: str | None = None,
 ) -> list[str]:
   """Writes ``model`` as an HF model directory (config.json, generation_config.json,
   safetensors shards, and the tokenizer's files when given) that transformers loads with
   ``AutoModelForCausalLM.from_pretrained``. One tensor (one layer of a stacked parameter) at
-  a time is on the host.
+  a time is on the host. ``model_type``: the HF type to write (default the one
+  ``architectures.model_type_of`` gives; e.g. 'phi3' for a model imported from Phi-3, whose
+  q/k/v and gate/up are joined again); refused when it cannot express the model exactly.
 
   Returns the safetensors file names. Refuses a directory that already holds a model.
   """
@@ -258,7 +262,7 @@ def export_model(
       "pad_token_id": tokenizer.pad_id,
     }
     ids = {key: value for key, value in ids.items() if value is not None and value >= 0}
-  hf_config = architectures.to_hf(config, dtype=dtype, special_ids=ids)
+  hf_config = architectures.to_hf(config, dtype=dtype, special_ids=ids, model_type=model_type)
   if os.path.exists(os.path.join(output_dir, "config.json")):
     raise FileExistsError(
       f"{output_dir} already holds a model (config.json); choose another directory."
@@ -267,10 +271,15 @@ def export_model(
   np_dtype = jnp.dtype(dtype)
 
   def tensors():
-    for entry in weights.entries(config):
+    parts: list = []  # The parts of one fused HF tensor (Phi-3), gathered until it is whole.
+    table = weights.entries(config, hf_config["model_type"])
+    for position, entry in enumerate(table):
       array = weights.get(params, entry.path)
-      host = _to_host(array if entry.layer is None else array[entry.layer])  # One layer's.
-      yield entry.hf_name, np.ascontiguousarray(entry.to_hf(host)).astype(np_dtype)
+      host = _to_host(array[entry.index] if entry.index else array)  # One layer's (expert's).
+      parts.append((entry, np.ascontiguousarray(entry.to_hf(host))))
+      if position + 1 == len(table) or table[position + 1].hf_name != entry.hf_name:
+        yield entry.hf_name, np.ascontiguousarray(weights.joined(parts)).astype(np_dtype)
+        parts = []
 
   if jax.process_index() != 0:
     for _ in tensors():  # Other hosts join the gathers, and write nothing.

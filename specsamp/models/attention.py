@@ -27,8 +27,8 @@ from flax import nnx, struct
 
 from specsamp import sharding
 from specsamp.models import kv_cache
-from specsamp.models.config import TransformerConfig
-from specsamp.models.layers import apply_rope, make_param, rope_frequencies, softcap
+from specsamp.models.config import NO_WINDOW, TransformerConfig
+from specsamp.models.layers import apply_rope, make_param, rms_norm, rope_frequencies, softcap
 
 _MASKED = -1e30
 
@@ -260,7 +260,8 @@ def attention_forward(
     positions_BT: absolute position of each input token.
     keys_LBSKH, values_LBSKH: every layer's cache.
     layer: this layer's index into them.
-    weights: q_DNH, k_DKH, v_DKH, o_NHD and, with qkv_bias, q_NH, k_KH, v_KH.
+    weights: q_DNH, k_DKH, v_DKH, o_NHD and, with qkv_bias, q_NH, k_KH, v_KH; with qk_norm,
+      q_norm_H and k_norm_H.
     config: the model config (RoPE, query scale, soft-cap, attention block size).
     window: this layer's sliding window (None: the whole cache).
     kv_head_offset: set when each device holds ALL K kv heads but only a slice
@@ -276,9 +277,18 @@ def attention_forward(
       out = out + weights[bias_name].astype(dtype)
     return out
 
+  q_BTNH, k_BTKH = project("q_DNH", "q_NH"), project("k_DKH", "k_KH")
+  if config.qk_norm:
+    q_BTNH = rms_norm(q_BTNH, weights["q_norm_H"], config.norm_eps, config.norm_plus_one)
+    k_BTKH = rms_norm(k_BTKH, weights["k_norm_H"], config.norm_eps, config.norm_plus_one)
   inv_freq = rope_frequencies(config)
-  q_BTNH = apply_rope(project("q_DNH", "q_NH"), positions_BT, inv_freq)
-  k_BTKH = apply_rope(project("k_DKH", "k_KH"), positions_BT, inv_freq)
+  if config.rope_local_theta is not None and window is not None:
+    # Gemma 3: the sliding-window layers rotate by a base of their own (``window`` is traced
+    # under the scan over layers; a layer without a window has NO_WINDOW).
+    local = jnp.asarray(window) < NO_WINDOW
+    inv_freq = jnp.where(local, rope_frequencies(config, local=True), inv_freq)
+  q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq)
+  k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
   v_BTKH = project("v_DKH", "v_KH")
   query_scalar = config.query_pre_attn_scalar or q_BTNH.shape[-1]
   q_BTNH = q_BTNH * jnp.asarray(query_scalar**-0.5, dtype)
@@ -304,7 +314,8 @@ def attention_forward(
 
 
 class Attention(nnx.Module):
-  """Attention parameters: q/k/v/o projections (and q/k/v biases for Qwen2)."""
+  """Attention parameters: q/k/v/o projections (and q/k/v biases for Qwen2, q/k norm scales
+  for Qwen3 and Gemma 3)."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
@@ -326,9 +337,15 @@ class Attention(nnx.Module):
       self.q_NH = make_param(rngs, zeros, (n, h), ("heads", "head_dim"), dtype)
       self.k_KH = make_param(rngs, zeros, (k, h), ("kv_heads", "head_dim"), dtype)
       self.v_KH = make_param(rngs, zeros, (k, h), ("kv_heads", "head_dim"), dtype)
+    if config.qk_norm:  # One scale per head dimension, shared by every head of the layer.
+      init = nnx.initializers.zeros if config.norm_plus_one else nnx.initializers.ones
+      self.q_norm_H = make_param(rngs, init, (h,), ("head_dim",), dtype)
+      self.k_norm_H = make_param(rngs, init, (h,), ("head_dim",), dtype)
 
   def weights(self) -> dict[str, nnx.Param]:
     names = ("q_DNH", "k_DKH", "v_DKH", "o_NHD")
     if self.config.qkv_bias:
       names += ("q_NH", "k_KH", "v_KH")
+    if self.config.qk_norm:
+      names += ("q_norm_H", "k_norm_H")
     return {name: getattr(self, name) for name in names}

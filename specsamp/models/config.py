@@ -23,10 +23,17 @@ from specsamp.config_fields import ConfigFields
 
 # How a model runs, not what it computes from its weights: a checkpoint trained with one value
 # loads with another (checkpoint identity checks leave these out).
-EXECUTION_FIELDS = ("dtype", "tensor_parallel", "scan_layers", "attention_block_size")
+EXECUTION_FIELDS = (
+  "dtype",
+  "tensor_parallel",
+  "scan_layers",
+  "attention_block_size",
+  "moe_compute",
+)
 MLP_ACTIVATIONS = ("gelu", "relu", "relu2", "swiglu", "geglu")
 ROPE_SCALINGS = ("none", "linear", "llama3")
 TENSOR_PARALLEL_MODES = ("auto", "shard_map")
+MOE_COMPUTE = ("sparse", "dense")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 NO_WINDOW = 2**30  # A layer's window when it has none: wider than any cache.
 
@@ -64,6 +71,20 @@ class TransformerConfig(ConfigFields):
     sliding_window_pattern: which layers use the window: 1 means every layer
       (Mistral); P > 1 means layer i does iff (i + 1) % P != 0 (Gemma 2: P=2,
       even layers local, odd layers global).
+    qk_norm: RMSNorm (over head_dim, its own scale per layer, with (1 + w) under
+      ``norm_plus_one``) on every query and key head after the projections, before RoPE
+      (Qwen3, Gemma 3).
+    rope_local_theta: the RoPE base of the sliding-window layers, which then take no RoPE
+      scaling (Gemma 3's ``rope_local_base_freq``); None: every layer uses ``rope_theta``
+      and the scaling.
+    num_experts: E > 0 replaces every layer's MLP by a routed mixture of E gated experts
+      of width ``ffn_dim`` each (``models/moe.py``); 0: a dense MLP.
+    experts_per_token: k, the experts each token is routed to (top-k of the router's
+      softmax).
+    normalize_expert_weights: renormalise the k routing weights to sum to one
+      (Qwen3-MoE's ``norm_topk_prob``; Mixtral always does).
+    moe_compute: 'sparse' (a loop over the experts the call's tokens selected: a step reads
+      only those) or 'dense' (every expert on every token: the reference); see ``moe.py``.
     rope_scaling: 'none', 'linear' (positions / rope_scaling_factor) or
       'llama3' (Llama 3.1+: low frequencies divided by the factor, high ones
       kept, a smooth ramp between).
@@ -103,6 +124,12 @@ class TransformerConfig(ConfigFields):
   post_norms: bool = False
   sliding_window: int | None = None
   sliding_window_pattern: int = 1
+  qk_norm: bool = False
+  rope_local_theta: float | None = None
+  num_experts: int = 0
+  experts_per_token: int = 0
+  normalize_expert_weights: bool = False
+  moe_compute: str = "sparse"
   rope_scaling: str = "none"
   rope_scaling_factor: float = 1.0
   rope_low_freq_factor: float = 1.0
@@ -161,6 +188,28 @@ class TransformerConfig(ConfigFields):
     if not isinstance(self.sliding_window_pattern, int) or self.sliding_window_pattern < 1:
       raise ValueError(
         f"sliding_window_pattern must be an int >= 1, got {self.sliding_window_pattern!r}."
+      )
+    if not isinstance(self.num_experts, int) or self.num_experts < 0:
+      raise ValueError(f"num_experts must be an int >= 0, got {self.num_experts!r}.")
+    if self.num_experts:
+      if not 1 <= self.experts_per_token <= self.num_experts:
+        raise ValueError(
+          f"experts_per_token must be in [1, num_experts={self.num_experts}], got "
+          f"{self.experts_per_token!r}."
+        )
+      if not self.gated_mlp:
+        raise ValueError(
+          f"A mixture of experts needs gated experts (swiglu or geglu), got "
+          f"mlp_activation={self.mlp_activation!r}."
+        )
+    if self.moe_compute not in MOE_COMPUTE:
+      raise ValueError(f"moe_compute must be one of {MOE_COMPUTE}, got {self.moe_compute!r}.")
+    if self.rope_local_theta is not None and (
+      self.rope_local_theta <= 0 or self.sliding_window is None
+    ):
+      raise ValueError(
+        f"rope_local_theta={self.rope_local_theta} needs to be positive and a sliding window "
+        "(it is the RoPE base of the sliding-window layers)."
       )
     if self.rope_scaling not in ROPE_SCALINGS:
       raise ValueError(f"rope_scaling must be one of {ROPE_SCALINGS}, got {self.rope_scaling!r}.")

@@ -127,7 +127,11 @@ class FeatureHeadConfig(ConfigFields):
       ffn_dim=resolved.ffn_dim,
       norm_eps=resolved.norm_eps,
       sliding_window=None,
+      rope_local_theta=None,
       post_norms=False,
+      qk_norm=False,  # EAGLE's head is a Llama layer, whatever the target's family.
+      num_experts=0,
+      experts_per_token=0,
       tensor_parallel="auto",
       scan_layers=True,
     )

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specsamp import sharding
+from specsamp.models import moe
 from specsamp.models.config import TransformerConfig
 
 
@@ -50,11 +51,15 @@ class RMSNorm(nnx.Module):
     self.plus_one = config.norm_plus_one
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
-    x32 = x_BTD.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    scale = self.scale_D[...].astype(jnp.float32)
-    scale = 1.0 + scale if self.plus_one else scale
-    return (normed * scale).astype(x_BTD.dtype)
+    return rms_norm(x_BTD, self.scale_D[...], self.eps, self.plus_one)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, plus_one: bool) -> jax.Array:
+  """x / rms(x) * scale (or * (1 + scale)) over the last axis, computed in float32."""
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  scale = scale.astype(jnp.float32)
+  return (normed * (1.0 + scale if plus_one else scale)).astype(x.dtype)
 
 
 class Embedder(nnx.Module):
@@ -109,15 +114,23 @@ def activation_fn(config: TransformerConfig):
 
 
 def mlp_forward(
-  x_BTD: jax.Array, weights: dict[str, jax.Array], config: TransformerConfig
+  x_BTD: jax.Array,
+  weights: dict[str, jax.Array],
+  config: TransformerConfig,
+  compute: str | None = None,
+  expert_offset: jax.Array | int = 0,
 ) -> jax.Array:
-  """MLP on arrays: down(act(gate(x)) * up(x)) when gated, down(act(up(x))) otherwise.
+  """MLP on arrays: down(act(gate(x)) * up(x)) when gated, down(act(up(x))) otherwise; the
+  routed mixture of experts when ``weights`` hold a router (``moe.moe_forward``: ``compute``
+  overrides ``config.moe_compute``; ``expert_offset`` is the first expert of a shard).
 
   Under tensor parallelism each device holds an F-slice of the weights; the
   result is then a partial sum that the caller reduces once.
   """
   dtype = x_BTD.dtype
   act = activation_fn(config)
+  if "router_DE" in weights:
+    return moe.moe_forward(x_BTD, weights, config, act, compute, expert_offset)
   up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, weights["up_DF"].astype(dtype))
   if "gate_DF" in weights:
     gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, weights["gate_DF"].astype(dtype))
@@ -129,26 +142,45 @@ def mlp_forward(
 
 
 class MLP(nnx.Module):
-  """Feed-forward block: plain (GELU/ReLU, Chinchilla) or gated (SwiGLU, GeGLU)."""
+  """Feed-forward block: plain (GELU/ReLU, Chinchilla) or gated (SwiGLU, GeGLU); with
+  ``config.num_experts`` a routed mixture of gated experts (``models/moe.py``): a router
+  ``router_DE`` and the experts' stacked ``gate_EDF``, ``up_EDF``, ``down_EFD``."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
     init = nnx.initializers.lecun_normal()
     dims, dtype = (config.d_model, config.ffn_dim), config.weight_dtype
+    if config.num_experts:
+      d, f, e = config.d_model, config.ffn_dim, config.num_experts
+      expert_init = nnx.initializers.lecun_normal(in_axis=1, out_axis=2, batch_axis=(0,))
+      self.router_DE = make_param(rngs, init, (d, e), ("embed", None), dtype)
+      for name, shape, axes in (
+        ("gate_EDF", (e, d, f), ("expert", "embed", "mlp")),
+        ("up_EDF", (e, d, f), ("expert", "embed", "mlp")),
+        ("down_EFD", (e, f, d), ("expert", "mlp", "embed")),
+      ):
+        setattr(self, name, make_param(rngs, expert_init, shape, axes, dtype))
+      return
     if config.gated_mlp:
       self.gate_DF = make_param(rngs, init, dims, ("embed", "mlp"), dtype)
     self.up_DF = make_param(rngs, init, dims, ("embed", "mlp"), dtype)
     self.down_FD = make_param(rngs, init, dims[::-1], ("mlp", "embed"), dtype)
 
   def weights(self) -> dict[str, nnx.Param]:
-    names = (("gate_DF",) if self.config.gated_mlp else ()) + ("up_DF", "down_FD")
+    if self.config.num_experts:
+      names = ("router_DE", "gate_EDF", "up_EDF", "down_EFD")
+    else:
+      names = (("gate_DF",) if self.config.gated_mlp else ()) + ("up_DF", "down_FD")
     return {name: getattr(self, name) for name in names}
 
 
-def rope_frequencies(config: TransformerConfig) -> jax.Array:
-  """The H/2 inverse frequencies of RoPE, with the config's scaling applied (float32)."""
+def rope_frequencies(config: TransformerConfig, local: bool = False) -> jax.Array:
+  """The H/2 inverse frequencies of RoPE, with the config's scaling applied (float32);
+  ``local``: those of a sliding-window layer under ``config.rope_local_theta`` (unscaled)."""
   head_dim = config.resolved_head_dim
   exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+  if local and config.rope_local_theta is not None:
+    return 1.0 / (config.rope_local_theta**exponents)
   inv_freq = 1.0 / (config.rope_theta**exponents)
   factor = config.rope_scaling_factor
   if config.rope_scaling == "linear":

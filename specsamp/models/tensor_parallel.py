@@ -168,19 +168,39 @@ def attention_block(
   )
 
 
+def _expert_axis(config: TransformerConfig) -> tuple[str | None, int]:
+  """(the mesh axis the experts are split over, its size), or (None, 1)."""
+  if not config.num_experts:
+    return None, 1
+  sizes = sharding.current_axis_sizes()
+  axes = [a for a in sharding.mesh_axes_of("expert") if sizes.get(a, 1) > 1]
+  if len(axes) > 1:
+    raise ValueError(f"The experts may be split over one mesh axis, the rules give {axes}.")
+  if not axes or config.num_experts % sizes[axes[0]]:
+    return None, 1
+  return axes[0], sizes[axes[0]]
+
+
 def mlp_block(mlp: MLP, x_BTD: jax.Array) -> jax.Array:
-  """Runs the MLP in the config's tensor-parallel mode."""
+  """Runs the MLP in the config's tensor-parallel mode. A mixture of experts split over the
+  ``expert`` mesh axis runs its dense path under jit's partitioner ('auto'), and under
+  shard_map each device loops over its own shard's activated experts (``models/moe.py``)."""
   config = mlp.config
   tp = _tensor_parallel_size(config)
   weights, weight_specs = _values_and_specs(mlp.weights())
+  expert_axis, ep = _expert_axis(config)
   if tp is None:
-    return mlp_forward(x_BTD, weights, config)
+    return mlp_forward(x_BTD, weights, config, "dense" if expert_axis else None)
   _check_divides(tp, "ffn_dim", config.ffn_dim)
 
   axis = _tensor_axis()
+  reduce_over = (axis,) if expert_axis is None else (expert_axis, axis)
 
   def body(x, local_weights):
-    return jax.lax.psum(mlp_forward(x, local_weights, config), axis)
+    offset = (
+      0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (config.num_experts // ep)
+    )
+    return jax.lax.psum(mlp_forward(x, local_weights, config, None, offset), reduce_over)
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
   return jax.shard_map(body, in_specs=(x_spec, weight_specs), out_specs=x_spec)(x_BTD, weights)

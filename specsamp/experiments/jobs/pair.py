@@ -376,6 +376,7 @@ def prepare(
   draft_modes: Sequence[str] | None = None,
   feature_head: bool = False,
   log: Callable[[str], None] = print,
+  mesh: jax.sharding.Mesh | None = None,
 ) -> Pair:
   """Loads the pair from ``workdir``, training whatever is missing (see the module docstring).
 
@@ -386,10 +387,11 @@ def prepare(
       config's ``draft.train.distill.mode``.
     feature_head: also prepare the config's ``feature`` head (trained on the first run).
     log: where progress goes.
+    mesh: where the models go; default the config's ``mesh`` section over every device.
   """
   workdir = os.path.abspath(workdir or default_workdir(config))
   os.makedirs(workdir, exist_ok=True)
-  mesh = sharding.mesh_from_config(config.mesh)
+  mesh = mesh or sharding.mesh_from_config(config.mesh)
   if config.target.get("gguf") and not config.target.get("checkpoint"):
     config = ml_collections.ConfigDict(config.to_dict())
     config.target.checkpoint = import_gguf_target(config.target, workdir, mesh, log)

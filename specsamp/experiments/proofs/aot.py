@@ -93,7 +93,7 @@ def slice_devices(name: str) -> list[Any]:
 
 
 def make_mesh(devices: list[Any], axes: dict[str, int]) -> jax.sharding.Mesh:
-  """A (data, fsdp, tensor) mesh over ``devices``; -1 takes the rest."""
+  """A mesh of ``sharding.MESH_AXES`` over ``devices``; -1 takes the rest."""
   sizes = dict(axes)
   known = int(np.prod([v for v in sizes.values() if v != -1]))
   for name, size in sizes.items():
@@ -313,7 +313,7 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
   topology = topology or config.aot.topology
   devices = slice_devices(topology)
   spec = SLICES[topology]
-  mesh = make_mesh(devices, {k: config.mesh[k] for k in ("data", "fsdp", "tensor")})
+  mesh = make_mesh(devices, {k: config.mesh.get(k, 1) for k in sharding.MESH_AXES})
   chips = len(devices)
   hbm = spec.hardware.memory_bytes
   target_cfg = TransformerConfig.from_config(config.target.model)
