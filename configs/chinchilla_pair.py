@@ -49,6 +49,12 @@ def get_config(arg=None):
   config.aot.batch_sizes = "1,16"  # Rows per call to compile the speculative loop for.
   config.aot.verifiers = "token,block"  # The speculative loop is compiled with each.
   config.aot.fit_batch = True  # Also find the largest batch whose program fits HBM.
+  # A published pair's shapes in place of the models above: HF config.json files (configs/hf).
+  config.aot.target_hf_config = ""  # e.g. configs/hf/llama-3.1-70b/config.json
+  config.aot.draft_hf_config = ""  # e.g. configs/hf/llama-3.2-1b/config.json
+  # The tokenizer's size when the two embeddings are padded differently over the same real
+  # tokens (Qwen2.5: 151,665 in 151,936 and 152,064 rows): the draft's logits are padded.
+  config.aot.real_vocab_size = 0
 
   if variant == "test":
     config.tokenizer.vocab_size = 512

@@ -6,7 +6,7 @@ r"""Imports a Hugging Face model directory into an orbax checkpoint specsamp sam
 
 Reads config.json and model.safetensors (or the shards of
 model.safetensors.index.json) tensor by tensor, placing each device's shard
-directly on the mesh (--mesh_data x --mesh_fsdp x --mesh_tensor); the model
+directly on the mesh (--mesh_data x --mesh_fsdp x --mesh_expert x --mesh_tensor); the model
 is never whole in host RAM. Writes step 0 of an orbax checkpoint whose
 metadata holds the model config, the tokenizer fingerprint and the source;
 tokenizer.model is copied beside it when the HF directory has one.
@@ -31,6 +31,7 @@ _DTYPE = flags.DEFINE_enum(
 )
 _DATA = flags.DEFINE_integer("mesh_data", -1, "Data-parallel axis (-1: the devices left).")
 _FSDP = flags.DEFINE_integer("mesh_fsdp", 1, "FSDP axis (parameters sharded along d_model).")
+_EXPERT = flags.DEFINE_integer("mesh_expert", 1, "Expert-parallel axis (a mixture of experts).")
 _TENSOR = flags.DEFINE_integer("mesh_tensor", 1, "Tensor-parallel axis.")
 
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
@@ -38,7 +39,14 @@ flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
 def main(argv):
   cli.start(argv)
-  mesh = sharding.make_mesh({"data": _DATA.value, "fsdp": _FSDP.value, "tensor": _TENSOR.value})
+  mesh = sharding.make_mesh(
+    {
+      "data": _DATA.value,
+      "fsdp": _FSDP.value,
+      "expert": _EXPERT.value,
+      "tensor": _TENSOR.value,
+    }
+  )
   config = convert.import_to_checkpoint(
     os.path.expanduser(_HF_DIR.value),
     os.path.expanduser(_OUTPUT.value),

@@ -124,3 +124,31 @@ def test_speculative_sampling_over_an_moe_target_is_exact():
   assert 0.05 < stats["acceptance_rate"] < 0.98, stats
   observed = count_rows(np.asarray(out.tokens[:, len(prompt) :]))
   assert g_test_p_value(observed, exact.target_distribution(target, prompt, sampling)) > 1e-3
+
+
+def test_the_scoring_benchmark_counts_the_experts_each_call_selects():
+  """scripts/benchmark_moe.py's measurement on a tiny MoE: a 1-token call selects exactly k
+  experts per layer, a 5-token call between k and min(E, 5k); both paths time every call."""
+  from specsamp.experiments.benchmarks import moe_scoring, perf_model
+
+  config = moe_config(num_experts=8, experts_per_token=2)
+  rows = moe_scoring.measure(config, [1, 5], prompt_tokens=4, rounds=1, reps=1)
+  assert [(r["compute"], r["tokens"]) for r in rows] == [
+    ("sparse", 1),
+    ("sparse", 5),
+    ("dense", 1),
+    ("dense", 5),
+  ]
+  assert all(r["ms"] > 0 for r in rows)
+  one, five = rows[0]["experts"], rows[1]["experts"]
+  assert one == 2 and 2 <= five <= 8 and rows[3]["experts"] == five
+  assert moe_scoring.expected_experts(8, 2, 1) == 2
+  assert perf_model.expected_experts(config, 5) == pytest.approx(8 * (1 - 0.75**5))
+  # The model reads k experts for a step and more for a scoring call; a dense model reads the
+  # same weights for both.
+  hardware, mesh = perf_model.PRESETS["tpu_v5e"], perf_model.MeshShape()
+  step, score = (perf_model.call_cost(config, hardware, mesh, 1, t, 64) for t in (1, 5))
+  assert score.weight_bytes > step.weight_bytes
+  dense = config.replace(num_experts=0, experts_per_token=0)
+  step, score = (perf_model.call_cost(dense, hardware, mesh, 1, t, 64) for t in (1, 5))
+  assert score.weight_bytes - step.weight_bytes == 4 * dense.d_model * 4  # The 4 more inputs.

@@ -194,13 +194,15 @@ def mlp_block(mlp: MLP, x_BTD: jax.Array) -> jax.Array:
   _check_divides(tp, "ffn_dim", config.ffn_dim)
 
   axis = _tensor_axis()
-  reduce_over = (axis,) if expert_axis is None else (expert_axis, axis)
+  # The axes the partial outputs vary over (an axis of size 1 splits nothing).
+  reduce_over = tuple(a for a, size in ((expert_axis, ep), (axis, tp)) if a and size > 1)
 
   def body(x, local_weights):
     offset = (
       0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (config.num_experts // ep)
     )
-    return jax.lax.psum(mlp_forward(x, local_weights, config, None, offset), reduce_over)
+    out = mlp_forward(x, local_weights, config, None, offset)
+    return jax.lax.psum(out, reduce_over) if reduce_over else out
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
   return jax.shard_map(body, in_specs=(x_spec, weight_specs), out_specs=x_spec)(x_BTD, weights)

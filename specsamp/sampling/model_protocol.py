@@ -84,11 +84,61 @@ def check_tree_support(model: Any, role: str = "model") -> None:
 def check_same_vocabulary(target: Any, draft: Any) -> None:
   """Raises a clear error unless draft and target share one vocabulary size."""
   if target.vocab_size != draft.vocab_size:
+    hint = ""
+    if draft.vocab_size < target.vocab_size:
+      hint = (
+        " If the two differ only by padding rows of an embedding (e.g. Qwen2.5-0.5B's 151,936 "
+        "against Qwen2.5-72B's 152,064, both over the same 151,665 tokens), wrap the draft in "
+        "model_protocol.PaddedVocabulary(draft, target.vocab_size, real_vocab_size=...)."
+      )
     raise ValueError(
       f"The draft's vocabulary ({draft.vocab_size}) differs from the target's "
       f"({target.vocab_size}); speculative sampling compares token ids, so both models need "
-      "one shared vocabulary (same tokenizer, same embedding size)."
+      f"one shared vocabulary (same tokenizer, same embedding size).{hint}"
     )
+
+
+class PaddedVocabulary(nnx.Module):
+  """A draft whose embedding has fewer rows than the target's, over the same real tokens: its
+  logits are padded with -inf up to ``vocab_size``, so its q is 0 on the target's padding ids.
+  That stays exact (speculative sampling needs only the q a proposal was drawn from; the
+  residual max(0, p - q) gives the target's own mass on every id the draft cannot propose).
+  A padding id the target emits (its untrained rows keep some probability) is fed to the
+  draft as its last id: what the draft then proposes is still drawn from the q it reports.
+
+  Refuses anything but padding: ``real_vocab_size`` (the tokenizer's size) must fit in both
+  embeddings, and the draft's must be the smaller one.
+  """
+
+  def __init__(self, model: Any, vocab_size: int, *, real_vocab_size: int):
+    if not real_vocab_size <= model.vocab_size < vocab_size:
+      raise ValueError(
+        f"A padded vocabulary needs real_vocab_size <= draft ({model.vocab_size}) < target "
+        f"({vocab_size}); got real_vocab_size={real_vocab_size}: the two embeddings must "
+        "hold the same real tokens, and differ only in padding rows."
+      )
+    self.model = model
+    self.vocab_size = vocab_size
+    self.real_vocab_size = real_vocab_size
+
+  @property
+  def config(self) -> Any:
+    return self.model.config
+
+  def init_cache(self, *args, **kwargs) -> Any:
+    return self.model.init_cache(*args, **kwargs)
+
+  def compact_cache(self, *args, **kwargs) -> Any:
+    return self.model.compact_cache(*args, **kwargs)
+
+  def __call__(self, tokens_BT: jax.Array, *args, **kwargs) -> tuple:
+    tokens_BT = jnp.minimum(tokens_BT, self.model.vocab_size - 1)
+    logits_BTV, *rest = self.model(tokens_BT, *args, **kwargs)
+    padding = self.vocab_size - logits_BTV.shape[-1]
+    logits_BTV = jnp.pad(
+      logits_BTV, [(0, 0)] * (logits_BTV.ndim - 1) + [(0, padding)], constant_values=-jnp.inf
+    )
+    return (logits_BTV, *rest)
 
 
 def has_nan(logits: jax.Array) -> jax.Array:

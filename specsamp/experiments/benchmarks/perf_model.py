@@ -89,14 +89,24 @@ class Efficiency:
 
 @dataclasses.dataclass(frozen=True)
 class MeshShape:
-  """How many chips a call spans (data x tensor), for the analytic model; not a jax Mesh."""
+  """How many chips a call spans (data x expert x tensor), for the analytic model; not a jax
+  Mesh. The expert axis splits a mixture of experts' experts and replicates the rest."""
 
   data: int = 1
   tensor: int = 1
+  expert: int = 1
 
   @property
   def chips(self) -> int:
-    return self.data * self.tensor
+    return self.data * self.tensor * self.expert
+
+
+def expected_experts(config: TransformerConfig, tokens: int) -> float:
+  """The distinct experts per layer ``tokens`` routed tokens select, E (1 - (1 - k/E)^N),
+  taking routing as uniform and independent (real routers correlate neighbouring tokens,
+  which lowers it); 0 for a dense model."""
+  e, k = config.num_experts, config.experts_per_token
+  return e * (1.0 - (1.0 - k / e) ** tokens) if e else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,14 +133,21 @@ class Call:
 
 
 def parameter_counts(config: TransformerConfig) -> dict[str, int]:
-  """Parameters by role: per-layer matmuls, norms and biases, embedding table, output head."""
+  """Parameters by role: per-layer matmuls (with a mixture of experts: attention and the
+  router), one expert's matmuls per layer (0 for a dense model), norms and biases, the
+  embedding table, the output head."""
   d, f, h = config.d_model, config.ffn_dim, config.resolved_head_dim
   n, k, v = config.num_heads, config.num_kv_heads, config.vocab_size
   attention = d * n * h * 2 + d * k * h * 2
   mlp = d * f * (3 if config.gated_mlp else 2)
+  expert = 0
+  if config.num_experts:  # The router is read whole; the experts only as selected.
+    mlp, expert = d * config.num_experts, mlp
   small = (4 if config.post_norms else 2) * d + (n * h + 2 * k * h if config.qkv_bias else 0)
+  small += 2 * h if config.qk_norm else 0
   return {
     "matmul_per_layer": attention + mlp,
+    "expert_per_layer": expert,
     "small_per_layer": small,
     "embedding": v * d,
     "head": 0 if config.tie_embeddings else d * v,
@@ -159,9 +176,13 @@ def call_cost(
     + head_params
     + counts["final_norm"]
   )
+  # A mixture of experts reads the distinct experts the call's tokens select (moe.py's sparse
+  # path), spread over the expert axis; each of them multiplies every token of the call.
+  active = expected_experts(config, tokens)
+  expert_params = layers * active * counts["expert_per_layer"]
   weight_bytes = (
     read_params * weight_itemsize + tokens * config.d_model * weight_itemsize
-  ) / mesh.tensor
+  ) / mesh.tensor + expert_params * weight_itemsize / (mesh.tensor * mesh.expert)
   kv_bytes = (
     batch_size
     * cache_length
@@ -171,7 +192,7 @@ def call_cost(
     * config.resolved_head_dim
     * act_itemsize
   ) / mesh.chips
-  matmul_flops = 2 * (layers * counts["matmul_per_layer"] + head_params) * tokens
+  matmul_flops = 2 * (layers * counts["matmul_per_layer"] + head_params + expert_params) * tokens
   attention_flops = 4 * layers * tokens * cache_length * config.num_heads * config.resolved_head_dim
   flops = (matmul_flops + attention_flops) / mesh.chips
   collectives = 0.0

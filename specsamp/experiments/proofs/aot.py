@@ -18,6 +18,7 @@ TensorCores), as Cloud TPU runs them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import time
@@ -32,9 +33,10 @@ import numpy as np
 from specsamp import sharding
 from specsamp.experiments.benchmarks import perf_model
 from specsamp.experiments.proofs import hlo_ops
+from specsamp.hf import architectures
 from specsamp.models import kv_cache, transformer
 from specsamp.models.config import TransformerConfig
-from specsamp.sampling import autoregressive, drafters, speculative
+from specsamp.sampling import autoregressive, drafters, model_protocol, speculative
 from specsamp.sampling.warping import SamplingConfig
 
 
@@ -103,6 +105,20 @@ def make_mesh(devices: list[Any], axes: dict[str, int]) -> jax.sharding.Mesh:
     raise ValueError(f"Mesh {sizes} does not cover the slice's {len(devices)} devices.")
   shape = [sizes.get(name, 1) for name in sharding.MESH_AXES]
   return jax.sharding.Mesh(np.asarray(devices).reshape(shape), sharding.MESH_AXES)
+
+
+def model_config(model: Any, hf_config: str | None = None) -> TransformerConfig:
+  """A pair config section's model, or the shapes of an HF ``config.json`` (a published
+  model's, e.g. configs/hf/llama-3.1-70b/config.json) in that section's dtypes and
+  tensor-parallel mode."""
+  ours = TransformerConfig.from_config(model)
+  if not hf_config:
+    return ours
+  with open(os.path.expanduser(hf_config)) as f:
+    hf = json.load(f)
+  return architectures.from_hf(
+    hf, param_dtype=ours.param_dtype, dtype=ours.dtype, tensor_parallel=ours.tensor_parallel
+  )
 
 
 def abstract_model(config: TransformerConfig, mesh: jax.sharding.Mesh) -> Any:
@@ -316,8 +332,9 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
   mesh = make_mesh(devices, {k: config.mesh.get(k, 1) for k in sharding.MESH_AXES})
   chips = len(devices)
   hbm = spec.hardware.memory_bytes
-  target_cfg = TransformerConfig.from_config(config.target.model)
-  draft_cfg = TransformerConfig.from_config(config.draft.model)
+  target_cfg = model_config(config.target.model, config.aot.get("target_hf_config"))
+  draft_cfg = model_config(config.draft.model, config.aot.get("draft_hf_config"))
+  real_vocab = int(config.aot.get("real_vocab_size") or 0)
   s, num_draft_tokens = config.sampling, config.speculative.num_draft_tokens
   sampling = SamplingConfig(s.temperature, s.top_k, s.top_p)
   cache_length = config.aot.cache_length
@@ -345,6 +362,14 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
   with sharding.use_rules(sharding.parse_rules(config.mesh.get("rules", ""))):
     target = abstract_model(target_cfg, mesh)
     draft = abstract_model(draft_cfg, mesh)
+    if real_vocab and draft_cfg.vocab_size != target_cfg.vocab_size:
+      # Embeddings padded differently over the same real tokens (Qwen2.5 0.5B / 72B).
+      draft = model_protocol.PaddedVocabulary(
+        draft, target_cfg.vocab_size, real_vocab_size=real_vocab
+      )
+      report["padded_draft_vocabulary"] = [draft_cfg.vocab_size, target_cfg.vocab_size]
+      log(f"  draft vocabulary {draft_cfg.vocab_size} padded to {target_cfg.vocab_size}")
+    model_protocol.check_same_vocabulary(target, draft)
 
     def record(program: Program, batch: int, **extra) -> Program:
       row = {
@@ -440,10 +465,10 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
     )
     report["collectives_per_target_step"] = {k: v for k, v in step.collectives.items() if v}
     log(f"  collectives per target decode step: {report['collectives_per_target_step']}")
-    # The model's mesh: tensor parallel over 'tensor', the rest replicated ('data').
-    mesh_shape = perf_model.MeshShape(
-      data=chips // mesh.shape["tensor"], tensor=mesh.shape["tensor"]
-    )
+    # The model's mesh: tensor parallel over 'tensor', experts over 'expert', the rest
+    # replicated ('data').
+    tensor, expert = mesh.shape["tensor"], mesh.shape["expert"]
+    mesh_shape = perf_model.MeshShape(data=chips // (tensor * expert), tensor=tensor, expert=expert)
     steps = []
     for name, model_cfg, tokens, paper_ms in (
       ("target step", target_cfg, 1, perf_model.PAPER["target_ms"]),
