@@ -34,3 +34,23 @@ def target_distribution(model, prompt, sampling) -> dict:
     seq: np.prod([probs[seq[:t]][seq[t]] for t in range(NEW_TOKENS)])
     for seq in itertools.product(range(VOCAB), repeat=NEW_TOKENS)
   }
+
+
+def sample_at_temperature_one(target, draft, prompt) -> tuple[np.ndarray, dict]:
+  """ROWS speculative continuations of NEW_TOKENS after ``prompt`` at T = 1, K = 3: the new
+  tokens [ROWS, NEW_TOKENS] and the run's summary."""
+  import jax
+
+  from specsamp.sampling.speculative import speculative_generate
+
+  out = speculative_generate(
+    target,
+    draft,
+    np.tile(prompt, (ROWS, 1)),
+    np.full(ROWS, len(prompt)),
+    jax.random.key(0),
+    max_new_tokens=NEW_TOKENS,
+    num_draft_tokens=3,
+    temperature=1.0,
+  )
+  return np.asarray(out.tokens[:, len(prompt) :]), out.summary()

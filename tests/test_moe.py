@@ -15,7 +15,6 @@ from specsamp import sharding
 from specsamp.models import moe, transformer
 from specsamp.models.layers import activation_fn
 from specsamp.sampling import warping
-from specsamp.sampling.speculative import speculative_generate
 
 
 def moe_config(**changes):
@@ -109,21 +108,10 @@ def test_speculative_sampling_over_an_moe_target_is_exact():
   target = transformer.create(config, seed=10)
   draft = perturbed(target, 0.6, seed=11)
   prompt = [1, 5, 2]
-  sampling = warping.SamplingConfig(1.0)
-  out = speculative_generate(
-    target,
-    draft,
-    np.tile(prompt, (exact.ROWS, 1)),
-    np.full(exact.ROWS, len(prompt)),
-    jax.random.key(0),
-    max_new_tokens=exact.NEW_TOKENS,
-    num_draft_tokens=3,
-    temperature=1.0,
-  )
-  stats = out.summary()
+  tokens, stats = exact.sample_at_temperature_one(target, draft, prompt)
   assert 0.05 < stats["acceptance_rate"] < 0.98, stats
-  observed = count_rows(np.asarray(out.tokens[:, len(prompt) :]))
-  assert g_test_p_value(observed, exact.target_distribution(target, prompt, sampling)) > 1e-3
+  expected = exact.target_distribution(target, prompt, warping.SamplingConfig(1.0))
+  assert g_test_p_value(count_rows(tokens), expected) > 1e-3
 
 
 def test_the_scoring_benchmark_counts_the_experts_each_call_selects():

@@ -5,8 +5,6 @@ exact by enumeration; anything else refused."""
 import dataclasses
 
 import exact
-import jax
-import numpy as np
 import pytest
 from conftest import tiny_config
 from stat_tests import count_rows, g_test_p_value
@@ -14,7 +12,6 @@ from stat_tests import count_rows, g_test_p_value
 from specsamp.experiments.proofs import aot
 from specsamp.models import transformer
 from specsamp.sampling import model_protocol, warping
-from specsamp.sampling.speculative import speculative_generate
 
 
 def test_a_padded_draft_samples_the_targets_distribution_exactly():
@@ -27,21 +24,10 @@ def test_a_padded_draft_samples_the_targets_distribution_exactly():
     model_protocol.check_same_vocabulary(target, draft)
   padded = model_protocol.PaddedVocabulary(draft, exact.VOCAB, real_vocab_size=6)
   prompt = [1, 5, 2]
-  sampling = warping.SamplingConfig(1.0)
-  out = speculative_generate(
-    target,
-    padded,
-    np.tile(prompt, (exact.ROWS, 1)),
-    np.full(exact.ROWS, len(prompt)),
-    jax.random.key(0),
-    max_new_tokens=exact.NEW_TOKENS,
-    num_draft_tokens=3,
-    temperature=1.0,
-  )
-  tokens = np.asarray(out.tokens[:, len(prompt) :])
+  tokens, stats = exact.sample_at_temperature_one(target, padded, prompt)
   assert (tokens >= 6).any()  # The target's padding ids are sampled (and fed to the draft).
-  assert 0.05 < out.summary()["acceptance_rate"] < 0.98
-  expected = exact.target_distribution(target, prompt, sampling)
+  assert 0.05 < stats["acceptance_rate"] < 0.98
+  expected = exact.target_distribution(target, prompt, warping.SamplingConfig(1.0))
   assert g_test_p_value(count_rows(tokens), expected) > 1e-3
 
 
