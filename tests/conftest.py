@@ -1,19 +1,18 @@
 """Test setup: 8 simulated CPU devices (before jax is imported) and shared tiny models."""
 
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 
 os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The scripts the tests start (they inherit this environment) use no persistent compilation
-# cache: JAX 0.10.2 writes an entry with a plain write_bytes, so two processes of one test (the
-# multi-host ones) or a process a test interrupts can leave a torn entry, which segfaulted the
-# next reader (suite runs of 2026-11-25, one of them CI's, which then stalled past its limit).
+# No persistent compilation cache, in the test processes or the scripts they start (they
+# inherit this environment). With JAX 0.10.2's cache on, suite runs crashed inside XLA: four
+# runs on 2026-11-25 (one of them CI's, which then stalled past its limit) in the cache's reads
+# and writes while the machine was short of memory, and one more with memory to spare, with a
+# directory per process, in the compile of a certificate program (compiler.py,
+# _compile_and_write_cache -> backend_compile_and_load). The suite runs without it in 15 min.
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
@@ -26,16 +25,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "configs"))
 
 jax.config.update("jax_default_matmul_precision", "highest")
-# This test process alone keeps a persistent cache (tests build the same programs again in new
-# jit wrappers), in a directory of its own that no other process writes and no later run
-# reads: a new one per process, so an entry is never torn nor stale.
-jax.config.update("jax_enable_compilation_cache", True)
-_CACHE_DIR = tempfile.mkdtemp(
-  prefix=f"specsamp-tests-jax-cache-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"
-)
-atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
-jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 import tiny  # noqa: E402  (configs/tiny.py)
 
