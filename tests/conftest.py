@@ -1,5 +1,6 @@
 """Test setup: 8 simulated CPU devices (before jax is imported) and shared tiny models."""
 
+import gc
 import os
 import sys
 
@@ -29,6 +30,17 @@ jax.config.update("jax_default_matmul_precision", "highest")
 import tiny  # noqa: E402  (configs/tiny.py)
 
 from specsamp.models import TransformerConfig, transformer  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops every compiled program after each test file. A worker that kept all of them (hundreds
+  of XLA CPU executables, 5-14 GB resident by the end of the run) aborted or segfaulted inside
+  XLA's compile or its cache late in several suite runs of 2026-11-25, always in a file that
+  came after many others; a test file's programs are rarely another file's."""
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 def tiny_config(family: str = "chinchilla", **changes) -> TransformerConfig:
