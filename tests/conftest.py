@@ -4,8 +4,17 @@ import gc
 import os
 import sys
 
+# The 8 simulated devices run their collectives as threads that meet in a rendezvous, which XLA
+# aborts the process for after a termination timeout. Two test workers, the scripts they start
+# and up to 16 device threads share 2 cores, so a device thread can be starved past it: the
+# timeouts are raised (a worker aborted mid-run in train_step and in the sampler, with no
+# other error, in suite runs of 2026-11-25).
 os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  os.environ.get("XLA_FLAGS", "")
+  + " --xla_force_host_platform_device_count=8"
+  + " --xla_cpu_collective_call_warn_stuck_timeout_seconds=600"
+  + " --xla_cpu_collective_call_terminate_timeout_seconds=3600"
+  + " --xla_cpu_collective_timeout_seconds=3600"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # No persistent compilation cache, in the test processes or the scripts they start (they
