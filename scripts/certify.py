@@ -22,8 +22,12 @@ import time
 if not any(arg.startswith("--real_target") for arg in sys.argv):
   # The 2x4 mesh cases need 8 simulated devices. The real target runs on one, and splitting
   # the host into 8 devices made its draws 8x slower (42 s against 5 s per 256 rows).
+  # XLA aborts a process whose simulated devices wait over 40 s in a collective's rendezvous,
+  # which a certificate of hours beside other work on a small machine can reach: raised.
   os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=8"
+    + " --xla_cpu_collective_call_terminate_timeout_seconds=3600"
   ).strip()
 
 from absl import flags  # noqa: E402
