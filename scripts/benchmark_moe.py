@@ -59,9 +59,7 @@ def main(argv):
   step = {row["compute"]: row["ms"] for row in measured if row["tokens"] == 1}
   for row in measured:
     row["x_step"] = row["ms"] / step[row["compute"]]
-    row["expected_experts"] = moe_scoring.expected_experts(
-      config.num_experts, config.experts_per_token, row["tokens"]
-    )
+    row["expected_experts"] = perf_model.expected_experts(config, row["tokens"])
   print(
     f"## Measured on this machine: {config.num_layers} layers x {config.d_model}, "
     f"{config.num_experts} experts of width {config.ffn_dim}, top {config.experts_per_token}\n"

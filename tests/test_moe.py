@@ -130,7 +130,7 @@ def test_the_scoring_benchmark_counts_the_experts_each_call_selects():
   assert all(r["ms"] > 0 for r in rows)
   one, five = rows[0]["experts"], rows[1]["experts"]
   assert one == 2 and 2 <= five <= 8 and rows[3]["experts"] == five
-  assert moe_scoring.expected_experts(8, 2, 1) == 2
+  assert perf_model.expected_experts(config, 1) == 2
   assert perf_model.expected_experts(config, 5) == pytest.approx(8 * (1 - 0.75**5))
   # The model reads k experts for a step and more for a scoring call; a dense model reads the
   # same weights for both.

@@ -43,10 +43,6 @@ class Entry:
   index: tuple[int, ...] = ()
   rows: tuple[int, int] | None = None
 
-  @property
-  def layer(self) -> int | None:
-    return self.index[0] if self.index else None
-
   def part(self, stored: np.ndarray) -> np.ndarray:
     """This entry's rows of the stored HF tensor (a view)."""
     return stored if self.rows is None else stored[self.rows[0] : self.rows[1]]

@@ -64,6 +64,22 @@ class Block(nnx.Module):
     tree: TreeCall | None = None,
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer; writes its slots of the stacked cache in place and returns the cache."""
+    x_BTD, keys_LBSKH, values_LBSKH = self.attention_residual(
+      x_BTD, positions_BT, keys_LBSKH, values_LBSKH, layer, window, tree
+    )
+    return self.mlp_residual(x_BTD), keys_LBSKH, values_LBSKH
+
+  def attention_residual(
+    self,
+    x_BTD: jax.Array,
+    positions_BT: jax.Array,
+    keys_LBSKH: jax.Array,
+    values_LBSKH: jax.Array,
+    layer: jax.Array | int,
+    window: jax.Array | None = None,
+    tree: TreeCall | None = None,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The layer's first half: x + attn(norm(x)) (the MLP's input stream), and the cache."""
     with jax.named_scope("attention"):
       h_BTD, keys_LBSKH, values_LBSKH = tensor_parallel.attention_block(
         self.attn,
@@ -77,13 +93,16 @@ class Block(nnx.Module):
       )
       if self.post_norms:
         h_BTD = self.attn_post_norm(h_BTD)
-    x_BTD = sharding.constrain(x_BTD + h_BTD, _RESIDUAL_AXES)
+    return sharding.constrain(x_BTD + h_BTD, _RESIDUAL_AXES), keys_LBSKH, values_LBSKH
+
+  def mlp_residual(self, x_BTD: jax.Array) -> jax.Array:
+    """The layer's second half: x + mlp(norm(x))."""
     with jax.named_scope("mlp"):
       h_BTD = tensor_parallel.mlp_block(self.mlp, self.mlp_norm(x_BTD))
       if self.post_norms:
         h_BTD = self.mlp_post_norm(h_BTD)
       x_BTD = x_BTD + h_BTD
-    return sharding.constrain(x_BTD, _RESIDUAL_AXES), keys_LBSKH, values_LBSKH
+    return sharding.constrain(x_BTD, _RESIDUAL_AXES)
 
 
 def stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:

@@ -21,10 +21,8 @@ from flax import nnx
 
 from specsamp.experiments.benchmarks import perf_model, timing
 from specsamp.models import moe, transformer
-from specsamp.models.attention import attention_forward
 from specsamp.models.config import TransformerConfig
 from specsamp.models.kv_cache import KVCache
-from specsamp.models.layers import mlp_forward
 
 
 def measure(
@@ -88,31 +86,12 @@ def _distinct(model: transformer.Transformer, prompt: jax.Array, tokens: jax.Arr
       1, batch, length, config.num_kv_heads, config.resolved_head_dim, x_BTD.dtype
     )
     window = None if windows is None else windows[layer]
-    h_BTD, _, _ = attention_forward(
-      block.attn_norm(x_BTD),
-      positions,
-      cache.keys,
-      cache.values,
-      0,
-      {name: p[...] for name, p in block.attn.weights().items()},
-      config=config,
-      window=window,
-    )
-    x_BTD = x_BTD + (block.attn_post_norm(h_BTD) if config.post_norms else h_BTD)
-    m_BTD = block.mlp_norm(x_BTD)
-    new_ND = m_BTD[:, prompt.shape[1] :].reshape(-1, config.d_model)
+    x_BTD, _, _ = block.attention_residual(x_BTD, positions, cache.keys, cache.values, 0, window)
+    new_ND = block.mlp_norm(x_BTD)[:, prompt.shape[1] :].reshape(-1, config.d_model)
     _, selected_NE = moe.route(new_ND, block.mlp.router_DE[...], config)
     counts.append(int(jnp.sum(jnp.any(selected_NE, axis=0))))
-    weights = {name: p[...] for name, p in block.mlp.weights().items()}
-    out_BTD = mlp_forward(m_BTD, weights, config)
-    x_BTD = x_BTD + (block.mlp_post_norm(out_BTD) if config.post_norms else out_BTD)
+    x_BTD = block.mlp_residual(x_BTD)
   return float(np.mean(counts))
-
-
-def expected_experts(num_experts: int, per_token: int, tokens: int) -> float:
-  """E (1 - (1 - k/E)^N): the distinct experts N tokens select when each picks k of E uniformly
-  and independently."""
-  return num_experts * (1.0 - (1.0 - per_token / num_experts) ** tokens)
 
 
 def predict(
