@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import time
@@ -32,7 +33,7 @@ import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments.benchmarks import perf_model
-from specsamp.experiments.proofs import hlo_ops
+from specsamp.experiments.proofs import hlo_bytes, hlo_ops
 from specsamp.hf import architectures
 from specsamp.models import kv_cache, transformer
 from specsamp.models.config import TransformerConfig
@@ -226,12 +227,14 @@ def compile_program(name: str, lowered: Any, trips: Callable[[str], int] | None 
 
 
 def lower_call(model: Any, mesh, batch: int, tokens: int, cache_length: int) -> Any:
-  """One cached model call of ``tokens`` per row (a decode step, or scoring K + 1)."""
+  """One cached model call of ``tokens`` per row (a decode step, or scoring K + 1). The cache
+  is donated, as inside the loops, where it is updated in place."""
   cache = abstract_cache(model, mesh, batch, cache_length)
   tokens_BT = _replicated(mesh, (batch, tokens), jnp.int32)
   positions_BT = _replicated(mesh, (batch, tokens), jnp.int32)
   with sharding.use_mesh(mesh):
-    return jax.jit(lambda m, t, p, c: m(t, p, c)).lower(model, tokens_BT, positions_BT, cache)
+    call = jax.jit(lambda m, t, p, c: m(t, p, c), donate_argnums=3)
+    return call.lower(model, tokens_BT, positions_BT, cache)
 
 
 def lower_speculative(
@@ -308,9 +311,10 @@ def _prompt_arguments(mesh, batch: int, prompt_length: int) -> tuple[Any, Any, A
 
 def _step_costs(config: TransformerConfig, mesh, batch: int, tokens: int, cache_length: int):
   """(flops, bytes accessed) per chip of one cached call of ``tokens`` per row through the
-  whole depth. XLA's cost analysis counts a while body once, so it is read from unrolled
-  programs of one and two layer periods (Gemma 2 alternates windows: a period of 2) and
-  extrapolated linearly to the full depth."""
+  whole depth, by XLA's cost analysis (a secondary column: ``hlo_bytes`` says why its bytes
+  are no HBM count). It counts a while body once, so it is read from unrolled programs of
+  one and two layer periods (Gemma 2 alternates windows: a period of 2) and extrapolated
+  linearly to the full depth."""
   period = config.sliding_window_pattern if config.sliding_window else 1
   costs = []
   for depth in (period, 2 * period):
@@ -321,6 +325,85 @@ def _step_costs(config: TransformerConfig, mesh, batch: int, tokens: int, cache_
     costs.append((program.flops, program.bytes_accessed))
   periods = config.num_layers / period
   return tuple(one + (periods - 1) * (two - one) for one, two in zip(*costs))
+
+
+def smallest_layer_matrix(model: Any, num_layers: int) -> int:
+  """Bytes per chip of the smallest weight matrix of one layer: the stacked block
+  parameters of at least two dimensions per layer, one device's shard, over the layers."""
+  sizes = [
+    math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize // num_layers
+    for leaf in jax.tree.leaves(model)
+    if leaf.ndim >= 3 and leaf.shape[0] == num_layers
+  ]
+  return min(sizes) if sizes else 1 << 20
+
+
+def count_call_bytes(
+  config: TransformerConfig,
+  model: Any,
+  mesh,
+  tokens: int,
+  cache_length: int,
+  experts_per_chip: float = 0.0,
+) -> tuple[Program, hlo_bytes.ByteCount]:
+  """The HBM bytes per chip of one cached call of ``tokens`` (batch 1) at a full cache, from
+  the compiled program users run (layers scanned): each blocked attention read covers every
+  block of the cache, and an MoE layer's expert loop the ``experts_per_chip`` experts the
+  call selects on each chip (the first is peeled off the loop). Intermediates written to
+  HBM that are as large as the layer's smallest weight matrix are listed as materialised."""
+  program = compile_program("call", lower_call(model, mesh, 1, tokens, cache_length))
+  blocks = 1.0
+  if 0 < config.attention_block_size < cache_length:
+    blocks = float(-(-cache_length // config.attention_block_size))
+
+  def dynamic_trips(instruction: hlo_bytes.Instruction) -> float:
+    name = instruction.op_name
+    if name.endswith("attention/while") or "attention/shard_map/while" in name:
+      return blocks
+    if "mlp" in name.split("/") or "/mlp/" in name:
+      return max(experts_per_chip - 1.0, 0.0)
+    return 1.0
+
+  counted = hlo_bytes.count(
+    program.hlo, dynamic_trips, min_bytes=smallest_layer_matrix(model, config.num_layers)
+  )
+  return program, counted
+
+
+def call_bytes_row(counted: hlo_bytes.ByteCount) -> dict[str, Any]:
+  """The byte count's report fields: weights ('m.' arguments) held and read, and their
+  ratio over the weights read at all (an untied embedding table, of which a lookup gathers
+  rows, is listed apart), the cache read and written, intermediates, and what is
+  materialised."""
+  weights = {k: v for k, v in counted.arguments.items() if k.startswith("m.")}
+  read = {k: counted.reads.get(k, 0.0) for k in weights}
+  gathered = sorted(k for k in weights if read[k] < 0.01 * weights[k])
+  streamed = [k for k in weights if k not in gathered]
+  held_streamed = sum(weights[k] for k in streamed)
+  return {
+    "weights_gb": sum(weights.values()) / 1e9,
+    "weights_read_gb": sum(read.values()) / 1e9,
+    "weights_read_ratio": sum(read[k] for k in streamed) / max(held_streamed, 1),
+    "gathered": gathered,
+    "per_weight_ratio": {k: read[k] / weights[k] for k in streamed if weights[k]},
+    "cache_read_gb": counted.read_of("c.") / 1e9,
+    "cache_written_gb": sum(v for k, v in counted.writes.items() if k.startswith("c.")) / 1e9,
+    "intermediate_gb": (
+      counted.reads.get("(intermediate)", 0.0) + counted.writes.get("(intermediate)", 0.0)
+    )
+    / 1e9,
+    "hbm_gb": (counted.read_bytes + counted.written_bytes) / 1e9,
+    "materialised": [
+      {
+        "opcode": m.opcode,
+        "shape": m.shape,
+        "mb": m.bytes / 1e6,
+        "times": m.times,
+        "op_name": m.op_name,
+      }
+      for m in counted.materialised
+    ],
+  }
 
 
 def run(config: Any, topology: str | None = None, log: Callable[[str], None] = print) -> dict:
@@ -470,30 +553,51 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
     tensor, expert = mesh.shape["tensor"], mesh.shape["expert"]
     mesh_shape = perf_model.MeshShape(data=chips // (tensor * expert), tensor=tensor, expert=expert)
     steps = []
-    for name, model_cfg, tokens, paper_ms in (
-      ("target step", target_cfg, 1, perf_model.PAPER["target_ms"]),
-      ("draft step", draft_cfg, 1, perf_model.PAPER["draft_ms"]),
-      (f"target scoring {num_draft_tokens + 1}", target_cfg, num_draft_tokens + 1, None),
+    for name, model_cfg, model, tokens, paper_ms in (
+      ("target step", target_cfg, target, 1, perf_model.PAPER["target_ms"]),
+      ("draft step", draft_cfg, draft, 1, perf_model.PAPER["draft_ms"]),
+      (
+        f"target scoring {num_draft_tokens + 1}",
+        target_cfg,
+        target,
+        num_draft_tokens + 1,
+        None,
+      ),
     ):
+      if isinstance(model, model_protocol.PaddedVocabulary):
+        model = model.model
+      experts = 0.0
+      if model_cfg.num_experts:  # The experts a call's tokens select, spread over 'expert'.
+        experts = perf_model.expected_experts(model_cfg, tokens) / expert
+      _, counted = count_call_bytes(model_cfg, model, mesh, tokens, cache_length, experts)
+      row = call_bytes_row(counted)
       flops, bytes_accessed = _step_costs(model_cfg, mesh, 1, tokens, cache_length)
       call = perf_model.call_cost(model_cfg, spec.hardware, mesh_shape, 1, tokens, cache_length)
       steps.append(
         {
           "call": name,
-          "gflops_per_chip": flops / 1e9,
-          "gb_accessed_per_chip": bytes_accessed / 1e9,
-          "hbm_ms": bytes_accessed / spec.hardware.memory_bandwidth * 1e3,
+          **row,
+          "hbm_ms": row["hbm_gb"] * 1e9 / spec.hardware.memory_bandwidth * 1e3,
           "model_gb_per_chip": (call.weight_bytes + call.kv_bytes) / 1e9,
           "model_floor_ms": call.memory_s * 1e3,
           "paper_ms": paper_ms,
+          "xla_gb_accessed": bytes_accessed / 1e9,
+          "gflops_per_chip": flops / 1e9,
         }
       )
       log(
-        f"  {name:<18}: {flops / 1e9:8.2f} GFLOP and {bytes_accessed / 1e9:6.3f} GB per chip -> "
-        f"{steps[-1]['hbm_ms']:.2f} ms at HBM bandwidth; performance model "
-        f"{steps[-1]['model_gb_per_chip']:.3f} GB, {steps[-1]['model_floor_ms']:.2f} ms"
+        f"  {name:<18}: HBM {row['hbm_gb']:.3f} GB per chip -> {steps[-1]['hbm_ms']:.2f} ms; "
+        f"weights read {row['weights_read_gb']:.3f} of {row['weights_gb']:.3f} GB "
+        f"({row['weights_read_ratio']:.3f}x of those streamed; gathered: "
+        f"{', '.join(row['gathered']) or 'none'}), cache {row['cache_read_gb']:.3f} GB, "
+        f"intermediates {row['intermediate_gb']:.3f} GB, materialised "
+        f"{len(row['materialised'])}; performance model "
+        f"{steps[-1]['model_gb_per_chip']:.3f} GB, {steps[-1]['model_floor_ms']:.2f} ms; XLA's "
+        f"cost analysis {bytes_accessed / 1e9:.3f} GB, {flops / 1e9:.2f} GFLOP"
         + (f"; paper {paper_ms} ms" if paper_ms else "")
       )
+      for m in row["materialised"]:
+        log(f"    materialised: {m['opcode']} {m['shape']} {m['mb']:.1f} MB x {m['times']:g}")
     report["steps"] = steps
   return report
 
@@ -547,14 +651,21 @@ def format_report(report: dict) -> str:
     [{c: row.get(c, "") for c in columns} for row in report["programs"]], columns
   )
   steps = perf_model.format_table(
-    report["steps"],
+    [{**row, "materialised": len(row["materialised"])} for row in report["steps"]],
     [
       "call",
-      "gflops_per_chip",
-      "gb_accessed_per_chip",
+      "hbm_gb",
       "hbm_ms",
+      "weights_gb",
+      "weights_read_gb",
+      "weights_read_ratio",
+      "cache_read_gb",
+      "intermediate_gb",
+      "materialised",
       "model_gb_per_chip",
       "model_floor_ms",
+      "xla_gb_accessed",
+      "gflops_per_chip",
       "paper_ms",
     ],
   )
