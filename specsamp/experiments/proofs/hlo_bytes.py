@@ -21,7 +21,8 @@ it runs:
 * Every HBM read is traced back through the plumbing, loop carries included, to the
   program's argument it comes from (the parameters and the KV cache), or to an intermediate.
 * An intermediate written to HBM that is as large as ``min_bytes`` (a weight matrix's shard)
-  is *materialised*: listed with its opcode, shape, the times it runs and its source line.
+  is *materialised*: listed with its opcode, shape, the times it runs and its source line
+  (what the program returns, e.g. the logits, is written but not listed).
 
 On a CPU, where nothing names a memory space, every buffer counts as main memory.
 """
@@ -411,6 +412,9 @@ def count(
   reads: collections.Counter = collections.Counter()
   writes: collections.Counter = collections.Counter()
   materialised: list[Intermediate] = []
+  # What the program returns must be written: never listed as materialised.
+  entry_root = module.root(module.entry)
+  outputs = {entry_root.name, *(entry_root.operands if entry_root.opcode == "tuple" else ())}
 
   def operand_array(computation: str, instruction: Instruction, k: int) -> Array | None:
     """The array operand ``k`` of ``instruction`` is (a tuple element resolved)."""
@@ -437,7 +441,8 @@ def count(
     if not array.in_hbm or nbytes <= 0:
       return
     writes[into or "(intermediate)"] += nbytes * weight
-    if into is None and nbytes >= min_bytes:
+    returned = computation == module.entry and instruction.name in outputs
+    if into is None and nbytes >= min_bytes and not returned:
       materialised.append(
         Intermediate(
           computation,
