@@ -115,3 +115,33 @@ def test_tpu_without_the_barrier_the_cache_is_copied_in_every_layer(monkeypatch)
   copies = [m for m in row["materialised"] if m["times"] == LAYERS]
   assert len(copies) == 2, row["materialised"]
   assert all(m["shape"].endswith("[4,64,2,128]") for m in copies)
+
+
+def test_tpu_moe_step_reads_only_the_experts_it_selects():
+  """A tiny mixture of experts, 8 experts (2 per token) split over 4 chips: a step's expert
+  loop reads the selected experts of each chip's 2 (here 1: the peeled first one, since a
+  step selects 2 of 8, half an expert per chip), straight from the stacked weights: no layer
+  of experts is copied first."""
+  devices = aot.slice_devices("v4-8")
+  mesh = aot.make_mesh(devices, {"data": 1, "fsdp": 1, "expert": 4, "tensor": 1})
+  config = TransformerConfig(
+    vocab_size=512,
+    num_layers=LAYERS,
+    d_model=256,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=64,
+    ffn_dim=512,
+    num_experts=8,
+    experts_per_token=2,
+    param_dtype="bfloat16",
+    dtype="bfloat16",
+    tensor_parallel="shard_map",
+  )
+  model = aot.abstract_model(config, mesh)
+  _, counted = aot.count_call_bytes(config, model, mesh, 1, 64, experts_per_chip=0.5)
+  row = aot.call_bytes_row(counted)
+  assert row["materialised"] == []
+  for name in ("gate_EDF", "up_EDF", "down_EFD"):
+    assert row["per_weight_ratio"][f"m.blocks.mlp.{name}.value"] == pytest.approx(0.5)
+  assert row["per_weight_ratio"]["m.blocks.attn.q_DNH.value"] == pytest.approx(1.0)

@@ -119,10 +119,12 @@ def mlp_forward(
   config: TransformerConfig,
   compute: str | None = None,
   expert_offset: jax.Array | int = 0,
+  layer: jax.Array | int | None = None,
 ) -> jax.Array:
   """MLP on arrays: down(act(gate(x)) * up(x)) when gated, down(act(up(x))) otherwise; the
   routed mixture of experts when ``weights`` hold a router (``moe.moe_forward``: ``compute``
-  overrides ``config.moe_compute``; ``expert_offset`` is the first expert of a shard).
+  overrides ``config.moe_compute``; ``expert_offset`` is the first expert of a shard; ``layer``
+  indexes experts left stacked over the layers).
 
   Under tensor parallelism each device holds an F-slice of the weights; the
   result is then a partial sum that the caller reduces once.
@@ -130,7 +132,7 @@ def mlp_forward(
   dtype = x_BTD.dtype
   act = activation_fn(config)
   if "router_DE" in weights:
-    return moe.moe_forward(x_BTD, weights, config, act, compute, expert_offset)
+    return moe.moe_forward(x_BTD, weights, config, act, compute, expert_offset, layer)
   up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, weights["up_DF"].astype(dtype))
   if "gate_DF" in weights:
     gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, weights["gate_DF"].astype(dtype))

@@ -35,6 +35,9 @@ import jax.numpy as jnp
 
 from specsamp.models.config import MOE_COMPUTE, TransformerConfig
 
+EXPERT_WEIGHTS = ("gate_EDF", "up_EDF", "down_EFD")
+"""The experts' weights: the scan over layers leaves them stacked (``experts_forward``)."""
+
 
 def route(
   x_ND: jax.Array, router_DE: jax.Array, config: TransformerConfig
@@ -66,9 +69,17 @@ def experts_forward(
   experts: dict[str, jax.Array],
   act,
   compute: str = "sparse",
+  layer: jax.Array | int | None = None,
 ) -> jax.Array:
   """sum_e weights_NE[:, e] * expert_e(x) over the experts in ``experts`` (gate_EDF, up_EDF,
-  down_EFD: all E, or one device's shard, with the matching columns of weights_NE)."""
+  down_EFD: all E, or one device's shard, with the matching columns of weights_NE).
+
+  With ``layer``, the experts are every layer's, stacked [L, E, ...]: the sparse loop reads
+  expert e of that layer with one slice. (Slicing the layer first, as the scan does for the
+  other weights, made the TPU compiler copy all the layer's experts before the loop in every
+  layer: a call then read every expert, which is what the sparse path exists to avoid.)"""
+  if layer is not None and compute == "dense":
+    experts = {k: jax.lax.dynamic_index_in_dim(v, layer, 0, False) for k, v in experts.items()}
   if compute == "dense":
     dtype = x_ND.dtype
     gate_NEF = jnp.einsum("ND,EDF->NEF", x_ND, experts["gate_EDF"].astype(dtype))
@@ -86,7 +97,11 @@ def experts_forward(
     expert = order_E[index]
 
     def take(name):
-      return jax.lax.dynamic_index_in_dim(experts[name], expert, keepdims=False)
+      if layer is None:
+        return jax.lax.dynamic_index_in_dim(experts[name], expert, keepdims=False)
+      stacked = experts[name]
+      start = (layer, expert, *([0] * (stacked.ndim - 2)))
+      return jax.lax.dynamic_slice(stacked, start, (1, 1, *stacked.shape[2:]))[0, 0]
 
     y_ND = _expert(x_ND, take("gate_EDF"), take("up_EDF"), take("down_EFD"), act)
     return jax.lax.dynamic_slice_in_dim(weights_NE, expert, 1, axis=1) * y_ND
@@ -109,18 +124,20 @@ def moe_forward(
   act,
   compute: str | None = None,
   expert_offset: jax.Array | int = 0,
+  layer: jax.Array | int | None = None,
 ) -> jax.Array:
   """The routed MLP on arrays (module docstring). ``weights``: router_DE (all E experts) and
-  gate_EDF, up_EDF, down_EFD (all E, or E_local experts starting at ``expert_offset``)."""
+  gate_EDF, up_EDF, down_EFD (all E, or E_local experts starting at ``expert_offset``; with
+  ``layer``, every layer's, stacked [L, E, ...]: ``experts_forward``)."""
   batch, length, d_model = x_BTD.shape
   x_ND = x_BTD.reshape(batch * length, d_model)
   weights_NE, selected_NE = route(x_ND, weights["router_DE"], config)
-  local = weights["gate_EDF"].shape[0]
+  local = weights["gate_EDF"].shape[0 if layer is None else 1]
   if local != config.num_experts:  # One device's shard of the experts.
     weights_NE = jax.lax.dynamic_slice_in_dim(weights_NE, expert_offset, local, axis=1)
     selected_NE = jax.lax.dynamic_slice_in_dim(selected_NE, expert_offset, local, axis=1)
-  experts = {name: weights[name] for name in ("gate_EDF", "up_EDF", "down_EFD")}
+  experts = {name: weights[name] for name in EXPERT_WEIGHTS}
   out_ND = experts_forward(
-    x_ND, weights_NE, selected_NE, experts, act, compute or config.moe_compute
+    x_ND, weights_NE, selected_NE, experts, act, compute or config.moe_compute, layer
   )
   return out_ND.reshape(batch, length, d_model)

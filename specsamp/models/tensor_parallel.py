@@ -181,28 +181,35 @@ def _expert_axis(config: TransformerConfig) -> tuple[str | None, int]:
   return axes[0], sizes[axes[0]]
 
 
-def mlp_block(mlp: MLP, x_BTD: jax.Array) -> jax.Array:
+def mlp_block(mlp: MLP, x_BTD: jax.Array, layer: jax.Array | int | None = None) -> jax.Array:
   """Runs the MLP in the config's tensor-parallel mode. A mixture of experts split over the
   ``expert`` mesh axis runs its dense path under jit's partitioner ('auto'), and under
-  shard_map each device loops over its own shard's activated experts (``models/moe.py``)."""
+  shard_map each device loops over its own shard's activated experts (``models/moe.py``).
+  ``layer``: the experts' weights are every layer's, stacked (``transformer.run_blocks``)."""
   config = mlp.config
   tp = _tensor_parallel_size(config)
   weights, weight_specs = _values_and_specs(mlp.weights())
   expert_axis, ep = _expert_axis(config)
   if tp is None:
-    return mlp_forward(x_BTD, weights, config, "dense" if expert_axis else None)
+    return mlp_forward(x_BTD, weights, config, "dense" if expert_axis else None, layer=layer)
   _check_divides(tp, "ffn_dim", config.ffn_dim)
 
   axis = _tensor_axis()
   # The axes the partial outputs vary over (an axis of size 1 splits nothing).
   reduce_over = tuple(a for a, size in ((expert_axis, ep), (axis, tp)) if a and size > 1)
 
-  def body(x, local_weights):
+  def body(x, local_weights, layer):
     offset = (
       0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (config.num_experts // ep)
     )
-    out = mlp_forward(x, local_weights, config, None, offset)
+    out = mlp_forward(x, local_weights, config, None, offset, layer)
     return jax.lax.psum(out, reduce_over) if reduce_over else out
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
-  return jax.shard_map(body, in_specs=(x_spec, weight_specs), out_specs=x_spec)(x_BTD, weights)
+  if layer is None:
+    return jax.shard_map(
+      lambda x, w: body(x, w, None), in_specs=(x_spec, weight_specs), out_specs=x_spec
+    )(x_BTD, weights)
+  return jax.shard_map(
+    body, in_specs=(x_spec, weight_specs, jax.sharding.PartitionSpec()), out_specs=x_spec
+  )(x_BTD, weights, jnp.asarray(layer, jnp.int32))

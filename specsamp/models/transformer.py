@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specsamp import sharding
-from specsamp.models import kv_cache, tensor_parallel
+from specsamp.models import kv_cache, moe, tensor_parallel
 from specsamp.models.attention import Attention, TreeCall
 from specsamp.models.config import TransformerConfig
 from specsamp.models.kv_cache import KVCache
@@ -67,7 +67,7 @@ class Block(nnx.Module):
     x_BTD, keys_LBSKH, values_LBSKH = self.attention_residual(
       x_BTD, positions_BT, keys_LBSKH, values_LBSKH, layer, window, tree
     )
-    return self.mlp_residual(x_BTD), keys_LBSKH, values_LBSKH
+    return self.mlp_residual(x_BTD, layer), keys_LBSKH, values_LBSKH
 
   def attention_residual(
     self,
@@ -95,10 +95,11 @@ class Block(nnx.Module):
         h_BTD = self.attn_post_norm(h_BTD)
     return sharding.constrain(x_BTD + h_BTD, _RESIDUAL_AXES), keys_LBSKH, values_LBSKH
 
-  def mlp_residual(self, x_BTD: jax.Array) -> jax.Array:
-    """The layer's second half: x + mlp(norm(x))."""
+  def mlp_residual(self, x_BTD: jax.Array, layer: jax.Array | int | None = None) -> jax.Array:
+    """The layer's second half: x + mlp(norm(x)). ``layer``: a mixture of experts' weights
+    are every layer's, stacked (``run_blocks``); None: this layer's."""
     with jax.named_scope("mlp"):
-      h_BTD = tensor_parallel.mlp_block(self.mlp, self.mlp_norm(x_BTD))
+      h_BTD = tensor_parallel.mlp_block(self.mlp, self.mlp_norm(x_BTD), layer)
       if self.post_norms:
         h_BTD = self.mlp_post_norm(h_BTD)
       x_BTD = x_BTD + h_BTD
@@ -117,6 +118,12 @@ def stacked_blocks(config: TransformerConfig, rngs: nnx.Rngs) -> Block:
   return make(rngs)
 
 
+def _stays_stacked(path) -> bool:
+  """A mixture of experts' weights: read by (layer, expert) inside its expert loop, never
+  sliced to a layer first (``moe.experts_forward``)."""
+  return any(getattr(entry, "key", None) in moe.EXPERT_WEIGHTS for entry in path)
+
+
 def _drop_layer_axis(variable: nnx.Variable) -> nnx.Variable:
   """A stacked parameter's metadata as one layer's (its logical axes without 'layers'); the
   value is sliced by the scan (or the unrolled loop)."""
@@ -124,6 +131,14 @@ def _drop_layer_axis(variable: nnx.Variable) -> nnx.Variable:
   if axes and axes[0] == "layers":
     return variable.replace(out_sharding=tuple(axes[1:]))
   return variable
+
+
+def layer_block(blocks: Block, layer: int) -> Block:
+  """Layer ``layer`` of the stacked blocks as a Block of its own, every weight sliced (the
+  experts too): for running the layers one by one outside ``run_blocks``."""
+  graphdef, state = nnx.split(blocks)
+  state = jax.tree.map(_drop_layer_axis, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  return nnx.merge(graphdef, jax.tree.map(lambda a: a[layer], state))
 
 
 def run_blocks(
@@ -145,7 +160,11 @@ def run_blocks(
     (x_BTD, keys_LBSKH, values_LBSKH) with each layer's cache updated.
   """
   graphdef, state = nnx.split(blocks)
-  state = jax.tree.map(_drop_layer_axis, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  state = jax.tree_util.tree_map_with_path(
+    lambda path, v: v if _stays_stacked(path) else _drop_layer_axis(v),
+    state,
+    is_leaf=lambda v: isinstance(v, nnx.Variable),
+  )
   windows = config.layer_windows()
   windows_L = None if windows is None else jnp.asarray(windows, jnp.int32)
 
@@ -156,9 +175,11 @@ def run_blocks(
   # so a step never copies the cache.
   def layer(carry, index):
     x_BTD, keys_LBSKH, values_LBSKH = carry
-    layer_state = jax.tree.map(
-      lambda a: jax.lax.dynamic_index_in_dim(a, index, keepdims=False), state
-    )
+
+    def take(path, a):
+      return a if _stays_stacked(path) else jax.lax.dynamic_index_in_dim(a, index, 0, False)
+
+    layer_state = jax.tree_util.tree_map_with_path(take, state)
     window = None if windows_L is None else windows_L[index]
     block = nnx.merge(graphdef, layer_state)
     return block(x_BTD, positions_BT, keys_LBSKH, values_LBSKH, index, window, tree), None

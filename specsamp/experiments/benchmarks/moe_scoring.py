@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from specsamp.experiments.benchmarks import perf_model, timing
 from specsamp.models import moe, transformer
@@ -73,15 +72,11 @@ def _distinct(model: transformer.Transformer, prompt: jax.Array, tokens: jax.Arr
   sequence = jnp.concatenate([prompt, tokens], axis=1)
   batch, length = sequence.shape
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), sequence.shape)
-  graphdef, state = nnx.split(model.blocks)
-  state = jax.tree.map(
-    transformer._drop_layer_axis, state, is_leaf=lambda v: isinstance(v, nnx.Variable)
-  )
   x_BTD = model.embedder.encode(sequence)
   windows = config.layer_windows()
   counts = []
   for layer in range(config.num_layers):
-    block = nnx.merge(graphdef, jax.tree.map(lambda a, i=layer: a[i], state))
+    block = transformer.layer_block(model.blocks, layer)
     cache = KVCache.create(
       1, batch, length, config.num_kv_heads, config.resolved_head_dim, x_BTD.dtype
     )
