@@ -8,9 +8,11 @@ Needs libtpu: pip install -e ".[tpu]". Nothing is allocated: parameters and cach
 abstract shapes with their shardings. Prints, per chip: compile time and memory (arguments,
 temporaries, output, total, against the chip's HBM) of the autoregressive loop and of the
 speculative loop (prefill, draft, score, verify: the jitted function users run) with each
-verifier; the collectives of one target decode step; and FLOPs and bytes accessed of one
-target step, one draft step and one scoring call of K+1 tokens, the ms those bytes take at
-HBM bandwidth, beside the performance model and the paper's 14.1 ms and 1.8 ms.
+verifier; the collectives of one target decode step; and the HBM bytes of one target step,
+one draft step and one scoring call of K+1 tokens counted from the optimized HLO (each
+weight's reads, the cache, intermediates, what is materialised: experiments/proofs/
+hlo_bytes.py), the ms they take at HBM bandwidth, beside the performance model, XLA's cost
+analysis (FLOPs, bytes accessed) and the paper's 14.1 ms and 1.8 ms.
 """
 
 import json

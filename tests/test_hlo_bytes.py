@@ -1,12 +1,13 @@
 """The HBM byte count read from optimized HLO (experiments/proofs/hlo_bytes.py): exact on
 CPU programs whose traffic is known, and on TPU programs compiled ahead of time (libtpu,
-no TPU), where it finds the per-layer cache copy the attention's barrier removed."""
+no TPU), where it finds the per-layer cache copy that slicing the kv head caused."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from specsamp.experiments.proofs import aot, hlo_bytes
+from specsamp.models import attention
 from specsamp.models.config import TransformerConfig
 
 aot.quiet_libtpu()
@@ -69,11 +70,24 @@ def test_the_parser_reads_memory_spaces_tuples_and_trip_counts():
   assert instruction.attribute("body") == "body" and instruction.op_name == "x"
 
 
-def _tpu_call(tokens: int, barrier: bool, monkeypatch):
+def _sliced_head_read(self, start, size):
+  """``LayerCache.read`` as it was: the device's kv head taken by a dynamic slice along K."""
+
+  def one(cache_LBSKH):
+    _, batch, _, kv_heads, head_dim = cache_LBSKH.shape
+    block = jax.lax.dynamic_slice(
+      cache_LBSKH, (self.layer, 0, start, 0, 0), (1, batch, size, kv_heads, head_dim)
+    )[0]
+    return jax.lax.dynamic_slice_in_dim(block, self.kv_head, 1, axis=2)
+
+  return one(self.keys), one(self.values)
+
+
+def _tpu_call(tokens: int, sliced_head: bool, monkeypatch):
   """A tiny model on 4 TPU v4 chips, 2 kv heads under 4-way tensor parallelism (each chip
   keeps one kv head of the cache it reads), compiled for ``tokens`` per call."""
-  if not barrier:
-    monkeypatch.setattr(jax.lax, "optimization_barrier", lambda x: x)
+  if sliced_head:
+    monkeypatch.setattr(attention.LayerCache, "read", _sliced_head_read)
   devices = aot.slice_devices("v4-8")
   mesh = aot.make_mesh(devices, {"data": 1, "fsdp": 1, "expert": 1, "tensor": 4})
   config = TransformerConfig(
@@ -95,7 +109,7 @@ def _tpu_call(tokens: int, barrier: bool, monkeypatch):
 
 
 def test_tpu_step_and_scoring_read_each_weight_once(monkeypatch):
-  step, scoring = (_tpu_call(tokens, True, monkeypatch) for tokens in (1, 5))
+  step, scoring = (_tpu_call(tokens, False, monkeypatch) for tokens in (1, 5))
   for row in (step, scoring):
     assert row["materialised"] == []
     assert row["weights_read_ratio"] == pytest.approx(1.0, abs=0.05)
@@ -108,10 +122,11 @@ def test_tpu_step_and_scoring_read_each_weight_once(monkeypatch):
   assert scored == step["per_weight_ratio"]
 
 
-def test_tpu_without_the_barrier_the_cache_is_copied_in_every_layer(monkeypatch):
-  """Negative control: without attention's optimization barrier the TPU compiler copies the
-  whole stacked cache (keys and values) in each of the 4 layers of a scoring call."""
-  row = _tpu_call(5, False, monkeypatch)
+def test_tpu_a_dynamic_slice_of_the_kv_head_copies_the_cache_in_every_layer(monkeypatch):
+  """Negative control: with the kv head taken by a dynamic slice along K (as the attention
+  did), the TPU compiler copies the whole stacked cache (keys and values) in each of the 4
+  layers of a scoring call; the count finds it."""
+  row = _tpu_call(5, True, monkeypatch)
   copies = [m for m in row["materialised"] if m["times"] == LAYERS]
   assert len(copies) == 2, row["materialised"]
   assert all(m["shape"].endswith("[4,64,2,128]") for m in copies)
@@ -145,3 +160,18 @@ def test_tpu_moe_step_reads_only_the_experts_it_selects():
   for name in ("gate_EDF", "up_EDF", "down_EFD"):
     assert row["per_weight_ratio"][f"m.blocks.mlp.{name}.value"] == pytest.approx(0.5)
   assert row["per_weight_ratio"]["m.blocks.attn.q_DNH.value"] == pytest.approx(1.0)
+
+
+def test_an_async_slice_reads_only_its_slice():
+  """TPU programs read a table in async slices (slice-start/-done): each reads its rows."""
+  hlo = """HloModule m
+
+ENTRY %main (p: f32[100,8]) -> f32[25,8] {
+  %p = f32[100,8]{1,0} parameter(0), metadata={op_name="table"}
+  %s = (f32[100,8]{1,0}, f32[25,8]{1,0:S(1)}, s32[]) slice-start(%p), slice={[0:25], [0:8]}
+  ROOT %d = f32[25,8]{1,0:S(1)} slice-done(%s)
+}
+"""
+  counted = hlo_bytes.count(hlo)
+  assert counted.reads == {"table": 25 * 8 * 4}
+  assert counted.writes == {}  # The slice lands in VMEM.

@@ -117,16 +117,15 @@ class LayerCache:
       _, batch, _, kv_heads, head_dim = cache_LBSKH.shape
       start_index = (self.layer, 0, start, 0, 0)
       block = jax.lax.dynamic_slice(cache_LBSKH, start_index, (1, batch, size, kv_heads, head_dim))
-      # A barrier between the slice and what reads it: without one, the TPU compiler gave the
-      # whole stacked cache the layout the attention products want (K before S, or K untiled
-      # for the one-head slice below) and, since the slot writes want the other one, copied
-      # all L layers' cache in every layer of a step (53.7 GB per Llama-3.1-70B step on 16
-      # v5e chips: experiments/proofs/hlo_bytes.py). With it only this block is laid out
-      # again, on chip. The price under tensor parallelism wider than K: the block's K heads
-      # are all read from HBM before the one this device needs is kept.
-      block_BsKH = jax.lax.optimization_barrier(block[0])
+      block_BsKH = block[0]
       if self.kv_head is not None:
-        block_BsKH = jax.lax.dynamic_slice_in_dim(block_BsKH, self.kv_head, 1, axis=2)
+        # The one head by a select and a sum over K (exact: every other term is 0), never a
+        # dynamic slice along K: with one, the TPU compiler laid the whole stacked cache out
+        # again for it and, since the slot writes want the other layout, copied all L layers'
+        # cache in every layer (53.7 GB per Llama-3.1-70B step on 16 v5e chips, found by
+        # experiments/proofs/hlo_bytes.py; tests/test_hlo_bytes.py keeps the control).
+        heads_K = jnp.arange(kv_heads) == self.kv_head
+        block_BsKH = jnp.where(heads_K[:, None], block_BsKH, 0).sum(axis=2, keepdims=True)
       return block_BsKH
 
     return one(self.keys), one(self.values)

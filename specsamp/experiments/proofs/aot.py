@@ -4,8 +4,9 @@ libtpu (``pip install -e ".[tpu]"``) can describe a TPU topology without TPU har
 (``jax.experimental.topologies.get_topology_desc``), and jit can lower and compile for its
 devices, as MaxText's train_compile.py does. Nothing is allocated: parameters, caches and
 prompts are abstract shapes with their shardings. What comes back is what the TPU compiler
-decided: compile time, per-chip memory, the collectives in the program, and its cost
-analysis (FLOPs, bytes accessed).
+decided: compile time, per-chip memory, the collectives in the program, the HBM bytes of
+single calls counted from the optimized HLO (``hlo_bytes``), and XLA's cost analysis (FLOPs,
+bytes accessed) beside them.
 
 The programs compiled are the ones users run: ``AutoregressiveLoop`` and ``SpeculativeLoop``
 (prefill, draft, score, verify, in one ``while_loop``), and single model calls (a target

@@ -502,14 +502,17 @@ def count(
           weight,
         )
         continue
-      if opcode in _SLICES:
-        nbytes = sum(a.bytes for a in instruction.outputs)
+      if opcode in _SLICES or opcode.removesuffix("-start") in _SLICES:
+        outputs = instruction.outputs
+        if opcode.endswith("-start"):  # (operand, result, context): the result is the slice.
+          outputs = outputs[1:2]
+        nbytes = sum(a.bytes for a in outputs)
         read(computation, instruction, 0, nbytes, weight)
         for k in range(1, len(instruction.operands)):
           array = operand_array(computation, instruction, k)
           if array is not None:
             read(computation, instruction, k, array.bytes, weight)
-        for array in instruction.outputs:
+        for array in outputs:
           write(computation, instruction, array, None, array.bytes, weight)
         continue
       if opcode == "dynamic-update-slice":
