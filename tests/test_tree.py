@@ -3,6 +3,7 @@ loop's tree step (a chain-shaped tree reproduces the chain path; greedy trees re
 autoregressive greedy). Exactness by G-test: tests/test_certify.py (tree cases) and the
 verifiers by exact enumeration: tests/test_tree_verification.py."""
 
+import functools
 import itertools
 
 import jax
@@ -168,11 +169,16 @@ def test_greedy_trees_equal_greedy_autoregressive_and_accept_more_per_call(pair)
   assert stats["mean_draft_length"] > 3  # Nodes proposed per call: more than one chain's.
 
 
+def _short_run(target, drafter, **settings):
+  """A 4-token speculative call on the shared prompts (the refusal tests' one call)."""
+  return speculative_generate(
+    target, drafter, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=4, **settings
+  )
+
+
 def test_tree_settings_that_cannot_work_are_refused(pair):
   target, draft = pair
-  run = lambda drafter, **kw: speculative_generate(
-    target, drafter, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=4, **kw
-  )
+  run = functools.partial(_short_run, target)
   with pytest.raises(ValueError, match="must equal the tree's depth, 3"):
     run(draft, num_draft_tokens=4, tree="tree:2,1,1")
   with pytest.raises(ValueError, match="one of \\('token', 'traversal'\\)"):
@@ -214,9 +220,7 @@ def test_greedy_dynamic_trees_equal_greedy_autoregressive(pair):
 
 def test_dynamic_settings_that_cannot_be_exact_are_refused(pair):
   target, draft = pair
-  run = lambda drafter, **kw: speculative_generate(
-    target, drafter, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=4, **kw
-  )
+  run = functools.partial(_short_run, target)
   with pytest.raises(ValueError, match="use proposal='greedy'"):
     run(draft, num_draft_tokens=2, tree="dynamic:2x2")
   greedy = drafters.ModelDrafter(draft, proposal="greedy")

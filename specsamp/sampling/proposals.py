@@ -241,6 +241,17 @@ def grow_tree(
   return tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, None
 
 
+def extend_ancestors(
+  ancestors_BSS: jax.Array, parent_Bn: jax.Array, slot_n: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """Fills rows ``slot_n`` of a tree's [B, S, S] ancestor mask (row r: the tree slots slot r
+  sees; 0 is the root, 1 + j node j) for new nodes under ``parent_Bn`` (-1: the root): each
+  sees its parent's row and itself. Returns the mask and the new rows [B, n, S]."""
+  seen_BnS = jnp.take_along_axis(ancestors_BSS, (parent_Bn + 1)[:, :, None], axis=1)
+  seen_BnS = seen_BnS | jax.nn.one_hot(slot_n, ancestors_BSS.shape[-1], dtype=bool)[None]
+  return ancestors_BSS.at[:, slot_n].set(seen_BnS), seen_BnS
+
+
 def grow_dynamic(
   tree: TreeShape,
   root_logits_BV: jax.Array,
@@ -301,9 +312,7 @@ def grow_dynamic(
     parents_BN = parents_BN.at[:, nodes].set(parent_Bn)
     proposed_BN = proposed_BN.at[:, nodes].set(proposed_Bn)
     slot_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
-    seen_BnS = jnp.take_along_axis(ancestors_BSS, (parent_Bn + 1)[:, :, None], axis=1)
-    seen_BnS = seen_BnS | jax.nn.one_hot(slot_n, slots, dtype=bool)[None]
-    ancestors_BSS = ancestors_BSS.at[:, slot_n].set(seen_BnS)
+    ancestors_BSS, seen_BnS = extend_ancestors(ancestors_BSS, parent_Bn, slot_n)
     if depth == tree.max_depth:
       break
     call = TreeCall(root_slot_B, slot_n, seen_BnS)

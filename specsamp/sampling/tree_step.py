@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specsamp.models.attention import TreeCall
-from specsamp.sampling import drafters, model_protocol, threefry, tree_verification
+from specsamp.sampling import drafters, model_protocol, proposals, threefry, tree_verification
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig, probabilities
@@ -118,10 +118,10 @@ def row_masks(proposal: drafters.TreeProposal) -> jax.Array:
   tree): token t (0: the root, 1 + j: node j) sees the root, itself and its ancestors."""
   parents_BN = proposal.parents
   batch, num_nodes = parents_BN.shape
-  mask_BSS = jnp.zeros((batch, num_nodes + 1, num_nodes + 1), bool).at[:, :, 0].set(True)
+  mask_BSS = jnp.zeros((batch, num_nodes + 1, num_nodes + 1), bool).at[:, 0, 0].set(True)
   for j in range(num_nodes):  # Parents come before their children.
-    parent_row_BS = jnp.take_along_axis(mask_BSS, (parents_BN[:, j] + 1)[:, None, None], axis=1)
-    mask_BSS = mask_BSS.at[:, 1 + j].set(parent_row_BS[:, 0].at[:, 1 + j].set(True))
+    slot = jnp.asarray([1 + j], jnp.int32)
+    mask_BSS, _ = proposals.extend_ancestors(mask_BSS, parents_BN[:, j : j + 1], slot)
   return mask_BSS
 
 
@@ -218,12 +218,14 @@ def rank_counts(
   ratio is the acceptance per sibling rank that shapes Sequoia trees (``tree.sequoia``)."""
   batch, num_nodes = proposal.tokens.shape
   parents_BN = proposal.parents
-  if parents_BN is None:
-    parents_BN = jnp.broadcast_to(jnp.asarray(tree.parents, jnp.int32), (batch, num_nodes))
   nodes_N = jnp.arange(num_nodes)
-  earlier_NN = nodes_N[None, :] < nodes_N[:, None]  # [j, i]: i comes before j.
-  same_parent_BNN = parents_BN[:, :, None] == parents_BN[:, None, :]
-  rank_BN = jnp.sum(same_parent_BNN & earlier_NN[None], axis=2)
+  if parents_BN is None:  # A static tree: its shape knows its ranks.
+    parents_BN = jnp.broadcast_to(jnp.asarray(tree.parents, jnp.int32), (batch, num_nodes))
+    rank_BN = jnp.broadcast_to(jnp.asarray(tree.sibling_rank, jnp.int32), (batch, num_nodes))
+  else:  # A dynamic tree: node j's rank is its earlier siblings in its row.
+    earlier_NN = nodes_N[None, :] < nodes_N[:, None]  # [j, i]: i comes before j.
+    same_parent_BNN = parents_BN[:, :, None] == parents_BN[:, None, :]
+    rank_BN = jnp.sum(same_parent_BNN & earlier_NN[None], axis=2)
   depth_D = jnp.arange(verdict.path.shape[1])
   accepted_BD = depth_D[None, :] < verdict.num_accepted[:, None]
   on_path_BN = jnp.any(
