@@ -371,6 +371,45 @@ def count_call_bytes(
   return program, counted
 
 
+def loop_materialised(
+  program: Program,
+  config: TransformerConfig,
+  num_draft_tokens: int,
+  cache_length: int,
+  min_bytes: int,
+  experts_per_chip: float = 0.0,
+) -> list[dict[str, Any]]:
+  """The weight-sized buffers a compiled sampling loop writes to HBM, not in place: its
+  prefill and one iteration (the outer loop counted once, the draft loop K - 1 times, the
+  blocked attention over a full cache, an MoE layer's expert loop over the experts selected
+  per chip), largest traffic first."""
+  blocks = 1.0
+  if 0 < config.attention_block_size < cache_length:
+    blocks = float(-(-cache_length // config.attention_block_size))
+
+  def dynamic_trips(instruction: hlo_bytes.Instruction) -> float:
+    name = instruction.op_name
+    if "attention" in name.split("/")[-3:] or name.endswith("attention/while"):
+      return blocks
+    if "mlp" in name.split("/"):
+      return max(experts_per_chip - 1.0, 0.0)
+    if hlo_ops.phase_of(instruction.attributes) == "draft":
+      return num_draft_tokens - 1.0
+    return 1.0
+
+  counted = hlo_bytes.count(program.hlo, dynamic_trips, min_bytes=min_bytes)
+  return [
+    {
+      "opcode": m.opcode,
+      "shape": m.shape,
+      "mb": m.bytes / 1e6,
+      "times": m.times,
+      "op_name": m.op_name,
+    }
+    for m in counted.materialised
+  ]
+
+
 def call_bytes_row(counted: hlo_bytes.ByteCount) -> dict[str, Any]:
   """The byte count's report fields: weights ('m.' arguments) held and read, and their
   ratio over the weights read at all (an untied embedding table, of which a lookup gathers
@@ -532,6 +571,23 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
     if counted is not None:  # Launched operations per iteration, by phase (hlo_ops).
       report["ops_per_iteration"] = hlo_ops.count_loop_ops(counted.hlo, num_draft_tokens)
       log(f"  launched ops per speculative iteration: {report['ops_per_iteration']}")
+      target_model = target.model if isinstance(target, model_protocol.PaddedVocabulary) else target
+      experts = 0.0
+      if target_cfg.num_experts:
+        experts = perf_model.expected_experts(target_cfg, 1) / mesh.shape["expert"]
+      report["loop_materialised"] = loop_materialised(
+        counted,
+        target_cfg,
+        num_draft_tokens,
+        cache_length,
+        smallest_layer_matrix(target_model, target_cfg.num_layers),
+        experts,
+      )
+      for m in report["loop_materialised"]:
+        log(
+          f"    materialised in the loop: {m['opcode']} {m['shape']} {m['mb']:.1f} MB x "
+          f"{m['times']:g} ({m['op_name'] or 'no scope'})"
+        )
     if config.aot.get("fit_batch"):
       report["largest_batch"] = _largest_batch(
         speculative_programs,
@@ -620,10 +676,14 @@ def _largest_batch(
     high = min((b for b, ok in fits.items() if not ok), default=None)
     if high is not None and high - low <= 1:
       break
+    per_row = 0.0
     if high is None and len(fitting) >= 2:
       (b1, p1), (b2, p2) = fitting[:2]
-      per_row = max((p2.total_bytes - p1.total_bytes) / (b2 - b1), 1)
-      guess = int(b1 + (hbm - p1.total_bytes) // per_row)
+      per_row = (p2.total_bytes - p1.total_bytes) / (b2 - b1)
+    if high is None and per_row > 0:
+      # Linear in the batch, but never more than 8x past what fitted: the compiler's
+      # temporaries are not linear (Qwen2.5-72B's batch 2 took less than its batch 1).
+      guess = min(int(b1 + (hbm - p1.total_bytes) // per_row), 8 * max(low, 1))
     elif high is None:
       guess = 2 * max(low, 1)
     else:
