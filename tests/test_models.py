@@ -233,3 +233,24 @@ def test_blocked_attention_reads_only_its_layers_live_blocks():
     rtol=1e-5,
     atol=1e-6,
   )
+
+
+def test_logits_at_gives_each_rows_chosen_logits_and_the_same_cache(tiny_model):
+  """The decode protocol's part (h): logits at one token per row equal that row of the full
+  call's logits, and the cache is written for every token. The prefill uses it."""
+  from specsamp.sampling import autoregressive, model_protocol
+
+  assert model_protocol.takes_logits_at(tiny_model)
+  tokens = jax.random.randint(jax.random.key(3), (3, 9), 0, tiny_model.vocab_size)
+  positions = jnp.broadcast_to(jnp.arange(9), (3, 9))
+  cache = tiny_model.init_cache(3, 16)
+  full, full_cache = tiny_model(tokens, positions, cache)
+  at = jnp.asarray([8, 0, 4])
+  chosen, chosen_cache = tiny_model(tokens, positions, cache, logits_at=at)
+  assert chosen.shape == (3, 1, tiny_model.vocab_size)
+  np.testing.assert_allclose(chosen[:, 0], full[jnp.arange(3), at], rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(chosen_cache.keys, full_cache.keys)
+  np.testing.assert_array_equal(chosen_cache.lengths, full_cache.lengths)
+  lengths = jnp.asarray([9, 1, 5])
+  last, _ = autoregressive.prefill(tiny_model, tokens, lengths, cache)
+  np.testing.assert_allclose(last, full[jnp.arange(3), lengths - 1], rtol=1e-6, atol=1e-6)

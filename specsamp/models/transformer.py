@@ -200,6 +200,8 @@ def run_blocks(
 class Transformer(nnx.Module):
   """Decoder-only Transformer with a per-row KV cache (see the module docstring)."""
 
+  accepts_logits_at = True  # The decode protocol's optional part (h).
+
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
     self.embedder = Embedder(config, rngs=rngs)
@@ -233,6 +235,7 @@ class Transformer(nnx.Module):
     num_layers: int | None = None,
     tree: TreeCall | None = None,
     capture_layers: tuple[int, ...] = (),
+    logits_at: jax.Array | None = None,
   ) -> tuple[jax.Array, KVCache | None] | tuple[jax.Array, KVCache | None, jax.Array]:
     """Processes T >= 1 tokens per row; returns float32 logits and the updated cache (and the
     captured features when ``capture_layers`` is given).
@@ -256,6 +259,9 @@ class Transformer(nnx.Module):
         decode protocol's part (g), which feature-level drafters read
         (``specsamp.sampling.model_protocol``). The layers run as one scan per segment
         between captures, so capturing costs no extra compute.
+      logits_at: [B] token indices: the logits [B, 1, V] of token logits_at[b] of each row
+        only (the prefill's last logits; the decode protocol's part (h)). The cache is
+        written for every token.
     """
     num_layers = self.config.num_layers if num_layers is None else num_layers
     if not 1 <= num_layers <= self.config.num_layers:
@@ -288,6 +294,9 @@ class Transformer(nnx.Module):
         )
       captured.append(x_BTD)
       start = stop
+    if logits_at is not None:  # One token per row through the final norm and the head.
+      index_B11 = jnp.asarray(logits_at, jnp.int32)[:, None, None]
+      x_BTD = jnp.take_along_axis(x_BTD, index_B11, axis=1)
     x_BTD = self.final_norm(x_BTD)
     with jax.named_scope("logits"):
       logits_BTV = (

@@ -134,13 +134,15 @@ def prefill(
   """
   batch, length = prompts_BT.shape
   positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  if capture_layers:
-    logits_BTV, cache, features_BTF = model(
-      prompts_BT, positions_BT, cache, capture_layers=capture_layers
-    )
+  last_B = (prompt_lengths_B - 1).astype(jnp.int32)
+  extra = {"capture_layers": capture_layers} if capture_layers else {}
+  if model_protocol.takes_logits_at(model):  # Decode protocol (h): only the last logits.
+    logits_BTV, cache, *features = model(prompts_BT, positions_BT, cache, logits_at=last_B, **extra)
+    last_BV = logits_BTV[:, 0]
   else:
-    logits_BTV, cache = model(prompts_BT, positions_BT, cache)
-  last_BV = jnp.take_along_axis(logits_BTV, (prompt_lengths_B - 1)[:, None, None], axis=1)[:, 0]
+    logits_BTV, cache, *features = model(prompts_BT, positions_BT, cache, **extra)
+    last_BV = jnp.take_along_axis(logits_BTV, last_B[:, None, None], axis=1)[:, 0]
+  features_BTF = features[0] if features else None
   cache = cache.replace(lengths=prompt_lengths_B)
   return (last_BV, cache, features_BTF) if capture_layers else (last_BV, cache)
 

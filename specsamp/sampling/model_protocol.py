@@ -37,6 +37,15 @@ from the target, and only from the target:
       in every scoring call, so the drafter reads what the target computed anyway.
   A target without (g) is refused by name when a feature drafter is asked for
   (``feature_drafter.check_feature_target``).
+
+One optional part saves memory in every prefill:
+
+  (h) a model with ``accepts_logits_at = True`` takes ``model(tokens_BT, positions_BT, cache,
+      logits_at=index_B)`` and returns logits [B, 1, V] of token index_B[b] of each row only
+      (the cache is written for all T tokens, as always). The prefill needs each row's last
+      prompt logits; without (h) it computes [B, T, V] and keeps one row of it: for
+      Qwen3-30B-A3B, float32 logits over 151,936 ids at 1,915 prompt positions, 1.2 GB per row
+      per copy (tests/test_models.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -125,6 +134,10 @@ class PaddedVocabulary(nnx.Module):
   def config(self) -> Any:
     return self.model.config
 
+  @property
+  def accepts_logits_at(self) -> bool:
+    return takes_logits_at(self.model)
+
   def init_cache(self, *args, **kwargs) -> Any:
     return self.model.init_cache(*args, **kwargs)
 
@@ -139,6 +152,11 @@ class PaddedVocabulary(nnx.Module):
       logits_BTV, [(0, 0)] * (logits_BTV.ndim - 1) + [(0, padding)], constant_values=-jnp.inf
     )
     return (logits_BTV, *rest)
+
+
+def takes_logits_at(model: Any) -> bool:
+  """Whether ``model`` implements the decode protocol's optional part (h)."""
+  return getattr(model, "accepts_logits_at", False) is True
 
 
 def has_nan(logits: jax.Array) -> jax.Array:
