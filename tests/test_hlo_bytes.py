@@ -70,6 +70,26 @@ def test_the_parser_reads_memory_spaces_tuples_and_trip_counts():
   assert instruction.attribute("body") == "body" and instruction.op_name == "x"
 
 
+def _tiny_on_v4_8(axes: dict[str, int], **changes):
+  """(config, mesh, abstract model): a 4-layer bfloat16 model in shard_map mode on the 4
+  chips of a TPU v4-8, over the mesh ``axes`` (the rest 1)."""
+  mesh = aot.make_mesh(
+    aot.slice_devices("v4-8"), {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1, **axes}
+  )
+  config = TransformerConfig(
+    vocab_size=512,
+    num_layers=LAYERS,
+    d_model=256,
+    num_heads=4,
+    ffn_dim=512,
+    param_dtype="bfloat16",
+    dtype="bfloat16",
+    tensor_parallel="shard_map",
+    **changes,
+  )
+  return config, mesh, aot.abstract_model(config, mesh)
+
+
 def _sliced_head_read(self, start, size):
   """``LayerCache.read`` as it was: the device's kv head taken by a dynamic slice along K."""
 
@@ -88,22 +108,9 @@ def _tpu_call(tokens: int, sliced_head: bool, monkeypatch):
   keeps one kv head of the cache it reads), compiled for ``tokens`` per call."""
   if sliced_head:
     monkeypatch.setattr(attention.LayerCache, "read", _sliced_head_read)
-  devices = aot.slice_devices("v4-8")
-  mesh = aot.make_mesh(devices, {"data": 1, "fsdp": 1, "expert": 1, "tensor": 4})
-  config = TransformerConfig(
-    vocab_size=512,
-    num_layers=LAYERS,
-    d_model=256,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=128,
-    ffn_dim=512,
-    param_dtype="bfloat16",
-    dtype="bfloat16",
-    tensor_parallel="shard_map",
-    attention_block_size=16,
+  config, mesh, model = _tiny_on_v4_8(
+    {"tensor": 4}, num_kv_heads=2, head_dim=128, attention_block_size=16
   )
-  model = aot.abstract_model(config, mesh)
   _, counted = aot.count_call_bytes(config, model, mesh, tokens, 64)
   return aot.call_bytes_row(counted)
 
@@ -137,23 +144,9 @@ def test_tpu_moe_step_reads_only_the_experts_it_selects():
   loop reads the selected experts of each chip's 2 (here 1: the peeled first one, since a
   step selects 2 of 8, half an expert per chip), straight from the stacked weights: no layer
   of experts is copied first."""
-  devices = aot.slice_devices("v4-8")
-  mesh = aot.make_mesh(devices, {"data": 1, "fsdp": 1, "expert": 4, "tensor": 1})
-  config = TransformerConfig(
-    vocab_size=512,
-    num_layers=LAYERS,
-    d_model=256,
-    num_heads=4,
-    num_kv_heads=4,
-    head_dim=64,
-    ffn_dim=512,
-    num_experts=8,
-    experts_per_token=2,
-    param_dtype="bfloat16",
-    dtype="bfloat16",
-    tensor_parallel="shard_map",
+  config, mesh, model = _tiny_on_v4_8(
+    {"expert": 4}, num_kv_heads=4, head_dim=64, num_experts=8, experts_per_token=2
   )
-  model = aot.abstract_model(config, mesh)
   _, counted = aot.count_call_bytes(config, model, mesh, 1, 64, experts_per_chip=0.5)
   row = aot.call_bytes_row(counted)
   assert row["materialised"] == []

@@ -397,7 +397,11 @@ def loop_materialised(
       return num_draft_tokens - 1.0
     return 1.0
 
-  counted = hlo_bytes.count(program.hlo, dynamic_trips, min_bytes=min_bytes)
+  return _materialised(hlo_bytes.count(program.hlo, dynamic_trips, min_bytes=min_bytes))
+
+
+def _materialised(counted: hlo_bytes.ByteCount) -> list[dict[str, Any]]:
+  """A count's materialised buffers as report rows."""
   return [
     {
       "opcode": m.opcode,
@@ -433,16 +437,7 @@ def call_bytes_row(counted: hlo_bytes.ByteCount) -> dict[str, Any]:
     )
     / 1e9,
     "hbm_gb": (counted.read_bytes + counted.written_bytes) / 1e9,
-    "materialised": [
-      {
-        "opcode": m.opcode,
-        "shape": m.shape,
-        "mb": m.bytes / 1e6,
-        "times": m.times,
-        "op_name": m.op_name,
-      }
-      for m in counted.materialised
-    ],
+    "materialised": _materialised(counted),
   }
 
 
