@@ -183,6 +183,14 @@ def call_cost(
   weight_bytes = (
     read_params * weight_itemsize + tokens * config.d_model * weight_itemsize
   ) / mesh.tensor + expert_params * weight_itemsize / (mesh.tensor * mesh.expert)
+  # kv heads that do not divide the tensor axis are replicated over it (the rules table
+  # splits no dimension unevenly): every chip holds and reads all of the k/v projections and
+  # the whole cache of its rows. The cache is never split over the expert axis (attention is
+  # replicated there). Both measured by the HLO byte count (docs/benchmarks.md).
+  kv_split = mesh.tensor if config.num_kv_heads % mesh.tensor == 0 else 1
+  kv_projection_bytes = layers * 2 * config.d_model * config.num_kv_heads
+  kv_projection_bytes *= config.resolved_head_dim * weight_itemsize
+  weight_bytes += kv_projection_bytes / kv_split - kv_projection_bytes / mesh.tensor
   kv_bytes = (
     batch_size
     * cache_length
@@ -191,7 +199,7 @@ def call_cost(
     * config.num_kv_heads
     * config.resolved_head_dim
     * act_itemsize
-  ) / mesh.chips
+  ) / (mesh.data * kv_split)
   matmul_flops = 2 * (layers * counts["matmul_per_layer"] + head_params + expert_params) * tokens
   attention_flops = 4 * layers * tokens * cache_length * config.num_heads * config.resolved_head_dim
   flops = (matmul_flops + attention_flops) / mesh.chips
