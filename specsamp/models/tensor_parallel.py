@@ -198,7 +198,7 @@ def mlp_block(mlp: MLP, x_BTD: jax.Array, layer: jax.Array | int | None = None) 
   # The axes the partial outputs vary over (an axis of size 1 splits nothing).
   reduce_over = tuple(a for a, size in ((expert_axis, ep), (axis, tp)) if a and size > 1)
 
-  def body(x, local_weights, layer):
+  def body(x, local_weights, layer=None):
     offset = (
       0 if expert_axis is None else jax.lax.axis_index(expert_axis) * (config.num_experts // ep)
     )
@@ -206,10 +206,7 @@ def mlp_block(mlp: MLP, x_BTD: jax.Array, layer: jax.Array | int | None = None) 
     return jax.lax.psum(out, reduce_over) if reduce_over else out
 
   x_spec = _spec(("act_batch", "act_length", "act_embed"), x_BTD)
-  if layer is None:
-    return jax.shard_map(
-      lambda x, w: body(x, w, None), in_specs=(x_spec, weight_specs), out_specs=x_spec
-    )(x_BTD, weights)
-  return jax.shard_map(
-    body, in_specs=(x_spec, weight_specs, jax.sharding.PartitionSpec()), out_specs=x_spec
-  )(x_BTD, weights, jnp.asarray(layer, jnp.int32))
+  args, specs = (x_BTD, weights), (x_spec, weight_specs)
+  if layer is not None:  # The scan's layer index (traced): passed in, replicated.
+    args, specs = (*args, jnp.asarray(layer, jnp.int32)), (*specs, jax.sharding.PartitionSpec())
+  return jax.shard_map(body, in_specs=specs, out_specs=x_spec)(*args)

@@ -353,22 +353,36 @@ def count_call_bytes(
   call selects on each chip (the first is peeled off the loop). Intermediates written to
   HBM that are as large as the layer's smallest weight matrix are listed as materialised."""
   program = compile_program("call", lower_call(model, mesh, 1, tokens, cache_length))
+  counted = hlo_bytes.count(
+    program.hlo,
+    _dynamic_trips(config, cache_length, experts_per_chip),
+    min_bytes=smallest_layer_matrix(model, config.num_layers),
+  )
+  return program, counted
+
+
+def _dynamic_trips(
+  config: TransformerConfig, cache_length: int, experts_per_chip: float, num_draft_tokens: int = 1
+) -> Callable[[hlo_bytes.Instruction], float]:
+  """Trips of a data-dependent ``while`` for ``hlo_bytes.count``, from its scope: a blocked
+  attention read covers every block of a full cache, an MoE layer's expert loop the experts
+  selected per chip (the first is peeled off the loop), the draft loop K - 1 (the first
+  draft call precedes it); anything else once."""
   blocks = 1.0
   if 0 < config.attention_block_size < cache_length:
     blocks = float(-(-cache_length // config.attention_block_size))
 
-  def dynamic_trips(instruction: hlo_bytes.Instruction) -> float:
-    name = instruction.op_name
-    if name.endswith("attention/while") or "attention/shard_map/while" in name:
+  def trips(instruction: hlo_bytes.Instruction) -> float:
+    scopes = instruction.op_name.split("/")
+    if "attention" in scopes[-3:]:  # .../attention/while, .../attention/shard_map/while
       return blocks
-    if "mlp" in name.split("/") or "/mlp/" in name:
+    if "mlp" in scopes:
       return max(experts_per_chip - 1.0, 0.0)
+    if hlo_ops.phase_of(instruction.attributes) == "draft":
+      return num_draft_tokens - 1.0
     return 1.0
 
-  counted = hlo_bytes.count(
-    program.hlo, dynamic_trips, min_bytes=smallest_layer_matrix(model, config.num_layers)
-  )
-  return program, counted
+  return trips
 
 
 def loop_materialised(
@@ -383,21 +397,8 @@ def loop_materialised(
   prefill and one iteration (the outer loop counted once, the draft loop K - 1 times, the
   blocked attention over a full cache, an MoE layer's expert loop over the experts selected
   per chip), largest traffic first."""
-  blocks = 1.0
-  if 0 < config.attention_block_size < cache_length:
-    blocks = float(-(-cache_length // config.attention_block_size))
-
-  def dynamic_trips(instruction: hlo_bytes.Instruction) -> float:
-    name = instruction.op_name
-    if "attention" in name.split("/")[-3:] or name.endswith("attention/while"):
-      return blocks
-    if "mlp" in name.split("/"):
-      return max(experts_per_chip - 1.0, 0.0)
-    if hlo_ops.phase_of(instruction.attributes) == "draft":
-      return num_draft_tokens - 1.0
-    return 1.0
-
-  return _materialised(hlo_bytes.count(program.hlo, dynamic_trips, min_bytes=min_bytes))
+  trips = _dynamic_trips(config, cache_length, experts_per_chip, num_draft_tokens)
+  return _materialised(hlo_bytes.count(program.hlo, trips, min_bytes=min_bytes))
 
 
 def _materialised(counted: hlo_bytes.ByteCount) -> list[dict[str, Any]]:
@@ -566,7 +567,6 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
     if counted is not None:  # Launched operations per iteration, by phase (hlo_ops).
       report["ops_per_iteration"] = hlo_ops.count_loop_ops(counted.hlo, num_draft_tokens)
       log(f"  launched ops per speculative iteration: {report['ops_per_iteration']}")
-      target_model = target.model if isinstance(target, model_protocol.PaddedVocabulary) else target
       experts = 0.0
       if target_cfg.num_experts:
         experts = perf_model.expected_experts(target_cfg, 1) / mesh.shape["expert"]
@@ -575,7 +575,7 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
         target_cfg,
         num_draft_tokens,
         cache_length,
-        smallest_layer_matrix(target_model, target_cfg.num_layers),
+        smallest_layer_matrix(target, target_cfg.num_layers),
         experts,
       )
       for m in report["loop_materialised"]:

@@ -230,7 +230,7 @@ def _fused_read(module: Module, fused: str, index: int, full: int) -> int:
     (
       i
       for i in instructions.values()
-      if i.opcode == "parameter" and re.match(rf"\s*{index}\s*$", _parameter_number(i))
+      if i.opcode == "parameter" and _parameter_number(i) == str(index)
     ),
     None,
   )
@@ -326,9 +326,6 @@ class ByteCount:
   def read_of(self, prefix: str) -> float:
     """Bytes read from the arguments whose names start with ``prefix``."""
     return sum(v for k, v in self.reads.items() if k.startswith(prefix))
-
-  def held_by(self, prefix: str) -> int:
-    return sum(v for k, v in self.arguments.items() if k.startswith(prefix))
 
 
 def count(
