@@ -190,7 +190,8 @@ def test_distillation_raises_acceptance_over_an_untrained_draft(trainer, uninter
 
 def test_checkpoint_meta_written_before_a_config_field_existed_still_matches():
   """A model config saved without fields added later (here: the HF-import fields) is read
-  with their defaults; a real difference is still refused."""
+  with their defaults, for a model and for a feature head's target; a real difference is
+  still refused."""
   import dataclasses as dc
 
   config = tiny_config()
@@ -209,6 +210,13 @@ def test_checkpoint_meta_written_before_a_config_field_existed_still_matches():
   )
   with pytest.raises(checkpoint.CheckpointError, match="different model"):
     checkpoint.check_meta({"model": dict(older, num_layers=7)}, {"model": current}, "/tmp/x")
+  # A feature head records the target it reads the same way (without the execution fields).
+  target = {k: v for k, v in current.items() if k not in checkpoint.EXECUTION_FIELDS}
+  checkpoint.check_meta({"target_model": older}, {"target_model": target}, "/tmp/x")
+  with pytest.raises(checkpoint.CheckpointError, match="different target_model"):
+    checkpoint.check_meta(
+      {"target_model": dict(older, d_model=8)}, {"target_model": target}, "/tmp/x"
+    )
 
 
 def _cut_short(step_dir) -> None:

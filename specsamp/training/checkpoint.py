@@ -298,16 +298,21 @@ class Checkpoints:
     )
 
 
+MODEL_KEYS = ("model", "target_model")  # Metadata keys that hold a TransformerConfig.
+
+
 def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: str) -> None:
   """Refuses a checkpoint written for another model, tokenizer or training run.
 
-  A saved model config is read with today's defaults for fields added since it was
-  written, so a checkpoint stays usable when TransformerConfig grows a field; how the model
-  runs (``EXECUTION_FIELDS``: activation dtype, tensor-parallel mode) may differ.
+  A saved model config (``model``, or the ``target_model`` a feature head reads) is read with
+  today's defaults for fields added since it was written, so a checkpoint stays usable when
+  TransformerConfig grows a field; how the model runs (``EXECUTION_FIELDS``: activation dtype,
+  tensor-parallel mode) may differ.
   """
   for key, want in expected.items():
     saved = meta.get(key)
-    if key == "model" and isinstance(saved, Mapping) and isinstance(want, Mapping):
+    if key in MODEL_KEYS and isinstance(saved, Mapping) and isinstance(want, Mapping):
+      want = dataclasses.asdict(TransformerConfig.from_config(want))
       saved = dataclasses.asdict(TransformerConfig.from_config(saved))
       saved, want = (
         {k: v for k, v in config.items() if k not in EXECUTION_FIELDS} for config in (saved, want)
