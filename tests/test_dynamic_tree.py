@@ -32,14 +32,29 @@ def test_dynamic_shapes_from_their_strings():
       tree_lib.parse(bad)
 
 
-def _beam(root_logits, child_logits, widths, sampling):
-  """Brute force, one row: {path: log joint q} of the paths EAGLE-2's expansion keeps
-  (each kept node offers its w_d best children; the depth keeps the w_d best joint)."""
+def test_rank_temperatures_from_their_strings():
+  shape = tree_lib.parse("dynamic:4x3@0.25")
+  assert shape.widths == (4, 4, 4) and shape.rank_temperature == 0.25
+  assert "rank temperature 0.25" in shape.describe()
+  assert tree_lib.parse("dynamic:2,1@1").rank_temperature == 1.0
+  assert tree_lib.parse("dynamic:2,1").rank_temperature == 1.0
+  for bad in ("dynamic:2x2@0", "dynamic:2x2@-1", "dynamic:2x2@inf", "dynamic:2x2@fit"):
+    with pytest.raises(ValueError, match="Bad tree|rank_temperature"):
+      tree_lib.parse(bad)
+  with pytest.raises(ValueError, match="needs dynamic"):
+    tree_lib.TreeShape((-1, 0), rank_temperature=0.5)
+
+
+def _beam(root_logits, child_logits, widths, sampling, rank_temperature=1.0):
+  """Brute force, one row: {path: log joint score} of the paths EAGLE-2's expansion keeps
+  (each kept node offers its w_d best children; the depth keeps the w_d best joint), each
+  factor q^(1/tau) renormalised."""
 
   def log_q(logits):
     q = np.asarray(probabilities(jnp.asarray(logits)[None], sampling))[0].astype(np.float64)
+    sharpened = q ** (1.0 / rank_temperature)
     with np.errstate(divide="ignore"):
-      return np.log(q)
+      return np.log(sharpened / sharpened.sum())
 
   kept = {(): 0.0}
   everything = {}
@@ -55,13 +70,15 @@ def _beam(root_logits, child_logits, widths, sampling):
   return everything
 
 
-@pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.7, 3)])
-def test_expansion_keeps_the_paths_of_highest_joint_probability(temperature, top_k):
+@pytest.mark.parametrize("temperature, top_k, tau", [(1.0, 0, 1.0), (0.7, 3, 1.0), (1.0, 0, 0.3)])
+def test_expansion_keeps_the_paths_of_highest_joint_probability(temperature, top_k, tau):
   """The draft here is a table lookup: the logits after a node depend on its depth and token.
-  Every kept node's root path and joint q match a brute-force beam (python, float64)."""
+  Every kept node's root path and joint score match a brute-force beam (python, float64),
+  at EAGLE-2's ranking (tau = 1) and at a sharper rank temperature, which keeps other paths
+  here (checked, so the comparison can see tau)."""
   vocab, widths, batch = 9, (3, 3, 2), 2
   sampling = SamplingConfig(temperature, top_k=top_k)
-  shape = tree_lib.dynamic(widths)
+  shape = tree_lib.dynamic(widths, rank_temperature=tau)
   rng = np.random.default_rng(0)
   root_logits = rng.normal(size=(batch, vocab)).astype(np.float32) * 2
   table = rng.normal(size=(shape.max_depth + 1, vocab, vocab)).astype(np.float32) * 2
@@ -87,8 +104,18 @@ def test_expansion_keeps_the_paths_of_highest_joint_probability(temperature, top
   tokens, proposed, parents = map(np.asarray, (tokens, proposed, parents))
   np.testing.assert_array_equal(np.asarray(probs).argmax(-1), tokens)  # One-hot q.
   np.testing.assert_array_equal(np.asarray(probs).sum(-1), 1.0)
+
+  def child(path):
+    return table[len(path)][path[-1]]
+
+  if tau != 1.0:  # The sharper ranking keeps a different set of paths in some row.
+    assert any(
+      set(_beam(root_logits[row], child, widths, sampling, tau))
+      != set(_beam(root_logits[row], child, widths, sampling))
+      for row in range(batch)
+    )
   for row in range(batch):
-    expected = _beam(root_logits[row], lambda path: table[len(path)][path[-1]], widths, sampling)
+    expected = _beam(root_logits[row], child, widths, sampling, tau)
     got = {}
     for j in range(shape.num_nodes):
       path, u = [], j

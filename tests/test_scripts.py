@@ -593,8 +593,9 @@ def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
 
 def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir, tmp_path):
   """speculative.drafter='feature': the head trains on the cached target on the first run
-  (into its own stage, the target untouched), loads on the next (growing a tree of greedy
-  proposals), and greedy speculative equals autoregressive."""
+  (into its own stage, the target untouched), loads on the next (growing a dynamic tree of
+  greedy proposals at its fitted rank temperature), and greedy speculative equals
+  autoregressive."""
   from specsamp.experiments.jobs import sample_job
 
   workdir = str(tmp_path / "work")
@@ -608,8 +609,8 @@ def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir
     config.speculative.drafter = "feature"
     config.speculative.draft_length = "fixed"
     config.sampling.temperature = 0.0
-    if run:  # The loaded head grows trees too, choosing its tokens (proposal='greedy').
-      config.speculative.tree = "tree:2,1"
+    if run:  # The loaded head grows a dynamic tree, ranked at its fitted temperature.
+      config.speculative.tree = "dynamic:2,1@fit"
       config.speculative.num_draft_tokens = 2
       config.speculative.proposal = "greedy"
     reports.append(sample_job.run(config, workdir, log=logs.append))
@@ -617,6 +618,8 @@ def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir
   assert text.count("feature head: training on target layers") == 1, text
   assert "feature head: loaded step 8" in text
   assert "target: loaded step" in text and "target: training" not in text
+  assert "fitted on validation windows" in text
+  assert 0 < reports[1].settings["rank_temperature"] and "rank temperature" in text
   for report in reports:
     assert report.tokens["speculative"] == report.tokens["autoregressive"]
     assert report.stats["tokens_per_target_call"] > 1.0

@@ -252,6 +252,19 @@ def extend_ancestors(
   return ancestors_BSS.at[:, slot_n].set(seen_BnS), seen_BnS
 
 
+def rank_confidence(
+  logits_BfV: jax.Array, q_BfV: jax.Array, sampling: SamplingConfig, rank_temperature: float
+) -> jax.Array:
+  """log c^(1/tau) renormalised: how a dynamic tree scores a child. c is the draft's softmax
+  at temperature 0 (where the warped q is one-hot) and its warped q otherwise (0 outside the
+  warped support: -inf, never kept); tau = ``rank_temperature`` sharpens it (tau < 1), the
+  temperature scaling that calibrates an over-spread draft (``calibration``)."""
+  log_c_BfV = jax.nn.log_softmax(logits_BfV, axis=-1) if sampling.greedy else jnp.log(q_BfV)
+  if rank_temperature == 1.0:
+    return log_c_BfV
+  return jax.nn.log_softmax(log_c_BfV / rank_temperature, axis=-1)
+
+
 def grow_dynamic(
   tree: TreeShape,
   root_logits_BV: jax.Array,
@@ -265,8 +278,9 @@ def grow_dynamic(
 
   Depth d (w_d slots): each node kept at depth d-1 (the root at depth 1) offers its w_d most
   likely children under the draft's warped q (its softmax at temperature 0, where the warped
-  q is one-hot); the w_d of highest joint probability, the product of q along the path, fill
-  the depth's slots, best first. A slot is proposed if its joint probability is positive, its
+  q is one-hot); the w_d of highest joint probability, the product of q along the path (each
+  factor sharpened to the tree's rank temperature, ``rank_confidence``), fill the depth's
+  slots, best first. A slot is proposed if its joint probability is positive, its
   parent was proposed and its depth is within the row's draft limit. ``expand`` then runs the
   drafter on them as one tree call whose mask is each row's own (``TreeCall``, [B, n, N+1]):
   node j sees the slots before the root's, the root's and its own ancestors' of that row.
@@ -294,10 +308,7 @@ def grow_dynamic(
     nodes = tree.nodes_at_depth(depth)
     width = len(nodes)
     q_BfV = probabilities(frontier_logits_BfV, sampling)
-    if sampling.greedy:  # The warped q is one-hot: rank by the draft's softmax.
-      confidence_BfV = jax.nn.log_softmax(frontier_logits_BfV, axis=-1)
-    else:
-      confidence_BfV = jnp.log(q_BfV)  # -inf outside the warped support.
+    confidence_BfV = rank_confidence(frontier_logits_BfV, q_BfV, sampling, tree.rank_temperature)
     score_BfV = frontier_score_Bf[:, :, None] + confidence_BfV
     best_Bfw, token_Bfw = jax.lax.top_k(score_BfV, min(width, vocab_size))
     score_Bn, flat_Bn = jax.lax.top_k(best_Bfw.reshape(batch, -1), width)

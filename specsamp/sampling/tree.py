@@ -24,6 +24,10 @@ Shapes (the ``--config.speculative.tree`` strings, ``parse``):
                    depth by depth); which node is whose parent is chosen per row
                    (``TreeProposal.parents``). Its tokens are deterministic choices, so only
                    the 'greedy' proposal mode (one-hot q) fills it (``proposals.py``).
+  dynamic:WxD@tau  the same, ranking paths by the draft's confidence sharpened to
+                   temperature tau (softmax(log c / tau), c: the draft's softmax at T=0, its
+                   warped q at T > 0); tau < 1 calibrates an over-spread draft
+                   (``calibration.fit_rank_temperature``), tau = 1 is EAGLE-2's ranking.
   sequoia:NxD@a0,a1,..  the static tree of at most N nodes and depth D with the most expected
                    accepted tokens when a node's rank-r child is accepted with probability
                    a_r (Sequoia; ``sequoia``). The a_r are what a run measured: its summary's
@@ -59,17 +63,26 @@ class TreeShape:
       dynamic tree: its slot layout only, module docstring).
     distinct_siblings: siblings are drawn without replacement (else i.i.d.).
     dynamic: the parents are chosen per row by the drafter (EAGLE-2, ``dynamic``).
+    rank_temperature: a dynamic tree ranks paths by the product of the draft's confidence
+      along them, each sharpened to this temperature (module docstring); 1 for a static tree.
   """
 
   parents: tuple[int, ...]
   distinct_siblings: bool = True
   dynamic: bool = False
+  rank_temperature: float = 1.0
 
   def __post_init__(self):
     parents = tuple(int(p) for p in self.parents)
     object.__setattr__(self, "parents", parents)
     if not parents:
       raise ValueError("A tree needs at least one node.")
+    tau = self.rank_temperature
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < float("inf"):
+      raise ValueError(f"rank_temperature must be a finite number > 0, got {tau!r}.")
+    if tau != 1.0 and not self.dynamic:
+      raise ValueError("Only a dynamic tree ranks its paths: rank_temperature needs dynamic.")
+    object.__setattr__(self, "rank_temperature", float(tau))
     depth = []
     for i, parent in enumerate(parents):
       if not -1 <= parent < i:
@@ -151,9 +164,11 @@ class TreeShape:
 
   def describe(self) -> str:
     if self.dynamic:
+      tau = self.rank_temperature
+      ranking = "" if tau == 1.0 else f" at rank temperature {tau:g}"
       return (
         f"a dynamic tree of {self.num_nodes} nodes, depth {self.max_depth}, nodes per depth "
-        f"{list(self.widths)}, parents chosen per row by joint draft probability"
+        f"{list(self.widths)}, parents chosen per row by joint draft probability{ranking}"
       )
     draws = "without replacement" if self.distinct_siblings else "i.i.d."
     return (
@@ -194,10 +209,10 @@ def branching(factors: tuple[int, ...] | list[int]) -> TreeShape:
   return TreeShape(tuple(parents), distinct_siblings=True)
 
 
-def dynamic(widths: tuple[int, ...] | list[int]) -> TreeShape:
+def dynamic(widths: tuple[int, ...] | list[int], rank_temperature: float = 1.0) -> TreeShape:
   """A dynamic tree (module docstring) of ``widths[d-1]`` nodes at depth d, any widths >= 1:
   depth d picks its w_d nodes among the w_{d-1} * w_d candidates (each depth-(d-1) node's w_d
-  most likely children), so it can always fill them."""
+  most likely children), so it can always fill them; paths ranked at ``rank_temperature``."""
   if not widths or any(int(w) < 1 for w in widths):
     raise ValueError(f"A dynamic tree needs >= 1 node per depth, got widths {tuple(widths)}.")
   parents: list[int] = []
@@ -206,7 +221,9 @@ def dynamic(widths: tuple[int, ...] | list[int]) -> TreeShape:
     here = len(parents)
     parents += [first] * int(width)
     first = here
-  return TreeShape(tuple(parents), distinct_siblings=True, dynamic=True)
+  return TreeShape(
+    tuple(parents), distinct_siblings=True, dynamic=True, rank_temperature=rank_temperature
+  )
 
 
 def expected_accepted(tree: TreeShape, acceptance: tuple[float, ...] | list[float]) -> float:
@@ -297,9 +314,10 @@ def parse(spec: str) -> TreeShape:
       count, _, depth = budget.lower().partition("x")
       shape = sequoia([float(a) for a in measured.split(",")], int(count), int(depth))
     elif kind == "dynamic":
-      width, times, depth = args.lower().partition("x")
-      widths = [int(width)] * int(depth) if times else [int(w) for w in args.split(",")]
-      shape = dynamic(widths)
+      budget, at, tau = args.partition("@")
+      width, times, depth = budget.lower().partition("x")
+      widths = [int(width)] * int(depth) if times else [int(w) for w in budget.split(",")]
+      shape = dynamic(widths, float(tau) if at else 1.0)
     else:
       raise ValueError(f"unknown kind {kind!r}")
   except ValueError as error:
@@ -307,7 +325,8 @@ def parse(spec: str) -> TreeShape:
       f"Bad tree {spec!r}: {str(error).rstrip('.')}. Use 'chains:KxD' (K chains of D tokens), "
       "'tree:b1,b2,...' (branching per depth), 'parents:-1,-1,0,...', 'chain:D' (each "
       "optionally with '/iid' or '/distinct'), 'dynamic:w1,w2,...' / 'dynamic:WxD' "
-      "(EAGLE-2: w_d nodes at depth d, parents chosen per row), or 'sequoia:NxD@a0,a1,...' "
+      "(EAGLE-2: w_d nodes at depth d, parents chosen per row; '@tau' ranks at temperature "
+      "tau), or 'sequoia:NxD@a0,a1,...' "
       "(the best static tree of N nodes, depth D, for acceptance a_r per sibling rank)."
     ) from None
   if draws and shape.dynamic:

@@ -29,6 +29,8 @@ Proposals (``config.trees``, ';'-separated): 'chain' (one chain of each K of
 rejection sampling. 'sequoia:NxD' is shaped in the run (``tree.sequoia``) from the acceptance
 per sibling rank that the same drafter and mode measured on the proposal before it with the
 most ranks (list a wide tree first); the record keeps the shape and the acceptance it used.
+A dynamic tree 'dynamic:WxD@fit' ranks at the drafter's own rank temperature, fitted in the
+run on held-out validation windows (``calibration.fit_drafter``); the record keeps it.
 
 Timing as in ``benchmark.py``: compile and warm-up excluded, median over
 ``calls`` calls. Results go to ``output_dir``/results.json (resumable per
@@ -57,7 +59,7 @@ from specsamp.experiments.benchmarks.harness import Bench
 from specsamp.experiments.benchmarks.timing import time_sampler
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.sampling import drafters, proposals, speculative
+from specsamp.sampling import calibration, drafters, proposals, speculative
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.feature_drafter import FeatureDrafter
 
@@ -108,6 +110,7 @@ SEQUOIA = "sequoia:"  # Shaped in the run from measured acceptance per rank (mod
 
 def tree_budget(spec: str) -> tuple[int, int]:
   """(nodes, depth) of a tree spec; a 'sequoia:NxD' to be shaped in the run gives (N, D)."""
+  spec = calibration.unfitted(spec)
   if spec.startswith(SEQUOIA) and "@" not in spec:
     count, _, depth = spec[len(SEQUOIA) :].lower().partition("x")
     try:
@@ -158,7 +161,9 @@ def trees_ok(name: str, drafter: drafters.Drafter, schedule: str, spec: str) -> 
   proposal = getattr(drafter, "proposal", "sampled")
   if name == "lookup" or schedule != "fixed":
     return False
-  return spec.startswith(SEQUOIA) or proposals.fits(proposal, tree_lib.parse(spec))
+  return spec.startswith(SEQUOIA) or proposals.fits(
+    proposal, tree_lib.parse(calibration.unfitted(spec))
+  )
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -192,6 +197,7 @@ def run(
   widest = max(k if p == CHAIN else tree_budget(p)[0] for p, k in settings)
   cache_slots = prompts.tokens.shape[1] + config.max_new_tokens + widest + 1
   bench = Bench(pair, cache_slots, seed=config.seed, drafters=built)
+  rank_temperatures: dict[str, float] = {}  # Per drafter, fitted once ('dynamic:...@fit').
 
   for task, mode, batch_size in itertools.product(
     parse_list(config.tasks), parse_list(config.modes), batch_sizes
@@ -226,7 +232,15 @@ def run(
           ]
           tree_spec = None if proposal == CHAIN else shaped(proposal, same)
           depth = num_draft_tokens
-          if tree_spec != proposal and proposal != CHAIN:  # A shaped tree may be shallower.
+          if proposal != CHAIN and calibration.needs_fit(proposal):
+            if name not in rank_temperatures:
+              rank_temperatures[name] = calibration.fit_drafter(
+                built[name], pair.target, pair_lib.validation_windows(pair_config(config), pair)
+              )
+              log(f"{name}: rank temperature {rank_temperatures[name]:.4f} (fitted)")
+            record["rank_temperature"] = rank_temperatures[name]
+            tree_spec = calibration.fitted(proposal, rank_temperatures[name])
+          elif tree_spec != proposal and proposal != CHAIN:  # A shaped tree may be shallower.
             record["shaped_tree"] = tree_lib.parse(tree_spec).parents
             record["shaped_from"] = tree_spec.partition("@")[2]
             depth = tree_lib.parse(tree_spec).max_depth

@@ -482,6 +482,20 @@ def prepare(
   )
 
 
+def validation_windows(
+  config: ml_collections.ConfigDict, pair: Pair, num_windows: int = 16, tokens: int = 128
+) -> np.ndarray:
+  """[num_windows, tokens] ids from the pair's validation files (never trained on, never
+  prompts): where a dynamic tree's rank temperature is fitted (``calibration.fit_drafter``)."""
+  split = data.split_files(
+    data.corpus_files(config.data.corpus),
+    config.data.validation_fraction,
+    config.data.prompt_fraction,
+    config.seed,
+  )
+  return data.held_out_prompts(pair.tokenizer, split.validation, num_windows, tokens, config.seed)
+
+
 def acceptance(
   pair: Pair,
   draft: Any,

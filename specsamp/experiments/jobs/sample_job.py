@@ -21,7 +21,7 @@ from specsamp.experiments.benchmarks import speedup, timing
 from specsamp.experiments.benchmarks.harness import Bench, format_choice
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.sampling import drafters, proposals, speculative, tree_step
+from specsamp.sampling import calibration, drafters, proposals, speculative, tree_step
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.tree import TreeShape
@@ -72,8 +72,8 @@ def tree_of(config: ml_collections.ConfigDict) -> TreeShape | None:
   spec = config.speculative.get("tree", "") or ""
   if not spec:
     return None
-  try:
-    return tree_lib.parse(spec)
+  try:  # '@fit': the rank temperature is fitted once the pair is loaded (run).
+    return tree_lib.parse(calibration.unfitted(spec))
   except ValueError as error:
     raise ValueError(f"--config.speculative.tree={spec!r}: {error}") from None
 
@@ -250,6 +250,10 @@ def run(
     )
   for warning in context_warnings(config, int(prompts.lengths.max())):
     log(f"warning: {warning}")
+  if tree is not None and calibration.needs_fit(config.speculative.tree):
+    tau = calibration.fit_drafter(draft, pair.target, pair_lib.validation_windows(config, pair))
+    tree = tree_lib.parse(calibration.fitted(config.speculative.tree, tau))
+    log(f"rank temperature {tau:.4f}, fitted on validation windows (calibration.py)")
   if tree is not None:
     log(f"tree proposal {config.speculative.tree}: {tree.describe()}; K = its depth")
   common = dict(
@@ -316,6 +320,7 @@ def run(
       "top_p": s.top_p,
       "num_draft_tokens": num_draft_tokens,
       **({"tree": config.speculative.tree} if tree is not None else {}),
+      **({"rank_temperature": tree.rank_temperature} if tree is not None and tree.dynamic else {}),
       **({"draft_length": "auto"} if choice is not None else {}),
       "verifier": config.speculative.verifier,
       "batch_size": s.batch_size,
