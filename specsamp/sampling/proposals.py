@@ -28,7 +28,8 @@ static shape.
 At temperature 0 the two coincide: the warped q is one-hot at the argmax already.
 
 Dynamic trees (EAGLE-2, ``tree.dynamic``) are 'greedy' only. Depth d keeps, per row, the w_d
-nodes of highest joint draft probability (the product of the draft's warped q along the path)
+nodes of highest joint draft probability (the product of the draft's warped q along the path,
+each factor sharpened to the tree's rank temperature: ``rank_confidence``, ``calibration``)
 among the w_d most likely children of each node kept at depth d-1. Which node gets how many
 children is then decided by the children's own values: a sampled child would no longer be
 distributed as q, so no real q exists to verify it with. Chosen tokens have the one-hot q, and
