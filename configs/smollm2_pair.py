@@ -61,6 +61,7 @@ def get_config(arg=None):
   # The feature head on SmolLM2's own features: entering layers 2, 15 and 27 (EAGLE-3's
   # choice for 30 layers), its own output head over the corpus's 8192 most frequent tokens.
   config.feature.head.feature_layers = ()
+  code_pair._target_widths(config.feature.head)  # One layer of SmolLM2's own widths.
   config.feature.head.draft_vocab_size = 8192
   config.feature.train = code_pair._train(
     steps=300, batch_size=8, seq_len=128, learning_rate=3e-3, distill_mode="token"
