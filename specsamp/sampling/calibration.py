@@ -120,13 +120,8 @@ def next_token_logits(drafter: Any, target: Any, tokens_BT: Any) -> tuple[jax.Ar
       tokens_BT, positions_BT, cache, capture_layers=layers
     )
     head = drafter.model
-    h_BSD, _ = head.hidden(
-      tokens_BT[:, 1:],
-      head.head.fuse(features_BTF[:, :-1]),
-      positions_BT[:, :-1],
-      head.init_cache(batch, length),
-    )
-    return head.logits(h_BSD), jnp.argmax(target_logits_BTV[:, 1:], axis=-1)
+    h_BTD, _ = drafter.pairs_hidden(tokens_BT, features_BTF, head.init_cache(batch, length))
+    return head.logits(h_BTD[:, :-1]), jnp.argmax(target_logits_BTV[:, 1:], axis=-1)
   model = getattr(drafter, "model", None)
   if model is None:
     raise ValueError(

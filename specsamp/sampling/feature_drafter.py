@@ -119,19 +119,24 @@ class FeatureDrafter(Drafter):
     """The head's cache over the prompt's pairs 0..n-3 and f_{n-2} pending; (state, nan_B).
 
     ``features_BTF`` are the target's features at the prompt's positions (its prefill)."""
-    batch, width = prompts_BT.shape
+    batch = prompts_BT.shape[0]
     rows_B = jnp.arange(batch)
     cache = self.model.init_cache(batch, cache_length) if state is None else state.cache
-    following_BT = jnp.concatenate([prompts_BT[:, 1:], prompts_BT[:, -1:]], axis=1)
-    positions_BT = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-    h_BTD, cache = self.model.hidden(
-      following_BT, self.model.head.fuse(features_BTF), positions_BT, cache
-    )
+    h_BTD, cache = self.pairs_hidden(prompts_BT, features_BTF, cache)
     start_B = jnp.maximum(prompt_lengths_B - 2, 0)
     pending_BPF = jnp.zeros((batch, num_draft_tokens + 1, features_BTF.shape[-1]))
     pending_BPF = pending_BPF.astype(features_BTF.dtype).at[:, 0].set(features_BTF[rows_B, start_B])
     state = FeatureState(cache=cache.replace(lengths=start_B), pending=pending_BPF, start=start_B)
     return state, model_protocol.has_nan(h_BTD)
+
+  def pairs_hidden(self, tokens_BT: jax.Array, features_BTF: jax.Array, cache: Any):
+    """(h_BTD, cache): the head over the pairs (target feature at t, token t+1) of a text at
+    positions t = 0..T-1, its output at t giving the q of token t+2; the last pair has no next
+    token and repeats the last one (its output is never read)."""
+    batch, width = tokens_BT.shape
+    following_BT = jnp.concatenate([tokens_BT[:, 1:], tokens_BT[:, -1:]], axis=1)
+    positions_BT = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+    return self.model.hidden(following_BT, self.model.head.fuse(features_BTF), positions_BT, cache)
 
   def observe(self, state: FeatureState, features_BTF: jax.Array, start_B: jax.Array):
     """Keeps the scoring call's features (positions start_B..start_B+K) as the pending block."""

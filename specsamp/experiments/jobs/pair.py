@@ -151,6 +151,17 @@ def import_gguf_target(
   return directory
 
 
+def corpus_split(config: ml_collections.ConfigDict) -> data.Split:
+  """The corpus files split into training, validation and prompt files (seeded: every stage
+  and job of a pair sees the same split)."""
+  return data.split_files(
+    data.corpus_files(config.data.corpus),
+    config.data.validation_fraction,
+    config.data.prompt_fraction,
+    config.seed,
+  )
+
+
 def load_corpus(
   config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: data.Split
 ) -> Corpus:
@@ -395,12 +406,7 @@ def prepare(
   if config.target.get("gguf") and not config.target.get("checkpoint"):
     config = ml_collections.ConfigDict(config.to_dict())
     config.target.checkpoint = import_gguf_target(config.target, workdir, mesh, log)
-  split = data.split_files(
-    data.corpus_files(config.data.corpus),
-    config.data.validation_fraction,
-    config.data.prompt_fraction,
-    config.seed,
-  )
+  split = corpus_split(config)
   tokenizer = load_tokenizer(config, workdir, split, log)
   corpus: Corpus | None = None
 
@@ -487,13 +493,8 @@ def validation_windows(
 ) -> np.ndarray:
   """[num_windows, tokens] ids from the pair's validation files (never trained on, never
   prompts): where a dynamic tree's rank temperature is fitted (``calibration.fit_drafter``)."""
-  split = data.split_files(
-    data.corpus_files(config.data.corpus),
-    config.data.validation_fraction,
-    config.data.prompt_fraction,
-    config.seed,
-  )
-  return data.held_out_prompts(pair.tokenizer, split.validation, num_windows, tokens, config.seed)
+  validation = corpus_split(config).validation
+  return data.held_out_prompts(pair.tokenizer, validation, num_windows, tokens, config.seed)
 
 
 def acceptance(
