@@ -12,6 +12,8 @@ median (robust to a noisy neighbour on a shared CPU).
                           calls (each fed the argmax of the previous logits, so
                           nothing is hoisted or cached away)
   measure_memory_bandwidth  bytes/s reading a large array (the decode floor)
+  measure_copy_bandwidth  bytes/s read and written copying a large array (an accelerator's
+                          achievable HBM bandwidth, as device-to-device copies are quoted)
   measure_matmul_flops    FLOP/s of a large square matmul (the compute ceiling)
 """
 
@@ -172,6 +174,25 @@ def measure_memory_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> 
     median_seconds(lambda: _matvec(probe, vector), repeats),
   )
   return probe.size * 4 / seconds
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _copy_plus_one(probe):
+  return probe + 1  # Donated, so it may run in place: every byte read once, written once.
+
+
+def measure_copy_bandwidth(num_bytes: int = 2 * 2**30, repeats: int = 5) -> float:
+  """Bytes/s moved (read plus written) copying a ``num_bytes`` bfloat16 array through an
+  elementwise add: what a device's memory can stream, the floor's denominator for a decode step
+  (which reads its weights once). Median of ``repeats`` after a warm-up."""
+  state = {"probe": jnp.zeros((num_bytes // (2 * 4096), 4096), jnp.bfloat16)}
+
+  def step():
+    state["probe"] = _copy_plus_one(state["probe"])
+    return state["probe"]
+
+  seconds = median_seconds(step, repeats)
+  return 2 * state["probe"].size * 2 / seconds
 
 
 @jax.jit

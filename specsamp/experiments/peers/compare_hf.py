@@ -3,7 +3,8 @@ speculative sampling, on the same pair of weights (the specsamp pair exported to
 
 Both sides sample the same held-out prompts one at a time (batch 1, HF assisted
 generation's only batch size), generating exactly ``max_new_tokens`` (no EOS
-stop), with the same K. HF runs in float32 with its default attention; its
+stop), with the same K. HF runs in float32 on the CPU with its default attention (on a GPU,
+``hf_device='cuda'`` and the models' own dtype: scripts/device_benchmark.sh); its
 draft length is fixed at K (``num_assistant_tokens_schedule='constant'`` and
 no confidence cut-off) so both sides speculate alike and their acceptance can
 be compared; HF with its own defaults (its starting draft length, schedule and
@@ -68,11 +69,13 @@ def export_pair(target: Any, draft: Any, directory: str, tokenizer=None) -> dict
   return paths
 
 
-def load_hf(directory: str):
+def load_hf(directory: str, dtype: str = "float32", device: str = "cpu"):
+  """An exported model in transformers, in ``dtype`` on ``device``, with no EOS stop."""
   import torch
   import transformers
 
-  model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+  model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype))
+  model.to(device)
   model.eval()
   model.generation_config.eos_token_id = None
   model.generation_config.pad_token_id = 0
@@ -88,9 +91,12 @@ def run(
   modes=("greedy", "nucleus"),
   seed: int = 0,
   export_dir: str | None = None,
+  hf_device: str = "cpu",
+  hf_dtype: str = "float32",
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-  """Exports ``pair.target`` and ``draft`` to HF format, then times both libraries.
+  """Exports ``pair.target`` and ``draft`` to HF format, then times both libraries on
+  ``pair.prompts`` (HF on ``hf_device`` in ``hf_dtype``; specsamp where its models are).
 
   Returns a JSON-able dict: per mode, per sampler, tokens/s, tokens per target
   call and the ratio of specsamp's tokens/s to HF's.
@@ -109,7 +115,9 @@ def run(
     f"exported the pair to {export_dir} ({pair.target.config.num_layers}-layer target, "
     f"{draft.config.num_layers}-layer draft)"
   )
-  hf_target, hf_draft = load_hf(directories["target"]), load_hf(directories["draft"])
+  hf_target, hf_draft = (
+    load_hf(directories[name], hf_dtype, hf_device) for name in ("target", "draft")
+  )
   target_calls = _CallCounter(hf_target)
   n = max_new_tokens
   prompts = pair.prompts
@@ -130,6 +138,8 @@ def run(
     "num_prompts": len(prompts),
     "prompt_tokens": prompts.shape[1],
     "torch_threads": torch.get_num_threads(),
+    "hf_device": str(hf_device),
+    "hf_dtype": hf_dtype,
     "jax_devices": [str(d) for d in jax.devices()],
     "modes": {},
   }
@@ -161,7 +171,7 @@ def run(
         options["assistant_model"] = hf_draft
       before = target_calls.count
       with torch.no_grad():
-        out = hf_target.generate(torch.as_tensor(prompt[None]), **options)
+        out = hf_target.generate(torch.as_tensor(prompt[None]).to(hf_device), **options)
       return out[0, len(prompt) :].tolist(), target_calls.count - before
 
     def ours(prompt, index, draft_model):

@@ -1,0 +1,104 @@
+"""The GPU benchmark (scripts/device_benchmark.sh): specsamp on one accelerator, in one call.
+
+Launch (on a machine with one GPU; writes $OUT/results.json and prints a table last):
+  OUT=benchmark_results/device bash scripts/device_benchmark.sh
+  bash scripts/device_benchmark.sh --tiny            # the same code at tiny sizes, on a CPU
+  python scripts/device_benchmark.py --config=configs/device_benchmark.py \
+      --config.sections=gate,bandwidth,shaped --out=/tmp/device
+
+Arguments:
+  (none)  the device run: the correctness gate, the copy bandwidth, Llama-3.1-8B / Llama-3.2-1B
+          shapes in bfloat16 (random weights) at synthetic acceptance 0.6 and 0.8, K = 2, 4, 6,
+          batch 1 and 8, transformers' assisted generation on the same weights, the default
+          pair and the large pair trained there and sampled at T=0, T=1 and T=0.8 / top-p
+          0.95, and transformers on the trained pair. Sized for one 8-minute call on an H100
+          or H200 (every section has its own time budget).
+  tiny    the same sections at tiny sizes (shapes shrunk, the test pair), for the test suite
+          and a CPU: about a minute on 2 cores.
+"""
+
+import ml_collections
+
+from specsamp.experiments import config_files
+
+code_pair = config_files.sibling(__file__, "code_pair")
+
+VARIANTS = ("device", "tiny")
+
+
+def _pair(variant, num_draft_tokens):
+  """A code pair sampled with a fixed K (the peers and the sweep compare at equal K)."""
+  pair = code_pair.get_config(variant)
+  pair.speculative.draft_length = "fixed"
+  pair.speculative.num_draft_tokens = num_draft_tokens
+  return pair
+
+
+def get_config(arg=None):
+  variant = arg or "device"
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/device_benchmark.py: unknown variant {arg!r}; use one of {VARIANTS}.")
+  tiny = variant == "tiny"
+  config = ml_collections.ConfigDict()
+  # Sections, in order: environment, gate, bandwidth, shaped, shaped_peer, pairs, pair_peer.
+  config.sections = "environment,gate,bandwidth,shaped,shaped_peer,pairs,pair_peer"
+  config.workdir = "/tmp/specsamp_device"  # Trained pairs and exported HF models go here.
+  config.stop_on_gate_failure = True  # Time nothing when the gate fails.
+  # Seconds each section may take (0: no limit); a section past its budget stops, keeping the
+  # rows it finished. They sum to 7.7 minutes, inside one 8-minute call.
+  config.budgets = ml_collections.ConfigDict(
+    dict(
+      environment=10, gate=75, bandwidth=10, shaped=170, shaped_peer=75, pairs=90, pair_peer=30
+    )
+  )
+
+  config.gate = ml_collections.ConfigDict()
+  config.gate.num_samples = 20_000 if tiny else 100_000  # Draws of the certificate case.
+  config.gate.level = 1e-4  # The G-test's false-rejection probability.
+  config.gate.max_new_tokens = 16 if tiny else 32  # Greedy tokens per row compared.
+  config.gate.batches = "ragged" if tiny else "1,ragged"  # One prompt; four ragged rows.
+
+  config.bandwidth_bytes = (64 if tiny else 2048) * 2**20  # The copy probe's array.
+
+  # Published shapes (configs/hf), random weights.
+  config.shaped = ml_collections.ConfigDict()
+  config.shaped.target_hf_config = "configs/hf/llama-3.1-8b/config.json"
+  config.shaped.draft_hf_config = "configs/hf/llama-3.2-1b/config.json"
+  config.shaped.tiny = tiny  # Shrink both to shaped_pair.TINY_SHAPES (architecture kept).
+  config.shaped.dtype = "float32" if tiny else "bfloat16"  # Weights and activations.
+  # Swept in this order, the goals' setting (batch 1, K=4, alpha 0.8) first.
+  config.shaped.alphas = "0.8,0.6"  # Synthetic acceptance rates.
+  config.shaped.num_draft_tokens = "4" if tiny else "4,2,6"  # K.
+  config.shaped.batch_sizes = "1" if tiny else "1,8"  # Rows per call.
+  config.shaped.prompt_tokens = 16 if tiny else 128  # Random prompt ids per row.
+  config.shaped.max_new_tokens = 16 if tiny else 128  # Tokens generated per row.
+  config.shaped.calls = 1 if tiny else 3  # Timed calls per setting, interleaved.
+  config.shaped.seed = 0
+
+  # transformers' assisted generation on the same weights (exported), batch 1, greedy.
+  config.peer = ml_collections.ConfigDict()
+  config.peer.num_draft_tokens = 4  # The same K on both sides.
+  config.peer.num_prompts = 1 if tiny else 2
+  config.peer.max_new_tokens = 8 if tiny else 96
+  config.peer.pair_modes = "greedy" if tiny else "greedy,nucleus"  # On the trained pair.
+  config.peer.pair_variants = "default"  # Which trained pairs the peer runs on.
+
+  # Pairs trained on the device, then sampled by the sample job at each mode.
+  config.pairs = ml_collections.ConfigDict()
+  config.pairs.variants = "default" if tiny else "default,large"
+  config.pairs.modes = "greedy" if tiny else "greedy,sample,nucleus"  # T=0, T=1, nucleus.
+  config.pairs.default = _pair("test" if tiny else None, 4)
+  config.pairs.large = _pair("test" if tiny else "large", 4)
+  if not tiny:
+    # The large pair at a step count that fits its budget on one GPU (the config's 20k target
+    # steps take hours): the corpus capped so tokenizing it takes seconds.
+    config.pairs.large.data.max_train_tokens = 10_000_000
+    config.pairs.large.target.train.steps = 400
+    config.pairs.large.draft.train.steps = 200
+    for section in (config.pairs.large.target, config.pairs.large.draft):
+      section.train.warmup_steps = 20
+      section.train.log_every = 50
+      section.train.eval_every = section.train.steps
+      section.train.checkpoint_every = section.train.steps
+    config.pairs.large.sampling.num_prompts = 8
+  return config

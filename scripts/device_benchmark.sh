@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU benchmark in one call: the correctness gate, then everything timed, on the one
+# accelerator of this machine (configs/device_benchmark.py; docs/benchmarks.md "On a GPU").
+#
+#   OUT=benchmark_results/device bash scripts/device_benchmark.sh    # the device run
+#   bash scripts/device_benchmark.sh --tiny                          # tiny sizes, any CPU
+#   bash scripts/device_benchmark.sh -- --config.sections=gate,shaped    # flags pass through
+#
+# Writes $OUT/results.json and $OUT/log.txt and prints a table last. Packages missing from the
+# machine travel as wheels in .wheels/ or .whl/ (e.g. ml-collections; the device README), and
+# are installed into a temporary folder, never the system. On a GPU, alongside the benchmark,
+# the exactness and loop tests run on the host's CPU cores with that machine's jax
+# ($OUT/pytest.log): how a new jax release is checked before CI moves to it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-benchmark_results/device}"
+mkdir -p "$OUT"
+CONFIG=configs/device_benchmark.py
+if [[ "${1:-}" == "--tiny" ]]; then CONFIG=configs/device_benchmark.py:tiny; shift; fi
+[[ "${1:-}" == "--" ]] && shift
+
+for dir in .wheels .whl; do
+  if compgen -G "$dir/*.whl" >/dev/null && ! python3 -c "import ml_collections" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/specsamp_site "$dir"/*.whl && export PYTHONPATH="/tmp/specsamp_site:${PYTHONPATH:-}"
+  fi
+done
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+# JAX takes half of the GPU's memory, so transformers (the peer) fits beside it.
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.5}"
+
+GPU=0
+if [[ "$CONFIG" != *:tiny ]] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  GPU=1
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/log.txt"
+fi
+BENCH_CPUS=() TEST_CPUS=()
+if [[ $GPU == 1 ]] && command -v taskset >/dev/null && (( $(nproc) >= 12 )); then
+  BENCH_CPUS=(taskset -c 0-5) TEST_CPUS=(taskset -c "6-$(( $(nproc) - 1 ))")
+fi
+if [[ $GPU == 1 ]]; then
+  # The exactness and loop tests on this machine's jax, on CPU cores the benchmark leaves.
+  (JAX_PLATFORMS=cpu "${TEST_CPUS[@]}" timeout 420 python3 -m pytest -q -x -n 4 \
+    -p no:cacheprovider tests/test_verification.py tests/test_speculative.py \
+    tests/test_autoregressive.py tests/test_tree_verification.py tests/test_draws.py \
+    tests/test_warping.py tests/test_tree.py tests/test_sampler.py tests/test_dynamic_tree.py \
+    tests/test_feature_drafter.py >"$OUT/pytest.log" 2>&1; echo "pytest exit status $?" >>"$OUT/pytest.log") &
+fi
+"${BENCH_CPUS[@]}" python3 scripts/device_benchmark.py --config="$CONFIG" --out="$OUT" "$@" 2>&1 |
+  tee -a "$OUT/log.txt"
+status=${PIPESTATUS[0]}
+wait
+if [[ -f "$OUT/pytest.log" ]]; then echo "tests on this machine's jax: $(tail -n 2 "$OUT/pytest.log" | tr '\n' ' ')"; fi
+exit "$status"

@@ -1,0 +1,449 @@
+"""The GPU benchmark: everything specsamp should show on an accelerator, in one call.
+
+``run`` goes through the sections of ``configs/device_benchmark.py`` in order, each under its
+own time budget, and writes ``results.json`` after every section (and every row of the sweep),
+so a run cut short keeps all it measured:
+
+  environment   jax, flax, torch and transformers versions; the device
+  gate          correctness before any timing (``proofs/device_gate.py``): greedy speculative
+                equals greedy autoregressive for a chain, a tree and the feature head, and
+                one exact-enumeration G-test case; a failure stops the run (by default)
+  bandwidth     the device's copy bandwidth (bytes read + written per second)
+  shaped        Llama-3.1-8B / Llama-3.2-1B shapes, random bfloat16 weights, synthetic
+                acceptance, K and batch swept (``shaped_pair.sweep``): speedup, prediction
+                from the step costs measured here, efficiency, the step against its floor
+  shaped_peer   transformers' assisted generation on the same weights (exported), batch 1
+  pairs         the default pair and the large pair trained here, each sampled by the sample
+                job at T=0, T=1 and T=0.8 / top-p 0.95 (the README's main command)
+  pair_peer     transformers' assisted generation on the trained default pair
+
+``format_summary`` is the table printed last, with the issue's goals checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from specsamp import sharding
+from specsamp.experiments.benchmarks import shaped_pair, timing
+from specsamp.experiments.benchmarks.benchmark import MODES, parse_list
+from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.experiments.jobs import sample_job
+from specsamp.experiments.peers import compare_hf
+from specsamp.experiments.proofs import device_gate
+
+SECTIONS = ("environment", "gate", "bandwidth", "shaped", "shaped_peer", "pairs", "pair_peer")
+GOAL_SPEEDUP = 2.0  # 8B/1B, alpha 0.8, K=4, batch 1.
+GOAL_EFFICIENCY = 0.85
+GOAL_FLOOR = 1.25  # The autoregressive 8B step over its weight-read floor.
+GOAL_PEER = 1.5  # specsamp's speculative tokens/s over transformers' assisted generation.
+
+
+class SectionTimeout(Exception):
+  """A section ran past its budget."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+  """Raises ``SectionTimeout`` in the block after ``seconds`` (0: no limit). A signal, so it
+  lands between Python steps: a compiled call in flight finishes first."""
+  if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def expire(*_):
+    raise SectionTimeout(f"past its budget of {seconds:g} s")
+
+  previous = signal.signal(signal.SIGALRM, expire)
+  signal.setitimer(signal.ITIMER_REAL, seconds)
+  try:
+    yield
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _version(module: str) -> str | None:
+  try:
+    return __import__(module).__version__
+  except ImportError:
+    return None
+
+
+def environment(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  """Versions, the backend and the devices."""
+  device = jax.devices()[0]
+  stats = device.memory_stats() or {}
+  info = {
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "host": platform.node(),
+    "python": platform.python_version(),
+    **{name: _version(name) for name in ("jax", "jaxlib", "flax", "torch", "transformers")},
+    "backend": jax.default_backend(),
+    "device_kind": device.device_kind,
+    "devices": len(jax.devices()),
+    "memory_limit_bytes": stats.get("bytes_limit"),
+  }
+  log(f"{info['device_kind']} ({info['backend']}), jax {info['jax']}, flax {info['flax']}")
+  return info
+
+
+def gate(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  g = config.gate
+  return device_gate.run(
+    g.num_samples, g.level, g.max_new_tokens, tuple(parse_list(g.batches)), log=log
+  )
+
+
+def bandwidth(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  copy = timing.measure_copy_bandwidth(int(config.bandwidth_bytes))
+  context["copy_bandwidth"] = copy
+  log(f"copy bandwidth {copy / 1e9:.1f} GB/s (read + written)")
+  return {"copy_bytes_per_s": copy, "probe_bytes": int(config.bandwidth_bytes)}
+
+
+def _one_device_mesh() -> jax.sharding.Mesh:
+  return sharding.make_mesh({"data": 1}, jax.devices()[:1])
+
+
+def shaped(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  """The synthetic-acceptance sweep on published shapes (``shaped_pair``)."""
+  s = config.shaped
+  if "copy_bandwidth" not in context:
+    bandwidth(config, context, log)
+  mesh = _one_device_mesh()
+  configs = {
+    role: shaped_pair.model_config(path, s.dtype, s.tiny)
+    for role, path in (("target", s.target_hf_config), ("draft", s.draft_hf_config))
+  }
+  result: dict[str, Any] = {
+    "target_hf_config": s.target_hf_config,
+    "draft_hf_config": s.draft_hf_config,
+    "dtype": s.dtype,
+    "tiny": s.tiny,
+    "prompt_tokens": s.prompt_tokens,
+    "max_new_tokens": s.max_new_tokens,
+    "copy_bytes_per_s": context["copy_bandwidth"],
+    "rows": [],
+  }
+  context["results"]["shaped"] = result  # Rows land here as they finish.
+  start = time.perf_counter()  # Created outside the mesh context, as create_sharded expects.
+  target = shaped_pair.random_model(configs["target"], mesh, seed=s.seed)
+  draft = shaped_pair.random_model(configs["draft"], mesh, seed=s.seed + 1)
+  jax.block_until_ready(jax.tree.leaves(nnx.state((target, draft))))
+  result["init_s"] = time.perf_counter() - start
+  context["shaped"] = (target, draft, mesh)
+  with sharding.use_mesh(mesh):
+    shaped_pair.sweep(
+      target,
+      draft,
+      batch_sizes=parse_list(s.batch_sizes, int),
+      num_draft_tokens=parse_list(s.num_draft_tokens, int),
+      alphas=parse_list(s.alphas, float),
+      prompt_tokens=s.prompt_tokens,
+      max_new_tokens=s.max_new_tokens,
+      calls=s.calls,
+      copy_bandwidth=context["copy_bandwidth"],
+      seed=s.seed,
+      record=lambda row: (result["rows"].append(row), context["save"]()),
+      log=log,
+    )
+  return result
+
+
+def _hf_device() -> str:
+  import torch
+
+  return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def shaped_peer(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  """transformers' assisted generation on the shaped pair's own weights, exported."""
+  if "shaped" not in context:
+    raise RuntimeError("needs the 'shaped' section's models (run it first)")
+  target, draft, mesh = context.pop("shaped")
+  prompts, _ = shaped_pair.random_prompts(
+    target.vocab_size, config.peer.num_prompts, config.shaped.prompt_tokens, seed=7
+  )
+  pair = pair_lib.Pair(tokenizer=None, target=target, drafts={}, prompts=prompts, mesh=mesh)
+  return compare_hf.run(
+    pair,
+    draft,
+    num_draft_tokens=config.peer.num_draft_tokens,
+    max_new_tokens=config.peer.max_new_tokens,
+    modes=("greedy",),
+    export_dir=_fresh_dir(config, "shaped_hf"),
+    hf_device=_hf_device(),
+    hf_dtype=config.shaped.dtype,
+    log=log,
+  )
+
+
+def _fresh_dir(config: ml_collections.ConfigDict, name: str) -> str:
+  """``workdir/name``, emptied (an export refuses a directory that holds a model)."""
+  import shutil
+
+  path = os.path.join(config.workdir, name)
+  shutil.rmtree(path, ignore_errors=True)
+  return path
+
+
+def _pair_config(config: ml_collections.ConfigDict, variant: str, mode: str | None = None):
+  pair_config = ml_collections.ConfigDict(config.pairs[variant].to_dict())
+  if mode is not None:
+    pair_config.sampling.temperature = MODES[mode]["temperature"]
+    pair_config.sampling.top_p = MODES[mode]["top_p"]
+  return pair_config, os.path.join(config.workdir, pair_config.name)
+
+
+def pairs(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  """Each pair trained here (on its first mode), then the sample job at every mode."""
+  result: dict[str, Any] = {}
+  context["results"]["pairs"] = result
+  for variant in parse_list(config.pairs.variants):
+    rows = result.setdefault(variant, {})
+    for mode in parse_list(config.pairs.modes):
+      pair_config, workdir = _pair_config(config, variant, mode)
+      start = time.perf_counter()
+      report = sample_job.run(pair_config, workdir, log=log)
+      rows[mode] = {
+        "wall_s": time.perf_counter() - start,  # The first mode's includes training.
+        "speedup": report.speedup,
+        "predicted_speedup": report.predicted_speedup,
+        "efficiency": report.speedup / report.predicted_speedup,
+        "ar_ms_per_token": report.autoregressive.ms_per_token,
+        "spec_ms_per_token": report.speculative.ms_per_token,
+        "costs": dataclasses.asdict(report.costs),
+        "settings": report.settings,
+        **{
+          name: report.stats[name]
+          for name in ("acceptance_rate", "alpha", "tokens_per_target_call")
+        },
+      }
+      context["save"]()
+      log(
+        f"{variant} pair, {mode}: {report.speedup:.2f}x (predicted "
+        f"{report.predicted_speedup:.2f}x), acceptance {report.stats['acceptance_rate']:.3f}, "
+        f"{report.stats['tokens_per_target_call']:.2f} tokens/call"
+      )
+  return result
+
+
+def pair_peer(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  """transformers' assisted generation on each trained pair (loaded from the workdir)."""
+  result = {}
+  for variant in parse_list(config.peer.pair_variants):
+    pair_config, workdir = _pair_config(config, variant)
+    pair = pair_lib.prepare(pair_config, workdir, log=log)
+    pair = dataclasses.replace(pair, prompts=pair.prompts[: max(config.peer.num_prompts, 1) * 2])
+    result[variant] = compare_hf.run(
+      pair,
+      pair.draft,
+      num_draft_tokens=config.peer.num_draft_tokens,
+      max_new_tokens=pair_config.sampling.max_new_tokens,
+      modes=tuple(parse_list(config.peer.pair_modes)),
+      export_dir=_fresh_dir(config, f"{pair_config.name}_hf"),
+      hf_device=_hf_device(),
+      log=log,
+    )
+  return result
+
+
+SECTION_FUNCTIONS = {
+  "environment": environment,
+  "gate": gate,
+  "bandwidth": bandwidth,
+  "shaped": shaped,
+  "shaped_peer": shaped_peer,
+  "pairs": pairs,
+  "pair_peer": pair_peer,
+}
+
+
+def run(
+  config: ml_collections.ConfigDict, out_dir: str, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+  """Runs the sections (module docstring); returns and writes ``out_dir/results.json``."""
+  names = parse_list(config.sections)
+  unknown = sorted(set(names) - set(SECTIONS))
+  if unknown:
+    raise ValueError(f"Unknown sections {unknown}; use some of {SECTIONS}.")
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, "results.json")
+  results: dict[str, Any] = {"status": {}}
+
+  def save():
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=1, default=_jsonable)
+
+  context: dict[str, Any] = {"results": results, "save": save}
+  for name in [n for n in SECTIONS if n in names]:
+    log(f"== {name}")
+    start = time.perf_counter()
+    try:
+      with time_limit(float(config.budgets.get(name, 0))):
+        results[name] = SECTION_FUNCTIONS[name](config, context, log)
+      status = "ok"
+    except SectionTimeout as error:
+      status = f"stopped: {error}"
+    except Exception as error:  # noqa: BLE001  (a failed section must not lose the others)
+      status = f"failed: {type(error).__name__}: {error}"
+      log(traceback.format_exc())
+    results["status"][name] = {"status": status, "seconds": time.perf_counter() - start}
+    log(f"== {name}: {status} ({time.perf_counter() - start:.1f} s)")
+    save()
+    gate_failed = name == "gate" and not (status == "ok" and results["gate"]["passed"])
+    if gate_failed and config.stop_on_gate_failure:
+      log("the correctness gate failed: nothing is timed (stop_on_gate_failure)")
+      break
+  return results
+
+
+def _jsonable(value: Any) -> Any:
+  if isinstance(value, np.generic):
+    return value.item()
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  return str(value)
+
+
+def _row(cells: list[Any]) -> str:
+  return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _goal(met: bool | None) -> str:
+  return "n/a" if met is None else ("met" if met else "NOT met")
+
+
+def format_summary(results: dict[str, Any]) -> str:
+  """The results as Markdown tables, the issue's goals checked last."""
+  env = results.get("environment", {})
+  lines = [
+    f"device: {env.get('device_kind', '?')} ({env.get('backend', '?')}), jax {env.get('jax')}, "
+    f"flax {env.get('flax')}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
+    f"{env.get('date', '')}",
+    "sections: "
+    + ", ".join(f"{k} {v['status']} ({v['seconds']:.0f} s)" for k, v in results["status"].items()),
+  ]
+  g = results.get("gate")
+  if g:
+    equal = sum(row["equal"] for row in g["greedy"].values())
+    t = g["g_test"]
+    lines.append(
+      f"gate: {'PASS' if g['passed'] else 'FAIL'}: greedy speculative = autoregressive in "
+      f"{equal}/{len(g['greedy'])} cases; G-test ({t['case']}) G={t['G']:.1f} < "
+      f"{t['threshold']:.1f} at n={t['n']:,}: {'pass' if t['passed'] else 'FAIL'}"
+    )
+  if "bandwidth" in results:
+    lines.append(f"copy bandwidth: {results['bandwidth']['copy_bytes_per_s'] / 1e12:.2f} TB/s")
+  shaped_rows = results.get("shaped", {}).get("rows", [])
+  if shaped_rows:
+    s = results["shaped"]
+    lines += [
+      "",
+      f"shapes {os.path.basename(os.path.dirname(s['target_hf_config']))} / "
+      f"{os.path.basename(os.path.dirname(s['draft_hf_config']))}"
+      f"{' (shrunk to tiny sizes)' if s['tiny'] else ''}, {s['dtype']}, random weights, "
+      f"synthetic acceptance, {s['prompt_tokens']}-token prompts, {s['max_new_tokens']} new tokens",
+      _row(
+        ["B", "K", "alpha", "AR ms/tok", "spec ms/tok", "speedup", "predicted", "efficiency"]
+        + ["tokens/call", "c", "score/step", "AR step / floor"]
+      ),
+      _row(["---"] * 12),
+    ]
+    for r in shaped_rows:
+      lines.append(
+        _row(
+          [r["batch_size"], r["num_draft_tokens"], r["alpha"], f"{r['ar_ms_per_token']:.3f}"]
+          + [f"{r['spec_ms_per_token']:.3f}", f"{r['speedup']:.2f}x"]
+          + [f"{r['predicted_speedup']:.2f}x", f"{r['efficiency']:.2f}"]
+          + [f"{r['tokens_per_target_call']:.2f}", f"{r['draft_ratio']:.3f}"]
+          + [f"{r['score_ratio']:.2f}", f"{r['ar_step_over_floor']:.2f}"]
+        )
+      )
+  for variant, modes in results.get("pairs", {}).items():
+    lines += [
+      "",
+      f"trained pair '{variant}' (the sample job, batch 1, K fixed)",
+      _row(["mode", "speedup", "predicted", "efficiency", "acceptance", "tokens/call", "wall s"]),
+      _row(["---"] * 7),
+    ]
+    for mode, r in modes.items():
+      lines.append(
+        _row(
+          [mode, f"{r['speedup']:.2f}x", f"{r['predicted_speedup']:.2f}x"]
+          + [f"{r['efficiency']:.2f}", f"{r['acceptance_rate']:.3f}"]
+          + [f"{r['tokens_per_target_call']:.2f}", f"{r['wall_s']:.0f}"]
+        )
+      )
+  peers = {}
+  if "shaped_peer" in results:
+    peers["shaped weights"] = results["shaped_peer"]
+  for variant, peer in results.get("pair_peer", {}).items():
+    peers[f"trained pair '{variant}'"] = peer
+  if peers:
+    lines += [
+      "",
+      "transformers' assisted generation on the same weights, batch 1, same K (tokens/s)",
+      _row(["weights", "mode", "specsamp spec", "hf assisted", "ratio", "specsamp AR", "hf AR"]),
+      _row(["---"] * 7),
+    ]
+    for what, peer in peers.items():
+      k = peer["num_draft_tokens"]
+      for mode, entry in peer["modes"].items():
+        tps = lambda name: entry[name]["tokens_per_s"]
+        lines.append(
+          _row(
+            [what, mode, f"{tps(f'specsamp speculative (K={k})'):.1f}"]
+            + [f"{tps(f'hf assisted (K={k})'):.1f}", f"{entry['ratio_vs_hf_assisted']:.2f}x"]
+            + [f"{tps('specsamp autoregressive'):.1f}", f"{tps('hf autoregressive'):.1f}"]
+          )
+        )
+  lines += ["", "goals:"] + [f"  {line}" for line in goal_lines(results)]
+  return "\n".join(lines)
+
+
+def goal_lines(results: dict[str, Any]) -> list[str]:
+  """The issue's goals, each with its measured value."""
+  rows = results.get("shaped", {}).get("rows", [])
+  main = next(
+    (r for r in rows if (r["batch_size"], r["num_draft_tokens"], r["alpha"]) == (1, 4, 0.8)), None
+  )
+  lines = []
+  if main is None:
+    lines.append("8B/1B alpha 0.8 K=4 batch 1: not measured")
+  else:
+    lines.append(
+      f"8B/1B alpha 0.8 K=4 batch 1: {main['speedup']:.2f}x (>= {GOAL_SPEEDUP}: "
+      f"{_goal(main['speedup'] >= GOAL_SPEEDUP)}), efficiency {main['efficiency']:.2f} "
+      f"(>= {GOAL_EFFICIENCY}: {_goal(main['efficiency'] >= GOAL_EFFICIENCY)})"
+    )
+    lines.append(
+      f"autoregressive step / weight-read floor: {main['ar_step_over_floor']:.2f} (<= "
+      f"{GOAL_FLOOR}: {_goal(main['ar_step_over_floor'] <= GOAL_FLOOR)}); the loop's "
+      f"ms/token / floor {main['ar_loop_over_floor']:.2f}"
+    )
+  peer = results.get("shaped_peer")
+  if peer:
+    ratio = peer["modes"]["greedy"]["ratio_vs_hf_assisted"]
+    lines.append(
+      f"specsamp / transformers assisted, same weights, batch 1: {ratio:.2f}x (>= {GOAL_PEER}: "
+      f"{_goal(ratio >= GOAL_PEER)})"
+    )
+  return lines

@@ -1,0 +1,190 @@
+"""Published pairs' shapes with random weights: the loop at the sizes people run.
+
+A target and a draft are built from Hugging Face ``config.json`` files (``configs/hf``, e.g.
+Llama-3.1-8B with Llama-3.2-1B) with random weights in a chosen dtype. The synthetic verifier
+accepts each draft token with a chosen probability alpha whatever the models say
+(``verifier='synthetic'``), so the loop's cost at that acceptance is measured without trained
+weights: both models still run at full size, and the loop still drafts, scores, rolls back
+and appends exactly as it does for real.
+
+For every (batch, K, alpha), ``sweep`` measures, in one run on one device:
+  * autoregressive and speculative ms/token (their calls interleaved) and the speedup;
+  * the step costs (a target step, a draft step, the target scoring K + 1 tokens) and the
+    speedup they predict (``speedup.predicted_batch_speedup``: the loop pays its slowest row's
+    iterations), and the efficiency = measured / predicted;
+  * the autoregressive step against its floor: the bytes a step must read (every weight once,
+    the live KV cache; ``perf_model.call_cost``) over the copy bandwidth measured on the same
+    device (``timing.measure_copy_bandwidth``).
+
+``shrink`` keeps a config.json's architecture (RoPE scaling, tied embeddings, GQA) at a tiny
+size, for the CPU run of the same code (``--tiny``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from specsamp.experiments.benchmarks import perf_model, speedup, timing
+from specsamp.hf import architectures
+from specsamp.models import transformer
+from specsamp.models.config import TransformerConfig
+from specsamp.sampling import statistics
+from specsamp.sampling.sampler import Sampler
+
+TINY_SHAPES = {
+  "hidden_size": 64,
+  "intermediate_size": 128,
+  "num_hidden_layers": 2,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 16,
+  "vocab_size": 512,
+}
+"""What ``shrink`` sets: a config.json at the size of the test suite's models."""
+
+
+def read_hf_config(path: str) -> dict[str, Any]:
+  """A config.json file (or a directory holding one) as a dict."""
+  path = os.path.expanduser(path)
+  if os.path.isdir(path):
+    path = os.path.join(path, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"No HF config.json at {path}.")
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def shrink(hf: dict[str, Any]) -> dict[str, Any]:
+  """``hf`` with its sizes replaced by ``TINY_SHAPES`` (the architecture kept)."""
+  return {**hf, **TINY_SHAPES}
+
+
+def model_config(path: str, dtype: str, tiny: bool = False) -> TransformerConfig:
+  """The TransformerConfig of the config.json at ``path``, weights and activations in
+  ``dtype`` (shrunk to ``TINY_SHAPES`` when ``tiny``)."""
+  hf = read_hf_config(path)
+  return architectures.from_hf(shrink(hf) if tiny else hf, param_dtype=dtype, dtype=dtype)
+
+
+def random_model(config: TransformerConfig, mesh: jax.sharding.Mesh, seed: int) -> Any:
+  """A Transformer with random weights, born on ``mesh`` (one jitted init, no host copy)."""
+  return transformer.create(config, mesh, seed=seed)
+
+
+def step_read_bytes(config: TransformerConfig, batch_size: int, live_length: int) -> float:
+  """Bytes one decode step must read from memory: every weight once (the embedding table's
+  gathered rows only, unless it is also the output head) and ``live_length`` positions of
+  every row's KV cache (``perf_model.call_cost``)."""
+  unused = perf_model.PRESETS["h100"]  # Only the byte counts are read, not the times.
+  call = perf_model.call_cost(config, unused, perf_model.MeshShape(), batch_size, 1, live_length)
+  return call.weight_bytes + call.kv_bytes
+
+
+def random_prompts(vocab_size: int, batch_size: int, prompt_tokens: int, seed: int):
+  """(prompts [B, T], lengths [B]) of uniform random ids: shapes are all that matter here."""
+  rng = np.random.default_rng(seed)
+  prompts = rng.integers(0, vocab_size, (batch_size, prompt_tokens)).astype(np.int32)
+  return prompts, np.full((batch_size,), prompt_tokens, np.int32)
+
+
+def sweep(
+  target: Any,
+  draft: Any,
+  *,
+  batch_sizes: Sequence[int],
+  num_draft_tokens: Sequence[int],
+  alphas: Sequence[float],
+  prompt_tokens: int,
+  max_new_tokens: int,
+  calls: int,
+  copy_bandwidth: float,
+  seed: int = 0,
+  record: Callable[[dict[str, Any]], None] = lambda row: None,
+  log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+  """Times the synthetic-acceptance loop at every (batch, K, alpha) (module docstring).
+
+  Call it under the models' mesh. ``record`` gets each finished row at once (an interrupted
+  sweep keeps what it measured). Returns the rows.
+  """
+  sampler = Sampler(target, draft)
+  key = jax.random.key(seed)
+  cache_slots = prompt_tokens + max_new_tokens + max(num_draft_tokens) + 1
+  live_length = prompt_tokens + max_new_tokens // 2  # A step's mean cache length in a call.
+  rows = []
+  for batch_size in batch_sizes:
+    batch = random_prompts(target.vocab_size, batch_size, prompt_tokens, seed + batch_size)
+
+    def sample(**options):
+      def run(inputs, index):
+        rng = jax.random.fold_in(key, index)
+        return sampler.generate(
+          *inputs, rng, max_new_tokens=max_new_tokens, cache_length=cache_slots, **options
+        )
+
+      return run
+
+    target_step_s = timing.time_calls(target, batch_size, 1, cache_slots)
+    draft_step_s = timing.time_calls(draft, batch_size, 1, cache_slots)
+    floor_s = step_read_bytes(target.config, batch_size, live_length) / copy_bandwidth
+    log(
+      f"batch {batch_size}: target step {target_step_s * 1e3:.3f} ms ({target_step_s / floor_s:.2f}x "
+      f"its floor {floor_s * 1e3:.3f} ms), draft step {draft_step_s * 1e3:.3f} ms"
+    )
+    for k in num_draft_tokens:
+      score_s = timing.time_calls(target, batch_size, k + 1, cache_slots)
+      for alpha in alphas:
+        timed = timing.time_interleaved(
+          {
+            "autoregressive": sample(num_draft_tokens=0),
+            "speculative": sample(
+              num_draft_tokens=k, verifier="synthetic", synthetic_acceptance=alpha
+            ),
+          },
+          [batch],
+          calls=calls,
+        )
+        ar, spec = timed["autoregressive"], timed["speculative"]
+        stats = statistics.summarize(spec.outputs)
+        measured = ar.ms_per_token / spec.ms_per_token
+        predicted = speedup.predicted_batch_speedup(
+          [alpha] * batch_size, k, max_new_tokens, target_step_s, draft_step_s, score_s
+        )
+        row = {
+          "batch_size": batch_size,
+          "num_draft_tokens": k,
+          "alpha": alpha,
+          "measured_alpha": stats["alpha"],
+          "tokens_per_target_call": stats["tokens_per_target_call"],
+          "ar_ms_per_token": ar.ms_per_token,
+          "spec_ms_per_token": spec.ms_per_token,
+          "ar_tokens_per_s": ar.tokens_per_s,
+          "spec_tokens_per_s": spec.tokens_per_s,
+          "speedup": measured,
+          "predicted_speedup": predicted,
+          "efficiency": measured / predicted,
+          "target_step_ms": target_step_s * 1e3,
+          "draft_step_ms": draft_step_s * 1e3,
+          "score_ms": score_s * 1e3,
+          "draft_ratio": draft_step_s / target_step_s,
+          "score_ratio": score_s / target_step_s,
+          "floor_ms": floor_s * 1e3,
+          "ar_step_over_floor": target_step_s / floor_s,
+          "ar_loop_over_floor": ar.ms_per_token * 1e-3 / floor_s,
+          "compile_s": {"autoregressive": ar.compile_s, "speculative": spec.compile_s},
+        }
+        rows.append(row)
+        record(row)
+        log(
+          f"  B={batch_size} K={k} alpha={alpha}: autoregressive {ar.ms_per_token:.3f} ms/token, "
+          f"speculative {spec.ms_per_token:.3f} ms/token: {measured:.2f}x (predicted "
+          f"{predicted:.2f}x, efficiency {measured / predicted:.2f}; "
+          f"{stats['tokens_per_target_call']:.2f} tokens/call)"
+        )
+  return rows
