@@ -38,8 +38,9 @@ BENCH_CPUS=() TEST_CPUS=()
 if [[ $GPU == 1 ]] && command -v taskset >/dev/null && (( $(nproc) >= 12 )); then
   BENCH_CPUS=(taskset -c 0-5) TEST_CPUS=(taskset -c "6-$(( $(nproc) - 1 ))")
 fi
-if [[ $GPU == 1 ]]; then
-  # The exactness and loop tests on this machine's jax, on CPU cores the benchmark leaves.
+if [[ $GPU == 1 && "${SPECSAMP_DEVICE_TESTS:-1}" != 0 ]]; then
+  # The exactness and loop tests on this machine's jax, on CPU cores the benchmark leaves
+  # (SPECSAMP_DEVICE_TESTS=0 skips them).
   (JAX_PLATFORMS=cpu "${TEST_CPUS[@]}" timeout 420 python3 -m pytest -q -x -n 4 \
     -p no:cacheprovider tests/test_verification.py tests/test_speculative.py \
     tests/test_autoregressive.py tests/test_tree_verification.py tests/test_draws.py \

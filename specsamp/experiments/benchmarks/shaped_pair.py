@@ -134,8 +134,9 @@ def sweep(
     draft_step_s = timing.time_calls(draft, batch_size, 1, cache_slots)
     floor_s = step_read_bytes(target.config, batch_size, live_length) / copy_bandwidth
     log(
-      f"batch {batch_size}: target step {target_step_s * 1e3:.3f} ms ({target_step_s / floor_s:.2f}x "
-      f"its floor {floor_s * 1e3:.3f} ms), draft step {draft_step_s * 1e3:.3f} ms"
+      f"batch {batch_size}: target step {target_step_s * 1e3:.3f} ms "
+      f"({target_step_s / floor_s:.2f}x its floor {floor_s * 1e3:.3f} ms), "
+      f"draft step {draft_step_s * 1e3:.3f} ms"
     )
     for k in num_draft_tokens:
       score_s = timing.time_calls(target, batch_size, k + 1, cache_slots)

@@ -66,11 +66,15 @@ BATCHES = ("1", "ragged")
 
 
 def greedy_equality(
-  max_new_tokens: int = 32, batches: tuple[str, ...] = BATCHES
+  max_new_tokens: int = 32,
+  batches: tuple[str, ...] = BATCHES,
+  results: dict[str, Any] | None = None,
+  log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
   """For each drafter, whether greedy speculative output equals greedy autoregressive output,
   on one prompt ('1') and on four ragged rows ('ragged'); with the tokens per target call (so
-  an equality is seen to come from accepted drafts, not from rejecting them all)."""
+  an equality is seen to come from accepted drafts, not from rejecting them all). Each case
+  lands in ``results`` (returned) as it finishes."""
   unknown = sorted(set(batches) - set(BATCHES))
   if unknown:
     raise ValueError(f"Unknown gate batches {unknown}; use some of {BATCHES}.")
@@ -87,7 +91,7 @@ def greedy_equality(
     "ragged": _ragged_prompts(target.vocab_size),
   }
   key = jax.random.key(0)
-  results = {}
+  results = {} if results is None else results
   for batch_name in batches:
     prompts, lengths = inputs[batch_name]
     reference = autoregressive.generate(
@@ -106,11 +110,15 @@ def greedy_equality(
       )
       got = np.asarray(out.tokens)
       stats = out.summary()
-      results[f"{name}, batch {batch_name}"] = {
+      row = results[f"{name}, batch {batch_name}"] = {
         "equal": bool(np.array_equal(got, expected)),
         "mismatched_tokens": int((got != expected).sum()),
         "tokens_per_target_call": stats["tokens_per_target_call"],
       }
+      log(
+        f"greedy {name}, batch {batch_name}: {'equal' if row['equal'] else 'DIFFERENT'} "
+        f"({row['tokens_per_target_call']:.2f} tokens/call)"
+      )
   return results
 
 
@@ -119,17 +127,15 @@ def run(
   level: float = 1e-4,
   max_new_tokens: int = 32,
   batches: tuple[str, ...] = BATCHES,
+  partial: dict[str, Any] | None = None,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-  """The gate: greedy equality, then the G-test case. ``passed`` is both."""
+  """The gate: greedy equality, then the G-test case. ``passed`` is both. ``partial`` gets
+  the greedy cases as they finish (what a gate cut short had checked)."""
   start = time.perf_counter()
+  partial = {} if partial is None else partial
   with jax.default_matmul_precision("highest"):
-    greedy = greedy_equality(max_new_tokens, batches)
-    for name, row in greedy.items():
-      log(
-        f"greedy {name}: {'equal' if row['equal'] else 'DIFFERENT'} "
-        f"({row['tokens_per_target_call']:.2f} tokens/call)"
-      )
+    greedy = greedy_equality(max_new_tokens, batches, partial.setdefault("greedy", {}), log)
     (result,) = certify.certify([GATE_CASE], num_samples, level, log=log)
   g_test = {
     "case": GATE_CASE.name,
