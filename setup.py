@@ -14,7 +14,9 @@ setuptools.setup(
   python_requires=">=3.11",
   packages=setuptools.find_packages(include=["specsamp", "specsamp.*"]),
   # Pinned to the versions the tests run with (CPU wheels; jax[tpu] or jax[cuda] at the
-  # same version on accelerators).
+  # same version on accelerators). JAX 0.11.2 also runs the exactness and loop tests, with
+  # flax 0.12.12 (flax 0.12.8 does not import on JAX >= 0.11.1) and Python >= 3.12
+  # (docs/benchmarks.md, "On a GPU").
   install_requires=[
     "jax==0.10.2",
     "flax==0.12.8",

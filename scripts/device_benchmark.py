@@ -10,6 +10,7 @@ Runs the correctness gate, then the timed sections, each under its own time budg
 """
 
 import json
+import sys
 
 from absl import flags
 
@@ -18,6 +19,9 @@ from specsamp.experiments.benchmarks import device_benchmark
 
 _CONFIG = cli.define_config("config", "configs/device_benchmark.py", "GPU benchmark config.")
 _OUT = flags.DEFINE_string("out", "benchmark_results/device", "Where results.json goes.")
+_APPEND = flags.DEFINE_bool(
+  "append", False, "Keep the sections --out/results.json already holds (another process's)."
+)
 _SUMMARY = flags.DEFINE_string(
   "summary", None, "Print the table of this results.json and exit (nothing is run)."
 )
@@ -31,9 +35,11 @@ def main(argv):
       print(device_benchmark.format_summary(json.load(f)))
     return
   results = device_benchmark.run(
-    _CONFIG.value, _OUT.value, log=lambda line: print(line, flush=True)
+    _CONFIG.value, _OUT.value, log=lambda line: print(line, flush=True), append=_APPEND.value
   )
   print(device_benchmark.format_summary(results), flush=True)
+  if "gate" in results and device_benchmark.gate_failed(results["gate"]):
+    sys.exit(3)  # The shell script then times nothing.
 
 
 if __name__ == "__main__":

@@ -497,3 +497,18 @@ def test_export_refuses_configs_no_hf_architecture_expresses(tiny_model, tmp_pat
   with pytest.raises(architectures.UnsupportedArchitecture, match="scale_embeddings"):
     hf.export_model(odd, str(tmp_path / "odd"))
   assert not (tmp_path / "odd").exists()
+
+
+def test_how_a_model_runs_is_no_part_of_its_export():
+  """Layers scanned or unrolled, the attention block size, tensor parallelism: a model
+  exports to the same config.json whichever way it runs (the GPU benchmark exports the 8B
+  target after choosing its faster layer mode)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "configs/hf/llama-3.2-1b/config.json")) as f:
+    hf = {**json.load(f), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+  hf.update(num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512)
+  config = architectures.from_hf(hf, param_dtype="bfloat16")
+  running = config.replace(scan_layers=False, attention_block_size=0, tensor_parallel="shard_map")
+  assert architectures.to_hf(running) == architectures.to_hf(config)
+  with pytest.raises(architectures.UnsupportedArchitecture, match="would change"):
+    architectures.to_hf(config.replace(norm_plus_one=True))

@@ -37,7 +37,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from specsamp.models.config import DTYPES, TransformerConfig
+from specsamp.models.config import DTYPES, EXECUTION_FIELDS, TransformerConfig
 
 SUPPORTED_MODEL_TYPES = (
   "llama",
@@ -429,9 +429,9 @@ def to_hf(
   # outside the vocabulary, which transformers refuses as the embedding's padding_idx.
   hf["pad_token_id"] = None
   hf.update({key: value for key, value in (special_ids or {}).items() if value is not None})
-  back = from_hf(
-    hf, param_dtype=config.param_dtype, dtype=config.dtype, tensor_parallel=config.tensor_parallel
-  )
+  # How the model runs (its layers scanned or unrolled, ...) is no part of the checkpoint.
+  execution = {name: getattr(config, name) for name in EXECUTION_FIELDS}
+  back = from_hf(hf, param_dtype=config.param_dtype).replace(**execution)
   if back != config:
     differ = {
       f.name: (getattr(config, f.name), getattr(back, f.name))

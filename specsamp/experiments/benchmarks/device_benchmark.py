@@ -9,6 +9,8 @@ so a run cut short keeps all it measured:
                 equals greedy autoregressive for a chain, a tree and the feature head, and
                 one exact-enumeration G-test case; a failure stops the run (by default)
   bandwidth     the device's copy bandwidth (bytes read + written per second)
+  layers        the 8B and 1B decode steps with their layers scanned and unrolled: the sweep
+                runs each model the faster way
   shaped        Llama-3.1-8B / Llama-3.2-1B shapes, random bfloat16 weights, synthetic
                 acceptance, K and batch swept (``shaped_pair.sweep``): speedup, prediction
                 from the step costs measured here, efficiency, the step against its floor
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -48,7 +51,16 @@ from specsamp.experiments.jobs import sample_job
 from specsamp.experiments.peers import compare_hf
 from specsamp.experiments.proofs import device_gate
 
-SECTIONS = ("environment", "gate", "bandwidth", "shaped", "shaped_peer", "pairs", "pair_peer")
+SECTIONS = (
+  "environment",
+  "gate",
+  "bandwidth",
+  "layers",
+  "shaped",
+  "shaped_peer",
+  "pairs",
+  "pair_peer",
+)
 GOAL_SPEEDUP = 2.0  # 8B/1B, alpha 0.8, K=4, batch 1.
 GOAL_EFFICIENCY = 0.85
 GOAL_FLOOR = 1.25  # The autoregressive 8B step over its weight-read floor.
@@ -79,10 +91,11 @@ def time_limit(seconds: float) -> Iterator[None]:
     signal.signal(signal.SIGALRM, previous)
 
 
-def _version(module: str) -> str | None:
+def _version(package: str) -> str | None:
+  """An installed package's version, without importing it (torch takes seconds)."""
   try:
-    return __import__(module).__version__
-  except ImportError:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
     return None
 
 
@@ -123,16 +136,56 @@ def _one_device_mesh() -> jax.sharding.Mesh:
   return sharding.make_mesh({"data": 1}, jax.devices()[:1])
 
 
+def _shaped_models(config: ml_collections.ConfigDict, context: dict) -> tuple[Any, Any, Any]:
+  """The shaped target and draft (random weights), made once and kept in ``context``."""
+  if "shaped" not in context:
+    s = config.shaped
+    mesh = _one_device_mesh()
+    start = time.perf_counter()  # Created outside the mesh context, as create_sharded expects.
+    target, draft = (
+      shaped_pair.random_model(shaped_pair.model_config(path, s.dtype, s.tiny), mesh, seed)
+      for path, seed in ((s.target_hf_config, s.seed), (s.draft_hf_config, s.seed + 1))
+    )
+    jax.block_until_ready(jax.tree.leaves(nnx.state((target, draft))))
+    context["shaped_init_s"] = time.perf_counter() - start
+    context["shaped"] = (target, draft, mesh)
+  return context["shaped"]
+
+
+def layers(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  """Each shaped model's decode step (batch 1) with its layers scanned and unrolled; the
+  faster is what the sweep runs (``shaped_pair.with_layers``)."""
+  target, draft, mesh = _shaped_models(config, context)
+  s = config.shaped
+  cache_slots = s.prompt_tokens + s.max_new_tokens
+  with sharding.use_mesh(mesh):
+    seconds = shaped_pair.time_layer_modes(
+      {"target": target, "draft": draft}, 1, cache_slots, log=log
+    )
+  faster = {name: min(modes, key=modes.get) for name, modes in seconds.items()}
+  context["layer_modes"] = faster
+  return {"seconds": seconds, "chosen": faster, "batch_size": 1, "cache_slots": cache_slots}
+
+
+def _fastest_models(config: ml_collections.ConfigDict, context: dict) -> tuple[Any, Any, Any]:
+  """The shaped models, each running its layers the way the 'layers' section found faster
+  (scanned when it did not run)."""
+  target, draft, mesh = _shaped_models(config, context)
+  modes = context.get("layer_modes", {})
+  target, draft = (
+    shaped_pair.with_layers(model, modes.get(name, "scan") == "scan")
+    for name, model in (("target", target), ("draft", draft))
+  )
+  return target, draft, mesh
+
+
 def shaped(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
   """The synthetic-acceptance sweep on published shapes (``shaped_pair``)."""
   s = config.shaped
   if "copy_bandwidth" not in context:
     bandwidth(config, context, log)
-  mesh = _one_device_mesh()
-  configs = {
-    role: shaped_pair.model_config(path, s.dtype, s.tiny)
-    for role, path in (("target", s.target_hf_config), ("draft", s.draft_hf_config))
-  }
+  target, draft, mesh = _fastest_models(config, context)
+  modes = context.get("layer_modes", {})
   result: dict[str, Any] = {
     "target_hf_config": s.target_hf_config,
     "draft_hf_config": s.draft_hf_config,
@@ -141,15 +194,11 @@ def shaped(config: ml_collections.ConfigDict, context: dict, log: Callable) -> d
     "prompt_tokens": s.prompt_tokens,
     "max_new_tokens": s.max_new_tokens,
     "copy_bytes_per_s": context["copy_bandwidth"],
+    "init_s": context["shaped_init_s"],
+    "layers": {name: modes.get(name, "scan") for name in ("target", "draft")},
     "rows": [],
   }
   context["results"]["shaped"] = result  # Rows land here as they finish.
-  start = time.perf_counter()  # Created outside the mesh context, as create_sharded expects.
-  target = shaped_pair.random_model(configs["target"], mesh, seed=s.seed)
-  draft = shaped_pair.random_model(configs["draft"], mesh, seed=s.seed + 1)
-  jax.block_until_ready(jax.tree.leaves(nnx.state((target, draft))))
-  result["init_s"] = time.perf_counter() - start
-  context["shaped"] = (target, draft, mesh)
   with sharding.use_mesh(mesh):
     shaped_pair.sweep(
       target,
@@ -176,9 +225,8 @@ def _hf_device() -> str:
 
 def shaped_peer(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
   """transformers' assisted generation on the shaped pair's own weights, exported."""
-  if "shaped" not in context:
-    raise RuntimeError("needs the 'shaped' section's models (run it first)")
-  target, draft, mesh = context.pop("shaped")
+  target, draft, mesh = _fastest_models(config, context)
+  context.pop("shaped")  # Freed after this section: the pairs need no 8B model.
   prompts, _ = shaped_pair.random_prompts(
     target.vocab_size, config.peer.num_prompts, config.shaped.prompt_tokens, seed=7
   )
@@ -270,6 +318,7 @@ SECTION_FUNCTIONS = {
   "environment": environment,
   "gate": gate,
   "bandwidth": bandwidth,
+  "layers": layers,
   "shaped": shaped,
   "shaped_peer": shaped_peer,
   "pairs": pairs,
@@ -278,9 +327,14 @@ SECTION_FUNCTIONS = {
 
 
 def run(
-  config: ml_collections.ConfigDict, out_dir: str, log: Callable[[str], None] = print
+  config: ml_collections.ConfigDict,
+  out_dir: str,
+  log: Callable[[str], None] = print,
+  append: bool = False,
 ) -> dict[str, Any]:
-  """Runs the sections (module docstring); returns and writes ``out_dir/results.json``."""
+  """Runs the sections (module docstring); returns and writes ``out_dir/results.json``.
+  ``append``: keep the sections an earlier process wrote there (scripts/device_benchmark.sh
+  runs the gate in a process of its own), and refuse to time anything if its gate failed."""
   names = parse_list(config.sections)
   unknown = sorted(set(names) - set(SECTIONS))
   if unknown:
@@ -288,6 +342,12 @@ def run(
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, "results.json")
   results: dict[str, Any] = {"status": {}}
+  if append and os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      results = json.load(f)
+    if "gate" in results and config.stop_on_gate_failure and gate_failed(results["gate"]):
+      log("the correctness gate failed (results.json): nothing is timed (stop_on_gate_failure)")
+      return results
 
   def save():
     with open(path, "w", encoding="utf-8") as f:

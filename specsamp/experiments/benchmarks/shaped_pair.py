@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
 from specsamp.experiments.benchmarks import perf_model, speedup, timing
 from specsamp.hf import architectures
@@ -75,6 +76,35 @@ def model_config(path: str, dtype: str, tiny: bool = False) -> TransformerConfig
 def random_model(config: TransformerConfig, mesh: jax.sharding.Mesh, seed: int) -> Any:
   """A Transformer with random weights, born on ``mesh`` (one jitted init, no host copy)."""
   return transformer.create(config, mesh, seed=seed)
+
+
+def with_layers(model: Any, scan: bool) -> Any:
+  """``model`` running its layers as one ``lax.scan`` (``scan``) or unrolled, sharing its
+  parameter arrays (nothing copied). On a GPU the two compile differently: a scan slices each
+  layer's weights out of the stacked arrays inside the loop, unrolled layers slice them at
+  fixed offsets."""
+  graphdef, state = nnx.split(model)
+  twin = nnx.merge(graphdef, state)
+  twin.config = model.config.replace(scan_layers=scan)
+  return twin
+
+
+def time_layer_modes(
+  models: dict[str, Any], batch_size: int, cache_slots: int, log: Callable[[str], None] = print
+) -> dict[str, dict[str, float]]:
+  """Seconds per decode step of each model with its layers scanned and unrolled
+  (``with_layers``): {name: {'scan': s, 'unrolled': s}}."""
+  seconds = {}
+  for name, model in models.items():
+    seconds[name] = {
+      mode: timing.time_calls(with_layers(model, mode == "scan"), batch_size, 1, cache_slots)
+      for mode in ("scan", "unrolled")
+    }
+    log(
+      f"{name} step, batch {batch_size}: layers scanned {seconds[name]['scan'] * 1e3:.3f} ms, "
+      f"unrolled {seconds[name]['unrolled'] * 1e3:.3f} ms"
+    )
+  return seconds
 
 
 def step_read_bytes(config: TransformerConfig, batch_size: int, live_length: int) -> float:
@@ -140,18 +170,21 @@ def sweep(
     )
     for k in num_draft_tokens:
       score_s = timing.time_calls(target, batch_size, k + 1, cache_slots)
-      for alpha in alphas:
-        timed = timing.time_interleaved(
-          {
-            "autoregressive": sample(num_draft_tokens=0),
-            "speculative": sample(
-              num_draft_tokens=k, verifier="synthetic", synthetic_acceptance=alpha
-            ),
+      # One compiled loop per K (alpha is traced); the autoregressive calls interleaved.
+      timed = timing.time_interleaved(
+        {
+          "autoregressive": sample(num_draft_tokens=0),
+          **{
+            alpha: sample(num_draft_tokens=k, verifier="synthetic", synthetic_acceptance=alpha)
+            for alpha in alphas
           },
-          [batch],
-          calls=calls,
-        )
-        ar, spec = timed["autoregressive"], timed["speculative"]
+        },
+        [batch],
+        calls=calls,
+      )
+      ar = timed["autoregressive"]
+      for alpha in alphas:
+        spec = timed[alpha]
         stats = statistics.summarize(spec.outputs)
         measured = ar.ms_per_token / spec.ms_per_token
         predicted = speedup.predicted_batch_speedup(

@@ -1,0 +1,196 @@
+"""The GPU benchmark (scripts/device_benchmark.sh) at tiny sizes on this CPU, and its parts."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from specsamp import sharding
+from specsamp.experiments.benchmarks import device_benchmark, shaped_pair
+from specsamp.models import transformer
+from specsamp.models.config import TransformerConfig
+from specsamp.sampling import model_protocol
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET_8B = os.path.join(ROOT, "configs/hf/llama-3.1-8b/config.json")
+DRAFT_1B = os.path.join(ROOT, "configs/hf/llama-3.2-1b/config.json")
+
+
+def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
+  """The script's sweep at tiny sizes: rows for every setting, the table and the goals."""
+  env = {**os.environ, "OUT": str(tmp_path)}
+  sections = "environment,bandwidth,layers,shaped"
+  result = subprocess.run(
+    ["bash", "scripts/device_benchmark.sh", "--tiny", "--", f"--config.sections={sections}"],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert {name: row["status"] for name, row in results["status"].items()} == dict.fromkeys(
+    sections.split(","), "ok"
+  )
+  rows = results["shaped"]["rows"]
+  assert [(r["batch_size"], r["num_draft_tokens"], r["alpha"]) for r in rows] == [
+    (1, 4, 0.8),
+    (1, 4, 0.6),
+  ]
+  for row in rows:
+    assert row["ar_ms_per_token"] > 0 and row["spec_ms_per_token"] > 0
+    assert row["speedup"] == pytest.approx(row["ar_ms_per_token"] / row["spec_ms_per_token"])
+    assert row["efficiency"] == pytest.approx(row["speedup"] / row["predicted_speedup"])
+    assert row["floor_ms"] > 0 and row["ar_step_over_floor"] > 0
+  assert set(results["layers"]["chosen"].values()) <= {"scan", "unrolled"}
+  assert results["shaped"]["layers"] == results["layers"]["chosen"]
+  table = (tmp_path / "log.txt").read_text()
+  assert "| B | K | alpha |" in table and "8B/1B alpha 0.8 K=4 batch 1:" in table
+
+
+def _results(speedup=2.1, efficiency=0.9, floor=1.2, peer_ratio=1.6) -> dict:
+  row = dict(
+    batch_size=1,
+    num_draft_tokens=4,
+    alpha=0.8,
+    ar_ms_per_token=4.0,
+    spec_ms_per_token=4.0 / speedup,
+    speedup=speedup,
+    predicted_speedup=speedup / efficiency,
+    efficiency=efficiency,
+    tokens_per_target_call=3.3,
+    draft_ratio=0.15,
+    score_ratio=1.02,
+    ar_step_over_floor=floor,
+    ar_loop_over_floor=floor * 1.01,
+  )
+  side = lambda tps: {"tokens_per_s": tps}
+  return {
+    "status": {"shaped": {"status": "ok", "seconds": 1.0}},
+    "shaped": {
+      "target_hf_config": TARGET_8B,
+      "draft_hf_config": DRAFT_1B,
+      "dtype": "bfloat16",
+      "tiny": False,
+      "prompt_tokens": 128,
+      "max_new_tokens": 64,
+      "rows": [row],
+    },
+    "shaped_peer": {
+      "num_draft_tokens": 4,
+      "modes": {
+        "greedy": {
+          "specsamp speculative (K=4)": side(100.0 * peer_ratio),
+          "hf assisted (K=4)": side(100.0),
+          "specsamp autoregressive": side(80.0),
+          "hf autoregressive": side(40.0),
+          "ratio_vs_hf_assisted": peer_ratio,
+        }
+      },
+    },
+  }
+
+
+@pytest.mark.parametrize(
+  "changes, verdicts",
+  [
+    ({}, ["met", "met", "met", "met"]),
+    (dict(speedup=1.53, efficiency=0.88), ["NOT met", "met", "met", "met"]),
+    (dict(efficiency=0.84), ["met", "NOT met", "met", "met"]),
+    (dict(floor=2.12), ["met", "met", "NOT met", "met"]),
+    (dict(peer_ratio=1.2), ["met", "met", "met", "NOT met"]),
+  ],
+)
+def test_the_goals_are_read_off_the_results(changes, verdicts):
+  lines = "\n".join(device_benchmark.goal_lines(_results(**changes)))
+  assert re.findall(r"(NOT met|met)\)", lines) == verdicts
+  assert "| 1 | 4 | 0.8 |" in device_benchmark.format_summary(_results(**changes))
+
+
+def test_a_gate_fails_only_on_a_check_it_completed():
+  equal = {"chain, batch ragged": {"equal": True}}
+  assert not device_benchmark.gate_failed({"passed": None, "greedy": equal})  # Cut short.
+  assert device_benchmark.gate_failed({"greedy": {"tree": {"equal": False}}})
+  assert device_benchmark.gate_failed({"greedy": equal, "g_test": {"passed": False}})
+  assert not device_benchmark.gate_failed({"greedy": equal, "g_test": {"passed": True}})
+
+
+def _config(sections: str, **budgets) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.sections = sections
+  config.stop_on_gate_failure = True
+  config.budgets = ml_collections.ConfigDict(budgets)
+  return config
+
+
+def test_a_section_past_its_budget_stops_and_the_rest_still_run(tmp_path, monkeypatch):
+  def slow(config, context, log):
+    context["results"]["shaped"] = {"rows": [{"kept": True}]}  # A row it finished.
+    time.sleep(5)
+
+  monkeypatch.setitem(device_benchmark.SECTION_FUNCTIONS, "shaped", slow)
+  monkeypatch.setitem(device_benchmark.SECTION_FUNCTIONS, "pairs", lambda *_: {"ran": True})
+  start = time.perf_counter()
+  results = device_benchmark.run(_config("shaped,pairs", shaped=0.3), str(tmp_path), log=print)
+  assert time.perf_counter() - start < 4
+  assert results["status"]["shaped"]["status"].startswith("stopped: past its budget")
+  assert results["shaped"]["rows"] == [{"kept": True}]
+  assert results["pairs"] == {"ran": True}
+  assert json.loads((tmp_path / "results.json").read_text())["pairs"] == {"ran": True}
+
+
+def test_a_failed_gate_times_nothing_then_or_in_a_later_process(tmp_path, monkeypatch):
+  failed = {"passed": False, "greedy": {"chain, batch ragged": {"equal": False}}}
+  monkeypatch.setitem(device_benchmark.SECTION_FUNCTIONS, "gate", lambda *_: failed)
+  ran = []
+  monkeypatch.setitem(device_benchmark.SECTION_FUNCTIONS, "bandwidth", lambda *_: ran.append(1))
+  results = device_benchmark.run(_config("gate,bandwidth"), str(tmp_path), log=print)
+  assert "bandwidth" not in results and not ran
+  results = device_benchmark.run(_config("bandwidth"), str(tmp_path), log=print, append=True)
+  assert results["gate"] == failed and not ran
+  with pytest.raises(ValueError, match="Unknown sections"):
+    device_benchmark.run(_config("gate,warp"), str(tmp_path))
+
+
+def test_the_8b_shapes_read_every_weight_once():
+  """Llama-3.1-8B from its config.json: 8,030,261,248 parameters (its model card's count), and
+  a decode step reads all but the embedding table's unused rows: 2 bytes each in bfloat16."""
+  config = shaped_pair.model_config(TARGET_8B, "bfloat16")
+  count = sharding.count_parameters(lambda rngs: transformer.Transformer(config, rngs=rngs))
+  assert count == 8_030_261_248
+  embedding = config.vocab_size * config.d_model
+  kv = 2 * config.num_layers * config.num_kv_heads * config.resolved_head_dim * 2 * 192
+  read = shaped_pair.step_read_bytes(config, 1, 192)
+  assert read == pytest.approx(2 * (count - embedding) + kv, rel=1e-3)
+  draft = shaped_pair.model_config(DRAFT_1B, "bfloat16", tiny=True)
+  assert (draft.d_model, draft.num_layers, draft.tie_embeddings) == (64, 2, True)
+
+
+def test_a_twin_with_unrolled_layers_shares_the_weights_and_the_logits():
+  config = TransformerConfig(
+    vocab_size=64, num_layers=3, d_model=32, num_heads=4, num_kv_heads=2, ffn_dim=64
+  )
+  model = transformer.create(config, seed=0)
+  twin = shaped_pair.with_layers(model, scan=False)
+  assert twin.config.scan_layers is False and model.config.scan_layers is True
+  leaves = lambda m: jax.tree.leaves(model_protocol.split_model(m)[1])
+  assert all(a is b for a, b in zip(leaves(model), leaves(twin)))
+  tokens = jnp.asarray([[1, 5, 9, 2]], jnp.int32)
+  positions = jnp.arange(4, dtype=jnp.int32)[None]
+  call = nnx.jit(lambda m: m(tokens, positions, m.init_cache(1, 8))[0])
+  logits = [call(m) for m in (model, twin)]
+  np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+if __name__ == "__main__":
+  sys.exit(pytest.main([__file__, "-q"]))
