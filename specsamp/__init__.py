@@ -7,19 +7,9 @@ Subpackages:
   sharding: the device mesh and the ONE logical -> mesh axis rules table.
 """
 
-import glob as _glob
-import os as _os
-
 __version__ = "0.1.0"
 
-# libtpu (the 'tpu' extra, for scripts/aot_compile.py) probes for TPU hardware when jax starts
-# and prints a page of warnings on a machine without any. Where no TPU device node exists, the
-# environment it reads is given harmless defaults (never overriding what the user set); on a
-# TPU VM nothing is touched.
-if not _glob.glob("/dev/accel*") and not _os.path.exists("/dev/vfio"):
-  for _name, _value in (
-    ("TPU_ACCELERATOR_TYPE", "v4-8"),
-    ("TPU_WORKER_HOSTNAMES", "localhost"),
-    ("TPU_SKIP_MDS_QUERY", "1"),
-  ):
-    _os.environ.setdefault(_name, _value)
+# Importing specsamp changes no environment variable. libtpu (the 'tpu' extra) prints a page of
+# warnings when jax starts on a machine with no TPU; scripts/aot_compile.py, which needs it,
+# gives it quiet defaults first (experiments/proofs/aot.quiet_libtpu), and JAX_PLATFORMS=cpu
+# keeps jax from loading it at all (the tests set it).

@@ -1,5 +1,7 @@
 """What a user touches first: settings checked before anything runs, warnings, memory checks."""
 
+import os
+import subprocess
 import sys
 import warnings
 
@@ -81,3 +83,18 @@ def test_more_draft_tokens_than_new_tokens_is_warned():
     )
   assert any("num_draft_tokens=5 > max_new_tokens=3" in str(w.message) for w in caught)
   assert int(out.num_generated[0]) == 3
+
+
+def test_importing_specsamp_changes_no_environment_variable():
+  """The library and the jobs a user imports leave os.environ as they found it (libtpu's quiet
+  defaults are the AOT tool's business: experiments/proofs/aot.quiet_libtpu)."""
+  code = (
+    "import os; before = dict(os.environ); import specsamp, specsamp.sampling, "
+    "specsamp.experiments.jobs.sample_job, specsamp.hf; "
+    "keys = set(before) | set(os.environ); "
+    "changed = sorted(k for k in keys if before.get(k) != os.environ.get(k)); "
+    "print(changed); raise SystemExit(1 if changed else 0)"
+  )
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+  result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  assert result.returncode == 0, result.stdout + result.stderr[-2000:]

@@ -8,6 +8,8 @@ tree.py            static tree shapes: multi-draft chains and token trees.
 tree_verification.py  exact verifiers of a draft tree (recursive rejection sampling,
                    traversal verification, greedy).
 drafters.py        where draft tokens (chains and trees) come from.
+step.py            one iteration's interface: StepInput -> StepResult, a chain or a tree.
+chain_step.py      one iteration's draft-score-verify for a chain of K draft tokens.
 tree_step.py       one iteration's draft-score-verify-compact for a tree.
 statistics.py      what a speculative run counts, and its summary.
 speculative.py     speculative sampling as one jitted while_loop.

@@ -41,12 +41,12 @@ from flax import struct
 
 from specsamp import sharding
 from specsamp.sampling import (
+  chain_step,
   drafters,
   memory,
   model_protocol,
   threefry,
   tree_step,
-  verification,
 )
 from specsamp.sampling.autoregressive import (
   check_prompts,
@@ -59,8 +59,9 @@ from specsamp.sampling.statistics import (  # noqa: F401 (re-exported)
   count_appended,
   summarize,
 )
+from specsamp.sampling.step import Step, StepInput
 from specsamp.sampling.tree import TreeShape
-from specsamp.sampling.warping import SamplingConfig, probabilities
+from specsamp.sampling.warping import SamplingConfig
 
 
 @struct.dataclass
@@ -90,7 +91,8 @@ def append(
   lengths_B: jax.Array,
   active_B: jax.Array,
   draft_tokens_BG: jax.Array,
-  verdict: verification.Verdict,
+  accepted_B: jax.Array,
+  next_token_B: jax.Array,
   limit_B: jax.Array,
   eos_id: int | None,
   pad_id: int,
@@ -101,8 +103,9 @@ def append(
     tokens_BW: the token buffer; every slot at or past a row's length holds ``pad_id``.
     lengths_B: tokens per row so far.
     active_B: rows still generating (the others append nothing).
-    draft_tokens_BG: this iteration's proposals.
-    verdict: n accepted and the emitted token, per row.
+    draft_tokens_BG: this iteration's accepted path (a chain: its proposals), in order.
+    accepted_B: n, the draft tokens accepted per row.
+    next_token_B: the emitted token per row.
     limit_B: the most tokens a row may take (what max_new_tokens leaves it).
     eos_id: a row ends after emitting this id (None: never).
     pad_id: written past each row's appended tokens.
@@ -113,11 +116,10 @@ def append(
   """
   rows_B = jnp.arange(tokens_BW.shape[0])
   offsets_G1 = jnp.arange(draft_tokens_BG.shape[1] + 1)
-  accepted_B = verdict.num_accepted
   emitted_BG1 = jnp.where(
     offsets_G1 < accepted_B[:, None],
     jnp.concatenate([draft_tokens_BG, draft_tokens_BG[:, :1]], axis=1),
-    verdict.next_token[:, None],
+    next_token_B[:, None],
   )
   count_B = jnp.minimum(accepted_B + 1, limit_B)
   ended_B = jnp.zeros_like(active_B)
@@ -134,7 +136,7 @@ def append(
 
 
 SCHEDULES = ("fixed", "heuristic")
-EXACT_VERIFIERS = ("token", "block")  # A user's choice; temperature 0 verifies by argmax.
+EXACT_VERIFIERS = chain_step.VERIFIERS  # A user's choice; temperature 0 verifies by argmax.
 
 
 def next_draft_limit(
@@ -224,60 +226,13 @@ class SpeculativeLoop:
     )
     return loop, target_dynamic, drafter_dynamic
 
-  def _verify(self, synthetic_acceptance: jax.Array) -> verification.Verifier | None:
-    if self.tree is not None:  # tree_step picks the tree verifier.
-      return None
-    if self.verifier == "synthetic":  # Benchmarks: acceptance with a fixed rate, not exact.
-      return verification.synthetic_verifier(synthetic_acceptance)
-    return verification.VERIFIERS["greedy" if self.sampling.greedy else self.verifier]
-
-  def _chain_step(self, target, drafter, state, key, limit_B, verify) -> tree_step.StepResult:
-    """One chain: draft up to K tokens, score K+1 positions in one target call, verify."""
-    num_draft_tokens = self.num_draft_tokens
-    lengths_B = state.lengths
-    rows_B = jnp.arange(lengths_B.shape[0])
-    with jax.named_scope("draft"):
-      proposal, drafter_state = drafter.propose(
-        state.drafter_state,
-        state.tokens,
-        lengths_B,
-        threefry.fold_in(key, 0),
-        num_draft_tokens,
-        limit_B,
-        self.sampling,
-        target.vocab_size,
-      )
-      proposed_B = jnp.minimum(proposal.num_proposed, limit_B)
-    with jax.named_scope("score"):
-      last_B = state.tokens[rows_B, lengths_B - 1]
-      scored = target(
-        jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
-        lengths_B[:, None] - 1 + jnp.arange(num_draft_tokens + 1),
-        state.target_cache,
-        **({"capture_layers": drafter.feature_layers} if drafter.feature_layers else {}),
-      )
-      target_logits_BG1V, target_cache = scored[:2]
-      if drafter.feature_layers:  # The scored positions' features: the head's next input.
-        drafter_state = drafter.observe(drafter_state, scored[2], lengths_B - 1)
-    with jax.named_scope("verify"):
-      verdict = verify(
-        threefry.fold_in(key, 1),
-        proposal.tokens,
-        proposal.probs,
-        probabilities(target_logits_BG1V, self.sampling),
-        proposed_B,
-      )
-    return tree_step.StepResult(
-      path_tokens=proposal.tokens,
-      num_accepted=verdict.num_accepted,
-      next_token=verdict.next_token,
-      proposed_depth=proposed_B,
-      proposed_nodes=proposed_B,
-      target_cache=target_cache,
-      drafter_state=drafter_state,
-      draft_calls=proposal.model_calls,
-      nan=model_protocol.has_nan(target_logits_BG1V) | proposal.nan,
-    )
+  @property
+  def step(self) -> Step:
+    """This loop's step, chosen once: one chain of K (``chain_step``) or a tree
+    (``tree_step``); the same call and result either way."""
+    if self.tree is None:
+      return chain_step.ChainStep(self.num_draft_tokens, self.sampling, self.verifier)
+    return tree_step.TreeStep(self.tree, self.sampling, self.verifier)
 
   @functools.partial(jax.jit, static_argnums=0)
   def __call__(
@@ -340,7 +295,7 @@ class SpeculativeLoop:
     num_draft_tokens = self.num_draft_tokens
     target = model_protocol.merge_model(self.target_static, target_dynamic)
     drafter = drafters.Drafter.merge(self.drafter_static, drafter_dynamic)
-    verify = self._verify(synthetic_acceptance)
+    step = self.step
     with jax.named_scope("prefill"):
       # Both take the prompt; the last prompt token is fed by the first iteration.
       target_cache, drafter_state = caches if caches is not None else (None, None)
@@ -365,7 +320,7 @@ class SpeculativeLoop:
         )
     width = prompt_width + self.max_new_tokens + num_draft_tokens + 1
     zeros_B = jnp.zeros((batch,), jnp.int32)
-    ranks = 1 if self.tree is None else self.tree.max_children
+    ranks = step.ranks
     state = _LoopState(
       step=jnp.int32(0),
       tokens=initial_tokens(prompts_BT, prompt_lengths_B, width, self.pad_id),
@@ -394,29 +349,22 @@ class SpeculativeLoop:
       # token fill the row. The limit depends on the past only, so it keeps exactness.
       remaining_B = self.max_new_tokens - (lengths_B - prompt_lengths_B)
       limit_B = jnp.where(active_B, jnp.minimum(state.draft_limit, remaining_B - 1), 0)
-      if self.tree is None:
-        result = self._chain_step(target, drafter, state, key, limit_B, verify)
-      else:
-        result = tree_step.step(
-          self.tree,
-          self.verifier,
-          self.sampling,
-          target,
-          drafter,
-          state.target_cache,
-          state.drafter_state,
-          state.tokens,
-          lengths_B,
-          limit_B,
-          key,
-        )
+      inputs = StepInput(
+        tokens=state.tokens,
+        lengths=lengths_B,
+        limit=limit_B,
+        target_cache=state.target_cache,
+        drafter_state=state.drafter_state,
+      )
+      result = step(target, drafter, inputs, key, synthetic_acceptance)
       with jax.named_scope("append"):
         tokens_BW, count_B, ended_B = append(
           state.tokens,
           lengths_B,
           active_B,
           result.path_tokens,
-          verification.Verdict(num_accepted=result.num_accepted, next_token=result.next_token),
+          result.num_accepted,
+          result.next_token,
           remaining_B,
           self.eos_id,
           self.pad_id,

@@ -1,9 +1,10 @@
 r"""One iteration's draft-score-verify for a TREE proposal (multi-draft / token trees).
 
-The speculative loop (``speculative.py``) runs this in place of the single-chain
-step when it is given a ``tree.TreeShape``; everything else in the loop
-(appending, EOS, max_new_tokens, statistics, schedules, the caches' rollback) is
-shared. For a row of n tokens, whose caches hold positions 0..n-2:
+The speculative loop (``speculative.py``) builds a ``TreeStep`` in place of the
+``chain_step.ChainStep`` when it is given a ``tree.TreeShape``: the same call and the same
+result (``step.py``), so everything else in the loop (appending, EOS, max_new_tokens,
+statistics, schedules, the caches' rollback) is shared. For a row of n tokens, whose caches
+hold positions 0..n-2:
 
   1. Draft: the drafter proposes N nodes (tokens, the q each was drawn from, and
      which are proposed: nodes deeper than the row's draft limit are not).
@@ -26,50 +27,21 @@ step, draws included, and gives the same tokens.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from specsamp.models.attention import TreeCall
 from specsamp.sampling import drafters, model_protocol, proposals, threefry, tree_verification
 from specsamp.sampling import tree as tree_lib
+from specsamp.sampling.step import StepInput, StepResult
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig, probabilities
 
-
-@struct.dataclass
-class StepResult:
-  """What the loop needs from one draft-score-verify step (chain or tree).
-
-  Attributes:
-    path_tokens: [B, D] the accepted draft tokens, in order (entries past num_accepted unused).
-    num_accepted: [B] draft tokens accepted.
-    next_token: [B] the emitted token.
-    proposed_depth: [B] the deepest proposed draft position (k_b for a chain).
-    proposed_nodes: [B] draft tokens proposed in all (k_b for a chain, nodes for a tree).
-    target_cache, drafter_state: after the step, not yet rolled back.
-    draft_calls: scalar, draft model calls.
-    nan: [B] either model produced NaN for the row.
-    rank_counts: ([B, R], [B, R]) accepted and reached nodes per sibling rank (a tree's,
-      ``rank_counts``); None for a chain (rank 0 only, counted from the verdict).
-  """
-
-  path_tokens: jax.Array
-  num_accepted: jax.Array
-  next_token: jax.Array
-  proposed_depth: jax.Array
-  proposed_nodes: jax.Array
-  target_cache: Any
-  drafter_state: Any
-  draft_calls: jax.Array
-  nan: jax.Array
-  rank_counts: tuple[jax.Array, jax.Array] | None = None
-
-
-TREE_VERIFIERS = ("token", "traversal")  # Exact tree verifiers; temperature 0 uses argmax.
+VERIFIERS = ("token", "traversal")  # A user's choice of exact tree verifier (argmax at T=0).
 
 
 def check_tree(
@@ -94,9 +66,9 @@ def check_tree(
       f"num_draft_tokens={num_draft_tokens} must equal the tree's depth, {tree.max_depth} "
       f"({tree.describe()}): a tree's depth is its draft length."
     )
-  if verifier not in TREE_VERIFIERS:
+  if verifier not in VERIFIERS:
     raise ValueError(
-      f"A tree is verified by one of {TREE_VERIFIERS} (both exact), got verifier={verifier!r}."
+      f"A tree is verified by one of {VERIFIERS} (both exact), got verifier={verifier!r}."
     )
   if tree.dynamic and verifier != "token":
     raise ValueError(
@@ -130,83 +102,99 @@ def verifier(name: str, greedy: bool) -> Callable[..., Any]:
   return tree_verification.TREE_VERIFIERS["greedy" if greedy else name]
 
 
-def step(
-  tree: TreeShape,
-  verifier_name: str,
-  sampling: SamplingConfig,
-  target: Any,
-  drafter: drafters.Drafter,
-  target_cache: Any,
-  drafter_state: Any,
-  tokens_BW: jax.Array,
-  lengths_B: jax.Array,
-  limit_B: jax.Array,
-  key: jax.Array,
-) -> StepResult:
-  """Draft a tree, score it in one target call, verify it, and compact both caches."""
-  batch = tokens_BW.shape[0]
-  rows_B = jnp.arange(batch)
-  root_B = lengths_B - 1
-  with jax.named_scope("draft_tree"):
-    proposal, drafter_state = drafter.propose_tree(
-      drafter_state,
-      tokens_BW,
-      lengths_B,
-      threefry.fold_in(key, 0),
-      tree,
-      limit_B,
-      sampling,
-      target.vocab_size,
+@dataclasses.dataclass(frozen=True)
+class TreeStep:
+  """The tree step's static settings (hashable); calling it runs one step.
+
+  Attributes:
+    tree: the proposal's shape; its depth is the draft length.
+    sampling: the warping both models sample with.
+    verifier: 'token' (recursive rejection sampling) or 'traversal' (argmax at T=0).
+  """
+
+  tree: TreeShape
+  sampling: SamplingConfig
+  verifier: str
+
+  @property
+  def ranks(self) -> int:
+    return self.tree.max_children
+
+  def __call__(
+    self,
+    target: Any,
+    drafter: drafters.Drafter,
+    inputs: StepInput,
+    key: jax.Array,
+    synthetic_acceptance: jax.Array,
+  ) -> StepResult:
+    """Draft a tree, score it in one target call, verify it, and compact both caches
+    (``synthetic_acceptance`` is a chain's benchmark setting; a tree takes none)."""
+    tree, sampling = self.tree, self.sampling
+    tokens_BW, lengths_B = inputs.tokens, inputs.lengths
+    batch = tokens_BW.shape[0]
+    rows_B = jnp.arange(batch)
+    root_B = lengths_B - 1
+    with jax.named_scope("draft_tree"):
+      proposal, drafter_state = drafter.propose_tree(
+        inputs.drafter_state,
+        tokens_BW,
+        lengths_B,
+        threefry.fold_in(key, 0),
+        tree,
+        inputs.limit,
+        sampling,
+        target.vocab_size,
+      )
+    with jax.named_scope("score_tree"):
+      offsets_T = tree.position_offsets()
+      call = TreeCall(
+        root_B,
+        jnp.arange(tree.num_nodes + 1, dtype=jnp.int32),
+        jnp.asarray(tree.attention_mask()) if proposal.parents is None else row_masks(proposal),
+      )
+      capture = {"capture_layers": drafter.feature_layers} if drafter.feature_layers else {}
+      scored = target(
+        jnp.concatenate([tokens_BW[rows_B, root_B][:, None], proposal.tokens], axis=1),
+        root_B[:, None] + jnp.asarray(offsets_T)[None, :],
+        inputs.target_cache,
+        tree=call,
+        **capture,
+      )
+      target_logits_BTV, target_cache = scored[:2]
+    with jax.named_scope("verify_tree"):
+      verdict = verifier(self.verifier, sampling.greedy)(
+        threefry.fold_in(key, 1),
+        tree,
+        proposal.tokens,
+        proposal.probs,
+        probabilities(target_logits_BTV, sampling),
+        proposal.proposed,
+        parents_BN=proposal.parents,
+      )
+    with jax.named_scope("compact"):
+      # Node i sits at slot n + i; the path's depth-d node goes to slot n + d - 1.
+      source_BD = lengths_B[:, None] + verdict.path
+      target_cache = target.compact_cache(target_cache, source_BD, lengths_B)
+      drafter_state = drafter.accept_path(drafter_state, source_BD, lengths_B)
+      if drafter.feature_layers:  # The target's features along the accepted path: the
+        # root's, then the path's nodes' (entries past the accepted depth are never read).
+        index_BD1 = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), 1 + verdict.path], 1)
+        path_features = jnp.take_along_axis(scored[2], index_BD1[:, :, None], axis=1)
+        drafter_state = drafter.observe(drafter_state, path_features, root_B)
+    depths_N = jnp.asarray(tree.depths, jnp.int32)
+    return StepResult(
+      path_tokens=jnp.take_along_axis(proposal.tokens, verdict.path, axis=1),
+      num_accepted=verdict.num_accepted,
+      next_token=verdict.next_token,
+      proposed_depth=jnp.max(jnp.where(proposal.proposed, depths_N[None, :], 0), axis=1),
+      proposed_nodes=jnp.sum(proposal.proposed, axis=1, dtype=jnp.int32),
+      target_cache=target_cache,
+      drafter_state=drafter_state,
+      draft_calls=proposal.model_calls,
+      nan=model_protocol.has_nan(target_logits_BTV) | proposal.nan,
+      rank_counts=rank_counts(tree, proposal, verdict),
     )
-  with jax.named_scope("score_tree"):
-    offsets_T = tree.position_offsets()
-    call = TreeCall(
-      root_B,
-      jnp.arange(tree.num_nodes + 1, dtype=jnp.int32),
-      jnp.asarray(tree.attention_mask()) if proposal.parents is None else row_masks(proposal),
-    )
-    capture = {"capture_layers": drafter.feature_layers} if drafter.feature_layers else {}
-    scored = target(
-      jnp.concatenate([tokens_BW[rows_B, root_B][:, None], proposal.tokens], axis=1),
-      root_B[:, None] + jnp.asarray(offsets_T)[None, :],
-      target_cache,
-      tree=call,
-      **capture,
-    )
-    target_logits_BTV, target_cache = scored[:2]
-  with jax.named_scope("verify_tree"):
-    verdict = verifier(verifier_name, sampling.greedy)(
-      threefry.fold_in(key, 1),
-      tree,
-      proposal.tokens,
-      proposal.probs,
-      probabilities(target_logits_BTV, sampling),
-      proposal.proposed,
-      parents_BN=proposal.parents,
-    )
-  with jax.named_scope("compact"):
-    # Node i sits at slot n + i; the path's depth-d node goes to slot n + d - 1.
-    source_BD = lengths_B[:, None] + verdict.path
-    target_cache = target.compact_cache(target_cache, source_BD, lengths_B)
-    drafter_state = drafter.accept_path(drafter_state, source_BD, lengths_B)
-    if drafter.feature_layers:  # The target's features along the accepted path: the root's,
-      # then the path's nodes' (entries past the accepted depth are never read).
-      index_BD1 = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), 1 + verdict.path], axis=1)
-      path_features = jnp.take_along_axis(scored[2], index_BD1[:, :, None], axis=1)
-      drafter_state = drafter.observe(drafter_state, path_features, root_B)
-  depths_N = jnp.asarray(tree.depths, jnp.int32)
-  return StepResult(
-    path_tokens=jnp.take_along_axis(proposal.tokens, verdict.path, axis=1),
-    num_accepted=verdict.num_accepted,
-    next_token=verdict.next_token,
-    proposed_depth=jnp.max(jnp.where(proposal.proposed, depths_N[None, :], 0), axis=1),
-    proposed_nodes=jnp.sum(proposal.proposed, axis=1, dtype=jnp.int32),
-    target_cache=target_cache,
-    drafter_state=drafter_state,
-    draft_calls=proposal.model_calls,
-    nan=model_protocol.has_nan(target_logits_BTV) | proposal.nan,
-    rank_counts=rank_counts(tree, proposal, verdict),
-  )
 
 
 def rank_counts(

@@ -84,7 +84,7 @@ from specsamp.models.config import TransformerConfig
 from specsamp.sampling import speculative
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.speculative import EXACT_VERIFIERS
-from specsamp.sampling.tree_step import TREE_VERIFIERS
+from specsamp.sampling.tree_step import VERIFIERS as TREE_VERIFIERS
 
 AUTOREGRESSIVE = "autoregressive"
 MEASURED_COLUMNS = (

@@ -215,10 +215,17 @@ def phase_ms(
   def bookkeeping(i, carry):
     tokens_BW, lengths, totals = carry
     accepted_B = (lengths + i) % (k + 1)
-    verdict = verification.Verdict(num_accepted=accepted_B, next_token=lengths % 7)
     active_B = lengths < width - k - 1
     tokens_BW, count_B, _ = speculative.append(
-      tokens_BW, lengths, active_B, tokens_BG, verdict, jnp.full_like(lengths, k + 1), None, 0
+      tokens_BW,
+      lengths,
+      active_B,
+      tokens_BG,
+      accepted_B,
+      lengths % 7,
+      jnp.full_like(lengths, k + 1),
+      None,
+      0,
     )
     counted = stats_lib.count_appended(active_B, lengths * 0 + k, accepted_B, count_B, k)
     limit = speculative.next_draft_limit("fixed", lengths * 0 + k, lengths * 0 + k, accepted_B, k)

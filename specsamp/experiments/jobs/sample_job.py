@@ -93,7 +93,7 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
   """
   s, spec = config.sampling, config.speculative
   tree = tree_of(config)
-  verifiers = speculative.EXACT_VERIFIERS if tree is None else tree_step.TREE_VERIFIERS
+  verifiers = speculative.EXACT_VERIFIERS if tree is None else tree_step.VERIFIERS
   if tree is not None and tree.dynamic:
     verifiers = ("token",)  # Per-row parents: the token verifier reads them.
   checks = [

@@ -1,0 +1,106 @@
+r"""One iteration's draft-score-verify for a CHAIN of draft tokens (Chen et al. Algorithm 2).
+
+For a row of n tokens, whose caches hold positions 0..n-2:
+
+  1. Draft: the drafter proposes up to K tokens x~_1..x~_K with the distributions q_t they
+     were drawn from, k_b <= K of them for row b (its draft limit, or fewer if it stops).
+  2. Score: ONE target call on [x_{n-1}, x~_1..x~_K] at positions n-1..n-1+K gives
+     p_1..p_{K+1}.
+  3. Verify (``verification.py``: token-wise, block, or argmax at temperature 0; 'synthetic'
+     accepts at a fixed rate for benchmarks, not exact) the first k_b tokens: n accepted
+     draft tokens and one emitted token per row.
+
+The loop appends, rolls both caches back and counts (``speculative.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specsamp.sampling import model_protocol, threefry, verification
+from specsamp.sampling.step import StepInput, StepResult
+from specsamp.sampling.warping import SamplingConfig, probabilities
+
+VERIFIERS = ("token", "block")  # A user's choice of exact chain verifier.
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainStep:
+  """The chain step's static settings (hashable); calling it runs one step.
+
+  Attributes:
+    num_draft_tokens: K, the most draft tokens per iteration.
+    sampling: the warping both models sample with.
+    verifier: 'token', 'block' or 'synthetic' (temperature 0 verifies by argmax).
+  """
+
+  num_draft_tokens: int
+  sampling: SamplingConfig
+  verifier: str
+
+  @property
+  def ranks(self) -> int:
+    return 1
+
+  def verify_fn(self, synthetic_acceptance: jax.Array) -> verification.Verifier:
+    if self.verifier == "synthetic":  # Benchmarks: acceptance with a fixed rate, not exact.
+      return verification.synthetic_verifier(synthetic_acceptance)
+    return verification.VERIFIERS["greedy" if self.sampling.greedy else self.verifier]
+
+  def __call__(
+    self,
+    target: Any,
+    drafter: Any,
+    inputs: StepInput,
+    key: jax.Array,
+    synthetic_acceptance: jax.Array,
+  ) -> StepResult:
+    """Draft up to K tokens, score K+1 positions in one target call, verify."""
+    lengths_B = inputs.lengths
+    rows_B = jnp.arange(lengths_B.shape[0])
+    with jax.named_scope("draft"):
+      proposal, drafter_state = drafter.propose(
+        inputs.drafter_state,
+        inputs.tokens,
+        lengths_B,
+        threefry.fold_in(key, 0),
+        self.num_draft_tokens,
+        inputs.limit,
+        self.sampling,
+        target.vocab_size,
+      )
+      proposed_B = jnp.minimum(proposal.num_proposed, inputs.limit)
+    with jax.named_scope("score"):
+      last_B = inputs.tokens[rows_B, lengths_B - 1]
+      scored = target(
+        jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
+        lengths_B[:, None] - 1 + jnp.arange(self.num_draft_tokens + 1),
+        inputs.target_cache,
+        **({"capture_layers": drafter.feature_layers} if drafter.feature_layers else {}),
+      )
+      target_logits_BG1V, target_cache = scored[:2]
+      if drafter.feature_layers:  # The scored positions' features: the head's next input.
+        drafter_state = drafter.observe(drafter_state, scored[2], lengths_B - 1)
+    with jax.named_scope("verify"):
+      verdict = self.verify_fn(synthetic_acceptance)(
+        threefry.fold_in(key, 1),
+        proposal.tokens,
+        proposal.probs,
+        probabilities(target_logits_BG1V, self.sampling),
+        proposed_B,
+      )
+    return StepResult(
+      path_tokens=proposal.tokens,
+      num_accepted=verdict.num_accepted,
+      next_token=verdict.next_token,
+      proposed_depth=proposed_B,
+      proposed_nodes=proposed_B,
+      target_cache=target_cache,
+      drafter_state=drafter_state,
+      draft_calls=proposal.model_calls,
+      nan=model_protocol.has_nan(target_logits_BG1V) | proposal.nan,
+    )
