@@ -10,6 +10,7 @@ Subpackages:
 __version__ = "0.1.0"
 
 # Importing specsamp changes no environment variable. libtpu (the 'tpu' extra) prints a page of
-# warnings when jax starts on a machine with no TPU; scripts/aot_compile.py, which needs it,
-# gives it quiet defaults first (experiments/proofs/aot.quiet_libtpu), and JAX_PLATFORMS=cpu
-# keeps jax from loading it at all (the tests set it).
+# warnings when jax starts on a machine with no TPU: the scripts give it quiet defaults when they
+# start (experiments/cli.quiet_libtpu_without_tpu; scripts/aot_compile.py through
+# experiments/proofs/aot.quiet_libtpu), and JAX_PLATFORMS=cpu keeps jax from loading it at all
+# (the tests set it).

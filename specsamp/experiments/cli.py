@@ -15,6 +15,7 @@ built from the config spans the whole slice.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import re
 import sys
@@ -75,8 +76,24 @@ def initialize_distributed(
   )
 
 
+def quiet_libtpu_without_tpu() -> None:
+  """On a machine with no TPU, the environment libtpu (the 'tpu' extra) reads when jax starts
+  its backends, set to harmless defaults where the user has not set it: otherwise it probes
+  for hardware and prints a page of warnings. A script's business, not the library's:
+  importing specsamp changes no environment variable. Nothing is touched on a TPU VM."""
+  if glob.glob("/dev/accel*") or os.path.exists("/dev/vfio"):
+    return
+  for name, value in (
+    ("TPU_ACCELERATOR_TYPE", "v4-8"),
+    ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ("TPU_SKIP_MDS_QUERY", "1"),
+  ):
+    os.environ.setdefault(name, value)
+
+
 def start(argv: Sequence[str]) -> None:
-  """Call first in a script's main(argv)."""
+  """Call first in a script's main(argv) (before any jax computation starts its backends)."""
+  quiet_libtpu_without_tpu()
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # orbax logs every save at INFO, and warns while it fails to read a corrupt step (which

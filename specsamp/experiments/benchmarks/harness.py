@@ -13,24 +13,22 @@ benchmark all time samplers of one pair the same way; a ``Bench`` is that way, o
                                    autoregressive sampling
   bench.step_s(model, batch, tokens)       seconds per model call (``timing.time_calls``),
                                            measured once per (model, batch, tokens)
-  bench.draft_in_loop_s(draft, batch, k)   a draft step as the loop pays it, measured once
   bench.step_costs(draft, batch, k)        the ``speedup.StepCosts`` of one setting
   bench.choose_draft_length(...)           the automatic K (below) and why
 
-The automatic draft length picks K in 0..K_max with the best predicted speedup
-(``speedup.choose_draft_length``). It measures the speedup at K_max on the first batch (a few
-probe calls of both samplers, interleaved, with keys no timed call uses), each row's
-acceptance and the loop's cost per iteration beyond its models there, and predicts every other
-K from them: the slowest row's iterations (``speedup.slowest_row_iterations``) times the
-models' time per iteration (measured scoring costs for every K, the draft step as the loop
-pays it) plus that measured overhead.
-K = 0 (autoregressive) when no K is predicted 1.05x. The choice looks only at costs and at
-calls that are not among the calls it is made for, so those stay exact.
+The automatic draft length (``specsamp/sampling/draft_length.py``) picks K in 0..K_max with
+the best predicted speedup. It probes the loop on the first batch at K_max and about half of
+it (a few calls of each, interleaved with the autoregressive loop, with keys no timed call
+uses), fits seconds per iteration = a + b K to those loops, and predicts every K from it and
+each row's measured acceptance. K = 0 (autoregressive) when no K is predicted 1.05x. The
+choice looks only at costs and at calls that are not among the calls it is made for, so those
+stay exact.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +38,7 @@ import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments.benchmarks import speedup, timing
-from specsamp.sampling import drafters, speculative
+from specsamp.sampling import draft_length, drafters
 from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.sampler import Sampler
 
@@ -126,20 +124,6 @@ class Bench:
       )
     return self._seconds[key]
 
-  def draft_in_loop_s(self, draft: str, batch_size: int, num_draft_tokens: int) -> float:
-    """Seconds per draft step after a scoring call (``timing.time_draft_in_loop``), kept."""
-    key = ("in_loop", draft, batch_size, num_draft_tokens)
-    if key not in self._seconds:
-      self._seconds[key] = self.call(
-        timing.time_draft_in_loop,
-        self.pair.target,
-        step_model(self.models[draft]),
-        batch_size,
-        num_draft_tokens,
-        self.cache_slots,
-      )
-    return self._seconds[key]
-
   def step_costs(
     self, draft: str, batch_size: int, num_draft_tokens: int, score_tokens: int | None = None
   ) -> speedup.StepCosts:
@@ -156,82 +140,65 @@ class Bench:
   def choose_draft_length(
     self, draft: str, batch: Any, largest: int, probe_calls: int = 3, **kwargs
   ) -> dict[str, Any]:
-    """The automatic draft length for ``draft`` at ``batch``'s size (module docstring);
+    """The automatic draft length for ``draft`` at ``batch``'s size (``draft_length.py``);
     ``kwargs`` are the sampling arguments (``max_new_tokens`` among them).
 
-    Measured: ``probe_calls`` untimed-for-the-job calls of the autoregressive and of the K =
-    ``largest`` sampler on ``batch``, interleaved, with keys from index
-    ``timing.WARMUP_INDEX + 1`` on (which no timed call uses): their speedup, and each row's
-    acceptance. Predicted for every K: the slowest row's iterations
-    (``speedup.slowest_row_iterations``, each row at its own alpha) times an iteration's cost:
-    its models (K draft steps as the loop pays them, the measured scoring call of K + 1
-    tokens) plus the overhead per iteration the probe measured beyond its own models (per-row
-    work in the loop, which grows with the batch; what the plain model misses), relative to
-    the measured K = ``largest`` call; the speedup is the measured autoregressive call over
-    that. ``modelled`` keeps the plain model's prediction (``predicted_batch_speedup``).
+    Measured: ``probe_calls`` calls each of the autoregressive loop and of the speculative
+    loop at each of ``draft_length.probe_lengths(largest)`` (the largest K and about half of
+    it), interleaved, on ``batch``, with keys from index ``timing.WARMUP_INDEX + 1`` on (which
+    no timed call uses). Fitted: seconds per loop iteration = a + b K
+    (``draft_length.IterationCost``) from the probes' seconds and iterations per call.
+    Predicted for every K in 1..largest: the measured autoregressive call over the slowest
+    row's expected iterations at its own alpha (pooled over the probes) times a + b K.
 
     Returns:
       {'num_draft_tokens': K (0: autoregressive), 'alpha', 'row_alphas', 'probe_tokens',
-      'largest', 'measured_at_largest', 'overhead_per_iteration_ms', 'modelled': {K: speedup},
-      'predicted': {K: speedup},
-      'target_step_ms', 'draft_step_in_loop_ms', 'score_ms'}.
+      'largest', 'probes': [{'num_draft_tokens', 'seconds', 'iterations', 'measured'}],
+      'iteration_ms': {'fixed', 'per_draft_token'}, 'predicted': {K: speedup}}.
     """
-    if largest < 1:
-      raise ValueError(f"The automatic draft length needs a largest K >= 1, got {largest}.")
-    batch_size = int(np.shape(batch[0])[0])
+    lengths = draft_length.probe_lengths(largest)
     max_new_tokens = int(kwargs["max_new_tokens"])
     timed = timing.time_interleaved(
       {
         "autoregressive": self.sample(None, num_draft_tokens=0, **kwargs),
-        "speculative": self.sample(draft, num_draft_tokens=largest, **kwargs),
+        **{k: self.sample(draft, num_draft_tokens=k, **kwargs) for k in lengths},
       },
       [batch],
       calls=probe_calls,
       first_index=timing.WARMUP_INDEX + 1,
     )
-    probes = timed["speculative"].outputs
     ar_s = statistics.median(timed["autoregressive"].seconds)
-    spec_s = statistics.median(timed["speculative"].seconds)
-    pooled = lambda name: sum(np.asarray(getattr(o, name)).sum(-1) for o in probes)
+    outputs = [o for k in lengths for o in timed[k].outputs]
+    pooled = lambda name: sum(np.asarray(getattr(o, name)).sum(-1) for o in outputs)
     row_alphas = pooled("accepted_at_position") / np.maximum(pooled("verified_at_position"), 1)
-    target_step_s = self.step_s(TARGET, batch_size, 1)
-    draft_step_s = self.draft_in_loop_s(draft, batch_size, largest)
-    score_s = {k: self.step_s(TARGET, batch_size, k + 1) for k in range(1, largest + 1)}
-    models_s = {k: k * draft_step_s + score_s[k] for k in score_s}  # The models per iteration.
-    iterations = {k: speedup.slowest_row_iterations(row_alphas, k, max_new_tokens) for k in score_s}
-    # What an iteration costs beyond its models, measured: the probe's seconds over its loop
-    # iterations (target calls less the prefill), less the models' time.
-    measured_iterations = statistics.median(int(o.target_calls) - 1 for o in probes)
-    overhead_s = max(spec_s / max(measured_iterations, 1) - models_s[largest], 0.0)
-    modelled = {
-      k: speedup.predicted_batch_speedup(
-        row_alphas, k, max_new_tokens, target_step_s, draft_step_s, score_s[k]
+    probes = [
+      draft_length.Probe(
+        k,
+        statistics.median(timed[k].seconds),
+        statistics.median(int(o.target_calls) - 1 for o in timed[k].outputs),
       )
-      for k in score_s
-    }
-    # Every K's call, relative to the measured one: its iterations at its models' time plus
-    # the measured overhead.
-    call_s = {
-      k: spec_s
-      * iterations[k]
-      * (models_s[k] + overhead_s)
-      / (iterations[largest] * (models_s[largest] + overhead_s))
-      for k in score_s
-    }
-    predicted = {0: 1.0, **{k: ar_s / v for k, v in call_s.items()}}
+      for k in lengths
+    ]
+    if len(probes) > 1:
+      cost = draft_length.IterationCost.fit(probes)
+    else:  # K = 1 only: nothing to fit, the one probe is the cost.
+      cost = draft_length.IterationCost(probes[0].seconds / probes[0].iterations, 0.0)
+    predicted = draft_length.predict_speedups(
+      row_alphas, max_new_tokens, ar_s, cost, range(1, largest + 1)
+    )
     return {
-      "num_draft_tokens": speedup.choose_draft_length(predicted),
-      "alpha": float(speculative.summarize(probes)["alpha"]),
+      "num_draft_tokens": draft_length.choose(predicted),
+      # Pooled over both probes' positions (summarize pools one K's outputs only).
+      "alpha": float(pooled("accepted_at_position").sum() / pooled("verified_at_position").sum()),
       "row_alphas": [float(a) for a in row_alphas],
-      "probe_tokens": int(sum(np.asarray(o.num_generated).sum() for o in probes)),
+      "probe_tokens": int(sum(np.asarray(o.num_generated).sum() for o in outputs)),
       "largest": largest,
-      "measured_at_largest": predicted[largest],
-      "overhead_per_iteration_ms": overhead_s * 1e3,
-      "modelled": modelled,
+      "probes": [{**dataclasses.asdict(p), "measured": ar_s / p.seconds} for p in probes],
+      "iteration_ms": {
+        "fixed": cost.fixed_s * 1e3,
+        "per_draft_token": cost.per_draft_token_s * 1e3,
+      },
       "predicted": predicted,
-      "target_step_ms": target_step_s * 1e3,
-      "draft_step_in_loop_ms": draft_step_s * 1e3,
-      "score_ms": {k: v * 1e3 for k, v in score_s.items()},
     }
 
 
@@ -245,10 +212,11 @@ def format_choice(choice: dict[str, Any]) -> str:
     else f"predicted {choice['predicted'][chosen]:.2f}x"
   )
   rows = choice["row_alphas"]
+  probes = ", ".join(f"K={p['num_draft_tokens']} {p['measured']:.2f}x" for p in choice["probes"])
+  cost = choice["iteration_ms"]
   return (
-    f"K={chosen} chosen automatically ({why}; {options}): K={choice['largest']} measured "
-    f"{choice['measured_at_largest']:.2f}x on the first batch ({choice['probe_tokens']} tokens "
-    f"in untimed probe calls), alpha {choice['alpha']:.3f} (rows {min(rows):.2f}-"
-    f"{max(rows):.2f}), a target step {choice['target_step_ms']:.3f} ms, a draft step in the "
-    f"loop {choice['draft_step_in_loop_ms']:.3f} ms"
+    f"K={chosen} chosen automatically ({why}; {options}): probed {probes} on the first batch "
+    f"({choice['probe_tokens']} tokens in untimed calls), an iteration {cost['fixed']:.3f} + "
+    f"{cost['per_draft_token']:.3f} x K ms, alpha {choice['alpha']:.3f} (rows {min(rows):.2f}-"
+    f"{max(rows):.2f})"
   )

@@ -19,30 +19,15 @@ excluded, median of repeats); ``choose_draft_length`` is the automatic K.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
-import numpy as np
-
-
-def expected_tokens_per_call(alpha: float, num_draft_tokens: int) -> float:
-  """Expected tokens per target call with i.i.d. acceptance ``alpha`` (bonus token included)."""
-  if not 0 <= alpha <= 1:
-    raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
-  if alpha == 1:
-    return num_draft_tokens + 1.0
-  return (1 - alpha ** (num_draft_tokens + 1)) / (1 - alpha)
-
-
-def predicted_speedup(
-  alpha: float,
-  num_draft_tokens: int,
-  target_step_s: float,
-  draft_step_s: float,
-  target_score_s: float,
-) -> float:
-  """Speedup over autoregressive sampling predicted from acceptance and costs."""
-  iteration_s = num_draft_tokens * draft_step_s + target_score_s
-  return expected_tokens_per_call(alpha, num_draft_tokens) * target_step_s / iteration_s
+from specsamp.sampling.draft_length import choose as choose_draft_length  # noqa: F401
+from specsamp.sampling.draft_length import (  # noqa: F401 (re-exported)
+  expected_tokens_per_call,
+  iteration_tokens,
+  predicted_batch_speedup,
+  predicted_speedup,
+  slowest_row_iterations,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,76 +59,3 @@ class StepCosts:
     """The speedup these costs give at a measured tokens per target call (trees)."""
     iteration_s = self.num_draft_tokens * self.draft_step_s + self.target_score_s
     return tokens_per_call * self.target_step_s / iteration_s
-
-
-def iteration_tokens(alpha: float, num_draft_tokens: int) -> np.ndarray:
-  """P(an iteration appends j + 1 tokens), j = 0..K, with i.i.d. acceptance ``alpha``: the
-  first rejection at position j + 1 (or all K accepted, plus the bonus token)."""
-  if not 0 <= alpha <= 1:
-    raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
-  accepted_first = alpha ** np.arange(num_draft_tokens + 1)
-  probs = accepted_first * (1 - alpha)
-  probs[-1] = alpha**num_draft_tokens
-  return probs
-
-
-def slowest_row_iterations(
-  row_alphas: Sequence[float], num_draft_tokens: int, max_new_tokens: int
-) -> float:
-  """Expected iterations of a batched call: the loop runs until its slowest row has
-  ``max_new_tokens``, each row with its own i.i.d. acceptance (rows independent).
-
-  Exactly, by dynamic programming over each row's tokens so far (capped at N): with
-  ``done_r(n) = P(row r has N tokens after n iterations)``, E[max_r T_r] =
-  sum_{n >= 0} (1 - prod_r done_r(n)). One row at alpha = 0 needs N; every row at alpha = 1
-  needs ceil(N / (K + 1)).
-  """
-  n_max = int(max_new_tokens)
-  if n_max < 1 or not len(row_alphas):
-    raise ValueError("Needs max_new_tokens >= 1 and at least one row.")
-  all_done = np.ones(n_max + 1)
-  for alpha in row_alphas:
-    probs = iteration_tokens(float(alpha), num_draft_tokens)
-    tokens = np.zeros(n_max + 1)
-    tokens[0] = 1.0
-    done = [0.0]
-    for _ in range(n_max):  # Every iteration appends >= 1 token: N iterations finish a row.
-      after = np.zeros(n_max + 1)
-      after[n_max] = tokens[n_max]
-      for j, p in enumerate(probs):
-        step = j + 1
-        after[step:n_max] += p * tokens[: n_max - step]
-        after[n_max] += p * tokens[max(n_max - step, 0) : n_max].sum()
-      tokens = after
-      done.append(tokens[n_max])
-    all_done *= np.asarray(done)
-  return float((1.0 - all_done[:-1]).sum())
-
-
-def predicted_batch_speedup(
-  row_alphas: Sequence[float],
-  num_draft_tokens: int,
-  max_new_tokens: int,
-  target_step_s: float,
-  draft_step_s: float,
-  target_score_s: float,
-) -> float:
-  """``predicted_speedup`` for a batched call of ``max_new_tokens`` per row: the loop pays the
-  slowest row's iterations (``slowest_row_iterations``), the autoregressive loop N steps."""
-  if num_draft_tokens == 0:
-    return 1.0
-  iterations = slowest_row_iterations(row_alphas, num_draft_tokens, max_new_tokens)
-  iteration_s = num_draft_tokens * draft_step_s + target_score_s
-  return max_new_tokens * target_step_s / (iterations * iteration_s)
-
-
-def choose_draft_length(predictions: dict[int, float], min_speedup: float = 1.05) -> int:
-  """The automatic draft length: the K with the best predicted speedup among
-  ``predictions`` (K -> speedup; 0 is autoregressive, 1.0), or 0 when none is predicted at
-  least ``min_speedup`` (a margin for what the prediction leaves out); ties go to the
-  smaller K."""
-  if any(k < 0 for k in predictions):
-    raise ValueError(f"Draft lengths must be >= 0, got {sorted(predictions)}.")
-  predictions = {0: 1.0, **predictions}
-  best = max(predictions, key=lambda k: (predictions[k], -k))
-  return best if predictions[best] >= min_speedup else 0

@@ -7,7 +7,6 @@ median (robust to a noisy neighbour on a shared CPU).
   time_interleaved        samplers over their inputs, calls interleaved: the one timed loop
                           behind the sample job, the benchmarks and the peer comparisons
                           (``Timed`` each); ``time_sampler`` is it with one sampler
-  time_draft_in_loop      a draft step as the speculative loop pays it (after a scoring call)
   time_calls              seconds per model call, as a jitted chain of dependent
                           calls (each fed the argmax of the previous logits, so
                           nothing is hoisted or cached away)
@@ -212,70 +211,6 @@ def measure_matmul_flops(size: int = 2048, repeats: int = 5) -> float:
   a = jnp.ones((size, size), jnp.float32)
   b = jnp.ones((size, size), jnp.float32)
   return 2 * size**3 / median_seconds(lambda: _matmul(a, b), repeats)
-
-
-@functools.partial(jax.jit, static_argnames=("target_graph", "draft_graph", "k", "num_calls"))
-def _score_then_draft(target_graph, target_state, draft_graph, draft_state, caches, k, num_calls):
-  """``num_calls`` times: the target scores K + 1 tokens, then the draft makes K calls."""
-  target = model_protocol.merge_model(target_graph, target_state)
-  draft = model_protocol.merge_model(draft_graph, draft_state)
-
-  def body(i, carry):
-    target_cache, draft_cache, token_B = carry
-    start_B = target_cache.lengths
-    positions_BT = start_B[:, None] + jnp.arange(k + 1, dtype=jnp.int32)
-    tokens_BT = jnp.broadcast_to(token_B[:, None], positions_BT.shape)
-    logits, target_cache = target(tokens_BT, positions_BT, target_cache)
-    token_B = jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
-    for t in range(k):
-      logits, draft_cache = draft(token_B[:, None], (start_B + t)[:, None], draft_cache)
-      token_B = jnp.argmax(logits[:, 0], -1).astype(jnp.int32)
-    return target_cache.replace(lengths=start_B), draft_cache, token_B
-
-  return jax.lax.fori_loop(0, num_calls, body, caches)[2]
-
-
-def time_draft_in_loop(
-  target, draft, batch_size: int, k: int, cache_length: int, num_calls: int = 8, repeats: int = 5
-) -> float:
-  """Seconds per draft step as a speculative iteration pays it: (a scoring call followed by K
-  draft calls, minus the scoring call alone) / K, medians of interleaved repeats, and never
-  less than a draft step alone. On a CPU the target's weight stream evicts
-  the draft's weights from the last-level cache every iteration, which a chain of draft
-  steps alone (``time_calls``) never sees."""
-  target_graph, target_state = model_protocol.split_model(target)
-  draft_graph, draft_state = model_protocol.split_model(draft)
-  start = jnp.full((batch_size,), max(cache_length // 2 - k - 1, 0), jnp.int32)
-  caches = (
-    target.init_cache(batch_size, cache_length).replace(lengths=start),
-    draft.init_cache(batch_size, cache_length),
-    jnp.ones((batch_size,), jnp.int32),
-  )
-  tokens_BT = jnp.ones((batch_size, k + 1), jnp.int32)
-  runs = {
-    "both": lambda: _score_then_draft(
-      target_graph, target_state, draft_graph, draft_state, caches, k, num_calls
-    ),
-    "score": lambda: _chain(
-      target_graph, target_state, tokens_BT, caches[0], int(start[0]), num_calls
-    ),
-    "draft": lambda: _chain(
-      draft_graph, draft_state, tokens_BT[:, :1], caches[1], int(start[0]), num_calls * k
-    ),
-  }
-  for run in runs.values():
-    jax.block_until_ready(run())
-  differences, alone = [], []
-  for _ in range(repeats):  # Interleaved, so a slow moment of a shared machine hits all three.
-    seconds = {}
-    for name, run in runs.items():
-      begin = time.perf_counter()
-      jax.block_until_ready(run())
-      seconds[name] = time.perf_counter() - begin
-    differences.append((seconds["both"] - seconds["score"]) / (num_calls * k))
-    alone.append(seconds["draft"] / (num_calls * k))
-  # Never below a draft step alone: a noisy difference must not make drafting look free.
-  return max(statistics.median(differences), statistics.median(alone))
 
 
 def time_interleaved(

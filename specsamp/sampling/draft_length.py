@@ -1,0 +1,183 @@
+"""The automatic draft length: which K to speculate with, from measured loops.
+
+The speedup formula (Leviathan et al. 2023, Theorem 3.8, with the scoring call's cost measured
+rather than assumed equal to a step):
+
+  E[tokens per target call] = (1 - alpha^(K+1)) / (1 - alpha)
+  speedup = E[tokens per target call] * t_target_step / (K * t_draft_step + t_score(K+1))
+
+and its batched form (the loop runs until its slowest row is done: ``slowest_row_iterations``).
+
+Choosing K from separately timed single model calls trusts a handful of noisy numbers: on a
+shared 2-core CPU a fresh clone's main command predicted 2.37x for K=3 from them and measured
+1.51x. ``choose`` instead fits the cost of a loop iteration to loops that ran: probe the loop
+at two draft lengths (``Probe``: seconds per call and iterations per call, from real calls),
+fit seconds per iteration = a + b K (``IterationCost``: what scoring K + 1 tokens, K draft
+steps and the loop's own work cost together, however they split), and predict every K's call
+as its slowest row's expected iterations (``slowest_row_iterations``, each row at its measured
+alpha) times that cost. At a probed K the prediction is the measurement itself; between and
+beyond them it is a line through two measured points, not a sum of single-call timings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def expected_tokens_per_call(alpha: float, num_draft_tokens: int) -> float:
+  """Expected tokens per target call with i.i.d. acceptance ``alpha`` (bonus token included)."""
+  if not 0 <= alpha <= 1:
+    raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+  if alpha == 1:
+    return num_draft_tokens + 1.0
+  return (1 - alpha ** (num_draft_tokens + 1)) / (1 - alpha)
+
+
+def predicted_speedup(
+  alpha: float,
+  num_draft_tokens: int,
+  target_step_s: float,
+  draft_step_s: float,
+  target_score_s: float,
+) -> float:
+  """Speedup over autoregressive sampling predicted from acceptance and costs."""
+  iteration_s = num_draft_tokens * draft_step_s + target_score_s
+  return expected_tokens_per_call(alpha, num_draft_tokens) * target_step_s / iteration_s
+
+
+def iteration_tokens(alpha: float, num_draft_tokens: int) -> np.ndarray:
+  """P(an iteration appends j + 1 tokens), j = 0..K, with i.i.d. acceptance ``alpha``: the
+  first rejection at position j + 1 (or all K accepted, plus the bonus token)."""
+  if not 0 <= alpha <= 1:
+    raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+  accepted_first = alpha ** np.arange(num_draft_tokens + 1)
+  probs = accepted_first * (1 - alpha)
+  probs[-1] = alpha**num_draft_tokens
+  return probs
+
+
+def slowest_row_iterations(
+  row_alphas: Sequence[float], num_draft_tokens: int, max_new_tokens: int
+) -> float:
+  """Expected iterations of a batched call: the loop runs until its slowest row has
+  ``max_new_tokens``, each row with its own i.i.d. acceptance (rows independent).
+
+  Exactly, by dynamic programming over each row's tokens so far (capped at N): with
+  ``done_r(n) = P(row r has N tokens after n iterations)``, E[max_r T_r] =
+  sum_{n >= 0} (1 - prod_r done_r(n)). One row at alpha = 0 needs N; every row at alpha = 1
+  needs ceil(N / (K + 1)).
+  """
+  n_max = int(max_new_tokens)
+  if n_max < 1 or not len(row_alphas):
+    raise ValueError("Needs max_new_tokens >= 1 and at least one row.")
+  all_done = np.ones(n_max + 1)
+  for alpha in row_alphas:
+    probs = iteration_tokens(float(alpha), num_draft_tokens)
+    tokens = np.zeros(n_max + 1)
+    tokens[0] = 1.0
+    done = [0.0]
+    for _ in range(n_max):  # Every iteration appends >= 1 token: N iterations finish a row.
+      after = np.zeros(n_max + 1)
+      after[n_max] = tokens[n_max]
+      for j, p in enumerate(probs):
+        step = j + 1
+        after[step:n_max] += p * tokens[: n_max - step]
+        after[n_max] += p * tokens[max(n_max - step, 0) : n_max].sum()
+      tokens = after
+      done.append(tokens[n_max])
+    all_done *= np.asarray(done)
+  return float((1.0 - all_done[:-1]).sum())
+
+
+def predicted_batch_speedup(
+  row_alphas: Sequence[float],
+  num_draft_tokens: int,
+  max_new_tokens: int,
+  target_step_s: float,
+  draft_step_s: float,
+  target_score_s: float,
+) -> float:
+  """``predicted_speedup`` for a batched call of ``max_new_tokens`` per row: the loop pays the
+  slowest row's iterations (``slowest_row_iterations``), the autoregressive loop N steps."""
+  if num_draft_tokens == 0:
+    return 1.0
+  iterations = slowest_row_iterations(row_alphas, num_draft_tokens, max_new_tokens)
+  iteration_s = num_draft_tokens * draft_step_s + target_score_s
+  return max_new_tokens * target_step_s / (iterations * iteration_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+  """One draft length's measured loop: median seconds per call and loop iterations per call
+  (target calls less the prefill, the slowest row's)."""
+
+  num_draft_tokens: int
+  seconds: float
+  iterations: float
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationCost:
+  """Seconds per loop iteration at draft length K: ``fixed_s + per_draft_token_s * K``."""
+
+  fixed_s: float
+  per_draft_token_s: float
+
+  def __call__(self, num_draft_tokens: int) -> float:
+    return self.fixed_s + self.per_draft_token_s * num_draft_tokens
+
+  @classmethod
+  def fit(cls, probes: Sequence[Probe]) -> IterationCost:
+    """Least squares over the probes' seconds per iteration (two distinct K at least); a
+    negative slope (noise) is clamped to 0: drafting more never makes an iteration cheaper."""
+    ks = np.asarray([p.num_draft_tokens for p in probes], np.float64)
+    if len(set(ks.tolist())) < 2:
+      raise ValueError(f"The iteration cost needs probes at two draft lengths, got {ks.tolist()}.")
+    if any(p.seconds <= 0 or p.iterations <= 0 for p in probes):
+      raise ValueError(f"Probes need positive seconds and iterations, got {list(probes)}.")
+    per_iteration = np.asarray([p.seconds / p.iterations for p in probes])
+    slope, intercept = np.polyfit(ks, per_iteration, 1)
+    if slope < 0:
+      return cls(fixed_s=float(per_iteration.mean()), per_draft_token_s=0.0)
+    return cls(fixed_s=float(intercept), per_draft_token_s=float(slope))
+
+
+def predict_speedups(
+  row_alphas: Sequence[float],
+  max_new_tokens: int,
+  autoregressive_s: float,
+  cost: IterationCost,
+  draft_lengths: Sequence[int],
+) -> dict[int, float]:
+  """{K: predicted speedup} for each K >= 1 of ``draft_lengths`` (and 0: 1.0): the measured
+  autoregressive call over the slowest row's expected iterations times ``cost(K)``."""
+  predictions = {0: 1.0}
+  for k in draft_lengths:
+    if k < 1:
+      continue
+    iterations = slowest_row_iterations(row_alphas, k, max_new_tokens)
+    predictions[k] = autoregressive_s / (iterations * cost(k))
+  return predictions
+
+
+def probe_lengths(largest: int) -> tuple[int, ...]:
+  """The draft lengths the automatic choice probes: the largest allowed and about half of it
+  (one K when the largest is 1)."""
+  if largest < 1:
+    raise ValueError(f"The automatic draft length needs a largest K >= 1, got {largest}.")
+  return (largest,) if largest == 1 else tuple(sorted({max(1, (largest + 1) // 2), largest}))
+
+
+def choose(predictions: dict[int, float], min_speedup: float = 1.05) -> int:
+  """The automatic draft length: the K with the best predicted speedup among
+  ``predictions`` (K -> speedup; 0 is autoregressive, 1.0), or 0 when none is predicted at
+  least ``min_speedup`` (a margin for what the prediction leaves out); ties go to the
+  smaller K."""
+  if any(k < 0 for k in predictions):
+    raise ValueError(f"Draft lengths must be >= 0, got {sorted(predictions)}.")
+  predictions = {0: 1.0, **predictions}
+  best = max(predictions, key=lambda k: (predictions[k], -k))
+  return best if predictions[best] >= min_speedup else 0
