@@ -113,7 +113,6 @@ def test_loop_benchmark_parts_and_op_counts(pair):
   )
   assert set(phases) == set(loop_phases.PHASES) and all(v > 0 for v in phases.values())
   ops = loop_phases.count_ops(call, 24, 2)
-  # Every phase launches something; the models dominate; the total is the sum.
+  # Every phase launches something.
   assert ops["draft"] > 0 and ops["score"] > 0 and ops["verify"] > 0
-  assert ops["total"] == sum(v for k, v in ops.items() if k != "total")
   assert hlo_ops.phase_of('x, metadata={op_name="jit(f)/while/body/verify/add"}') == "verify"

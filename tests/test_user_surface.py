@@ -9,9 +9,10 @@ import jax
 import numpy as np
 import pytest
 from bigram import random_bigram
-from conftest import ROOT
+from conftest import ROOT, tiny_config
 
 from specsamp.experiments.jobs import sample_job
+from specsamp.models import transformer
 from specsamp.sampling import generate, memory, speculative_generate
 
 sys.path.insert(0, f"{ROOT}/configs")
@@ -49,8 +50,10 @@ def test_rows_past_the_training_context_are_warned():
 
 def test_cache_bytes_are_known_before_allocating():
   model = random_bigram(32, seed=0)
-  cache = model.init_cache(3, 40)
-  assert memory.cache_bytes(model, 3, 40) == memory.tree_bytes(cache) > 0
+  assert memory.cache_bytes(model, 3, 40) == 3 * 4  # The bigram's cache: an int32 length a row.
+  config = tiny_config()
+  kv = 2 * config.num_layers * 3 * 40 * config.num_kv_heads * config.resolved_head_dim * 4
+  assert memory.cache_bytes(transformer.create(config, seed=0), 3, 40) == kv + 3 * 4
   available, where = memory.device_memory()
   assert available > 0 and where
 
@@ -89,7 +92,8 @@ def test_importing_specsamp_changes_no_environment_variable():
   """The library and the jobs a user imports leave os.environ as they found it (libtpu's quiet
   defaults are the AOT tool's business: experiments/proofs/aot.quiet_libtpu)."""
   code = (
-    "import os; before = dict(os.environ); import specsamp, specsamp.sampling, "
+    # jax itself sets libtpu's variables when that is installed: after it, specsamp sets none.
+    "import os, jax; before = dict(os.environ); import specsamp, specsamp.sampling, "
     "specsamp.experiments.jobs.sample_job, specsamp.hf; "
     "keys = set(before) | set(os.environ); "
     "changed = sorted(k for k in keys if before.get(k) != os.environ.get(k)); "
