@@ -95,12 +95,14 @@ def test_the_real_target_certificate_enumerates_and_samples_inside_the_support(p
   exact = certify_real.support_distribution(pair.target, prompt, sampling, 2)
   assert len(exact) == 16 and abs(sum(exact.values()) - 1.0) < 1e-9
   # One continuation's probability, recomputed from a plain forward pass of the whole sequence
-  # (float32 logits of another batch shape: agreement to float32 rounding, ~3e-6 relative).
+  # (float32 logits of another batch shape through 30 layers: agreement to float32 rounding,
+  # which depends on the host: 3e-6 relative on one 2-core host, 1.3e-5 on another, with the
+  # same code, on 2026-11-26). A wrong token or position is off by orders of magnitude.
   (first, second), probability = max(exact.items(), key=lambda item: item[1])
   tokens = np.asarray([prompt + [first, second]], np.int32)
   steps = np.asarray(certify._last_distributions(pair.target, tokens, sampling, 3), np.float64)
   np.testing.assert_allclose(
-    probability, steps[0, 0, first] * steps[0, 1, second] / steps[0, :2].sum(-1).prod(), rtol=1e-5
+    probability, steps[0, 0, first] * steps[0, 1, second] / steps[0, :2].sum(-1).prod(), rtol=5e-5
   )
   drawn = certify_real.draw(
     pair.target,

@@ -31,6 +31,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import signal
 import threading
 import time
@@ -246,8 +247,6 @@ def shaped_peer(config: ml_collections.ConfigDict, context: dict, log: Callable)
 
 def _fresh_dir(config: ml_collections.ConfigDict, name: str) -> str:
   """``workdir/name``, emptied (an export refuses a directory that holds a model)."""
-  import shutil
-
   path = os.path.join(config.workdir, name)
   shutil.rmtree(path, ignore_errors=True)
   return path
