@@ -449,6 +449,9 @@ def format_summary(results: dict[str, Any]) -> str:
         )
       )
   for variant, modes in results.get("pairs", {}).items():
+    if not modes:  # Cut by its budget before a mode finished (the log says how far it got).
+      lines += ["", f"trained pair '{variant}': no mode finished"]
+      continue
     lines += [
       "",
       f"trained pair '{variant}' (the sample job, batch 1, K fixed)",
