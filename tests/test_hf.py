@@ -504,8 +504,8 @@ def test_how_a_model_runs_is_no_part_of_its_export():
   exports to the same config.json whichever way it runs (the GPU benchmark exports the 8B
   target after choosing its faster layer mode)."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with open(os.path.join(root, "configs/hf/llama-3.2-1b/config.json")) as f:
-    hf = {**json.load(f), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+  hf = architectures.read_config(os.path.join(root, "configs/hf/llama-3.2-1b/config.json"))
+  hf.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2)
   hf.update(num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512)
   config = architectures.from_hf(hf, param_dtype="bfloat16")
   running = config.replace(scan_layers=False, attention_block_size=0, tensor_parallel="shard_map")

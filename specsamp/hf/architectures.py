@@ -89,10 +89,14 @@ class UnsupportedArchitecture(ValueError):
   """A Hugging Face model that specsamp cannot run exactly."""
 
 
-def read_config(directory: str) -> dict[str, Any]:
-  path = os.path.join(directory, "config.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"No config.json in {directory}: not a Hugging Face model directory.")
+def read_config(path: str) -> dict[str, Any]:
+  """The config.json of a Hugging Face model directory, or a config.json file itself (a
+  published model's shapes, e.g. configs/hf/llama-3.1-8b/config.json), as a dict."""
+  path = os.path.expanduser(path)
+  if os.path.isdir(path) or not os.path.exists(path):
+    directory, path = path, os.path.join(path, "config.json")
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"No config.json in {directory}: not a Hugging Face model directory.")
   with open(path) as f:
     return json.load(f)
 

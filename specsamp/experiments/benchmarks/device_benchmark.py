@@ -51,6 +51,7 @@ from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import sample_job
 from specsamp.experiments.peers import compare_hf
 from specsamp.experiments.proofs import device_gate
+from specsamp.models import transformer
 
 SECTIONS = (
   "environment",
@@ -144,7 +145,7 @@ def _shaped_models(config: ml_collections.ConfigDict, context: dict) -> tuple[An
     mesh = _one_device_mesh()
     start = time.perf_counter()  # Created outside the mesh context, as create_sharded expects.
     target, draft = (
-      shaped_pair.random_model(shaped_pair.model_config(path, s.dtype, s.tiny), mesh, seed)
+      transformer.create(shaped_pair.model_config(path, s.dtype, s.tiny), mesh, seed=seed)
       for path, seed in ((s.target_hf_config, s.seed), (s.draft_hf_config, s.seed + 1))
     )
     jax.block_until_ready(jax.tree.leaves(nnx.state((target, draft))))

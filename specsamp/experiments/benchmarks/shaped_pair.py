@@ -22,8 +22,6 @@ size, for the CPU run of the same code (``--tiny``).
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +31,6 @@ from flax import nnx
 
 from specsamp.experiments.benchmarks import perf_model, speedup, timing
 from specsamp.hf import architectures
-from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import statistics
 from specsamp.sampling.sampler import Sampler
@@ -50,17 +47,6 @@ TINY_SHAPES = {
 """What ``shrink`` sets: a config.json at the size of the test suite's models."""
 
 
-def read_hf_config(path: str) -> dict[str, Any]:
-  """A config.json file (or a directory holding one) as a dict."""
-  path = os.path.expanduser(path)
-  if os.path.isdir(path):
-    path = os.path.join(path, "config.json")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"No HF config.json at {path}.")
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
-
-
 def shrink(hf: dict[str, Any]) -> dict[str, Any]:
   """``hf`` with its sizes replaced by ``TINY_SHAPES`` (the architecture kept)."""
   return {**hf, **TINY_SHAPES}
@@ -69,13 +55,8 @@ def shrink(hf: dict[str, Any]) -> dict[str, Any]:
 def model_config(path: str, dtype: str, tiny: bool = False) -> TransformerConfig:
   """The TransformerConfig of the config.json at ``path``, weights and activations in
   ``dtype`` (shrunk to ``TINY_SHAPES`` when ``tiny``)."""
-  hf = read_hf_config(path)
+  hf = architectures.read_config(path)
   return architectures.from_hf(shrink(hf) if tiny else hf, param_dtype=dtype, dtype=dtype)
-
-
-def random_model(config: TransformerConfig, mesh: jax.sharding.Mesh, seed: int) -> Any:
-  """A Transformer with random weights, born on ``mesh`` (one jitted init, no host copy)."""
-  return transformer.create(config, mesh, seed=seed)
 
 
 def with_layers(model: Any, scan: bool) -> Any:

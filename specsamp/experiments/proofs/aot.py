@@ -19,7 +19,6 @@ TensorCores), as Cloud TPU runs them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
@@ -116,10 +115,11 @@ def model_config(model: Any, hf_config: str | None = None) -> TransformerConfig:
   ours = TransformerConfig.from_config(model)
   if not hf_config:
     return ours
-  with open(os.path.expanduser(hf_config)) as f:
-    hf = json.load(f)
   return architectures.from_hf(
-    hf, param_dtype=ours.param_dtype, dtype=ours.dtype, tensor_parallel=ours.tensor_parallel
+    architectures.read_config(hf_config),
+    param_dtype=ours.param_dtype,
+    dtype=ours.dtype,
+    tensor_parallel=ours.tensor_parallel,
   )
 
 
