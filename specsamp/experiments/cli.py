@@ -76,6 +76,15 @@ def initialize_distributed(
   )
 
 
+LIBTPU_QUIET_DEFAULTS = (
+  ("TPU_ACCELERATOR_TYPE", "v4-8"),
+  ("TPU_WORKER_HOSTNAMES", "localhost"),
+  ("TPU_SKIP_MDS_QUERY", "1"),
+)
+"""What libtpu reads when jax starts its backends, set so that it neither probes for hardware nor
+warns on a machine with no TPU (the AOT tool's ``aot.quiet_libtpu`` sets these too)."""
+
+
 def quiet_libtpu_without_tpu() -> None:
   """On a machine with no TPU, the environment libtpu (the 'tpu' extra) reads when jax starts
   its backends, set to harmless defaults where the user has not set it: otherwise it probes
@@ -83,11 +92,7 @@ def quiet_libtpu_without_tpu() -> None:
   importing specsamp changes no environment variable. Nothing is touched on a TPU VM."""
   if glob.glob("/dev/accel*") or os.path.exists("/dev/vfio"):
     return
-  for name, value in (
-    ("TPU_ACCELERATOR_TYPE", "v4-8"),
-    ("TPU_WORKER_HOSTNAMES", "localhost"),
-    ("TPU_SKIP_MDS_QUERY", "1"),
-  ):
+  for name, value in LIBTPU_QUIET_DEFAULTS:
     os.environ.setdefault(name, value)
 
 

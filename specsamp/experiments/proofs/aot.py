@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specsamp import sharding
+from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import perf_model
 from specsamp.experiments.proofs import hlo_bytes, hlo_ops
 from specsamp.hf import architectures
@@ -67,9 +68,8 @@ SLICES = {
 def quiet_libtpu() -> None:
   """The environment libtpu reads at initialisation, set for a machine without a TPU (only
   where the user has not set it): without it libtpu probes for hardware and warns."""
-  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v4-8")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  for name, value in cli.LIBTPU_QUIET_DEFAULTS:
+    os.environ.setdefault(name, value)
   # Compiling opens no TPU, so several processes may load libtpu at once (its lockfile
   # otherwise refuses every process but the first).
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
