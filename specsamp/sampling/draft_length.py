@@ -15,8 +15,10 @@ at two draft lengths (``Probe``: seconds per call and iterations per call, from 
 fit seconds per iteration = a + b K (``IterationCost``: what scoring K + 1 tokens, K draft
 steps and the loop's own work cost together, however they split), and predict every K's call
 as its slowest row's expected iterations (``slowest_row_iterations``, each row at its measured
-alpha) times that cost. At a probed K the prediction is the measurement itself; between and
-beyond them it is a line through two measured points, not a sum of single-call timings.
+alpha) times that cost. At a probed K the cost per iteration is the measured one (two probes:
+the line passes through both), so the prediction differs from the probe's own speedup only by
+its iterations, expected where the probe counted them; between and beyond the probes the cost
+is that line, not a sum of single-call timings.
 """
 
 from __future__ import annotations
