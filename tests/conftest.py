@@ -4,18 +4,45 @@ import gc
 import os
 import sys
 
+
+# The suite's time is XLA's: compiling took 184 of test_speculative.py's 225 s (2026-11-26,
+# jax.monitoring's backend_compile_duration). Tests check behaviour and exactness, not speed,
+# so their programs are compiled cheaply: LLVM at -O0 (184 -> 109 s), and on jaxlib 0.10 the
+# classic fusion emitters instead of the MLIR ones (one test's compile 24.7 -> 6.6 s with both;
+# the flag alone, at -O2, made it slower). XLA aborts on a flag it does not know, and jaxlib
+# 0.11 has no fusion-emitter flag, so that one is set only where it exists.
+def _fast_compile_flags() -> str:
+  from importlib import metadata
+
+  flags = " --xla_backend_optimization_level=0"
+  if metadata.version("jaxlib").startswith("0.10."):
+    flags += " --xla_cpu_use_fusion_emitters=false"
+  return flags
+
+
 # The 8 simulated devices run their collectives as threads that meet in a rendezvous, which XLA
 # aborts the process for after a termination timeout. Two test workers, the scripts they start
 # and up to 16 device threads share 2 cores, so a device thread can be starved past it: the
 # timeouts are raised (a worker aborted mid-run in train_step and in the sampler, with no
 # other error, in suite runs of 2026-11-25).
-os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "")
-  + " --xla_force_host_platform_device_count=8"
-  + " --xla_cpu_collective_call_warn_stuck_timeout_seconds=600"
-  + " --xla_cpu_collective_call_terminate_timeout_seconds=3600"
-  + " --xla_cpu_collective_timeout_seconds=3600"
-).strip()
+def xla_flags(devices: int = 8) -> str:
+  """XLA_FLAGS for the test processes and the scripts they start (``script_env``)."""
+  return (
+    f"--xla_force_host_platform_device_count={devices}"
+    " --xla_cpu_collective_call_warn_stuck_timeout_seconds=600"
+    " --xla_cpu_collective_call_terminate_timeout_seconds=3600"
+    " --xla_cpu_collective_timeout_seconds=3600"
+    + (_fast_compile_flags() if os.environ.get("SPECSAMP_TEST_COMPILE", "fast") == "fast" else "")
+  )
+
+
+def script_env(devices: int = 8) -> dict[str, str]:
+  """The environment of a script a test starts: this one, with ``devices`` simulated CPU
+  devices and the suite's compile flags."""
+  return dict(os.environ, XLA_FLAGS=xla_flags(devices))
+
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags()).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # No persistent compilation cache, in the test processes or the scripts they start (they
 # inherit this environment). With JAX 0.10.2's cache on, suite runs crashed inside XLA: four
@@ -27,9 +54,8 @@ os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS above)
-import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from flax import nnx  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "configs"))
@@ -39,6 +65,15 @@ jax.config.update("jax_default_matmul_precision", "highest")
 import tiny  # noqa: E402  (configs/tiny.py)
 
 from specsamp.models import TransformerConfig, transformer  # noqa: E402
+from specsamp.testing import exactness  # noqa: E402
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+    "markers",
+    "slow: an end-to-end run of a script, a certificate or a real model (10 s or more on 2 "
+    'cores); `python -m pytest -m "not slow" -n 2 tests` is the inner loop without them',
+  )
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -63,13 +98,38 @@ def tiny_model():
   return transformer.create(tiny_config(), seed=0)
 
 
-def perturbed(model, scale: float, seed: int):
-  """A copy of ``model`` with Gaussian noise of ``scale`` x each tensor's std added: a draft
-  that agrees with its target often but not always."""
-  graphdef, state = nnx.split(model)
-  leaves, treedef = jax.tree.flatten(state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [
-    x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)
-  ]
-  return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
+# --- Exactness against enumeration (specsamp/testing/exactness.py). -----------------------------
+
+EXACT_VOCAB, EXACT_NEW_TOKENS, EXACT_ROWS = 8, 3, 24_000
+
+
+def exact_pair():
+  """A target over 8 tokens and a draft that agrees with it often but not always."""
+  config = tiny_config(vocab_size=EXACT_VOCAB, d_model=32, num_heads=4, num_kv_heads=2, ffn_dim=64)
+  target = transformer.create(config, seed=10)
+  return target, exactness.noisy_copy(target, 0.6, seed=11)
+
+
+def sampled_counts(target, drafter, prompt, seed: int = 0, **loop):
+  """EXACT_ROWS speculative continuations of EXACT_NEW_TOKENS after ``prompt``, counted in
+  exactness's cells [V^N], and the run's summary. ``loop``: speculative_generate's options."""
+  from specsamp.sampling.speculative import speculative_generate
+
+  out = speculative_generate(
+    target,
+    drafter,
+    np.tile(prompt, (EXACT_ROWS, 1)),
+    np.full(EXACT_ROWS, len(prompt)),
+    jax.random.key(seed),
+    max_new_tokens=EXACT_NEW_TOKENS,
+    **loop,
+  )
+  tokens = np.asarray(out.tokens[:, len(prompt) : len(prompt) + EXACT_NEW_TOKENS])
+  return exactness.count_continuations(tokens, exactness.vocab_size(target)), out.summary()
+
+
+def assert_follows(counts, target, prompt, sampling, level: float = 1e-3):
+  """The G-test of ``counts`` against the warped target's enumerated continuations passes."""
+  probs = exactness.exact_distribution(target, tuple(prompt), sampling, EXACT_NEW_TOKENS)
+  test = exactness.g_test(counts, probs, level)
+  assert not test["rejected"], test

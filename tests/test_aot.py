@@ -31,6 +31,7 @@ def _sharded_bytes(model) -> int:
   )
 
 
+@pytest.mark.slow
 def test_the_loops_compile_for_a_tpu_slice_and_fit(report):
   config, report, lines = report
   assert report["topology"] == "v4-8" and report["chips"] == 4  # megacore: one device per chip

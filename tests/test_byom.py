@@ -6,6 +6,7 @@ import docs_blocks
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from specsamp.sampling import generate, speculative_generate
@@ -13,6 +14,7 @@ from specsamp.sampling import generate, speculative_generate
 MyLM = docs_blocks.run_page("docs/bring_your_own_model.md")["MyLM"]
 
 
+@pytest.mark.slow
 def test_a_users_own_flax_model_runs_speculatively():
   target = MyLM(50, 2, 2, 8, rngs=nnx.Rngs(0))
   draft = MyLM(50, 1, 2, 8, rngs=nnx.Rngs(1))

@@ -56,23 +56,23 @@ def _first_draft_q(drafter, target, prompts, n):
   width = n + 4
   tokens = jnp.zeros((batch, width), jnp.int32).at[:, :n].set(prompts)
   sampling = SamplingConfig(1.0)
+  features = None
   if drafter.feature_layers:
     positions = jnp.broadcast_to(jnp.arange(n), (batch, n))
     _, _, features = target(
       prompts, positions, target.init_cache(batch, n), capture_layers=drafter.feature_layers
     )
-    state, _ = drafter.init_features(prompts, lengths, width, features, 1)
-  else:
-    state, _ = drafter.init(tokens, lengths, width)
+  state, _ = drafter.init(tokens[:, :n], lengths, width, 1, features_BTF=features)
   proposal, _ = drafter.propose(
     state, tokens, lengths, jax.random.key(0), 1, jnp.ones((batch,), jnp.int32), sampling, 48
   )
   return np.asarray(proposal.probs[:, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["feature", "model"])
 def test_calibration_logits_are_what_the_drafter_drafts_its_first_token_from(target, kind):
-  """Entry s of ``next_token_logits`` predicts token s+1 (model) or s+2 (feature head), with
+  """Entry s of ``Drafter.first_draft_logits`` predicts token s+1 (model) or s+2 (head), with
   the target's argmax there: after a prompt of n tokens, the first draft token's q is the
   softmax of entry n-1 (model) or n-2 (head)."""
   if kind == "feature":
@@ -81,7 +81,7 @@ def test_calibration_logits_are_what_the_drafter_drafts_its_first_token_from(tar
   else:
     drafter = drafters.ModelDrafter(transformer.create(CONFIG.replace(num_layers=1), seed=3))
   tokens = jax.random.randint(jax.random.key(4), (2, 9), 0, 48)
-  logits, labels = calibration.next_token_logits(drafter, target, tokens)
+  logits, labels = drafter.first_draft_logits(target, tokens)
   offset = 2 if kind == "feature" else 1
   assert logits.shape == (2, 10 - offset, 48) and labels.shape == (2, 10 - offset)
   target_logits, _ = target(tokens, None, target.init_cache(2, 9))

@@ -3,24 +3,26 @@ over every case): every real case passes its G-test and every planted bug is rej
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specsamp.experiments.proofs import certify
 from specsamp.sampling import warping
+from specsamp.testing import exactness
 
 
 def test_g_test_accepts_the_expected_counts_and_fails_an_impossible_draw():
   probs = np.array([0.5, 0.3, 0.2, 0.0])
-  assert certify.g_test(np.array([500, 300, 200, 0]), probs, 1e-4)["G"] < 1e-9
-  impossible = certify.g_test(np.array([500, 300, 199, 1]), probs, 1e-4)
+  assert exactness.g_test(np.array([500, 300, 200, 0]), probs, 1e-4)["G"] < 1e-9
+  impossible = exactness.g_test(np.array([500, 300, 199, 1]), probs, 1e-4)
   assert impossible["G"] == np.inf and impossible["impossible"] == 1
-  shifted = certify.g_test(np.array([580, 220, 200, 0]), probs, 1e-4)
+  shifted = exactness.g_test(np.array([580, 220, 200, 0]), probs, 1e-4)
   assert shifted["G"] > shifted["threshold"]
 
 
 def test_exact_distribution_is_the_chain_rule_of_the_target():
   setup = certify.make_setup("trigram", "1")
   sampling = warping.SamplingConfig(0.7, top_k=4)
-  probs = certify.exact_distribution(setup.target, certify.PROMPT, sampling)
+  probs = exactness.exact_distribution(setup.target, certify.PROMPT, sampling, certify.NEW_TOKENS)
   assert probs.shape == (certify.VOCAB**certify.NEW_TOKENS,)
   np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-9)
   # One continuation by hand: the trigram's table, warped, along x = 5 0 7 2.
@@ -45,6 +47,7 @@ def test_the_trigram_reads_the_token_before_from_its_cache():
   np.testing.assert_array_equal(dirty[0, 0], model.logits_PVV[6, 4])
 
 
+@pytest.mark.slow
 def test_quick_certificate_passes_and_rejects_every_planted_bug():
   """Single chains; the tree cases are in tests/test_certify_trees.py (run in parallel)."""
   cases = [c for c in certify.all_cases("quick") if c.tree is None]
@@ -55,7 +58,7 @@ def test_quick_certificate_passes_and_rejects_every_planted_bug():
   assert {c.schedule for c in cases} == set(certify.SCHEDULES)
   assert {c.warping for c in cases} == set(certify.CHAIN_WARPINGS)
   assert {(c.batch, c.mesh) for c in cases} >= {("1", "1"), ("ragged16", "1")}
-  assert {c.bug for c in cases} == {None, *certify.BUGS} - set(certify.TREE_BUGS)
+  assert {c.bug for c in cases} == {None, *exactness.BUGS} - set(exactness.TREE_BUGS)
   results = certify.certify(cases, 100_000, level=1e-4, log=lambda line: None)
   failed = [(r.case.name, r.G, r.threshold) for r in results if not r.passed]
   assert not failed, failed

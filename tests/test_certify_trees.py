@@ -3,9 +3,12 @@ per shape (scripts/certify.py --scope=trees draws 10^6 over every verifier x sha
 x batch): each passes its G-test against exact enumeration, and the planted drafting bug is
 rejected."""
 
+import pytest
+
 from specsamp.experiments.proofs import certify
 
 
+@pytest.mark.slow
 def test_quick_tree_certificate_passes_and_rejects_the_planted_tree_bugs():
   cases = [c for c in certify.all_cases("quick") if c.tree is not None]
   real = [c for c in cases if c.bug is None]

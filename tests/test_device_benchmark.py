@@ -25,6 +25,7 @@ TARGET_8B = os.path.join(ROOT, "configs/hf/llama-3.1-8b/config.json")
 DRAFT_1B = os.path.join(ROOT, "configs/hf/llama-3.2-1b/config.json")
 
 
+@pytest.mark.slow
 def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
   """The script's sweep at tiny sizes: rows for every setting, the table and the goals."""
   env = {**os.environ, "OUT": str(tmp_path)}

@@ -20,6 +20,7 @@ def test_every_page_is_scanned_and_blocks_are_run_or_marked():
   assert RUN.count("README.md") >= 1 and RUN.count("docs/bring_your_own_model.md") == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", sorted(set(RUN)))
 def test_page_runs_as_written(page, capsys):
   namespace = docs_blocks.run_page(page)

@@ -1,19 +1,18 @@
 """Drafters (prompt lookup, self-speculative, a draft model with a confidence stop) and the
 adaptive draft-length schedule: exact distributions, greedy identity, proposals, errors."""
 
-import exact
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import perturbed, tiny_config
+from conftest import assert_follows, exact_pair, sampled_counts, tiny_config
 from flax import nnx
-from stat_tests import count_rows, g_test_p_value
 
 from specsamp.models import transformer
 from specsamp.models.transformer import EarlyExit
 from specsamp.sampling import generate, speculative, speculative_generate, warping
 from specsamp.sampling.drafters import ModelDrafter, PromptLookupDrafter, self_speculative
+from specsamp.testing import exactness
 
 # A prompt whose last token occurred before, so prompt lookup proposes from the first step.
 EXACT_PROMPT = np.array([3, 6, 3])
@@ -21,7 +20,7 @@ EXACT_PROMPT = np.array([3, 6, 3])
 
 @pytest.fixture(scope="module")
 def small_pair():
-  return exact.small_pair()
+  return exact_pair()
 
 
 def drafter_named(name, small_pair):
@@ -44,22 +43,19 @@ EXACT_CASES = [  # (drafter, schedule, verifier, sampling, K)
 
 
 def _sample(target, drafter, sampling, num_draft_tokens, verifier, schedule):
-  out = speculative_generate(
+  return sampled_counts(
     target,
     drafter,
-    np.tile(EXACT_PROMPT, (exact.ROWS, 1)),
-    np.full(exact.ROWS, len(EXACT_PROMPT)),
-    jax.random.key(0),
-    max_new_tokens=exact.NEW_TOKENS,
+    EXACT_PROMPT,
     num_draft_tokens=num_draft_tokens,
     temperature=sampling.temperature,
     top_p=sampling.top_p,
     verifier=verifier,
     schedule=schedule,
   )
-  return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT) :])), out.summary()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, schedule, verifier, sampling, num_draft_tokens", EXACT_CASES)
 def test_samples_follow_the_exact_target_distribution(
   small_pair, name, schedule, verifier, sampling, num_draft_tokens
@@ -69,7 +65,7 @@ def test_samples_follow_the_exact_target_distribution(
     target, drafter_named(name, small_pair), sampling, num_draft_tokens, verifier, schedule
   )
   assert 0.05 < stats["acceptance_rate"] < 0.98, stats  # accepting and rejecting both happen
-  assert g_test_p_value(observed, exact.target_distribution(target, EXACT_PROMPT, sampling)) > 1e-3
+  assert_follows(observed, target, EXACT_PROMPT, sampling)
   if schedule == "heuristic" or name == "confidence":
     assert stats["mean_draft_length"] < num_draft_tokens  # the draft length did adapt
   if name == "confidence":  # ... and the draft model ran fewer steps than K per iteration.
@@ -97,7 +93,7 @@ def target():
   [("lookup", "heuristic"), ("self", "fixed"), ("close", "heuristic"), ("confidence", "heuristic")],
 )
 def test_greedy_speculative_equals_greedy_autoregressive(target, name, schedule):
-  close = perturbed(target, 0.1, seed=4)
+  close = exactness.noisy_copy(target, 0.1, seed=4)
   drafter = {
     "lookup": PromptLookupDrafter(),
     "self": self_speculative(target, 1),

@@ -163,6 +163,7 @@ def test_a_tiny_acceptance_probability_is_not_rounded_up(monkeypatch):
     assert int(verdict.num_accepted[0]) == accepted, x
 
 
+@pytest.mark.slow
 def test_the_two_stage_race_of_a_large_vocabulary_follows_its_probabilities():
   """V > FLAT_RACE_MAX: a block race, then a race inside the winning block. Mass spread over
   blocks unevenly, a partial last block, zero-mass blocks and zero tokens inside live ones,

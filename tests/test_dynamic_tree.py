@@ -151,6 +151,7 @@ def _random_dynamic_parents(shape, batch, rng):
   return parents
 
 
+@pytest.mark.slow
 def test_per_row_tree_call_scores_each_node_as_its_own_sequence():
   """Each row's own tree (its parents) under one scoring call: every node gets the logits of
   the plain sequence prompt + its root path in that row."""

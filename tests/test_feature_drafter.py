@@ -60,6 +60,7 @@ def test_captured_features_are_the_hidden_states_entering_each_layer(target):
       target(tokens, None, cache, capture_layers=bad)
 
 
+@pytest.mark.slow
 def test_training_time_test_unroll_is_what_the_head_sees_when_drafting(target):
   """Row p of TTT step k equals the cached head after catching up to p on true features and
   drafting k steps on its own hidden states (the same tokens fed): mask, positions, cache."""
@@ -123,6 +124,7 @@ def test_greedy_speculative_equals_autoregressive(
   assert int(out.proposed.sum()) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", [None, "tree:3,2,1", "dynamic:8,4,2"])
 def test_the_head_reads_the_targets_features_along_the_accepted_path(target, tree):
   """After a sampled run (T=1, so paths go through later siblings), the head's pending
@@ -221,6 +223,7 @@ def test_frequent_tokens_picks_the_most_common_ids():
   np.testing.assert_array_equal(feature_train.frequent_tokens(stream, 10, 4), [1, 2, 5, 9])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft_vocab_size", [0, 40])
 def test_training_lowers_the_unrolled_kl_and_keeps_the_map(target, draft_vocab_size):
   stream = np.asarray(jax.random.randint(jax.random.key(0), (6000,), 0, 64))
@@ -248,6 +251,7 @@ def test_training_lowers_the_unrolled_kl_and_keeps_the_map(target, draft_vocab_s
     np.testing.assert_array_equal(trainer.head(state.params).draft_to_target[...], mapping)
 
 
+@pytest.mark.slow
 def test_a_trained_head_saves_loads_and_refuses_another_target(target, tmp_path):
   stream = np.asarray(jax.random.randint(jax.random.key(1), (3000,), 0, 64))
   config = feature_train.FeatureTrainConfig(

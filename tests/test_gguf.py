@@ -18,6 +18,9 @@ from specsamp.training import checkpoint
 from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.training.bpe_tokenizer import BpeTokenizer
 
+# Every test here reads a real model's file (imported once per module, 40-60 s).
+pytestmark = pytest.mark.slow
+
 
 def one_device():
   """The suite's 8 simulated host devices would each hold a replica of the 135M model."""

@@ -139,6 +139,7 @@ def test_greedy_matches_transformers_generate(kind, saved, imported):
   np.testing.assert_array_equal(np.asarray(out.tokens)[:, PROMPTS.shape[1] :], reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_speculative_greedy_matches_assisted_generation(kind, saved, imported):
   """Ours with a draft vs transformers' generate(assistant_model=draft), batch 1 (HF's limit)."""

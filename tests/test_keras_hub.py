@@ -47,17 +47,18 @@ def test_parity_check_refuses_different_weights(tiny):
 
 def test_keras_hub_rule_is_a_distribution_and_differs_from_the_target(tiny):
   target, draft, _ = tiny
-  from specsamp.experiments.proofs import certify
   from specsamp.sampling import warping
+  from specsamp.testing import exactness
 
   rule = compare_keras_hub.keras_hub_rule(target, draft, 1.0, compare_keras_hub.EXACT_K)
-  exact = certify.exact_distribution(
+  exact = exactness.exact_distribution(
     target, compare_keras_hub.EXACT_PROMPT, warping.SamplingConfig(1.0), 3
   )
   assert rule.min() >= 0 and abs(rule.sum() - 1) < 1e-9 and abs(exact.sum() - 1) < 1e-9
   assert 0.5 * np.abs(rule - exact).sum() > 0.05  # Far from exact: what the G-test sees.
 
 
+@pytest.mark.slow
 def test_compare_script_end_to_end(tmp_path):
   """The script on the micro Llama pair: parity, greedy identity in all four samplers, and
   at T=1, batch 1, 4,000 sequences: specsamp passes the G-test; keras-hub's SpeculativeSampler

@@ -3,18 +3,17 @@ float64 per-token reference, the sparse path reading only the selected experts, 
 parallelism on a mesh, and speculative sampling over an MoE target staying exact.
 (Parity with transformers' Qwen3-MoE is in test_hf.py.)"""
 
-import exact
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import perturbed, tiny_config
-from stat_tests import count_rows, g_test_p_value
+from conftest import EXACT_VOCAB, assert_follows, sampled_counts, tiny_config
 
 from specsamp import sharding
 from specsamp.models import moe, transformer
 from specsamp.models.layers import activation_fn
 from specsamp.sampling import warping
+from specsamp.testing import exactness
 
 
 def moe_config(**changes):
@@ -81,6 +80,7 @@ def test_the_sparse_path_reads_only_the_experts_the_tokens_selected():
 PROMPTS = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["auto", "shard_map"])
 def test_expert_parallel_mesh_equals_one_device(mode):
   """Experts split 2 ways over the 'expert' axis (x tensor 2 x data 2 on 8 devices): the
@@ -99,21 +99,22 @@ def test_expert_parallel_mesh_equals_one_device(mode):
   np.testing.assert_allclose(logits, expected, atol=5e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_speculative_sampling_over_an_moe_target_is_exact():
   """A target whose every layer routes among 4 experts (top 2) and a noisy copy as its draft:
   the sampled continuations follow the target's exactly enumerated distribution."""
   config = moe_config(
-    vocab_size=exact.VOCAB, d_model=32, num_heads=4, num_kv_heads=2, num_experts=4
+    vocab_size=EXACT_VOCAB, d_model=32, num_heads=4, num_kv_heads=2, num_experts=4
   )
   target = transformer.create(config, seed=10)
-  draft = perturbed(target, 0.6, seed=11)
+  draft = exactness.noisy_copy(target, 0.6, seed=11)
   prompt = [1, 5, 2]
-  tokens, stats = exact.sample_at_temperature_one(target, draft, prompt)
+  counts, stats = sampled_counts(target, draft, prompt, num_draft_tokens=3, temperature=1.0)
   assert 0.05 < stats["acceptance_rate"] < 0.98, stats
-  expected = exact.target_distribution(target, prompt, warping.SamplingConfig(1.0))
-  assert g_test_p_value(count_rows(tokens), expected) > 1e-3
+  assert_follows(counts, target, prompt, warping.SamplingConfig(1.0))
 
 
+@pytest.mark.slow
 def test_the_scoring_benchmark_counts_the_experts_each_call_selects():
   """scripts/benchmark_moe.py's measurement on a tiny MoE: a 1-token call selects exactly k
   experts per layer, a 5-token call between k and min(E, 5k); both paths time every call."""

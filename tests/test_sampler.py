@@ -31,6 +31,7 @@ def _prompts(seed):
   return prompts, jnp.array([12, 5, 9], jnp.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_kept_caches_give_the_fresh_calls_tokens_and_statistics(pair, temperature):
   target, draft = pair
@@ -84,6 +85,7 @@ def test_nan_logits_raise_and_drop_the_caches(pair):
   assert not sampler._caches
 
 
+@pytest.mark.slow
 def test_loop_benchmark_parts_and_op_counts(pair):
   target, draft = pair
   sampling = SamplingConfig(1.0)

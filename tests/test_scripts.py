@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import script_env
 
 from specsamp.sampling import tree as tree_lib
 
@@ -15,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_script(script, *args):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = script_env()
   return subprocess.run(
     [sys.executable, os.path.join(ROOT, "scripts", script), *args],
     cwd=ROOT,
@@ -37,6 +38,7 @@ def trained_workdir(tmp_path_factory):
   return workdir, result.stdout
 
 
+@pytest.mark.slow
 def test_train_script_trains_with_progress_and_reports_each_draft(trained_workdir):
   workdir, stdout = trained_workdir
   for needle in (
@@ -62,6 +64,7 @@ def test_train_script_trains_with_progress_and_reports_each_draft(trained_workdi
   assert sorted(os.listdir(workdir)) == ["draft_none", "draft_token", "target", "tokenizer.model"]
 
 
+@pytest.mark.slow
 def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir, tmp_path):
   """The user's own prompts (a JSONL file of two prompts of different lengths), with the
   report echoing its settings and one JSONL record per prompt."""
@@ -112,6 +115,7 @@ def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir, tmp_pa
     assert needle in out, needle
 
 
+@pytest.mark.slow
 def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
   from specsamp.training.tokenizer import Tokenizer
@@ -156,6 +160,7 @@ def test_sample_script_reports_bad_overrides_in_one_line(tmp_path, override, mes
   assert not (tmp_path / "w").exists()  # nothing was created, trained or compiled
 
 
+@pytest.mark.slow
 def test_a_workdir_trained_on_another_corpus_is_refused(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
   for i in range(200):  # enough files for every split
@@ -170,6 +175,7 @@ def test_a_workdir_trained_on_another_corpus_is_refused(trained_workdir, tmp_pat
   assert "different data" in result.stderr and "Use another --workdir" in result.stderr
 
 
+@pytest.mark.slow
 def test_benchmark_script_sweeps_resumes_and_feeds_the_performance_model(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
   output = str(tmp_path / "bench")
@@ -213,6 +219,7 @@ def test_benchmark_script_sweeps_resumes_and_feeds_the_performance_model(trained
     assert needle in model.stdout, needle
 
 
+@pytest.mark.slow
 def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, tmp_path):
   """The default-pair family (plain GELU MLP) exports as HF 'arcee', loads in transformers with
   the same logits, and imports back to identical parameters."""
@@ -270,6 +277,7 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   assert "training" not in result.stdout and "speedup:" in result.stdout
 
 
+@pytest.mark.slow
 def test_compare_hf_script_times_both_libraries(trained_workdir, tmp_path):
   import json
 
@@ -302,6 +310,7 @@ def test_compare_hf_script_times_both_libraries(trained_workdir, tmp_path):
     assert 1.0 <= entry["hf assisted (K=4)"]["tokens_per_target_call"] <= 5.0
 
 
+@pytest.mark.slow
 def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_path):
   import json
 
@@ -351,6 +360,7 @@ def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_
   assert "| tree:2,1 |" in summary
 
 
+@pytest.mark.slow
 def test_notebook_runs_end_to_end(trained_workdir, monkeypatch):
   """notebooks/speculative_sampling.ipynb, every cell, on the CPU, on the micro pair."""
   import nbformat
@@ -377,6 +387,7 @@ def test_notebook_runs_end_to_end(trained_workdir, monkeypatch):
   assert any("image/png" in out.get("data", {}) for out in outputs)  # the figure
 
 
+@pytest.mark.slow
 def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
   """2 processes x 4 CPU devices (jax.distributed over gloo), batch 8 sharded over 'data':
   the sample job and its statistics run on every host, and the tokens equal a one-process
@@ -398,7 +409,7 @@ def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env = script_env(devices=4)
   workers = [
     subprocess.Popen(
       [
@@ -450,6 +461,7 @@ def test_help_lists_every_config_field_and_the_shared_flags():
     assert needle in out, needle
 
 
+@pytest.mark.slow
 def test_a_corrupt_latest_step_is_one_line_and_latest_intact_reads_the_previous(
   trained_workdir, tmp_path
 ):
@@ -477,6 +489,7 @@ def _test_pair_config():
   return code_pair.get_config("test")
 
 
+@pytest.mark.slow
 def test_sampling_and_prompt_seeds_are_separate_from_training(trained_workdir):
   """sampling.seed changes the draws, not the prompts; prompt_seed changes the held-out
   prompts; neither retrains (config.seed is the training seed)."""
@@ -500,6 +513,50 @@ def test_sampling_and_prompt_seeds_are_separate_from_training(trained_workdir):
   assert not any("training" in line for line in logs), logs
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lookup:2", "self:1"])
+def test_the_main_job_samples_with_drafters_that_need_no_draft_model(
+  trained_workdir, tmp_path, name
+):
+  """--config.speculative.drafter=lookup:N / self:L: nothing trained or loaded for a draft
+  (a workdir without one is enough), K chosen automatically, greedy output equal to the
+  autoregressive loop's, and the report names the drafter."""
+  from specsamp.experiments.jobs import sample_job
+
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("draft_*"))
+  config = _test_pair_config()
+  config.speculative.drafter = name
+  config.speculative.draft_length = "auto"
+  config.sampling.temperature = 0.0
+  logs = []
+  report = sample_job.run(config, str(copy), log=logs.append)
+  assert not any("draft" in line and ("training" in line or "loaded" in line) for line in logs)
+  assert not any(path.startswith("draft_") for path in os.listdir(copy)), os.listdir(copy)
+  assert report.tokens["speculative"] == report.tokens["autoregressive"]
+  assert report.settings["drafter"] == name
+  assert report.choice is not None and report.choice["largest"] == 4
+  if name.startswith("lookup"):
+    assert report.costs.draft_step_s == 0.0  # No model: nothing to time.
+  else:
+    assert report.costs.draft_step_s > 0.0
+
+
+def test_drafter_names_parse_to_one_drafter_each_and_bad_ones_are_refused():
+  from specsamp.experiments.jobs import drafter_specs
+
+  assert drafter_specs.parse("lookup") == drafter_specs.DrafterSpec("lookup", 3)
+  assert drafter_specs.parse("lookup:5") == drafter_specs.DrafterSpec("lookup", 5)
+  assert drafter_specs.parse("self:2") == drafter_specs.DrafterSpec("self", 2)
+  assert drafter_specs.parse("draft").needs_draft and not drafter_specs.parse("self:2").needs_draft
+  assert drafter_specs.parse("feature").needs_feature_head
+  for bad in ("self", "self:0", "lookup:0", "lookup:x", "draft:2", "eagle"):
+    with pytest.raises(ValueError, match="Unknown drafter"):
+      drafter_specs.parse(bad)
+
+
+@pytest.mark.slow
 def test_an_empty_workdir_stage_trains_and_an_empty_checkpoint_is_an_error(
   trained_workdir, tmp_path
 ):
@@ -524,6 +581,7 @@ def test_an_empty_workdir_stage_trains_and_an_empty_checkpoint_is_an_error(
     pair_lib.prepare(config, str(copy), log=logs.append)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_training_saves_and_exits_cleanly(trained_workdir, tmp_path):
   import signal
 
@@ -531,7 +589,7 @@ def test_ctrl_c_during_training_saves_and_exits_cleanly(trained_workdir, tmp_pat
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
   shutil.rmtree(copy / "target")
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = script_env()
   process = subprocess.Popen(
     [sys.executable, "-u", os.path.join(ROOT, "scripts", "train.py"),
      "--config=configs/code_pair.py:test", f"--workdir={copy}",
@@ -551,6 +609,7 @@ def test_ctrl_c_during_training_saves_and_exits_cleanly(trained_workdir, tmp_pat
   assert os.listdir(copy / "target")  # the step it reached was saved
 
 
+@pytest.mark.slow
 def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
   trained_workdir, tmp_path
 ):
@@ -591,6 +650,7 @@ def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
   assert "| proposal |" in open(os.path.join(output, "summary.md")).read()
 
 
+@pytest.mark.slow
 def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir, tmp_path):
   """speculative.drafter='feature': the head trains on the cached target on the first run
   (into its own stage, the target untouched), loads on the next (growing a dynamic tree of

@@ -56,6 +56,7 @@ def test_parameters_are_born_sharded():
   assert q.addressable_shards[0].data.shape[1:] == (32, 2, 16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "family,mode,batch_axis,block",
   [
@@ -92,6 +93,7 @@ def _all_reduces(num_layers: int, mesh, scan_layers: bool = False) -> int:
   return compiled.as_text().count(" all-reduce(")
 
 
+@pytest.mark.slow
 def test_shard_map_has_two_reductions_per_layer():
   """Megatron: one psum after attention, one after the MLP, and nothing else per layer
   (counted unrolled). Scanned, the program holds ONE layer's body, whatever the depth: the

@@ -10,11 +10,15 @@ from specsamp import sharding
 from specsamp.experiments import config_files
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.experiments.proofs import certify, certify_real
+from specsamp.experiments.proofs import certify_real
 from specsamp.models import feature_head
 from specsamp.sampling import autoregressive, drafters, speculative, warping
 from specsamp.sampling.feature_drafter import FeatureDrafter
+from specsamp.testing import exactness
 from specsamp.training.bpe_tokenizer import BpeTokenizer
+
+# Every test here reads a real model's file (imported once per module, 40-60 s).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +104,7 @@ def test_the_real_target_certificate_enumerates_and_samples_inside_the_support(p
   # same code, on 2026-11-26). A wrong token or position is off by orders of magnitude.
   (first, second), probability = max(exact.items(), key=lambda item: item[1])
   tokens = np.asarray([prompt + [first, second]], np.int32)
-  steps = np.asarray(certify._last_distributions(pair.target, tokens, sampling, 3), np.float64)
+  steps = np.asarray(exactness.last_distributions(pair.target, tokens, sampling, 3), np.float64)
   np.testing.assert_allclose(
     probability, steps[0, 0, first] * steps[0, 1, second] / steps[0, :2].sum(-1).prod(), rtol=5e-5
   )

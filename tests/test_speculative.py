@@ -1,13 +1,11 @@
 """Speculative sampling: greedy identity, exact distributions, statistics, sharding, errors."""
 
-import exact
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from bigram import random_bigram
-from conftest import perturbed, tiny_config
-from stat_tests import count_rows, g_test_p_value
+from conftest import exact_pair, sampled_counts, tiny_config
 
 from specsamp import sharding
 from specsamp.models import transformer
@@ -19,6 +17,7 @@ from specsamp.sampling import (
   speculative_generate,
   warping,
 )
+from specsamp.testing import exactness
 
 PROMPTS = np.array(
   [
@@ -40,7 +39,11 @@ def target():
 def drafts(target):
   """A draft equal to the target, an unrelated one, and one that agrees often."""
   unrelated = transformer.create(tiny_config(num_layers=1), seed=1)
-  return {"same": target, "unrelated": unrelated, "close": perturbed(target, 0.1, seed=4)}
+  return {
+    "same": target,
+    "unrelated": unrelated,
+    "close": exactness.noisy_copy(target, 0.1, seed=4),
+  }
 
 
 @pytest.mark.parametrize(
@@ -105,6 +108,7 @@ def test_rows_accept_their_own_counts(target, drafts):
   )
 
 
+@pytest.mark.slow
 def test_eos_and_max_new_tokens_stop_rows_independently(target, drafts):
   free = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=15, temperature=0)
   eos = int(free.generated(0)[4])
@@ -167,26 +171,22 @@ EXACT_PROMPT = np.array([3, 6])
 
 @pytest.fixture(scope="module")
 def small_pair():
-  return exact.small_pair()
+  return exact_pair()
 
 
 def _sampled(small_pair, sampling, num_draft_tokens, verifier, seed=0):
   target, draft = small_pair
-  prompts = np.tile(EXACT_PROMPT, (exact.ROWS, 1))
-  out = speculative_generate(
+  return sampled_counts(
     target,
     draft,
-    prompts,
-    np.full(exact.ROWS, len(EXACT_PROMPT)),
-    jax.random.key(seed),
-    max_new_tokens=exact.NEW_TOKENS,
+    EXACT_PROMPT,
+    seed,
     num_draft_tokens=num_draft_tokens,
     temperature=sampling.temperature,
     top_k=sampling.top_k,
     top_p=sampling.top_p,
     verifier=verifier,
   )
-  return count_rows(np.asarray(out.tokens[:, len(EXACT_PROMPT) :])), out.summary()
 
 
 # Every verifier x drafter x schedule x warping is certified against exact enumeration by
@@ -194,6 +194,7 @@ def _sampled(small_pair, sampling, num_draft_tokens, verifier, seed=0):
 # scripts/certify.py (10^6); tests/test_drafters.py G-tests the Transformer pair here too.
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:num_draft_tokens=4 > max_new_tokens=3")  # On purpose.
 def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
   sampling = warping.SamplingConfig(1.0)
@@ -205,6 +206,7 @@ def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
 # --- Sharding, protocol models, bad input. ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "verifier, tree, block_size",
   [("block", None, 0), ("traversal", "tree:2,1,1", 4)],  # A tree, with blocked cache reads.
@@ -387,8 +389,8 @@ def test_synthetic_acceptance_follows_the_iid_law(rate):
   if rate in (0.0, 1.0):
     np.testing.assert_array_equal(counts, law * counts.sum())
   else:
-    observed = {n: int(c) for n, c in enumerate(counts)}
-    assert g_test_p_value(observed, dict(enumerate(law))) > 1e-3, (counts, law)
+    test = exactness.g_test(counts, law, 1e-3)
+    assert not test["rejected"], (counts, law, test)
     # (Each row's last iteration or two draft fewer than K tokens, to end at max_new_tokens:
     # a small censoring of the law, well inside the test's power at 256 rows.)
     assert abs(stats["alpha"] - rate) < 0.03

@@ -73,6 +73,7 @@ def uninterrupted(trainer, tmp_path_factory):
   return directory, _fit(trainer, directory)
 
 
+@pytest.mark.slow
 def test_loss_decreases(trainer, uninterrupted):
   _, state = uninterrupted
   initial = trainer.evaluate(trainer.init_state().params, EVAL)
@@ -166,6 +167,7 @@ def _teacher_forced_alpha(target, draft, tokens):
   return float(verification.expected_acceptance(p, q).mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["token", "sequence"])
 def test_distillation_raises_acceptance_over_an_untrained_draft(trainer, uninterrupted, mode):
   _, target_state = uninterrupted

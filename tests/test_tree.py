@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from bigram import random_bigram
-from conftest import perturbed, tiny_config
+from conftest import tiny_config
 
 from specsamp.models import transformer
 from specsamp.models.attention import TreeCall
@@ -19,6 +19,7 @@ from specsamp.sampling import drafters, generate, speculative_generate
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling import tree_verification as tv
 from specsamp.sampling.drafters import PromptLookupDrafter
+from specsamp.testing import exactness
 
 
 def test_shapes_from_their_strings():
@@ -56,6 +57,7 @@ def test_bad_tree_strings_say_what_is_allowed(spec, message):
     tree_lib.parse(spec)
 
 
+@pytest.mark.slow
 def test_one_tree_call_scores_every_node_as_its_own_sequence(block_size=4):
   """Scoring [root, nodes] under the ancestor mask gives each node the logits of the plain
   sequence prompt + its root path; so does growing the tree depth by depth (the drafter);
@@ -130,9 +132,10 @@ LENGTHS = np.array([7, 3, 6])
 @pytest.fixture(scope="module")
 def pair():
   target = transformer.create(tiny_config(), seed=0)
-  return target, perturbed(target, 0.3, seed=4)
+  return target, exactness.noisy_copy(target, 0.3, seed=4)
 
 
+@pytest.mark.slow
 def test_a_chain_shaped_tree_gives_the_chain_path_tokens(pair):
   target, draft = pair
   common = dict(max_new_tokens=13, num_draft_tokens=3, eos_id=7)

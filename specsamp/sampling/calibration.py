@@ -28,7 +28,7 @@ Functions:
   fit_drafter(drafter, target, tokens_BT)     the same, from a drafter and its target
   needs_fit(spec) / fitted(spec, tau) / unfitted(spec)   a tree spec 'dynamic:WxD@fit', whose
       tau is fitted where it runs (the drafter benchmark, the sample job)
-  next_token_logits(drafter, target, tokens_BT)   a drafter's first-draft-position logits
+  drafter.first_draft_logits(target, tokens_BT)   a drafter's first-draft-position logits
       along a text the target scores in the same pass, with the target's argmax there
 """
 
@@ -101,41 +101,9 @@ def fit_rank_temperature(
   return 1.0 / ((low + high) / 2.0)
 
 
-def next_token_logits(drafter: Any, target: Any, tokens_BT: Any) -> tuple[jax.Array, jax.Array]:
-  """(logits_BSV, argmax_BS): the drafter's logits for a first draft position after each
-  prefix of ``tokens_BT`` that it can draft from, and the target's argmax after the same
-  prefix (teacher-forced, one pass of each model).
-
-  A model drafter (``drafters.ModelDrafter``) drafts token t+1 from tokens 0..t: S = T. A
-  feature drafter (``feature_drafter.FeatureDrafter``) drafts token t+1 from the pair
-  (target feature at t-1, token t): S = T - 1, starting after the second token.
-  """
-  tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
-  batch, length = tokens_BT.shape
-  positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  cache = target.init_cache(batch, length)
-  layers = getattr(drafter, "feature_layers", ())
-  if layers:
-    target_logits_BTV, _, features_BTF = target(
-      tokens_BT, positions_BT, cache, capture_layers=layers
-    )
-    head = drafter.model
-    h_BTD, _ = drafter.pairs_hidden(tokens_BT, features_BTF, head.init_cache(batch, length))
-    return head.logits(h_BTD[:, :-1]), jnp.argmax(target_logits_BTV[:, 1:], axis=-1)
-  model = getattr(drafter, "model", None)
-  if model is None:
-    raise ValueError(
-      f"{type(drafter).__name__} has no model logits to calibrate: a dynamic tree needs a "
-      "model drafter or a feature drafter."
-    )
-  target_logits_BTV, _ = target(tokens_BT, positions_BT, cache)[:2]
-  draft_logits_BTV, _ = model(tokens_BT, positions_BT, model.init_cache(batch, length))[:2]
-  return draft_logits_BTV, jnp.argmax(target_logits_BTV, axis=-1)
-
-
 def fit_drafter(drafter: Any, target: Any, tokens_BT: Any) -> float:
   """The rank temperature of ``drafter`` against ``target``'s argmax on ``tokens_BT``."""
-  logits_BSV, labels_BS = next_token_logits(drafter, target, tokens_BT)
+  logits_BSV, labels_BS = drafter.first_draft_logits(target, tokens_BT)
   return fit_rank_temperature(
     np.asarray(logits_BSV).reshape(-1, logits_BSV.shape[-1]), np.asarray(labels_BS).reshape(-1)
   )

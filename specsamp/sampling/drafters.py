@@ -17,12 +17,21 @@ the past only, never from the target's scores of this block.
 
 Interface (all inside jit; ``Drafter.split``/``merge`` cross the boundary):
 
-  init(prompts_BT, prompt_lengths_B, cache_length, state=None) -> (state, nan_B)
-      (``state``: an earlier call's, to refill instead of allocating; optional to support)
+  init(prompts_BT, prompt_lengths_B, cache_length, num_draft_tokens, state=None,
+       features_BTF=None) -> (state, nan_B)
+      (``state``: an earlier call's, to refill instead of allocating, from ``empty_state``;
+      ``features_BTF``: the target's features at the prompt, for a drafter that reads them)
   propose(state, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size)
       -> (Proposal, state)
+  observe(state, features_BTF, start_B) -> state   the target's features at the scored
+      positions start_B.. (only a drafter with ``feature_layers`` gets any; default: no-op)
   rollback(state, lengths_B) -> state
   model_calls_per_prefill: 1 for a model, 0 for lookup
+
+Outside jit: ``check(target)``, ``check_tree(tree)``, ``state_bytes``, ``empty_state``,
+``step_model()`` (what a draft step's cost is timed on) and ``first_draft_logits`` (the
+logits a first draft position is drawn from, teacher-forced: what calibration fits). Nothing
+outside a drafter asks which drafter it is.
 
 ``limit_B`` is each row's draft length this iteration (K, or what the
 adaptive schedule allows, see ``speculative.py``); a drafter may propose fewer
@@ -61,7 +70,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specsamp.sampling import memory, model_protocol, proposals, threefry
+from specsamp.sampling import memory, model_protocol, proposals
 from specsamp.sampling.autoregressive import prefill
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig
@@ -118,7 +127,7 @@ class Drafter:
   model_calls_per_prefill = 0
   # Target layers whose entering hidden states the drafter reads (a feature drafter,
   # ``feature_drafter.py``); the loop then captures them in the target's prefill and scoring
-  # calls and hands them over with ``init_features`` and ``observe``.
+  # calls and hands them over with ``init`` and ``observe``.
   feature_layers: tuple[int, ...] = ()
 
   def split(self) -> tuple[Any, Any]:
@@ -143,8 +152,41 @@ class Drafter:
   def check(self, target: Any) -> None:
     """Raises a clear error if this drafter cannot draft for ``target``."""
 
-  def init(self, prompts_BT, prompt_lengths_B, cache_length: int):
+  def empty_state(self, batch_size: int, cache_length: int) -> Any:
+    """A state for ``init(..., state=...)`` to fill (a draft model's empty cache), or None
+    when ``init`` allocates its own: what a kept-cache sampler allocates once."""
+    return None
+
+  def step_model(self) -> Any:
+    """The decode-protocol model one draft step calls (what a draft step's cost is timed
+    on), or None for a drafter that calls no model (prompt lookup)."""
+    return None
+
+  def init(
+    self,
+    prompts_BT,
+    prompt_lengths_B,
+    cache_length: int,
+    num_draft_tokens: int,
+    state: Any = None,
+    features_BTF: Any = None,
+  ) -> tuple[Any, Any]:
+    """(state, nan_B): the drafter's state after the prompt (module docstring)."""
     raise NotImplementedError
+
+  def observe(self, state, features_BTF, start_B):
+    """Takes the target's features at the scored positions ``start_B``..: a drafter that
+    reads them (``feature_layers``) keeps them; any other ignores this."""
+    return state
+
+  def first_draft_logits(self, target: Any, tokens_BT: Any) -> tuple[Any, Any]:
+    """(logits_BSV, argmax_BS): the logits this drafter draws a first draft position from,
+    after each prefix of ``tokens_BT`` it can draft from, and the target's argmax after the
+    same prefix (teacher-forced). What ``calibration`` fits a rank temperature to."""
+    raise ValueError(
+      f"{type(self).__name__} has no model logits to calibrate: a dynamic tree needs a "
+      "model drafter or a feature drafter."
+    )
 
   def state_bytes(self, batch_size: int, cache_length: int) -> int:
     """Bytes of the state ``init`` allocates (a draft model's KV cache), for the memory check
@@ -230,7 +272,21 @@ class ModelDrafter(Drafter):
   def state_bytes(self, batch_size: int, cache_length: int) -> int:
     return memory.cache_bytes(self.model, batch_size, cache_length)
 
-  def init(self, prompts_BT, prompt_lengths_B, cache_length: int, state: Any = None):
+  def step_model(self) -> Any:
+    return self.model
+
+  def empty_state(self, batch_size: int, cache_length: int) -> Any:
+    return self.model.init_cache(batch_size, cache_length)
+
+  def init(
+    self,
+    prompts_BT,
+    prompt_lengths_B,
+    cache_length: int,
+    num_draft_tokens: int,
+    state: Any = None,
+    features_BTF: Any = None,
+  ):
     batch = prompts_BT.shape[0]
     cache = self.model.init_cache(batch, cache_length) if state is None else state
     logits, cache = prefill(self.model, prompts_BT, prompt_lengths_B, cache)
@@ -247,55 +303,27 @@ class ModelDrafter(Drafter):
     sampling: SamplingConfig,
     vocab_size: int,
   ):
-    batch = tokens_BW.shape[0]
-    rows_B = jnp.arange(batch)
+    rows_B = jnp.arange(tokens_BW.shape[0])
     # The first call takes the tokens at n-2 and n-1: re-feeding n-2 rewrites the same cache
     # entry, and after a full accept it is the draft's own last token, which it has not seen.
     positions_B2 = jnp.stack([jnp.maximum(lengths_B - 2, 0), lengths_B - 1], axis=1)
     logits_B2V, cache = self.model(tokens_BW[rows_B[:, None], positions_B2], positions_B2, cache)
-    tokens_BG = jnp.zeros((batch, num_draft_tokens), jnp.int32)
-    probs_BGV = jnp.zeros((batch, num_draft_tokens, vocab_size), jnp.float32)
 
-    def draw(t, logits_BV, tokens_BG, probs_BGV, active_B, count_B):
-      """Samples token t from q_t for every row; counts it for the rows still drafting."""
-      token_B, q_BV = proposals.draw_token(
-        threefry.fold_in(key, t), logits_BV, sampling, self.proposal
-      )
-      confident_B = jnp.ones((batch,), bool)
-      if self.confidence_threshold > 0:  # The draft's own (unwarped) probability of its token.
-        own_B = jax.nn.softmax(logits_BV, axis=-1)[rows_B, token_B]
-        confident_B = own_B >= self.confidence_threshold
-      count_B = count_B + active_B
-      active_B = active_B & (t + 1 < limit_B) & confident_B
-      return (
-        tokens_BG.at[:, t].set(token_B),
-        probs_BGV.at[:, t].set(q_BV),
-        active_B,
-        count_B,
-        model_protocol.has_nan(logits_BV),
-      )
+    def step(t, token_B, cache):  # Token t - 1 at position n - 2 + t gives q_t.
+      logits_B1V, cache = self.model(token_B[:, None], (lengths_B + t - 1)[:, None], cache)
+      return logits_B1V[:, 0], cache
 
-    active_B = limit_B > 0
-    tokens_BG, probs_BGV, active_B, count_B, nan_B = draw(
-      0, logits_B2V[:, -1], tokens_BG, probs_BGV, active_B, jnp.zeros((batch,), jnp.int32)
-    )
-
-    def cond(carry):
-      t, active_B = carry[0], carry[4]
-      return (t < num_draft_tokens) & jnp.any(active_B)
-
-    def body(carry):
-      t, cache, tokens_BG, probs_BGV, active_B, count_B, nan_B = carry
-      logits_B1V, cache = self.model(
-        tokens_BG[:, t - 1][:, None], (lengths_B + t - 1)[:, None], cache
-      )
-      tokens_BG, probs_BGV, active_B, count_B, step_nan_B = draw(
-        t, logits_B1V[:, 0], tokens_BG, probs_BGV, active_B, count_B
-      )
-      return t + 1, cache, tokens_BG, probs_BGV, active_B, count_B, nan_B | step_nan_B
-
-    steps, cache, tokens_BG, probs_BGV, _, count_B, nan_B = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), cache, tokens_BG, probs_BGV, active_B, count_B, nan_B)
+    tokens_BG, probs_BGV, count_B, steps, nan_B, cache = proposals.grow_chain(
+      key,
+      logits_B2V[:, -1],
+      step,
+      cache,
+      num_draft_tokens,
+      limit_B,
+      sampling,
+      vocab_size,
+      self.proposal,
+      confidence_threshold=self.confidence_threshold,
     )
     return Proposal(
       tokens=tokens_BG, probs=probs_BGV, num_proposed=count_B, model_calls=steps, nan=nan_B
@@ -303,6 +331,15 @@ class ModelDrafter(Drafter):
 
   def rollback(self, cache, lengths_B):
     return cache.replace(lengths=lengths_B - 1)
+
+  def first_draft_logits(self, target: Any, tokens_BT: Any) -> tuple[Any, Any]:
+    """Token t+1 drafted from tokens 0..t: S = T."""
+    tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
+    batch, length = tokens_BT.shape
+    positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    target_logits_BTV, _ = target(tokens_BT, positions_BT, target.init_cache(batch, length))
+    draft_logits_BTV, _ = self.model(tokens_BT, positions_BT, self.model.init_cache(batch, length))
+    return draft_logits_BTV, jnp.argmax(target_logits_BTV, axis=-1)
 
   def check_tree(self, tree: TreeShape) -> None:
     model_protocol.check_tree_support(self.model, "draft")
@@ -382,7 +419,15 @@ class PromptLookupDrafter(Drafter):
         f"Prompt lookup needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}."
       )
 
-  def init(self, prompts_BT, prompt_lengths_B, cache_length: int, state: Any = None):
+  def init(
+    self,
+    prompts_BT,
+    prompt_lengths_B,
+    cache_length: int,
+    num_draft_tokens: int,
+    state: Any = None,
+    features_BTF: Any = None,
+  ):
     return (), jnp.zeros(prompts_BT.shape[:1], bool)
 
   def propose(
@@ -426,16 +471,6 @@ class PromptLookupDrafter(Drafter):
       model_calls=jnp.int32(0),
       nan=jnp.zeros((batch,), bool),
     ), state
-
-
-def init_drafter(
-  drafter: Drafter, prompts_BT, prompt_lengths_B, cache_length: int, state: Any = None
-) -> tuple[Any, Any]:
-  """``drafter.init``, on the state of an earlier call when one is given and the drafter takes
-  it (``init(..., state=...)``: a model drafter refills its old cache instead of a new one)."""
-  if state is None:
-    return drafter.init(prompts_BT, prompt_lengths_B, cache_length)
-  return drafter.init(prompts_BT, prompt_lengths_B, cache_length, state=state)
 
 
 def self_speculative(target: Any, num_layers: int, **options: Any) -> ModelDrafter:

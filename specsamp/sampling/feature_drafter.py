@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specsamp.models.kv_cache import KVCache
-from specsamp.sampling import memory, model_protocol, proposals, threefry
+from specsamp.sampling import memory, model_protocol, proposals
 from specsamp.sampling.drafters import Drafter, Proposal, TreeProposal
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig
@@ -101,24 +101,26 @@ class FeatureDrafter(Drafter):
   def state_bytes(self, batch_size: int, cache_length: int) -> int:
     return memory.cache_bytes(self.model, batch_size, cache_length)
 
-  def init(self, prompts_BT, prompt_lengths_B, cache_length: int, state: Any = None):
-    raise TypeError(
-      "A feature drafter starts from the target's prompt features: the speculative loop calls "
-      "init_features(...), which needs a target that returns them."
-    )
+  def step_model(self) -> Any:
+    return self.model.as_step_model()
 
-  def init_features(
+  def init(
     self,
     prompts_BT: jax.Array,
     prompt_lengths_B: jax.Array,
     cache_length: int,
-    features_BTF: jax.Array,
     num_draft_tokens: int,
     state: FeatureState | None = None,
+    features_BTF: jax.Array | None = None,
   ) -> tuple[FeatureState, jax.Array]:
     """The head's cache over the prompt's pairs 0..n-3 and f_{n-2} pending; (state, nan_B).
 
     ``features_BTF`` are the target's features at the prompt's positions (its prefill)."""
+    if features_BTF is None:
+      raise ValueError(
+        "A feature drafter starts from the target's features at the prompt: init needs "
+        "features_BTF (the speculative loop captures them in the target's prefill)."
+      )
     batch = prompts_BT.shape[0]
     rows_B = jnp.arange(batch)
     cache = self.model.init_cache(batch, cache_length) if state is None else state.cache
@@ -128,6 +130,18 @@ class FeatureDrafter(Drafter):
     pending_BPF = pending_BPF.astype(features_BTF.dtype).at[:, 0].set(features_BTF[rows_B, start_B])
     state = FeatureState(cache=cache.replace(lengths=start_B), pending=pending_BPF, start=start_B)
     return state, model_protocol.has_nan(h_BTD)
+
+  def first_draft_logits(self, target: Any, tokens_BT: Any) -> tuple[jax.Array, jax.Array]:
+    """Token t+1 drafted from the pair (target feature at t-1, token t): S = T - 1, from the
+    second token on."""
+    tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
+    batch, length = tokens_BT.shape
+    positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    target_logits_BTV, _, features_BTF = target(
+      tokens_BT, positions_BT, target.init_cache(batch, length), capture_layers=self.feature_layers
+    )
+    h_BTD, _ = self.pairs_hidden(tokens_BT, features_BTF, self.model.init_cache(batch, length))
+    return self.model.logits(h_BTD[:, :-1]), jnp.argmax(target_logits_BTV[:, 1:], axis=-1)
 
   def pairs_hidden(self, tokens_BT: jax.Array, features_BTF: jax.Array, cache: Any):
     """(h_BTD, cache): the head over the pairs (target feature at t, token t+1) of a text at
@@ -171,52 +185,27 @@ class FeatureDrafter(Drafter):
     vocab_size: int,
   ):
     model = self.model
-    batch = tokens_BW.shape[0]
     # 1. Catch up on the pending pairs; the output at the last one (position n-2) gives q_1.
     h_BD, cache, count_B = self._catch_up(state, tokens_BW, lengths_B)
-    tokens_BG = jnp.zeros((batch, num_draft_tokens), jnp.int32)
-    probs_BGV = jnp.zeros((batch, num_draft_tokens, vocab_size), jnp.float32)
-
-    def draw(t, h_BD, tokens_BG, probs_BGV, active_B, count_B):
-      logits_BV = model.logits(h_BD[:, None])[:, 0]
-      token_B, q_BV = proposals.draw_token(
-        threefry.fold_in(key, t), logits_BV, sampling, self.proposal
-      )
-      count_B = count_B + active_B
-      active_B = active_B & (t + 1 < limit_B)
-      nan_B = model_protocol.has_nan(logits_BV)
-      return tokens_BG.at[:, t].set(token_B), probs_BGV.at[:, t].set(q_BV), active_B, count_B, nan_B
-
-    active_B = (limit_B > 0) & (count_B > 0)
-    tokens_BG, probs_BGV, active_B, proposed_B, nan_B = draw(
-      0, h_BD, tokens_BG, probs_BGV, active_B, jnp.zeros((batch,), jnp.int32)
-    )
 
     # 2. Draft on: the head's own h stands in for the feature at the next position.
-    def cond(carry):
-      return (carry[0] < num_draft_tokens) & jnp.any(carry[5])
+    def step(t, token_B, carry):  # The pair (h_{n-3+t}, x~_t) at position n-2+t gives q_{t+1}.
+      cache, h_BD = carry
+      positions_B1 = (lengths_B - 2 + t)[:, None]
+      h_B1D, cache = model.hidden(token_B[:, None], h_BD[:, None], positions_B1, cache)
+      return model.logits(h_B1D)[:, 0], (cache, h_B1D[:, 0])
 
-    def body(carry):
-      t, cache, h_BD, tokens_BG, probs_BGV, active_B, proposed_B, nan_B = carry
-      positions_B1 = (lengths_B - 2 + t)[:, None]  # The pair (h_{n-3+t}, x~_t) at n-2+t.
-      h_B1D, cache = model.hidden(tokens_BG[:, t - 1][:, None], h_BD[:, None], positions_B1, cache)
-      tokens_BG, probs_BGV, active_B, proposed_B, step_nan_B = draw(
-        t, h_B1D[:, 0], tokens_BG, probs_BGV, active_B, proposed_B
-      )
-      return (
-        t + 1,
-        cache,
-        h_B1D[:, 0],
-        tokens_BG,
-        probs_BGV,
-        active_B,
-        proposed_B,
-        nan_B | step_nan_B,
-      )
-
-    carry = (jnp.int32(1), cache, h_BD, tokens_BG, probs_BGV, active_B, proposed_B, nan_B)
-    steps, cache, _, tokens_BG, probs_BGV, _, proposed_B, nan_B = jax.lax.while_loop(
-      cond, body, carry
+    tokens_BG, probs_BGV, proposed_B, steps, nan_B, (cache, _) = proposals.grow_chain(
+      key,
+      model.logits(h_BD[:, None])[:, 0],
+      step,
+      (cache, h_BD),
+      num_draft_tokens,
+      limit_B,
+      sampling,
+      vocab_size,
+      self.proposal,
+      active_B=count_B > 0,  # A one-token row has no feature yet: it proposes nothing.
     )
     proposal = Proposal(
       tokens=tokens_BG, probs=probs_BGV, num_proposed=proposed_B, model_calls=steps, nan=nan_B

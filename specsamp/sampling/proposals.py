@@ -39,6 +39,8 @@ parents' path probabilities BEFORE its children are drawn; not built.)
 
 Functions:
   draw_token(key, logits_BV, sampling, proposal)   one chain position: (token_B, q_BV)
+  grow_chain(key, first_logits_BV, step, carry, K, limit_B, sampling, vocab_size, proposal)
+      a whole chain: the draft loop every model drafter shares; ``step`` runs its model
   draw_depth(key, tree, depth, parent_q, tokens, greedy_logits)   one depth of a tree
   grow_tree(key, tree, root_logits_BV, root_slot_B, limit_B, sampling, vocab_size, expand, ...)
       a whole tree, depth by depth; ``expand`` runs the drafter's model on a depth's nodes
@@ -48,6 +50,7 @@ Functions:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +111,78 @@ def draw_token(
     token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
     return token_B, chosen_q(token_B, q_BV)
   return sample_from(key, q_BV), q_BV
+
+
+def grow_chain(
+  key: jax.Array,
+  first_logits_BV: jax.Array,
+  step: Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]],
+  carry: Any,
+  num_draft_tokens: int,
+  limit_B: jax.Array,
+  sampling: SamplingConfig,
+  vocab_size: int,
+  proposal: str,
+  active_B: jax.Array | None = None,
+  confidence_threshold: float = 0.0,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, Any]:
+  """The chain draft loop every model drafter shares: token t (0-based) is drawn from the
+  logits before it (``draw_token``, key ``fold_in(key, t)``), then ``step(t + 1, token_B,
+  carry) -> (logits_BV, carry)`` runs the drafter's model on it for the next one.
+
+  A row drafts while t < its ``limit_B``, and while it is ``active_B`` (default every row) and
+  confident: with ``confidence_threshold`` > 0 it stops after a token whose probability under
+  the drafter's own (unwarped) softmax is below it. Rows that stopped ride along until every
+  row has, so the model runs only as many steps as the longest row needs.
+
+  Returns:
+    (tokens_BG, probs_BGV, num_proposed_B, steps, nan_B, carry): G = ``num_draft_tokens``;
+    ``steps`` counts the logits read (the first, then one per ``step`` call); ``nan_B`` marks
+    rows whose logits held NaN.
+  """
+  batch = first_logits_BV.shape[0]
+  rows_B = jnp.arange(batch)
+
+  def draw(t, logits_BV, tokens_BG, probs_BGV, active_B, count_B):
+    token_B, q_BV = draw_token(threefry.fold_in(key, t), logits_BV, sampling, proposal)
+    confident_B = jnp.ones((batch,), bool)
+    if confidence_threshold > 0:
+      own_B = jax.nn.softmax(logits_BV, axis=-1)[rows_B, token_B]
+      confident_B = own_B >= confidence_threshold
+    count_B = count_B + active_B
+    active_B = active_B & (t + 1 < limit_B) & confident_B
+    return (
+      tokens_BG.at[:, t].set(token_B),
+      probs_BGV.at[:, t].set(q_BV),
+      active_B,
+      count_B,
+      model_protocol.has_nan(logits_BV),
+    )
+
+  tokens_BG = jnp.zeros((batch, num_draft_tokens), jnp.int32)
+  probs_BGV = jnp.zeros((batch, num_draft_tokens, vocab_size), jnp.float32)
+  active_B = (limit_B > 0) & (True if active_B is None else active_B)
+  zeros_B = jnp.zeros((batch,), jnp.int32)
+  tokens_BG, probs_BGV, active_B, count_B, nan_B = draw(
+    0, first_logits_BV, tokens_BG, probs_BGV, active_B, zeros_B
+  )
+
+  def cond(loop):
+    t, active_B = loop[0], loop[3]
+    return (t < num_draft_tokens) & jnp.any(active_B)
+
+  def body(loop):
+    t, tokens_BG, probs_BGV, active_B, count_B, nan_B, carry = loop
+    logits_BV, carry = step(t, tokens_BG[:, t - 1], carry)
+    tokens_BG, probs_BGV, active_B, count_B, step_nan_B = draw(
+      t, logits_BV, tokens_BG, probs_BGV, active_B, count_B
+    )
+    return t + 1, tokens_BG, probs_BGV, active_B, count_B, nan_B | step_nan_B, carry
+
+  steps, tokens_BG, probs_BGV, _, count_B, nan_B, carry = jax.lax.while_loop(
+    cond, body, (jnp.int32(1), tokens_BG, probs_BGV, active_B, count_B, nan_B, carry)
+  )
+  return tokens_BG, probs_BGV, count_B, steps, nan_B, carry
 
 
 def draw_depth(

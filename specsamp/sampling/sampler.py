@@ -160,10 +160,7 @@ class Sampler:
 
   def _fresh_caches(self, batch: int, cache_length: int) -> tuple[Any, Any]:
     target_cache = jax.jit(self.target.init_cache, static_argnums=(0, 1))(batch, cache_length)
-    state = None
-    if isinstance(self._drafter, drafters.ModelDrafter):
-      model = self._drafter.model
-      state = jax.jit(model.init_cache, static_argnums=(0, 1))(batch, cache_length)
+    state = jax.jit(self._drafter.empty_state, static_argnums=(0, 1))(batch, cache_length)
     return target_cache, state
 
   def _keep(self, key: Any, output: Any, caches: Any) -> Any:

@@ -39,7 +39,6 @@ import numpy as np
 from specsamp import sharding
 from specsamp.experiments.benchmarks import speedup, timing
 from specsamp.sampling import draft_length, drafters
-from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.sampler import Sampler
 
 TARGET = "target"
@@ -47,13 +46,9 @@ TARGET = "target"
 
 
 def step_model(model: Any) -> Any:
-  """What a draft step's cost is timed on: a decode-protocol model as it is, a model
-  drafter's model, a feature drafter's head as a step model (``FeatureStep``)."""
-  if isinstance(model, FeatureDrafter):
-    return model.model.as_step_model()
-  if isinstance(model, drafters.ModelDrafter):
-    return model.model
-  return model
+  """What a step's cost is timed on: a decode-protocol model as it is, a drafter's
+  ``step_model()`` (None for prompt lookup, which calls no model)."""
+  return model.step_model() if isinstance(model, drafters.Drafter) else model
 
 
 class Bench:
@@ -119,8 +114,11 @@ class Bench:
     """Seconds per call of ``model`` on ``tokens`` per row (measured once, then kept)."""
     key = ("call", model, batch_size, tokens)
     if key not in self._seconds:
-      self._seconds[key] = self.call(
-        timing.time_calls, step_model(self.models[model]), batch_size, tokens, self.cache_slots
+      called = step_model(self.models[model])
+      self._seconds[key] = (  # A drafter that calls no model has no step to time.
+        0.0
+        if called is None
+        else self.call(timing.time_calls, called, batch_size, tokens, self.cache_slots)
       )
     return self._seconds[key]
 

@@ -385,6 +385,7 @@ def prepare(
   workdir: str | None = None,
   *,
   draft_modes: Sequence[str] | None = None,
+  drafts: bool = True,
   feature_head: bool = False,
   log: Callable[[str], None] = print,
   mesh: jax.sharding.Mesh | None = None,
@@ -396,6 +397,8 @@ def prepare(
     workdir: the cache directory; default ``workdir/<config.name>``.
     draft_modes: distillation modes of the drafts to prepare; default the
       config's ``draft.train.distill.mode``.
+    drafts: prepare the draft at all (False for drafters that need no draft model: prompt
+      lookup, self-speculative, the feature head; ``Pair.drafts`` is then empty).
     feature_head: also prepare the config's ``feature`` head (trained on the first run).
     log: where progress goes.
     mesh: where the models go; default the config's ``mesh`` section over every device.
@@ -434,29 +437,30 @@ def prepare(
     resume=config.resume_from,
     log=log,
   )
-  drafts = {}
-  if config.draft.get("checkpoint"):
-    drafts["checkpoint"] = _load_checkpoint(
+  prepared = {}
+  if drafts and config.draft.get("checkpoint"):
+    prepared["checkpoint"] = _load_checkpoint(
       "draft", config.draft.checkpoint, tokenizer, mesh, config.resume_from, log
     )
-    model_protocol.check_same_vocabulary(target, drafts["checkpoint"])
-  for mode in [] if drafts else (draft_modes or [config.draft.train.distill.mode]):
-    section = ml_collections.ConfigDict(config.draft.to_dict())
-    section.train.distill.mode = mode
-    directory = os.path.join(workdir, f"draft_{mode}")
-    drafts[mode] = _train_model(
-      f"draft ({'from scratch' if mode == 'none' else mode + ' distillation'})",
-      section,
-      tokenizer,
-      get_corpus,
-      mesh,
-      directory,
-      config.seed + 1,
-      config.data.to_dict(),
-      teacher=target,
-      resume=config.resume_from,
-      log=log,
-    )
+    model_protocol.check_same_vocabulary(target, prepared["checkpoint"])
+  elif drafts:
+    for mode in draft_modes or [config.draft.train.distill.mode]:
+      section = ml_collections.ConfigDict(config.draft.to_dict())
+      section.train.distill.mode = mode
+      directory = os.path.join(workdir, f"draft_{mode}")
+      prepared[mode] = _train_model(
+        f"draft ({'from scratch' if mode == 'none' else mode + ' distillation'})",
+        section,
+        tokenizer,
+        get_corpus,
+        mesh,
+        directory,
+        config.seed + 1,
+        config.data.to_dict(),
+        teacher=target,
+        resume=config.resume_from,
+        log=log,
+      )
   prompts = data.held_out_prompts(
     tokenizer,
     split.prompts,
@@ -481,7 +485,7 @@ def prepare(
   return Pair(
     tokenizer=tokenizer,
     target=target,
-    drafts=drafts,
+    drafts=prepared,
     prompts=prompts,
     mesh=mesh,
     feature_head=head,

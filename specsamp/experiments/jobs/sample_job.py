@@ -19,16 +19,14 @@ import numpy as np
 
 from specsamp.experiments.benchmarks import speedup, timing
 from specsamp.experiments.benchmarks.harness import Bench, format_choice
+from specsamp.experiments.jobs import drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.sampling import calibration, drafters, proposals, speculative, tree_step
+from specsamp.sampling import calibration, proposals, speculative, tree_step
 from specsamp.sampling import tree as tree_lib
-from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.tree import TreeShape
 
-DRAFT = "draft"  # The pair's one draft, by its name in the harness.
-# speculative.drafter: the pair's draft model, or its feature head on the target's features.
-DRAFTERS = ("draft", "feature")
+DRAFT = "draft"  # The drafter sampled with, by its name in the harness.
 
 
 @dataclasses.dataclass
@@ -162,8 +160,8 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
     (
       "speculative.drafter",
       spec.get("drafter", "draft"),
-      spec.get("drafter", "draft") in DRAFTERS,
-      f"must be one of {DRAFTERS}",
+      _parses(spec.get("drafter", "draft")),
+      f"must be one of {drafter_specs.NAMES} (drafter_specs.py)",
     ),
     (
       "speculative.proposal",
@@ -201,6 +199,14 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"--config.{path}={value!r}: {allowed}")
 
 
+def _parses(name: str) -> bool:
+  try:
+    drafter_specs.parse(name)
+  except ValueError:
+    return False
+  return True
+
+
 def context_warnings(config: ml_collections.ConfigDict, longest_prompt: int) -> list[str]:
   """Warnings for rows that run past what a trained model saw: prompt + max_new_tokens beyond
   its ``train.seq_len`` (models loaded from a checkpoint do not record theirs)."""
@@ -230,16 +236,16 @@ def run(
   source = s.get("prompt_source", "held_out")
   if source != "held_out":
     prompts_lib.texts_of(source)  # A missing prompt file fails before anything trains.
-  feature = config.speculative.get("drafter", "draft") == "feature"
-  pair = pair_lib.prepare(config, workdir, feature_head=feature, log=log)
+  drafter = drafter_specs.parse(config.speculative.get("drafter", "draft"))
+  pair = pair_lib.prepare(
+    config,
+    workdir,
+    drafts=drafter.needs_draft,
+    feature_head=drafter.needs_feature_head,
+    log=log,
+  )
   tokenizer = pair.tokenizer
-  proposal = config.speculative.get("proposal", "sampled")
-  if feature:
-    draft = FeatureDrafter(pair.feature_head, proposal=proposal)
-  elif proposal != "sampled":
-    draft = drafters.ModelDrafter(pair.draft, proposal=proposal)
-  else:
-    draft = pair.draft
+  draft = drafter_specs.make(drafter, pair, config.speculative.get("proposal", "sampled"))
   prompts = prompts_lib.of_pair(
     pair, source, chat=bool(s.get("chat_template", False)), limit=s.get("max_prompts", 0)
   )
@@ -318,6 +324,7 @@ def run(
       "temperature": s.temperature,
       "top_k": s.top_k,
       "top_p": s.top_p,
+      "drafter": config.speculative.get("drafter", "draft"),
       "num_draft_tokens": num_draft_tokens,
       **({"tree": config.speculative.tree} if tree is not None else {}),
       **({"rank_temperature": tree.rank_temperature} if tree is not None and tree.dynamic else {}),

@@ -18,7 +18,7 @@ Exactness (``run_exactness``): a tiny Llama pair (vocabulary 16) whose every 3-t
 continuation has an exactly computable probability. Each sampler draws ``n`` continuations of
 one prompt at batch 1 (each run a batch of one, vmapped over seeds) and at batch 8 (the prompt
 in 8 rows, the rows pooled), and a G-test compares the counts with the exact warped target
-(``certify.exact_distribution``, ``certify.g_test``). keras-hub's autoregressive sampler is the
+(``exactness.exact_distribution``, ``exactness.g_test``). keras-hub's autoregressive sampler is the
 control: it must pass, which shows the test and the reference are fair to keras-hub.
 
 Where keras-hub's SpeculativeSampler fails, ``keras_hub_rule`` says why: it enumerates, exactly,
@@ -49,10 +49,10 @@ from specsamp import sharding
 from specsamp.experiments.benchmarks import perf_model, timing
 from specsamp.experiments.peers import keras_hub_peer
 from specsamp.experiments.peers.compare_hf import MODES, export_pair
-from specsamp.experiments.proofs import certify
 from specsamp.hf import architectures
 from specsamp.models import TransformerConfig, transformer
 from specsamp.sampling import autoregressive, speculative, warping
+from specsamp.testing import exactness
 
 PARITY_TOLERANCE = 1e-4  # Max |logit difference| between keras-hub and specsamp.
 
@@ -370,7 +370,7 @@ def speed_table(results: dict[str, Any]) -> str:
 
 def exact_pair(seed: int = 10) -> tuple[Any, Any]:
   """The tiny Llama pair (vocabulary 16, 2 layers, grouped-query attention, SwiGLU) and a
-  draft that is the target with Gaussian noise (``certify.noisy_copy``)."""
+  draft that is the target with Gaussian noise (``exactness.noisy_copy``)."""
   config = TransformerConfig(
     vocab_size=EXACT_VOCAB,
     num_layers=2,
@@ -383,7 +383,7 @@ def exact_pair(seed: int = 10) -> tuple[Any, Any]:
     param_dtype="float32",
   )
   target = transformer.create(config, seed=seed)
-  return target, certify.noisy_copy(target, 0.6, seed=seed + 1)
+  return target, exactness.noisy_copy(target, 0.6, seed=seed + 1)
 
 
 def _counts(draw: Callable[[np.ndarray], Any], runs: int, chunk: int) -> np.ndarray:
@@ -393,7 +393,7 @@ def _counts(draw: Callable[[np.ndarray], Any], runs: int, chunk: int) -> np.ndar
   for start in range(0, runs, chunk):
     seeds = np.arange(start, start + chunk)
     tokens = np.asarray(draw(seeds))[: min(chunk, runs - start)]
-    counts += np.bincount(certify.codes(tokens, EXACT_VOCAB).reshape(-1), minlength=len(counts))
+    counts += np.bincount(exactness.codes(tokens, EXACT_VOCAB).reshape(-1), minlength=len(counts))
   return counts
 
 
@@ -433,7 +433,7 @@ def _prefix_distributions(model: Any, temperature: float) -> dict[tuple[int, ...
     prefixes = list(itertools.product(range(EXACT_VOCAB), repeat=length))
     seqs = np.asarray([EXACT_PROMPT + prefix for prefix in prefixes], np.int32)
     probs = np.asarray(
-      certify._last_distributions(model, jnp.asarray(seqs), sampling, 1), np.float64
+      exactness.last_distributions(model, jnp.asarray(seqs), sampling, 1), np.float64
     )
     for prefix, row in zip(prefixes, probs[:, 0]):
       table[prefix] = row / row.sum()
@@ -455,7 +455,7 @@ def keras_hub_rule(
 
   def visit(prefix: tuple[int, ...], mass: float):
     if len(prefix) == EXACT_NEW_TOKENS:
-      out[certify.codes(np.asarray(prefix), EXACT_VOCAB)] += mass
+      out[exactness.codes(np.asarray(prefix), EXACT_VOCAB)] += mass
       return
     for _ in range(num_draft_tokens):
       if len(prefix) == EXACT_NEW_TOKENS:
@@ -519,7 +519,7 @@ def run_exactness(
   }
   for warping_name in warpings:
     sampling = EXACT_WARPINGS[warping_name]
-    exact = certify.exact_distribution(target, EXACT_PROMPT, sampling, EXACT_NEW_TOKENS)
+    exact = exactness.exact_distribution(target, EXACT_PROMPT, sampling, EXACT_NEW_TOKENS)
     rule = keras_hub_rule(target, draft, sampling.temperature, EXACT_K)
     for sampler, batch in itertools.product(samplers, batches):
       start = time.perf_counter()
@@ -541,11 +541,11 @@ def run_exactness(
         "batch": batch,
         "n": int(counts.sum()),
         "outside_top_p": float(counts[exact <= 0].sum() / counts.sum()),
-        **certify.g_test(counts, exact, level),
+        **exactness.g_test(counts, exact, level),
       }
       case["passed"] = bool(case["G"] < case["threshold"])
       if sampler == "keras-hub speculative":
-        vs_rule = certify.g_test(counts, rule, level)
+        vs_rule = exactness.g_test(counts, rule, level)
         case["vs_rule"] = {**vs_rule, "passed": bool(vs_rule["G"] < vs_rule["threshold"])}
         case["rule_outside_top_p"] = float(rule[exact <= 0].sum())
         case["rule_total_variation"] = float(0.5 * np.abs(rule - exact).sum())

@@ -17,21 +17,10 @@ x batch (1 row; 16 ragged rows of prompt lengths 1..6, whose cells are
 draft tensor-parallel under shard_map). Batch-1 runs are vmapped over keys:
 each instance is a batch-1 loop with its own key.
 
-Each family of cases has PLANTED BUGS that the same test must reject (G far
-above its threshold), showing that it has the power to see a real fault:
-  residual_from_p    resample from p instead of norm(max(0, w p - q))  (verifiers)
-  unweighted_block   block verification's residual without the weight w  (block)
-  coarse_le          8-bit uniform draws compared with r <= a (the old zero-draw
-                     acceptance, made frequent enough to see)  (random draws)
-  bits8              every draw from 8 random bits  (random draws, coins and tokens)
-  misreported_q      prompt lookup reports a uniform q for its one-hot proposal  (drafters)
-  sibling_against_p  a tree's later siblings tried against the unchanged distribution
-                     instead of the residual left by the rejected ones  (tree verifiers)
-  siblings_full_q    siblings drawn without replacement report their parent's whole q
-                     instead of the renormalised one they were drawn from  (tree drafting)
-  chosen_real_q      a greedy choice verified with the drafter's warped q, which it was not
-                     drawn from, instead of the one-hot q  (proposal modes; the draft model and
-                     the feature head share ``proposals.draw_token``)
+Each family of cases has PLANTED BUGS that the same test must reject (G far above its
+threshold), showing that it has the power to see a real fault: ``exactness.BUGS`` lists them
+(``specsamp/testing/exactness.py``, the toolkit this certificate, the tests and the peer
+comparisons share: the exact enumeration, the G-test and the bugs).
 
 Proposal modes (``proposal_cases``): the feature head's chains and trees, its tokens
 sampled from its real q or chosen greedily with one-hot q (``proposals.py``), shared head
@@ -56,22 +45,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
-from scipy import stats
+from flax import struct
 
 from specsamp import sharding
 from specsamp.models import TransformerConfig, transformer
-from specsamp.sampling import drafters, draws, proposals, speculative, verification, warping
+from specsamp.sampling import drafters, speculative, warping
+from specsamp.testing import exactness
 
 VOCAB = 8
 NEW_TOKENS = 4
@@ -97,7 +85,6 @@ MESHES = ("1", "2x4")
 TREES = ("chains:2x3", "tree:2,2,1", "tree:3,1,1/iid")
 TREE_VERIFIERS = ("token", "traversal")
 TREE_WARPINGS = ("T=1", "T=0.7,p=0.9", "top-k=3")
-TREE_BUGS = ("sibling_against_p", "siblings_full_q")
 # Proposal modes (proposals.py): the feature head's chains and trees, sampled from its real q
 # or greedy with one-hot q; the draft model's greedy proposals on the trigram.
 PROPOSAL_DRAFTERS = ("feature", "feature_greedy", "feature_vocab", "feature_vocab_greedy")
@@ -105,16 +92,6 @@ PROPOSAL_TREE = "tree:2,2,1"
 DYNAMIC_TREE = "dynamic:3,2,2"  # EAGLE-2: 3 nodes at depth 1, then the 2 best of 6 per depth.
 PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 TREE_BUG = "tree:3,1,1"  # Where the tree bugs show: three distinct siblings, then chains.
-BUGS = (
-  "residual_from_p",
-  "unweighted_block",
-  "coarse_le",
-  "bits8",
-  "misreported_q",
-  "sibling_against_p",
-  "siblings_full_q",
-  "chosen_real_q",
-)
 SCOPES = ("full", "quick", "trees", "proposals")
 # Batch-1 prompt: its last token occurred before, so prompt lookup proposes from the start.
 PROMPT = (3, 6, 1, 3)
@@ -437,14 +414,7 @@ def noisy_copy(model: Any, scale: float, seed: int) -> Any:
   if isinstance(model, Trigram):
     noise = jax.random.normal(jax.random.key(seed), model.logits_PVV.shape)
     return Trigram(model.logits_PVV + scale * jnp.std(model.logits_PVV) * noise)
-  graphdef, state = nnx.split(model)
-  leaves, treedef = jax.tree.flatten(state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [
-    jax.device_put(x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype), x.sharding)
-    for x, k in zip(leaves, keys)
-  ]
-  return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
+  return exactness.noisy_copy(model, scale, seed)
 
 
 def feature_drafter_for(target: Any, reduced_vocabulary: bool, mesh: Any = None) -> Any:
@@ -527,87 +497,6 @@ def prompts(batch: str) -> tuple[np.ndarray, np.ndarray]:
   return rows, lengths
 
 
-# --- The exact distribution. -----------------------------------------------------------------
-
-
-@functools.partial(jax.jit, static_argnames=("sampling", "count"))
-def _last_distributions(
-  model: Any, tokens_BT: jax.Array, sampling: warping.SamplingConfig, count: int
-) -> jax.Array:
-  """[B, count, V]: the warped next-token distributions at each row's last ``count``
-  positions, through the decode protocol (one causal pass gives every prefix's)."""
-  batch, length = tokens_BT.shape
-  positions_BT = jnp.broadcast_to(jnp.arange(length), (batch, length))
-  logits_BTV, _ = model(tokens_BT, positions_BT, model.init_cache(batch, length))
-  return warping.probabilities(logits_BTV[:, length - count :], sampling)
-
-
-def exact_distribution(
-  target: Any,
-  prompt: tuple[int, ...],
-  sampling: warping.SamplingConfig,
-  new_tokens: int = NEW_TOKENS,
-) -> np.ndarray:
-  """P(x_1..x_N | prompt) under the warped target, [V^N] in lexicographic order (float64),
-  N = ``new_tokens`` and V the target's vocabulary.
-
-  One forward pass over the V^(N-1) sequences prompt + x_1..x_{N-1} gives every factor
-  p(x_t | prompt, x_<t) of the chain rule at positions L-1..L+N-2.
-  """
-  vocab = target.vocab_size if isinstance(target, Trigram) else target.config.vocab_size
-  prefixes = np.asarray(list(itertools.product(range(vocab), repeat=new_tokens - 1)), np.int32)
-  prefixes = prefixes.reshape(-1, new_tokens - 1)
-  seqs = np.concatenate(
-    [np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes], axis=1
-  )
-  step = np.asarray(
-    _last_distributions(target, jnp.asarray(seqs), sampling, new_tokens), np.float64
-  )
-  step /= step.sum(-1, keepdims=True)
-  rows = np.arange(len(prefixes))
-  probs = np.ones(len(prefixes))
-  for t in range(new_tokens - 1):
-    probs *= step[rows, t, prefixes[:, t]]
-  return (probs[:, None] * step[:, -1]).reshape(-1)
-
-
-def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any]:
-  """G-test of ``counts`` against ``probs`` (same shape, flattened); small cells pooled.
-  Returns G, cells, the threshold at ``level``, the p-value and the count of draws in cells
-  of probability 0 (``impossible``): any such draw fails outright (G = inf, p-value 0).
-  """
-  counts, probs = counts.reshape(-1).astype(np.float64), probs.reshape(-1)
-  probs = probs / probs.sum()
-  n = counts.sum()
-  expected = probs * n
-  big = expected >= 5
-  if np.any(counts[probs <= 0] > 0):
-    cells = int(big.sum()) + 1
-    return {
-      "G": math.inf,
-      "cells": cells,
-      "threshold": float(stats.chi2.isf(level, cells - 1)),
-      "p_value": 0.0,
-      "impossible": int(counts[probs <= 0].sum()),
-    }
-  observed_cells = np.append(counts[big], counts[~big & (probs > 0)].sum())
-  expected_cells = np.append(expected[big], expected[~big & (probs > 0)].sum())
-  keep = expected_cells > 0
-  observed_cells, expected_cells = observed_cells[keep], expected_cells[keep]
-  nonzero = observed_cells > 0
-  g = 2.0 * np.sum(
-    observed_cells[nonzero] * np.log(observed_cells[nonzero] / expected_cells[nonzero])
-  )
-  dof = len(observed_cells) - 1
-  return {
-    "G": float(g),
-    "cells": len(observed_cells),
-    "threshold": float(stats.chi2.isf(level, dof)),
-    "p_value": float(stats.chi2.sf(g, dof)),
-    "impossible": 0,
-  }
-
-
 # --- Sampling. ----------------------------------------------------------------------------------
 
 
@@ -639,13 +528,7 @@ def _sampler(
     )
     return out.tokens[rows_B[:, None], jnp.asarray(lengths_B)[:, None] + offsets[None, :]]
 
-  return jax.jit(jax.vmap(one))
-
-
-def codes(continuations: np.ndarray, vocab: int = VOCAB) -> np.ndarray:
-  """Lexicographic index in 0..V^N-1 of each continuation (the last axis, N tokens)."""
-  length = continuations.shape[-1]
-  return continuations.astype(np.int64) @ (vocab ** np.arange(length - 1, -1, -1))
+  return exactness.throughput_compiled(jax.vmap(one))
 
 
 def draw_counts(
@@ -655,7 +538,10 @@ def draw_counts(
   prompts_BT, lengths_B = prompts(case.batch)
   rows = len(lengths_B)
   runs = -(-num_samples // rows)
-  per_chunk = max(chunk_rows // rows, 1)
+  # Equal chunks of at most ``chunk_rows`` rows: 10^5 draws at batch 1 are two of 50,000, not
+  # 65,536 and a padded 65,536 (31% more sampling than asked for).
+  chunks = -(-runs // max(chunk_rows // rows, 1))
+  per_chunk = -(-runs // chunks)
   counts = np.zeros((rows, VOCAB**NEW_TOKENS), np.int64)
   with setup.context():
     sample = _sampler(setup, case, prompts_BT, lengths_B)
@@ -664,78 +550,10 @@ def draw_counts(
       chunk = keys[start : start + per_chunk]
       if len(chunk) < per_chunk:  # One compiled shape: pad the last chunk, drop the extra.
         chunk = jnp.concatenate([chunk, keys[: per_chunk - len(chunk)]])
-      drawn = codes(np.asarray(sample(chunk)))[: min(per_chunk, runs - start)]
+      drawn = exactness.codes(np.asarray(sample(chunk)), VOCAB)[: min(per_chunk, runs - start)]
       for row in range(rows):
         counts[row] += np.bincount(drawn[:, row], minlength=VOCAB**NEW_TOKENS)
   return counts
-
-
-# --- Planted bugs. ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def planted(bug: str | None) -> Iterator[None]:
-  """Temporarily breaks the sampler as ``bug`` names (None: as it is); clears jit caches on
-  the way in and out, so no compiled program outlives its patch."""
-  if bug is None:
-    yield
-    return
-  saved = []
-
-  def patch(module, name, value):
-    saved.append((module, name, getattr(module, name)))
-    setattr(module, name, value)
-
-  if bug == "residual_from_p":
-    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: p_BV)
-  elif bug == "unweighted_block":
-    original = verification.residual
-    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: original(p_BV, q_BV))
-  elif bug == "coarse_le":
-    patch(
-      draws,
-      "bernoulli_from_words",
-      lambda words, a: (
-        (words[0] >> 24).astype(jnp.float32) / 256.0 <= jnp.asarray(a, jnp.float32)
-      ),
-    )
-  elif bug == "bits8":
-    patch(
-      draws,
-      "random_words",
-      lambda key, shape: jax.random.bits(key, (2, *shape), jnp.uint32)
-      & jnp.asarray([[0xFF000000], [0]], jnp.uint32).reshape((2,) + (1,) * len(shape)),
-    )
-  elif bug == "misreported_q":
-    original_propose = drafters.PromptLookupDrafter.propose
-
-    def propose(self, *args, **kwargs):
-      proposal, state = original_propose(self, *args, **kwargs)
-      return proposal.replace(probs=jnp.full_like(proposal.probs, 1.0 / VOCAB)), state
-
-    patch(drafters.PromptLookupDrafter, "propose", propose)
-  elif bug == "sibling_against_p":  # After a rejected sibling, try the next against r as is.
-    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: p_BV)
-  elif bug == "siblings_full_q":  # Distinct siblings reporting their parent's whole q.
-    original_draw = proposals.draw_depth
-
-    def draw_depth(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV=None):
-      tokens_Bn, _ = original_draw(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV)
-      return tokens_Bn, parent_q_BnV
-
-    patch(proposals, "draw_depth", draw_depth)
-  elif bug == "chosen_real_q":  # A greedy choice verified with the q it was NOT drawn from
-    # (chains, static trees and dynamic trees all report chosen tokens through chosen_q).
-    patch(proposals, "chosen_q", lambda tokens, warped_q: warped_q)
-  else:
-    raise ValueError(f"Unknown planted bug {bug!r}; known: {BUGS}.")
-  jax.clear_caches()
-  try:
-    yield
-  finally:
-    for module, name, value in reversed(saved):
-      setattr(module, name, value)
-    jax.clear_caches()
 
 
 # --- The certificate. ---------------------------------------------------------------------------
@@ -784,14 +602,17 @@ def certify(
       with setup.context():
         exact[key] = np.stack(
           [
-            exact_distribution(setup.target, tuple(row[:n]), WARPINGS[case.warping])
+            exactness.exact_distribution(
+              setup.target, tuple(row[:n]), WARPINGS[case.warping], NEW_TOKENS
+            )
             for row, n in zip(prompts_BT.tolist(), lengths_B.tolist())
           ]
         )
-    with planted(case.bug):
+    with exactness.planted(case.bug):
       counts = draw_counts(setup, case, num_samples, seed=seed + index)
     # Rows are sampled equally often: each row's exact distribution, weighted 1/B.
-    test = g_test(counts, exact[key] / len(lengths_B), level)
+    test = exactness.g_test(counts, exact[key] / len(lengths_B), level)
+    del test["rejected"]  # Result.rejected says the same.
     result = Result(case=case, n=int(counts.sum()), seconds=time.perf_counter() - start, **test)
     results.append(result)
     log(

@@ -14,8 +14,8 @@ Every factor comes from the target's own logits through the same decode protocol
 speculative loop then draws ``n`` continuations (the rows of batched calls, each row
 its own draws) with a real draft of the same weights (self-speculative: the target's first layers,
 its final norm and head), and a G-test compares the counts with the enumeration
-(``certify.g_test``: small cells pooled; a draw outside the support fails outright). A
-planted bug (``certify.planted``: residual_from_p, resampling from p after a rejection)
+(``exactness.g_test``: small cells pooled; a draw outside the support fails outright). A
+planted bug (``exactness.planted``: residual_from_p, resampling from p after a rejection)
 must be rejected by the same test. It can only show where the draft's and the target's warped
 supports overlap (sum min(p, q) > 0): SmolLM2's first 4 layers put their top 4 elsewhere at
 the prompt, every draft token was rejected and the bug was invisible, hence the default of 12
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specsamp.experiments.proofs import certify
 from specsamp.sampling import drafters, speculative, warping
+from specsamp.testing import exactness
 from specsamp.training import tokenizer
 
 
@@ -50,7 +50,7 @@ def support_distribution(
   for _ in range(new_tokens):
     keys = list(prefixes)
     tokens = np.asarray([list(prompt) + list(key) for key in keys], np.int32)
-    probs = np.asarray(certify._last_distributions(target, jnp.asarray(tokens), sampling, 1))
+    probs = np.asarray(exactness.last_distributions(target, jnp.asarray(tokens), sampling, 1))
     probs = probs[:, 0].astype(np.float64)
     probs /= probs.sum(-1, keepdims=True)
     grown = {}
@@ -179,7 +179,7 @@ def certify_real(
   results = []
   for index, bug in enumerate((None,) + tuple(bugs)):
     start = time.perf_counter()
-    with certify.planted(bug):
+    with exactness.planted(bug):
       drawn = draw(
         target,
         draft_layers,
@@ -196,7 +196,7 @@ def certify_real(
       )
     codes = np.asarray([cells.get(tuple(row), len(exact)) for row in drawn.tolist()])
     counts = np.bincount(codes, minlength=len(probs))
-    test = certify.g_test(counts, probs, level)
+    test = exactness.g_test(counts, probs, level)
     rejected = not test["G"] < test["threshold"]
     result = dict(
       test,

@@ -27,6 +27,7 @@ from specsamp.experiments.proofs import certify
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, drafters, speculative
+from specsamp.testing import exactness
 
 GATE_CASE = certify.Case(
   model="transformer",
@@ -71,7 +72,7 @@ def greedy_equality(
   if unknown:
     raise ValueError(f"Unknown gate batches {unknown}; use some of {BATCHES}.")
   target = transformer.create(gate_model_config(), seed=3)
-  draft = certify.noisy_copy(target, 0.1, seed=4)
+  draft = exactness.noisy_copy(target, 0.1, seed=4)
   feature = certify.feature_drafter_for(target, reduced_vocabulary=False)
   cases = {
     "chain": dict(draft=drafters.ModelDrafter(draft), num_draft_tokens=4),

@@ -1,0 +1,82 @@
+"""Drafters by name: what ``--config.speculative.drafter`` (the sample job) takes.
+
+  draft        the pair's draft model (trained, or distilled from the target, on the first run)
+  feature      the pair's feature head on the target's features (EAGLE style, trained on the
+               first run)
+  lookup       prompt lookup: the continuation of the row's last n-gram earlier in its own
+  lookup:N     context, n = N (default 3) down to 1; no model, nothing to train
+  self:L       self-speculative: the target's first L layers with its final norm and head;
+               no second model, nothing to train
+
+One parser for every job, so a name means one drafter everywhere; ``needs`` says what the pair
+must prepare for it (a draft, a feature head, or nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from specsamp.sampling import drafters
+
+NAMES = ("draft", "feature", "lookup", "lookup:N", "self:L")
+LOOKUP_NGRAM = 3  # prompt lookup's longest n-gram when the name gives none.
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterSpec:
+  """A parsed drafter name: its kind ('draft', 'feature', 'lookup', 'self') and number (the
+  n-gram of lookup, the layers of self; 0 where none)."""
+
+  kind: str
+  number: int = 0
+
+  @property
+  def needs_draft(self) -> bool:
+    return self.kind == "draft"
+
+  @property
+  def needs_feature_head(self) -> bool:
+    return self.kind == "feature"
+
+  @property
+  def has_proposal_mode(self) -> bool:
+    """Whether it draws from a model's q, so 'sampled' and 'greedy' proposals both apply
+    (prompt lookup's proposals are deterministic)."""
+    return self.kind != "lookup"
+
+
+def parse(name: str) -> DrafterSpec:
+  """A drafter name (module docstring) -> its spec; a clear error for anything else."""
+  kind, colon, number = str(name).strip().partition(":")
+  if kind in ("draft", "feature") and not colon:
+    return DrafterSpec(kind)
+  if kind == "lookup" and (not colon or number.isdigit()):
+    ngram = int(number) if colon else LOOKUP_NGRAM
+    if ngram >= 1:
+      return DrafterSpec("lookup", ngram)
+  if kind == "self" and colon and number.isdigit() and int(number) >= 1:
+    return DrafterSpec("self", int(number))
+  raise ValueError(
+    f"Unknown drafter {name!r}: use 'draft', 'feature', 'lookup' or 'lookup:N' (N >= 1, the "
+    "longest n-gram), or 'self:L' (L >= 1, the target's first L layers)."
+  )
+
+
+def make(spec: DrafterSpec, pair: Any, proposal: str = "sampled") -> drafters.Drafter:
+  """The drafter ``spec`` names, on a prepared pair (``jobs.pair.Pair``)."""
+  if spec.kind == "draft":
+    return drafters.ModelDrafter(pair.draft, proposal=proposal)
+  if spec.kind == "feature":
+    from specsamp.sampling.feature_drafter import FeatureDrafter
+
+    return FeatureDrafter(pair.feature_head, proposal=proposal)
+  if spec.kind == "lookup":
+    return drafters.PromptLookupDrafter(max_ngram=spec.number)
+  num_layers = pair.target.config.num_layers
+  if spec.number >= num_layers:
+    raise ValueError(
+      f"self:{spec.number} drafts with the target's first {spec.number} layers: it must be "
+      f"fewer than the target's {num_layers}."
+    )
+  return drafters.self_speculative(pair.target, spec.number, proposal=proposal)

@@ -1,0 +1,271 @@
+r"""The exactness toolkit: what every exactness check in specsamp is made of.
+
+  exact_distribution   P(x_1..x_N | prompt) under a warped target, every continuation
+                       enumerated (float64 chain-rule products)
+  count_continuations  drawn continuations -> counts in the same lexicographic cells
+  g_test               counts against exact probabilities:
+                         G = 2 sum_cells O log(O / E), cells expected < 5 times pooled,
+                         rejected  <=>  G >= chi2.isf(level, cells - 1),
+                       and a draw in a cell of probability 0 is rejected outright
+  planted              a context that breaks the sampler on purpose (BUGS), so that a check
+                       shows it has the power to see a real fault
+  noisy_copy           a draft that agrees with its target often but not always
+  throughput_compiled  a sampler compiled for speed whatever XLA_FLAGS asks
+
+The certificate (``experiments/proofs/certify.py``, ``scripts/certify.py``), the real-target
+certificate (``certify_real.py``), the keras-hub comparison and the test suite all use these,
+so a G-test means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from scipy import stats
+
+from specsamp.sampling import drafters, draws, proposals, verification, warping
+
+# --- The exact distribution. ---------------------------------------------------------------------
+
+
+def vocab_size(model: Any) -> int:
+  """A decode-protocol model's vocabulary: ``model.vocab_size``, else its config's."""
+  size = getattr(model, "vocab_size", None)
+  return int(size if size is not None else model.config.vocab_size)
+
+
+@functools.partial(jax.jit, static_argnames=("sampling", "count"))
+def last_distributions(
+  model: Any, tokens_BT: jax.Array, sampling: warping.SamplingConfig, count: int
+) -> jax.Array:
+  """[B, count, V]: the warped next-token distributions at each row's last ``count``
+  positions, through the decode protocol (one causal pass gives every prefix's)."""
+  batch, length = tokens_BT.shape
+  positions_BT = jnp.broadcast_to(jnp.arange(length), (batch, length))
+  logits_BTV, _ = model(tokens_BT, positions_BT, model.init_cache(batch, length))
+  return warping.probabilities(logits_BTV[:, length - count :], sampling)
+
+
+def exact_distribution(
+  target: Any,
+  prompt: tuple[int, ...],
+  sampling: warping.SamplingConfig,
+  new_tokens: int,
+) -> np.ndarray:
+  """P(x_1..x_N | prompt) under the warped target, [V^N] in lexicographic order (float64),
+  N = ``new_tokens`` and V the target's vocabulary.
+
+  One forward pass over the V^(N-1) sequences prompt + x_1..x_{N-1} gives every factor
+  p(x_t | prompt, x_<t) of the chain rule at positions L-1..L+N-2.
+  """
+  vocab = vocab_size(target)
+  prefixes = np.asarray(list(itertools.product(range(vocab), repeat=new_tokens - 1)), np.int32)
+  prefixes = prefixes.reshape(-1, new_tokens - 1)
+  seqs = np.concatenate(
+    [np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes], axis=1
+  )
+  step = np.asarray(last_distributions(target, jnp.asarray(seqs), sampling, new_tokens), np.float64)
+  step /= step.sum(-1, keepdims=True)
+  rows = np.arange(len(prefixes))
+  probs = np.ones(len(prefixes))
+  for t in range(new_tokens - 1):
+    probs *= step[rows, t, prefixes[:, t]]
+  return (probs[:, None] * step[:, -1]).reshape(-1)
+
+
+# --- Counting and the G-test. ------------------------------------------------------------------
+
+
+def codes(continuations: np.ndarray, vocab: int) -> np.ndarray:
+  """Lexicographic index in 0..V^N-1 of each continuation (the last axis, N tokens)."""
+  length = continuations.shape[-1]
+  return np.asarray(continuations).astype(np.int64) @ (vocab ** np.arange(length - 1, -1, -1))
+
+
+def count_continuations(continuations: np.ndarray, vocab: int) -> np.ndarray:
+  """[V^N] counts of the continuations [..., N]: the cells of ``exact_distribution``."""
+  length = np.shape(continuations)[-1]
+  return np.bincount(codes(continuations, vocab).reshape(-1), minlength=vocab**length)
+
+
+def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any]:
+  """G-test of ``counts`` against ``probs`` (same shape, flattened); small cells pooled.
+  Returns G, cells, the threshold at ``level``, the p-value, the count of draws in cells of
+  probability 0 (``impossible``: any such draw fails outright, G = inf, p-value 0) and
+  ``rejected`` (G >= threshold)."""
+  counts, probs = np.reshape(counts, -1).astype(np.float64), np.reshape(probs, -1)
+  probs = probs / probs.sum()
+  expected = probs * counts.sum()
+  big = expected >= 5
+  if np.any(counts[probs <= 0] > 0):
+    cells = int(big.sum()) + 1
+    return {
+      "G": math.inf,
+      "cells": cells,
+      "threshold": float(stats.chi2.isf(level, cells - 1)),
+      "p_value": 0.0,
+      "impossible": int(counts[probs <= 0].sum()),
+      "rejected": True,
+    }
+  observed_cells = np.append(counts[big], counts[~big & (probs > 0)].sum())
+  expected_cells = np.append(expected[big], expected[~big & (probs > 0)].sum())
+  keep = expected_cells > 0
+  observed_cells, expected_cells = observed_cells[keep], expected_cells[keep]
+  nonzero = observed_cells > 0
+  g = 2.0 * np.sum(
+    observed_cells[nonzero] * np.log(observed_cells[nonzero] / expected_cells[nonzero])
+  )
+  dof = len(observed_cells) - 1
+  threshold = float(stats.chi2.isf(level, dof))
+  return {
+    "G": float(g),
+    "cells": len(observed_cells),
+    "threshold": threshold,
+    "p_value": float(stats.chi2.sf(g, dof)),
+    "impossible": 0,
+    "rejected": not g < threshold,
+  }
+
+
+def g_test_cells(
+  observed: Mapping[Any, int], expected: Mapping[Any, float], level: float
+) -> dict[str, Any]:
+  """``g_test`` over named cells: observed counts and exact probabilities keyed by outcome
+  (a verifier's verdict, an accepted count). An outcome observed but not expected is a cell
+  of probability 0."""
+  cells = list(expected) + [cell for cell in observed if cell not in expected]
+  counts = np.asarray([observed.get(cell, 0) for cell in cells])
+  return g_test(counts, np.asarray([expected.get(cell, 0.0) for cell in cells]), level)
+
+
+# --- Models and samplers. ----------------------------------------------------------------------
+
+
+def noisy_copy(model: nnx.Module, scale: float, seed: int) -> nnx.Module:
+  """``model`` with Gaussian noise of ``scale`` x each tensor's std: a draft that agrees with
+  the target often but not always. Keeps each parameter's sharding."""
+  graphdef, state = nnx.split(model)
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  noisy = [
+    _like(x, x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype))
+    for x, k in zip(leaves, keys)
+  ]
+  return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
+
+
+def _like(x: jax.Array, y: jax.Array) -> jax.Array:
+  """``y`` placed as ``x`` is: on x's devices when x is sharded over several; left
+  uncommitted when x lives on one device, so it can join any mesh (as x can)."""
+  return jax.device_put(y, x.sharding) if len(x.sharding.device_set) > 1 else y
+
+
+def throughput_compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """``jax.jit(fn)``, compiled on its first call with LLVM at full optimization whatever
+  XLA_FLAGS asks. The test suite compiles at -O0 (its programs are many and short), but a
+  G-test's sampler runs for tens of seconds: a certificate case took 44 s at -O0 and 26 s
+  with this (2026-11-26, this repository's 2-core CPU). One shape per sampler."""
+  jitted, compiled = jax.jit(fn), {}
+
+  def call(*args):
+    if "program" not in compiled:
+      compiled["program"] = jitted.lower(*args).compile(
+        compiler_options={"xla_backend_optimization_level": 2}
+      )
+    return compiled["program"](*args)
+
+  return call
+
+
+# --- Planted bugs. ------------------------------------------------------------------------------
+
+# Each is a fault a real implementation could have; a check that cannot reject it cannot
+# certify the sampler either.
+BUGS = {
+  "residual_from_p": "resample from p instead of norm(max(0, w p - q))  (verifiers)",
+  "unweighted_block": "block verification's residual without the weight w  (block)",
+  "coarse_le": "8-bit uniform draws compared with r <= a  (random draws)",
+  "bits8": "every draw from 8 random bits  (random draws, coins and tokens)",
+  "misreported_q": "prompt lookup reports a uniform q for its one-hot proposal  (drafters)",
+  "sibling_against_p": "a tree's later siblings tried against the unchanged distribution "
+  "instead of the residual left by the rejected ones  (tree verifiers)",
+  "siblings_full_q": "siblings drawn without replacement report their parent's whole q "
+  "instead of the renormalised one they were drawn from  (tree drafting)",
+  "chosen_real_q": "a greedy choice verified with the drafter's warped q, which it was not "
+  "drawn from, instead of the one-hot q  (proposal modes)",
+}
+TREE_BUGS = ("sibling_against_p", "siblings_full_q")
+
+
+@contextlib.contextmanager
+def planted(bug: str | None) -> Iterator[None]:
+  """Temporarily breaks the sampler as ``bug`` names (None: as it is); clears jit caches on
+  the way in and out, so no compiled program outlives its patch."""
+  if bug is None:
+    yield
+    return
+  saved = []
+
+  def patch(module, name, value):
+    saved.append((module, name, getattr(module, name)))
+    setattr(module, name, value)
+
+  if bug in ("residual_from_p", "sibling_against_p"):
+    # After a rejection (or a rejected sibling), draw from p as it is.
+    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: p_BV)
+  elif bug == "unweighted_block":
+    original = verification.residual
+    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: original(p_BV, q_BV))
+  elif bug == "coarse_le":
+    patch(
+      draws,
+      "bernoulli_from_words",
+      lambda words, a: (
+        (words[0] >> 24).astype(jnp.float32) / 256.0 <= jnp.asarray(a, jnp.float32)
+      ),
+    )
+  elif bug == "bits8":
+    patch(
+      draws,
+      "random_words",
+      lambda key, shape: jax.random.bits(key, (2, *shape), jnp.uint32)
+      & jnp.asarray([[0xFF000000], [0]], jnp.uint32).reshape((2,) + (1,) * len(shape)),
+    )
+  elif bug == "misreported_q":
+    original_propose = drafters.PromptLookupDrafter.propose
+
+    def propose(self, *args, **kwargs):
+      proposal, state = original_propose(self, *args, **kwargs)
+      uniform = jnp.full_like(proposal.probs, 1.0 / proposal.probs.shape[-1])
+      return proposal.replace(probs=uniform), state
+
+    patch(drafters.PromptLookupDrafter, "propose", propose)
+  elif bug == "siblings_full_q":
+    original_draw = proposals.draw_depth
+
+    def draw_depth(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV=None):
+      tokens_Bn, _ = original_draw(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV)
+      return tokens_Bn, parent_q_BnV
+
+    patch(proposals, "draw_depth", draw_depth)
+  elif bug == "chosen_real_q":
+    # Chains, static trees and dynamic trees all report chosen tokens through chosen_q.
+    patch(proposals, "chosen_q", lambda tokens, warped_q: warped_q)
+  else:
+    raise ValueError(f"Unknown planted bug {bug!r}; known: {tuple(BUGS)}.")
+  jax.clear_caches()
+  try:
+    yield
+  finally:
+    for module, name, value in reversed(saved):
+      setattr(module, name, value)
+    jax.clear_caches()
