@@ -38,6 +38,7 @@ print(jax.process_index(), jax.device_count(), len(rows), int(total.addressable_
 """
 
 
+@pytest.mark.slow
 def test_two_processes_join_one_mesh(tmp_path):
   """--distributed=manual for real: two CPU processes of 2 devices form one 4-device mesh, each
   places only its own rows of a global batch, and a jitted reduction sees all of it."""

@@ -202,7 +202,7 @@ def test_token_verifier_with_per_row_parents_is_each_rows_static_verifier(greedy
   p = rng.dirichlet(np.ones(vocab) * 0.7, (batch, shape.num_nodes + 1)).astype(np.float32)
   proposed = np.ones((batch, shape.num_nodes), bool)
   proposed[::5, 4:] = False
-  verify = tv.TREE_VERIFIERS["greedy" if greedy else "token"]
+  verify = tv.TREE_VERIFIERS["argmax" if greedy else "token"]
   for seed in range(4):
     key = jax.random.key(seed)
     dynamic = verify(key, shape, tokens, q, p, proposed, parents_BN=jnp.asarray(parents))

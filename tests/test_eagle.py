@@ -16,6 +16,9 @@ from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, speculative
 from specsamp.sampling.feature_drafter import FeatureDrafter
 
+# EAGLE-3 heads against their torch reference (the inner loop skips them).
+pytestmark = pytest.mark.slow
+
 D, H, KV, HD, F, V, VD, N = 32, 4, 2, 8, 48, 64, 24, 8
 TARGET = TransformerConfig(
   vocab_size=V,

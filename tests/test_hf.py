@@ -19,6 +19,9 @@ from specsamp.models import transformer
 from specsamp.sampling import autoregressive, speculative
 from specsamp.training import checkpoint, train
 
+# Parity with transformers: every test builds torch models (the inner loop skips them).
+pytestmark = pytest.mark.slow
+
 KINDS = list(hf_models.ARCHITECTURES)
 
 

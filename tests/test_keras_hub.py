@@ -36,6 +36,7 @@ def test_a_pair_keras_hub_cannot_drive_is_refused_before_training(tmp_path):
   assert not os.listdir(tmp_path)  # Nothing trained, nothing written.
 
 
+@pytest.mark.slow
 def test_parity_check_refuses_different_weights(tiny):
   target, draft, paths = tiny
   with pytest.raises(AssertionError, match="logits differ"):

@@ -147,6 +147,7 @@ _GEMMA2 = dict(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "family,changes",
   [
@@ -179,6 +180,7 @@ def test_scanned_layers_equal_unrolled_layers(family, changes):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "family,changes",
   [

@@ -134,6 +134,7 @@ def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
   assert sorted(os.listdir(copy)) == sorted(os.listdir(workdir))  # nothing deleted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "override,message",
   [
@@ -440,6 +441,7 @@ def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
   assert two["stats"] == one["stats"]
 
 
+@pytest.mark.slow
 def test_help_lists_every_config_field_and_the_shared_flags():
   missing = run_script("sample.py", "--config=configs/no_such_pair.py")
   assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [

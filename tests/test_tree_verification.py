@@ -399,7 +399,7 @@ CHAIN = tree_lib.chain(4)
 _CHAIN_PAIRS = {
   "token": verification.token_verify,
   "traversal": verification.block_verify,
-  "greedy": verification.greedy_verify,
+  "argmax": verification.greedy_verify,
 }
 
 
@@ -413,7 +413,7 @@ def _chain_pair(verifier):
   )
 
 
-@pytest.mark.parametrize("verifier", ["token", "traversal", "greedy"])
+@pytest.mark.parametrize("verifier", ["token", "traversal", "argmax"])
 def test_chain_is_bit_identical_to_the_chain_verifier(verifier):
   tree_verify, chain_verify = _chain_pair(verifier)
   num_accepted = []
@@ -537,4 +537,4 @@ def test_two_drafts_accept_at_least_as_many_tokens_as_one(seed):
 
 
 def test_registry():
-  assert set(tv.TREE_VERIFIERS) == {"token", "traversal", "greedy"}
+  assert set(tv.TREE_VERIFIERS) == {"token", "traversal", "argmax"}

@@ -46,6 +46,8 @@ def test_rows_past_the_training_context_are_warned():
   assert "--config.target.train.seq_len" in target and "draft's" in draft
   config.target.checkpoint = "/some/imported/model"  # Its training context is not recorded.
   assert len(sample_job.context_warnings(config, longest_prompt=960)) == 1
+  config.speculative.drafter = "lookup"  # No draft model: nothing left to warn about.
+  assert sample_job.context_warnings(config, longest_prompt=960) == []
 
 
 def test_cache_bytes_are_known_before_allocating():

@@ -49,7 +49,7 @@ class ChainStep:
   def verify_fn(self, synthetic_acceptance: jax.Array) -> verification.Verifier:
     if self.verifier == "synthetic":  # Benchmarks: acceptance with a fixed rate, not exact.
       return verification.synthetic_verifier(synthetic_acceptance)
-    return verification.VERIFIERS["greedy" if self.sampling.greedy else self.verifier]
+    return verification.VERIFIERS["argmax" if self.sampling.greedy else self.verifier]
 
   def __call__(
     self,

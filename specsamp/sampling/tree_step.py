@@ -99,7 +99,7 @@ def row_masks(proposal: drafters.TreeProposal) -> jax.Array:
 
 def verifier(name: str, greedy: bool) -> Callable[..., Any]:
   """The tree verifier for a loop's verifier name ('token', 'traversal'); argmax when greedy."""
-  return tree_verification.TREE_VERIFIERS["greedy" if greedy else name]
+  return tree_verification.TREE_VERIFIERS["argmax" if greedy else name]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -347,6 +347,6 @@ TreeVerifier = Callable[..., TreeVerdict]
 TREE_VERIFIERS: dict[str, TreeVerifier] = {
   "token": tree_token_verify,
   "traversal": traversal_verify,
-  "greedy": tree_greedy_verify,
+  "argmax": tree_greedy_verify,
 }
 """The exact tree verifiers by name; 'greedy' is what they amount to at temperature 0."""

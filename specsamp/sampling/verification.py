@@ -256,7 +256,7 @@ Verifier = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array | Non
 VERIFIERS: dict[str, Verifier] = {
   "token": token_verify,
   "block": block_verify,
-  "greedy": greedy_verify,
+  "argmax": greedy_verify,
 }
 """The exact verifiers by name; 'greedy' is what any of them amounts to at temperature 0."""
 

@@ -200,7 +200,7 @@ def phase_ms(
     return logits_BG1V + p * 1e-3
 
   results["target warping"] = _loop_ms(warp, logits_BG1V, reps, repeats)
-  verify = verification.VERIFIERS["greedy" if sampling.greedy else verifier]
+  verify = verification.VERIFIERS["argmax" if sampling.greedy else verifier]
   p_BG1V = probabilities(logits_BG1V, sampling)
 
   def verify_body(i, carry):

@@ -209,12 +209,14 @@ def _parses(name: str) -> bool:
 
 def context_warnings(config: ml_collections.ConfigDict, longest_prompt: int) -> list[str]:
   """Warnings for rows that run past what a trained model saw: prompt + max_new_tokens beyond
-  its ``train.seq_len`` (models loaded from a checkpoint do not record theirs)."""
+  its ``train.seq_len`` (models loaded from a checkpoint or imported from a GGUF file do not
+  record theirs; a drafter with no draft model has none to warn about)."""
   reach = longest_prompt + config.sampling.max_new_tokens
+  drafter = drafter_specs.parse(config.speculative.get("drafter", "draft"))
   warnings = []
-  for name in ("target", "draft"):
+  for name in ("target", "draft") if drafter.needs_draft else ("target",):
     section = config[name]
-    if section.get("checkpoint"):
+    if section.get("checkpoint") or section.get("gguf"):
       continue
     context = section.train.seq_len
     if reach > context:
