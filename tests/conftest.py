@@ -71,8 +71,9 @@ from specsamp.testing import exactness  # noqa: E402
 def pytest_configure(config):
   config.addinivalue_line(
     "markers",
-    "slow: an end-to-end run of a script, a certificate or a real model (10 s or more on 2 "
-    'cores); `python -m pytest -m "not slow" -n 2 tests` is the inner loop without them',
+    "slow: a script run end to end, a certificate, a real model's file, torch parity, or a "
+    'test of about 7 s or more on 2 cores; `python -m pytest -m "not slow" -n 2 tests` is the '
+    "inner loop without them",
   )
 
 

@@ -85,6 +85,12 @@ LIBTPU_QUIET_DEFAULTS = (
 warns on a machine with no TPU (the AOT tool's ``aot.quiet_libtpu`` sets these too)."""
 
 
+def set_libtpu_defaults() -> None:
+  """``LIBTPU_QUIET_DEFAULTS``, each where the user has not set it."""
+  for name, value in LIBTPU_QUIET_DEFAULTS:
+    os.environ.setdefault(name, value)
+
+
 def quiet_libtpu_without_tpu() -> None:
   """On a machine with no TPU, the environment libtpu (the 'tpu' extra) reads when jax starts
   its backends, set to harmless defaults where the user has not set it: otherwise it probes
@@ -92,8 +98,7 @@ def quiet_libtpu_without_tpu() -> None:
   importing specsamp changes no environment variable. Nothing is touched on a TPU VM."""
   if glob.glob("/dev/accel*") or os.path.exists("/dev/vfio"):
     return
-  for name, value in LIBTPU_QUIET_DEFAULTS:
-    os.environ.setdefault(name, value)
+  set_libtpu_defaults()
 
 
 def start(argv: Sequence[str]) -> None:

@@ -57,11 +57,11 @@ from specsamp.experiments.benchmarks.benchmark import (
 )
 from specsamp.experiments.benchmarks.harness import Bench
 from specsamp.experiments.benchmarks.timing import time_sampler
+from specsamp.experiments.jobs import drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.sampling import calibration, drafters, proposals, speculative
 from specsamp.sampling import tree as tree_lib
-from specsamp.sampling.feature_drafter import FeatureDrafter
 
 TASKS = ("continue", "grounded")
 
@@ -84,18 +84,21 @@ def grounded_prompts(prompts: prompts_lib.Prompts, repeat_tokens: int) -> prompt
 
 
 def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters.Drafter:
-  if name == "model":
-    return drafters.ModelDrafter(pair.draft)
-  if name == "model_greedy":
-    return drafters.ModelDrafter(pair.draft, proposal="greedy")
+  """This benchmark's names, built as the sample job builds its drafters
+  (``drafter_specs.make``); only the confidence stop is this benchmark's own."""
+  spec = None
+  if name in ("model", "model_greedy"):
+    spec = drafter_specs.DrafterSpec("draft")
+  elif name == "lookup":
+    spec = drafter_specs.DrafterSpec("lookup", config.lookup_max_ngram)
+  elif name.startswith("self") and name[4:].isdigit():
+    spec = drafter_specs.DrafterSpec("self", int(name[4:]))
+  elif name in ("feature", "feature_greedy"):
+    spec = drafter_specs.DrafterSpec("feature")
+  if spec is not None:
+    return drafter_specs.make(spec, pair, "greedy" if name.endswith("_greedy") else "sampled")
   if name == "model_confident":
     return drafters.ModelDrafter(pair.draft, confidence_threshold=config.confidence_threshold)
-  if name == "lookup":
-    return drafters.PromptLookupDrafter(max_ngram=config.lookup_max_ngram)
-  if name.startswith("self") and name[4:].isdigit():
-    return drafters.self_speculative(pair.target, int(name[4:]))
-  if name in ("feature", "feature_greedy"):
-    return FeatureDrafter(pair.feature_head, proposal="greedy" if "greedy" in name else "sampled")
   raise ValueError(
     f"Unknown drafter {name!r}: use model, model_greedy, model_confident, lookup, feature, "
     "feature_greedy or selfL (L = layers of the target, e.g. self2)."

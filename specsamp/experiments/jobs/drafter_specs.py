@@ -8,8 +8,9 @@
   self:L       self-speculative: the target's first L layers with its final norm and head;
                no second model, nothing to train
 
-One parser for every job, so a name means one drafter everywhere; ``needs`` says what the pair
-must prepare for it (a draft, a feature head, or nothing).
+One parser for every job, so a name means one drafter everywhere; ``needs_draft`` and
+``needs_feature_head`` say what the pair must prepare for it (a draft, a feature head, or
+nothing). A self-speculative depth the target does not have is refused by ``EarlyExit``.
 """
 
 from __future__ import annotations
@@ -39,12 +40,6 @@ class DrafterSpec:
   def needs_feature_head(self) -> bool:
     return self.kind == "feature"
 
-  @property
-  def has_proposal_mode(self) -> bool:
-    """Whether it draws from a model's q, so 'sampled' and 'greedy' proposals both apply
-    (prompt lookup's proposals are deterministic)."""
-    return self.kind != "lookup"
-
 
 def parse(name: str) -> DrafterSpec:
   """A drafter name (module docstring) -> its spec; a clear error for anything else."""
@@ -73,10 +68,4 @@ def make(spec: DrafterSpec, pair: Any, proposal: str = "sampled") -> drafters.Dr
     return FeatureDrafter(pair.feature_head, proposal=proposal)
   if spec.kind == "lookup":
     return drafters.PromptLookupDrafter(max_ngram=spec.number)
-  num_layers = pair.target.config.num_layers
-  if spec.number >= num_layers:
-    raise ValueError(
-      f"self:{spec.number} drafts with the target's first {spec.number} layers: it must be "
-      f"fewer than the target's {num_layers}."
-    )
   return drafters.self_speculative(pair.target, spec.number, proposal=proposal)

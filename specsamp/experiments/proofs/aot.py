@@ -68,8 +68,7 @@ SLICES = {
 def quiet_libtpu() -> None:
   """The environment libtpu reads at initialisation, set for a machine without a TPU (only
   where the user has not set it): without it libtpu probes for hardware and warns."""
-  for name, value in cli.LIBTPU_QUIET_DEFAULTS:
-    os.environ.setdefault(name, value)
+  cli.set_libtpu_defaults()
   # Compiling opens no TPU, so several processes may load libtpu at once (its lockfile
   # otherwise refuses every process but the first).
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -197,7 +197,7 @@ def certify_real(
     codes = np.asarray([cells.get(tuple(row), len(exact)) for row in drawn.tolist()])
     counts = np.bincount(codes, minlength=len(probs))
     test = exactness.g_test(counts, probs, level)
-    rejected = not test["G"] < test["threshold"]
+    rejected = test["rejected"]
     result = dict(
       test,
       case=f"{name} top-k={top_k} T={temperature:g} self{draft_layers} K={num_draft_tokens}"
