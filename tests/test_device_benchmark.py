@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from conftest import script_env
 from flax import nnx
 
 from specsamp import sharding
@@ -28,7 +29,7 @@ DRAFT_1B = os.path.join(ROOT, "configs/hf/llama-3.2-1b/config.json")
 @pytest.mark.slow
 def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
   """The script's sweep at tiny sizes: rows for every setting, the table and the goals."""
-  env = {**os.environ, "OUT": str(tmp_path)}
+  env = {**script_env(1), "OUT": str(tmp_path)}
   sections = "environment,bandwidth,layers,shaped"
   result = subprocess.run(
     ["bash", "scripts/device_benchmark.sh", "--tiny", "--", f"--config.sections={sections}"],
