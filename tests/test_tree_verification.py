@@ -419,7 +419,7 @@ def test_chain_is_bit_identical_to_the_chain_verifier(verifier):
   num_accepted = []
   for seed in range(20):
     tokens, q, p = _chain_case(seed)
-    if verifier == "greedy":  # drafts that agree with the argmax for a while
+    if verifier == "argmax":  # drafts that agree with the argmax for a while
       best = jnp.argmax(p, -1).astype(jnp.int32)
       tokens = jnp.where(
         jax.random.uniform(jax.random.key(seed), tokens.shape) < 0.8, best[:, :-1], tokens
@@ -538,3 +538,36 @@ def test_two_drafts_accept_at_least_as_many_tokens_as_one(seed):
 
 def test_registry():
   assert set(tv.TREE_VERIFIERS) == {"token", "traversal", "argmax"}
+
+
+@pytest.mark.parametrize("verifier", ["token", "traversal", "argmax"])
+def test_q_none_verifies_as_the_one_hot_q_bit_for_bit(verifier):
+  """Chosen siblings (distinct, as greedy proposals choose them) with q = None give the
+  verdicts of their explicit one-hot q, on a tree with rows proposing fewer nodes."""
+  tree = tree_lib.branching((2, 2, 1))
+  verify = _jit(
+    lambda key, t, q, p, proposed: tv.TREE_VERIFIERS[verifier](key, tree, t, q, p, proposed)
+  )
+  rng = np.random.default_rng(7)
+  batch, vocab = 64, 6
+  depths = []
+  for seed in range(6):
+    p = rng.random((batch, tree.num_nodes + 1, vocab)) ** 3
+    p[rng.random(p.shape) < 0.3] = 0.0
+    p[..., 0] += 1e-3
+    p = jnp.asarray(p / p.sum(-1, keepdims=True), jnp.float32)
+    # Each node's token: one of the parent's two most likely, distinct among siblings.
+    ranked = np.argsort(-np.asarray(p), axis=-1)
+    tokens = np.stack(
+      [ranked[:, tree.parents[j] + 1, tree.sibling_rank[j]] for j in range(tree.num_nodes)], 1
+    ).astype(np.int32)
+    depth_B = rng.integers(0, tree.max_depth + 1, batch)
+    proposed = jnp.asarray(np.asarray(tree.depths)[None, :] <= depth_B[:, None])
+    one_hot = jax.nn.one_hot(tokens, vocab, dtype=jnp.float32)
+    for key in jax.random.split(jax.random.key(seed), 3):
+      want = verify(key, jnp.asarray(tokens), one_hot, p, proposed)
+      got = verify(key, jnp.asarray(tokens), None, p, proposed)
+      for field in ("num_accepted", "path", "next_token"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+      depths += np.asarray(got.num_accepted).tolist()
+  assert set(depths) == set(range(tree.max_depth + 1))

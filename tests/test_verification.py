@@ -150,3 +150,30 @@ def test_token_and_block_reduce_to_greedy_on_one_hot_distributions():
     np.testing.assert_array_equal(verdict.num_accepted, greedy.num_accepted)
     np.testing.assert_array_equal(verdict.next_token, greedy.next_token)
   assert len(set(np.asarray(greedy.num_accepted).tolist())) > 2
+
+
+@pytest.mark.parametrize("name", ["token", "block", "argmax", "synthetic"])
+def test_q_none_verifies_as_the_one_hot_q_bit_for_bit(name):
+  """Chosen tokens carry q = None, the point mass at each token: every verifier gives the
+  verdicts the explicit one-hot q gives, on full and on shorter proposals."""
+  verify = (
+    verification.synthetic_verifier(0.6) if name == "synthetic" else verification.VERIFIERS[name]
+  )
+  run = jax.jit(verify)
+  rng = np.random.default_rng(5)
+  accepted = []
+  for seed in range(6):
+    tokens, _, p = _case(seed, batch=64, num_draft_tokens=4, vocab=7)
+    # Drafts that agree with the target's likely tokens often, so some runs are accepted.
+    likely = np.argmax(p[:, :-1] + 0.3 * rng.random(p[:, :-1].shape), -1)
+    tokens = np.where(rng.random(tokens.shape) < 0.7, likely, tokens).astype(np.int32)
+    one_hot = jax.nn.one_hot(tokens, 7, dtype=jnp.float32)
+    p32 = jnp.asarray(p, jnp.float32)
+    for num_proposed in (None, jnp.asarray(rng.integers(0, 5, 64), jnp.int32)):
+      key = jax.random.key(seed)
+      want = run(key, jnp.asarray(tokens), one_hot, p32, num_proposed)
+      got = run(key, jnp.asarray(tokens), None, p32, num_proposed)
+      np.testing.assert_array_equal(got.num_accepted, want.num_accepted)
+      np.testing.assert_array_equal(got.next_token, want.next_token)
+      accepted += np.asarray(got.num_accepted).tolist()
+  assert set(accepted) == set(range(5))  # Every outcome, from none accepted to all four.

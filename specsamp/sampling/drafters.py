@@ -82,15 +82,16 @@ class Proposal:
 
   Attributes:
     tokens: [B, G] int32; entries past ``num_proposed`` are valid ids, never verified.
-    probs: [B, G, V] the warped distributions the tokens were drawn from (one-hot for a
-      deterministic drafter).
+    probs: [B, G, V] the warped distributions the tokens were drawn from; None for chosen
+      tokens (prompt lookup, greedy proposals, temperature 0): the point mass at each, which
+      the verifiers read at the token without a one-hot array (``proposals.chosen_q``).
     num_proposed: [B] int32 in 0..G.
     model_calls: scalar int32, draft model calls made.
     nan: [B] bool, the drafter produced NaN for the row.
   """
 
   tokens: jax.Array
-  probs: jax.Array
+  probs: jax.Array | None
   num_proposed: jax.Array
   model_calls: jax.Array
   nan: jax.Array
@@ -103,7 +104,8 @@ class TreeProposal:
   Attributes:
     tokens: [B, N] int32, each node's token.
     probs: [B, N, V] the distribution each node's token was drawn from (its parent's warped
-      q, renormalised over the tokens earlier siblings took when drawn without replacement).
+      q, renormalised over the tokens earlier siblings took when drawn without replacement);
+      None for chosen tokens, as ``Proposal.probs``.
     proposed: [B, N] bool; a node not proposed (past the row's draft limit, below a
       confidence stop, or out of tokens to draw) is never accepted, nor its descendants.
     model_calls: scalar int32, draft model calls made.
@@ -113,7 +115,7 @@ class TreeProposal:
   """
 
   tokens: jax.Array
-  probs: jax.Array
+  probs: jax.Array | None
   proposed: jax.Array
   model_calls: jax.Array
   nan: jax.Array
@@ -463,10 +465,9 @@ class PromptLookupDrafter(Drafter):
     tokens_BG = jnp.where(
       offsets_G[None, :] < count_B[:, None], tokens_BW[rows_B[:, None], source_BG], 0
     ).astype(jnp.int32)
-    probs_BGV = jax.nn.one_hot(tokens_BG, vocab_size, dtype=jnp.float32)
     return Proposal(
       tokens=tokens_BG,
-      probs=probs_BGV,
+      probs=None,  # Copied, not drawn: the point mass at each token (``proposals.chosen_q``).
       num_proposed=count_B,
       model_calls=jnp.int32(0),
       nan=jnp.zeros((batch,), bool),

@@ -95,19 +95,31 @@ def check_proposal(proposal: str, tree: TreeShape | None = None) -> None:
     )
 
 
-def chosen_q(tokens: jax.Array, warped_q: jax.Array) -> jax.Array:
-  """The q a CHOSEN token is verified with: the point mass at it (module docstring). The
-  draft's warped q it was chosen from (same shape, [..., V]) is what it must NOT be verified
-  with (the certificate's planted bug ``chosen_real_q`` returns it instead)."""
-  return jax.nn.one_hot(tokens, warped_q.shape[-1], dtype=jnp.float32)
+def chosen_q(tokens: jax.Array, warped_q: jax.Array) -> jax.Array | None:
+  """The q a CHOSEN token is verified with: the point mass at it (module docstring), written
+  None, which every verifier reads as the point mass at the token without a [.., V] one-hot
+  (``verification.q_at``, ``verification.excess``). The draft's warped q it was chosen from
+  (``warped_q``) is what it must NOT be verified with (the certificate's planted bug
+  ``chosen_real_q`` returns it instead)."""
+  del tokens, warped_q
+  return None
+
+
+def _put(probs: jax.Array | None, index: Any, q: jax.Array | None) -> jax.Array | None:
+  """``probs.at[:, index].set(q)``; None (chosen tokens) stays None."""
+  if (probs is None) != (q is None):
+    raise ValueError("A proposal's tokens must all be drawn (real q) or all chosen (q = None).")
+  return None if q is None else probs.at[:, index].set(q)
 
 
 def draw_token(
   key: jax.Array, logits_BV: jax.Array, sampling: SamplingConfig, proposal: str
-) -> tuple[jax.Array, jax.Array]:
-  """(token_B, q_BV): one proposed token per row and the distribution it was drawn from."""
+) -> tuple[jax.Array, jax.Array | None]:
+  """(token_B, q_BV): one proposed token per row and the distribution it was drawn from; q is
+  None for a chosen token (greedy proposals, and any proposal at temperature 0, where the
+  warped q is the point mass at the argmax)."""
   q_BV = probabilities(logits_BV, sampling)  # Warped once: sampled from and verified with.
-  if proposal == "greedy" and not sampling.greedy:
+  if proposal == "greedy" or sampling.greedy:
     token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
     return token_B, chosen_q(token_B, q_BV)
   return sample_from(key, q_BV), q_BV
@@ -153,14 +165,17 @@ def grow_chain(
     active_B = active_B & (t + 1 < limit_B) & confident_B
     return (
       tokens_BG.at[:, t].set(token_B),
-      probs_BGV.at[:, t].set(q_BV),
+      _put(probs_BGV, t, q_BV),
       active_B,
       count_B,
       model_protocol.has_nan(logits_BV),
     )
 
   tokens_BG = jnp.zeros((batch, num_draft_tokens), jnp.int32)
-  probs_BGV = jnp.zeros((batch, num_draft_tokens, vocab_size), jnp.float32)
+  drawn = jax.eval_shape(lambda x: draw_token(key, x, sampling, proposal)[1], first_logits_BV)
+  probs_BGV = None  # Chosen tokens: q = None, the point mass at each (``chosen_q``).
+  if drawn is not None:
+    probs_BGV = jnp.zeros((batch, num_draft_tokens, vocab_size), jnp.float32)
   active_B = (limit_B > 0) & (True if active_B is None else active_B)
   zeros_B = jnp.zeros((batch,), jnp.int32)
   tokens_BG, probs_BGV, active_B, count_B, nan_B = draw(
@@ -293,9 +308,11 @@ def grow_tree(
     chosen = sampling.greedy or proposal == "greedy"
     greedy_logits_BnV = parent_logits_BnV if chosen else None
     drawn_Bn, q_BnV = draw_depth(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV)
-    has_mass_Bn = q_BnV.sum(-1) > 0
+    has_mass_Bn = jnp.ones(drawn_Bn.shape, bool) if q_BnV is None else q_BnV.sum(-1) > 0
     tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
-    probs_BNV = probs_BNV.at[:, nodes].set(q_BnV)
+    if depth == 1 and q_BnV is None:
+      probs_BNV = None  # Chosen tokens: q = None (``chosen_q``).
+    probs_BNV = _put(probs_BNV, nodes, q_BnV)
     for k, (j, u) in enumerate(zip(nodes, parents)):
       proposed_B = continues[u] & has_mass_Bn[:, k] & (depth <= limit_B)
       proposed_BN = proposed_BN.at[:, j].set(proposed_B)
@@ -362,8 +379,9 @@ def grow_dynamic(
   node j sees the slots before the root's, the root's and its own ancestors' of that row.
 
   Returns:
-    (tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN): probs are one-hot at
-    the chosen tokens; parents_BN[b, j] is row b's parent of node j (-1: the root).
+    (tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN): probs is None, the
+    point mass at each chosen token (``chosen_q``); parents_BN[b, j] is row b's parent of
+    node j (-1: the root).
   """
   batch = root_logits_BV.shape[0]
   num_nodes = tree.num_nodes
@@ -394,7 +412,10 @@ def grow_dynamic(
     proposed_Bn = (score_Bn > -jnp.inf) & (depth <= limit_B)[:, None]
     score_Bn = jnp.where(proposed_Bn, score_Bn, -jnp.inf)  # A child of an unproposed node.
     parent_q_BnV = jnp.take_along_axis(q_BfV, local_Bn[:, :, None], axis=1)
-    probs_BNV = probs_BNV.at[:, nodes].set(chosen_q(drawn_Bn, parent_q_BnV))
+    q_BnV = chosen_q(drawn_Bn, parent_q_BnV)
+    if depth == 1 and q_BnV is None:
+      probs_BNV = None  # One-hot q at the chosen tokens.
+    probs_BNV = _put(probs_BNV, nodes, q_BnV)
     tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
     parents_BN = parents_BN.at[:, nodes].set(parent_Bn)
     proposed_BN = proposed_BN.at[:, nodes].set(proposed_Bn)

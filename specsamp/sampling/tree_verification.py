@@ -123,6 +123,11 @@ def _row(p_BN1V: jax.Array, row_B: jax.Array) -> jax.Array:
   return jnp.take_along_axis(p_BN1V, row_B[:, None, None].astype(jnp.int32), axis=1)[:, 0]
 
 
+def _node_q(q_BNV: jax.Array | None, j: int) -> jax.Array | None:
+  """Node j's q, [B, V]; None (the point mass at its token) for chosen tokens."""
+  return None if q_BNV is None else q_BNV[:, j]
+
+
 def _word_coins(key: jax.Array, shape: tuple[int, int]) -> Coin:
   """Node j's coin from element [:, j] of one [B, N] block of 64-bit words."""
   words = draws.random_words(key, shape)
@@ -173,17 +178,17 @@ def _token_trace(
     accepted_B, node_B = ~ones_B, jnp.zeros((batch,), jnp.int32)
     best_B = _take(best_BN1, row_B)
     for j in tree.nodes_at_depth(depth):
-      x_B, q_BV = tokens_BN[:, j], q_BNV[:, j]
+      x_B, q_BV = tokens_BN[:, j], _node_q(q_BNV, j)
       tried_B = _parent_alive(tree, parents_BN, alive, j) & proposed_BN[:, j]
       tried_B &= ~accepted_B & ~stopped_B
       if greedy:
         probability_B = (x_B == best_B).astype(jnp.float32)
         accept_B = tried_B & (x_B == best_B)
       else:
-        probability_B = _clipped_ratio(_take(r_BV, x_B), _take(q_BV, x_B))
+        probability_B = _clipped_ratio(_take(r_BV, x_B), verification.q_at(q_BV, x_B))
         accept_B = tried_B & coin(j, probability_B)
         reject_B = tried_B & ~accept_B
-        r_BV = jnp.where(reject_B[:, None], verification.residual(r_BV, q_BV), r_BV)
+        r_BV = jnp.where(reject_B[:, None], verification.residual(r_BV, q_BV, token_B=x_B), r_BV)
         fresh_B &= ~reject_B
       coin_probs[j], tested[j] = probability_B, tried_B
       accepted_B |= accept_B
@@ -240,13 +245,13 @@ def _traversal_trace(tree: TreeShape, tokens_BN, q_BNV, p_BN1V, proposed_BN, coi
   def visit(v):
     nonlocal done_B, node_B, emit_BV
     for c in tree.children(v):
-      x_B, q_BV = tokens_BN[:, c], q_BNV[:, c]
-      weight[c] = _clipped_ratio(weight[v] * _take(target[v], x_B), _take(q_BV, x_B))
+      x_B, q_BV = tokens_BN[:, c], _node_q(q_BNV, c)
+      weight[c] = _clipped_ratio(weight[v] * _take(target[v], x_B), verification.q_at(q_BV, x_B))
       target[c], fresh[c] = p_BN1V[:, c + 1], jnp.ones((batch,), bool)
       visit(c)
       rejected_B = proposed_BN[:, c] & ~done_B  # c's subtree and c itself
-      mass_B = jnp.sum(jnp.maximum(weight[v][:, None] * target[v] - q_BV, 0.0), axis=-1)
-      residual_BV = verification.residual(target[v], q_BV, weight[v])
+      mass_B = jnp.sum(verification.excess(weight[v][:, None] * target[v], q_BV, x_B), axis=-1)
+      residual_BV = verification.residual(target[v], q_BV, weight[v], x_B)
       target[v] = jnp.where(rejected_B[:, None], residual_BV, target[v])
       if v >= 0:  # the root keeps w = 1
         weight[v] = jnp.where(rejected_B, _stop_probability(mass_B, weight[v]), weight[v])
@@ -269,7 +274,7 @@ def tree_token_verify(
   key: jax.Array,
   tree: TreeShape,
   tokens_BN: jax.Array,
-  q_BNV: jax.Array,
+  q_BNV: jax.Array | None,
   p_BN1V: jax.Array,
   proposed_BN: jax.Array,
   parents_BN: jax.Array | None = None,
@@ -280,7 +285,8 @@ def tree_token_verify(
     key: PRNG key; split into the coins' key and the emitted token's key.
     tree: the static tree shape.
     tokens_BN: [B, N] int32, node i's draft token.
-    q_BNV: [B, N, V] float32, the distribution node i's token was drawn from.
+    q_BNV: [B, N, V] float32, the distribution node i's token was drawn from; None for chosen
+      tokens (the point mass at each: ``verification`` reads it without a one-hot array).
     p_BN1V: [B, N+1, V] float32, the target at the root (0) and after node i (i+1).
     proposed_BN: [B, N] bool, nodes proposed (closed under ancestors).
     parents_BN: [B, N] int32, each row's parent of node i (-1: the root), for a dynamic tree
@@ -300,7 +306,7 @@ def traversal_verify(
   key: jax.Array,
   tree: TreeShape,
   tokens_BN: jax.Array,
-  q_BNV: jax.Array,
+  q_BNV: jax.Array | None,
   p_BN1V: jax.Array,
   proposed_BN: jax.Array,
   parents_BN: jax.Array | None = None,
@@ -322,7 +328,7 @@ def tree_greedy_verify(
   key: jax.Array,
   tree: TreeShape,
   tokens_BN: jax.Array,
-  q_BNV: jax.Array,
+  q_BNV: jax.Array | None,
   p_BN1V: jax.Array,
   proposed_BN: jax.Array,
   parents_BN: jax.Array | None = None,

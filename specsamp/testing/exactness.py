@@ -221,10 +221,16 @@ def planted(bug: str | None) -> Iterator[None]:
 
   if bug in ("residual_from_p", "sibling_against_p"):
     # After a rejection (or a rejected sibling), draw from p as it is.
-    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: p_BV)
+    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0, token_B=None, on_B=None: p_BV)
   elif bug == "unweighted_block":
     original = verification.residual
-    patch(verification, "residual", lambda p_BV, q_BV, weight_B=1.0: original(p_BV, q_BV))
+    patch(
+      verification,
+      "residual",
+      lambda p_BV, q_BV, weight_B=1.0, token_B=None, on_B=None: original(
+        p_BV, q_BV, 1.0, token_B, on_B
+      ),
+    )
   elif bug == "coarse_le":
     patch(
       draws,
@@ -245,7 +251,8 @@ def planted(bug: str | None) -> Iterator[None]:
 
     def propose(self, *args, **kwargs):
       proposal, state = original_propose(self, *args, **kwargs)
-      uniform = jnp.full_like(proposal.probs, 1.0 / proposal.probs.shape[-1])
+      vocab = args[-1] if args else kwargs["vocab_size"]  # propose(..., vocab_size)
+      uniform = jnp.full((*proposal.tokens.shape, vocab), 1.0 / vocab, jnp.float32)
       return proposal.replace(probs=uniform), state
 
     patch(drafters.PromptLookupDrafter, "propose", propose)
