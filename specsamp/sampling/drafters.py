@@ -106,8 +106,9 @@ class TreeProposal:
     probs: [B, N, V] the distribution each node's token was drawn from (its parent's warped
       q, renormalised over the tokens earlier siblings took when drawn without replacement);
       None for chosen tokens, as ``Proposal.probs``.
-    proposed: [B, N] bool; a node not proposed (past the row's draft limit, below a
-      confidence stop, or out of tokens to draw) is never accepted, nor its descendants.
+    drafted: [B, N] bool, which nodes were drafted; a node not drafted (past the row's draft
+      limit, below a confidence stop, or out of tokens to draw) is never accepted, nor its
+      descendants. (A mask: ``num_proposed`` is always a count.)
     model_calls: scalar int32, draft model calls made.
     nan: [B] bool, the drafter produced NaN for the row.
     parents: [B, N] int32, each row's parent of node i (-1: the root) for a dynamic tree
@@ -116,7 +117,7 @@ class TreeProposal:
 
   tokens: jax.Array
   probs: jax.Array | None
-  proposed: jax.Array
+  drafted: jax.Array
   model_calls: jax.Array
   nan: jax.Array
   parents: jax.Array | None = None
@@ -235,9 +236,9 @@ class Drafter:
     proposal, state = self.propose(
       state, tokens_BW, lengths_B, key, tree.num_nodes, limit_B, sampling, vocab_size
     )
-    proposed_BN = jnp.arange(tree.num_nodes)[None, :] < proposal.num_proposed[:, None]
+    drafted_BN = jnp.arange(tree.num_nodes)[None, :] < proposal.num_proposed[:, None]
     return TreeProposal(
-      proposal.tokens, proposal.probs, proposed_BN, proposal.model_calls, proposal.nan
+      proposal.tokens, proposal.probs, drafted_BN, proposal.model_calls, proposal.nan
     ), state
 
   def accept_path(self, state, source_BD, start_B):
@@ -379,7 +380,7 @@ class ModelDrafter(Drafter):
       logits_BnV, cache = self.model(drawn_Bn, positions_Bn, cache, tree=call)
       return logits_BnV
 
-    tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN = proposals.grow_tree(
+    tokens_BN, probs_BNV, drafted_BN, nan_B, expansions, parents_BN = proposals.grow_tree(
       key,
       tree,
       logits_B2V[:, -1],
@@ -394,7 +395,7 @@ class ModelDrafter(Drafter):
     return TreeProposal(
       tokens=tokens_BN,
       probs=probs_BNV,
-      proposed=proposed_BN,
+      drafted=drafted_BN,
       model_calls=jnp.int32(1 + expansions),
       nan=nan_B,
       parents=parents_BN,

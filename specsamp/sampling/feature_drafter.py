@@ -242,7 +242,7 @@ class FeatureDrafter(Drafter):
       h_BSD = h_BSD.at[:, [1 + j for j in nodes]].set(h_BnD)
       return model.logits(h_BnD)
 
-    tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN = proposals.grow_tree(
+    tokens_BN, probs_BNV, drafted_BN, nan_B, expansions, parents_BN = proposals.grow_tree(
       key,
       tree,
       model.logits(h_BD[:, None])[:, 0],
@@ -256,7 +256,7 @@ class FeatureDrafter(Drafter):
     proposal = TreeProposal(
       tokens=tokens_BN,
       probs=probs_BNV,
-      proposed=proposed_BN,
+      drafted=drafted_BN,
       model_calls=jnp.int32(1 + expansions),
       nan=nan_B,
       parents=parents_BN,

@@ -285,7 +285,7 @@ def grow_tree(
   node gets is fixed before they are drawn.
 
   Returns:
-    (tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, None): ``expand`` was called
+    (tokens_BN, probs_BNV, drafted_BN, nan_B, expansions, None): ``expand`` was called
     ``expansions`` times, once per depth that has children.
   """
   if tree.dynamic:
@@ -296,7 +296,7 @@ def grow_tree(
   continues = {-1: limit_B > 0}  # Whether a node's children may be proposed.
   tokens_BN = jnp.zeros((batch, tree.num_nodes), jnp.int32)
   probs_BNV = jnp.zeros((batch, tree.num_nodes, vocab_size), jnp.float32)
-  proposed_BN = jnp.zeros((batch, tree.num_nodes), bool)
+  drafted_BN = jnp.zeros((batch, tree.num_nodes), bool)
   nan_B = model_protocol.has_nan(root_logits_BV)
   mask_NM = tree.attention_mask()[1:]
   expansions = 0
@@ -315,7 +315,7 @@ def grow_tree(
     probs_BNV = _put(probs_BNV, nodes, q_BnV)
     for k, (j, u) in enumerate(zip(nodes, parents)):
       proposed_B = continues[u] & has_mass_Bn[:, k] & (depth <= limit_B)
-      proposed_BN = proposed_BN.at[:, j].set(proposed_B)
+      drafted_BN = drafted_BN.at[:, j].set(proposed_B)
       if confidence_threshold > 0:  # The draft's own (unwarped) probability.
         own_B = jax.nn.softmax(parent_logits_BnV[:, k], axis=-1)[rows_B, drawn_Bn[:, k]]
         proposed_B = proposed_B & (own_B >= confidence_threshold)
@@ -331,7 +331,7 @@ def grow_tree(
     nan_B = nan_B | model_protocol.has_nan(logits_BnV)
     for k, j in enumerate(nodes):
       logits_of[j] = logits_BnV[:, k]
-  return tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, None
+  return tokens_BN, probs_BNV, drafted_BN, nan_B, expansions, None
 
 
 def extend_ancestors(
@@ -379,7 +379,7 @@ def grow_dynamic(
   node j sees the slots before the root's, the root's and its own ancestors' of that row.
 
   Returns:
-    (tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN): probs is None, the
+    (tokens_BN, probs_BNV, drafted_BN, nan_B, expansions, parents_BN): probs is None, the
     point mass at each chosen token (``chosen_q``); parents_BN[b, j] is row b's parent of
     node j (-1: the root).
   """
@@ -390,7 +390,7 @@ def grow_dynamic(
   tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
   probs_BNV = jnp.zeros((batch, num_nodes, vocab_size), jnp.float32)
   parents_BN = jnp.full((batch, num_nodes), -1, jnp.int32)
-  proposed_BN = jnp.zeros((batch, num_nodes), bool)
+  drafted_BN = jnp.zeros((batch, num_nodes), bool)
   # Row r of ancestors_BSS: the tree slots (0: the root, 1 + j: node j) slot r sees.
   ancestors_BSS = jnp.zeros((batch, slots, slots), bool).at[:, 0, 0].set(True)
   frontier = (-1,)  # The previous depth's nodes (-1: the root).
@@ -418,7 +418,7 @@ def grow_dynamic(
     probs_BNV = _put(probs_BNV, nodes, q_BnV)
     tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
     parents_BN = parents_BN.at[:, nodes].set(parent_Bn)
-    proposed_BN = proposed_BN.at[:, nodes].set(proposed_Bn)
+    drafted_BN = drafted_BN.at[:, nodes].set(proposed_Bn)
     slot_n = jnp.asarray([1 + j for j in nodes], jnp.int32)
     ancestors_BSS, seen_BnS = extend_ancestors(ancestors_BSS, parent_Bn, slot_n)
     if depth == tree.max_depth:
@@ -429,4 +429,4 @@ def grow_dynamic(
     expansions += 1
     nan_B = nan_B | model_protocol.has_nan(frontier_logits_BfV)
     frontier, frontier_score_Bf = nodes, score_Bn
-  return tokens_BN, probs_BNV, proposed_BN, nan_B, expansions, parents_BN
+  return tokens_BN, probs_BNV, drafted_BN, nan_B, expansions, parents_BN

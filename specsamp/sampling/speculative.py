@@ -372,11 +372,11 @@ class SpeculativeLoop:
       with jax.named_scope("statistics"):
         counted = count_appended(
           active_B,
-          result.proposed_depth,
+          result.draft_depth,
           result.num_accepted,
           count_B,
           num_draft_tokens,
-          result.proposed_nodes,
+          result.num_proposed,
           result.rank_counts,
         )
       return state.replace(
@@ -389,7 +389,7 @@ class SpeculativeLoop:
         draft_limit=next_draft_limit(
           self.schedule,
           state.draft_limit,
-          result.proposed_depth,
+          result.draft_depth,
           result.num_accepted,
           num_draft_tokens,
         ),

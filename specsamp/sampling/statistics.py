@@ -119,7 +119,7 @@ def count_appended(
   accepted_B,
   count_B,
   num_draft_tokens: int,
-  proposed_nodes_B=None,
+  num_proposed_B=None,
   ranks=None,
 ) -> dict:
   """One iteration's statistics (the fields of STATISTICS), counting what was APPENDED.
@@ -131,7 +131,7 @@ def count_appended(
   accepted nor proposed, and tokens per target call is what the rows received.
 
   For a tree, ``proposed_B`` is the deepest proposed position (the denominators of
-  acceptance per position) and ``proposed_nodes_B`` the nodes proposed (``proposed``).
+  acceptance per position) and ``num_proposed_B`` the nodes proposed (``proposed``).
   ``ranks``: (accepted_BR, reached_BR), the step's counts per sibling rank
   (``tree_step.rank_counts``); a chain's, rank 0 only, follow from the verdict.
   """
@@ -154,8 +154,6 @@ def count_appended(
     * ((positions_G < realised_proposed_B[:, None]) & (positions_G <= accepted_B[:, None])),
     "proposed": active_i32
     * (
-      realised_proposed_B
-      if proposed_nodes_B is None
-      else jnp.where(cut_B, count_B, proposed_nodes_B)
+      realised_proposed_B if num_proposed_B is None else jnp.where(cut_B, count_B, num_proposed_B)
     ),
   }

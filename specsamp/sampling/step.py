@@ -53,8 +53,8 @@ class StepResult:
     path_tokens: [B, D] the accepted draft tokens, in order (entries past num_accepted unused).
     num_accepted: [B] draft tokens accepted.
     next_token: [B] the emitted token.
-    proposed_depth: [B] the deepest proposed draft position (k_b for a chain).
-    proposed_nodes: [B] draft tokens proposed in all (k_b for a chain, nodes for a tree).
+    draft_depth: [B] the deepest proposed draft position (k_b for a chain).
+    num_proposed: [B] draft tokens proposed in all (k_b for a chain, nodes for a tree).
     target_cache, drafter_state: after the step, not yet rolled back.
     draft_calls: scalar, draft model calls.
     nan: [B] either model produced NaN for the row.
@@ -65,8 +65,8 @@ class StepResult:
   path_tokens: jax.Array
   num_accepted: jax.Array
   next_token: jax.Array
-  proposed_depth: jax.Array
-  proposed_nodes: jax.Array
+  draft_depth: jax.Array
+  num_proposed: jax.Array
   target_cache: Any
   drafter_state: Any
   draft_calls: jax.Array

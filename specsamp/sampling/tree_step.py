@@ -169,7 +169,7 @@ class TreeStep:
         proposal.tokens,
         proposal.probs,
         probabilities(target_logits_BTV, sampling),
-        proposal.proposed,
+        proposal.drafted,
         parents_BN=proposal.parents,
       )
     with jax.named_scope("compact"):
@@ -187,8 +187,8 @@ class TreeStep:
       path_tokens=jnp.take_along_axis(proposal.tokens, verdict.path, axis=1),
       num_accepted=verdict.num_accepted,
       next_token=verdict.next_token,
-      proposed_depth=jnp.max(jnp.where(proposal.proposed, depths_N[None, :], 0), axis=1),
-      proposed_nodes=jnp.sum(proposal.proposed, axis=1, dtype=jnp.int32),
+      draft_depth=jnp.max(jnp.where(proposal.drafted, depths_N[None, :], 0), axis=1),
+      num_proposed=jnp.sum(proposal.drafted, axis=1, dtype=jnp.int32),
       target_cache=target_cache,
       drafter_state=drafter_state,
       draft_calls=proposal.model_calls,
@@ -220,7 +220,7 @@ def rank_counts(
     (verdict.path[:, :, None] == nodes_N[None, None, :]) & accepted_BD[:, :, None], axis=1
   )
   parent_on_path_BN = jnp.take_along_axis(on_path_BN, jnp.maximum(parents_BN, 0), axis=1)
-  reached_BN = proposal.proposed & ((parents_BN < 0) | parent_on_path_BN)
+  reached_BN = proposal.drafted & ((parents_BN < 0) | parent_on_path_BN)
   rank_BNR = jax.nn.one_hot(rank_BN, tree.max_children, dtype=jnp.int32)
   return (
     jnp.sum(rank_BNR * on_path_BN[:, :, None], axis=1),

@@ -156,7 +156,7 @@ def _token_trace(
   tokens_BN,
   q_BNV,
   p_BN1V,
-  proposed_BN,
+  drafted_BN,
   coin: Coin,
   greedy: bool = False,
   parents_BN=None,
@@ -179,7 +179,7 @@ def _token_trace(
     best_B = _take(best_BN1, row_B)
     for j in tree.nodes_at_depth(depth):
       x_B, q_BV = tokens_BN[:, j], _node_q(q_BNV, j)
-      tried_B = _parent_alive(tree, parents_BN, alive, j) & proposed_BN[:, j]
+      tried_B = _parent_alive(tree, parents_BN, alive, j) & drafted_BN[:, j]
       tried_B &= ~accepted_B & ~stopped_B
       if greedy:
         probability_B = (x_B == best_B).astype(jnp.float32)
@@ -197,7 +197,7 @@ def _token_trace(
     token_B = _take(tokens_BN, node_B)
     for j in tree.nodes_at_depth(depth):
       parent_alive_B = _parent_alive(tree, parents_BN, alive, j)
-      alive[j] = accepted_B & parent_alive_B & proposed_BN[:, j] & (tokens_BN[:, j] == token_B)
+      alive[j] = accepted_B & parent_alive_B & drafted_BN[:, j] & (tokens_BN[:, j] == token_B)
     row_B = jnp.where(accepted_B, node_B + 1, row_B)
     r_BV = jnp.where(accepted_B[:, None], _row(p_BN1V, row_B), r_BV)
     fresh_B |= accepted_B
@@ -226,7 +226,7 @@ def _path_table(tree: TreeShape) -> tuple[np.ndarray, np.ndarray]:
   return paths, np.asarray((0, *tree.depths), np.int32)
 
 
-def _traversal_trace(tree: TreeShape, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin: Coin) -> _Trace:
+def _traversal_trace(tree: TreeShape, tokens_BN, q_BNV, p_BN1V, drafted_BN, coin: Coin) -> _Trace:
   """Traversal verification (module docstring), one coin per node in post-order."""
   batch, num_nodes = tokens_BN.shape
   weight = {-1: jnp.ones((batch,), p_BN1V.dtype)}  # w_v
@@ -249,7 +249,7 @@ def _traversal_trace(tree: TreeShape, tokens_BN, q_BNV, p_BN1V, proposed_BN, coi
       weight[c] = _clipped_ratio(weight[v] * _take(target[v], x_B), verification.q_at(q_BV, x_B))
       target[c], fresh[c] = p_BN1V[:, c + 1], jnp.ones((batch,), bool)
       visit(c)
-      rejected_B = proposed_BN[:, c] & ~done_B  # c's subtree and c itself
+      rejected_B = drafted_BN[:, c] & ~done_B  # c's subtree and c itself
       mass_B = jnp.sum(verification.excess(weight[v][:, None] * target[v], q_BV, x_B), axis=-1)
       residual_BV = verification.residual(target[v], q_BV, weight[v], x_B)
       target[v] = jnp.where(rejected_B[:, None], residual_BV, target[v])
@@ -257,7 +257,7 @@ def _traversal_trace(tree: TreeShape, tokens_BN, q_BNV, p_BN1V, proposed_BN, coi
         weight[v] = jnp.where(rejected_B, _stop_probability(mass_B, weight[v]), weight[v])
       fresh[v] &= ~rejected_B
     if v >= 0:
-      tested[v], coin_probs[v] = proposed_BN[:, v] & ~done_B, weight[v]
+      tested[v], coin_probs[v] = drafted_BN[:, v] & ~done_B, weight[v]
       accept_B = tested[v] & coin(v, weight[v])
       emit_BV = jnp.where(accept_B[:, None], emit_distribution(v), emit_BV)
       node_B = jnp.where(accept_B, v, node_B)
@@ -276,7 +276,7 @@ def tree_token_verify(
   tokens_BN: jax.Array,
   q_BNV: jax.Array | None,
   p_BN1V: jax.Array,
-  proposed_BN: jax.Array,
+  drafted_BN: jax.Array,
   parents_BN: jax.Array | None = None,
 ) -> TreeVerdict:
   """Recursive rejection sampling over the tree, merging equal prefixes (module docstring).
@@ -288,7 +288,7 @@ def tree_token_verify(
     q_BNV: [B, N, V] float32, the distribution node i's token was drawn from; None for chosen
       tokens (the point mass at each: ``verification`` reads it without a one-hot array).
     p_BN1V: [B, N+1, V] float32, the target at the root (0) and after node i (i+1).
-    proposed_BN: [B, N] bool, nodes proposed (closed under ancestors).
+    drafted_BN: [B, N] bool, nodes proposed (closed under ancestors).
     parents_BN: [B, N] int32, each row's parent of node i (-1: the root), for a dynamic tree
       (``tree.dynamic``); None: the tree's static parents.
 
@@ -298,7 +298,7 @@ def tree_token_verify(
   """
   coin_key, emit_key = threefry.split(key)
   coin = _word_coins(coin_key, tokens_BN.shape)
-  trace = _token_trace(tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin, parents_BN=parents_BN)
+  trace = _token_trace(tree, tokens_BN, q_BNV, p_BN1V, drafted_BN, coin, parents_BN=parents_BN)
   return trace.verdict(emit_key)
 
 
@@ -308,7 +308,7 @@ def traversal_verify(
   tokens_BN: jax.Array,
   q_BNV: jax.Array | None,
   p_BN1V: jax.Array,
-  proposed_BN: jax.Array,
+  drafted_BN: jax.Array,
   parents_BN: jax.Array | None = None,
 ) -> TreeVerdict:
   """Traversal verification, Weng et al. 2025 (module docstring); arguments as
@@ -321,7 +321,7 @@ def traversal_verify(
     )
   coin_key, emit_key = threefry.split(key)
   coin = _word_coins(coin_key, tokens_BN.shape)
-  return _traversal_trace(tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin).verdict(emit_key)
+  return _traversal_trace(tree, tokens_BN, q_BNV, p_BN1V, drafted_BN, coin).verdict(emit_key)
 
 
 def tree_greedy_verify(
@@ -330,7 +330,7 @@ def tree_greedy_verify(
   tokens_BN: jax.Array,
   q_BNV: jax.Array | None,
   p_BN1V: jax.Array,
-  proposed_BN: jax.Array,
+  drafted_BN: jax.Array,
   parents_BN: jax.Array | None = None,
 ) -> TreeVerdict:
   """Temperature 0: follow the target's argmax down the tree (merging equal prefixes) and emit
@@ -338,7 +338,7 @@ def tree_greedy_verify(
   ``verification.greedy_verify``."""
   del key
   trace = _token_trace(
-    tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, coin=None, greedy=True, parents_BN=parents_BN
+    tree, tokens_BN, q_BNV, p_BN1V, drafted_BN, coin=None, greedy=True, parents_BN=parents_BN
   )
   return TreeVerdict(
     num_accepted=trace.num_accepted,
@@ -348,7 +348,7 @@ def tree_greedy_verify(
 
 
 TreeVerifier = Callable[..., TreeVerdict]
-"""(key, tree, tokens_BN, q_BNV, p_BN1V, proposed_BN, parents_BN=None) -> TreeVerdict."""
+"""(key, tree, tokens_BN, q_BNV, p_BN1V, drafted_BN, parents_BN=None) -> TreeVerdict."""
 
 TREE_VERIFIERS: dict[str, TreeVerifier] = {
   "token": tree_token_verify,
