@@ -120,6 +120,27 @@ def tiny_model():
   return transformer.create(tiny_config(), seed=0)
 
 
+# --- The quick certificate (tests/test_certify.py, tests/test_certify_trees.py). ----------------
+
+CERTIFY_DRAWS = {"trigram": 100_000, "transformer": 20_000}
+
+
+def quick_certificate(cases):
+  """``certify.certify`` over ``cases`` at ``CERTIFY_DRAWS`` sequences per case (scripts/
+  certify.py draws 10^6 over every case). A transformer sequence costs ~25x a trigram one, and
+  its three quick cases drew for 106 s at 10^5 against 54 s at 2 * 10^4 (2026-11-26); the
+  planted bugs are all trigram cases, so the power to reject them keeps its 10^5 draws."""
+  from specsamp.experiments.proofs import certify
+
+  results = []
+  for model, draws in CERTIFY_DRAWS.items():
+    chosen = [case for case in cases if case.model == model]
+    if chosen:
+      results += certify.certify(chosen, draws, level=1e-4, log=lambda line: None)
+  assert len(results) == len(cases), "a case on a model without CERTIFY_DRAWS"
+  return results
+
+
 # --- Exactness against enumeration (specsamp/testing/exactness.py). -----------------------------
 
 EXACT_VOCAB, EXACT_NEW_TOKENS, EXACT_ROWS = 8, 3, 24_000

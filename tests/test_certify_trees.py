@@ -1,9 +1,10 @@
-"""The exactness certificate's tree cases, reduced to 10^5 sequences per case and one case
-per shape (scripts/certify.py --scope=trees draws 10^6 over every verifier x shape x warping
+"""The exactness certificate's tree cases, reduced to 10^5 sequences per trigram case (2 * 10^4
+on the transformer, conftest.CERTIFY_DRAWS) and one case per shape (scripts/certify.py --scope=trees draws 10^6 over every verifier x shape x warping
 x batch): each passes its G-test against exact enumeration, and the planted drafting bug is
 rejected."""
 
 import pytest
+from conftest import quick_certificate
 
 from specsamp.experiments.proofs import certify
 
@@ -20,6 +21,6 @@ def test_quick_tree_certificate_passes_and_rejects_the_planted_tree_bugs():
   # The verifier's sibling bug is rejected by exact enumeration (test_tree_verification.py);
   # a dynamic tree's chosen tokens verified with the draft's warped q must be rejected here.
   assert {c.bug for c in cases} == {None, "siblings_full_q", "chosen_real_q"}
-  results = certify.certify(cases, 100_000, level=1e-4, log=lambda line: None)
+  results = quick_certificate(cases)
   failed = [(r.case.name, r.G, r.threshold) for r in results if not r.passed]
   assert not failed, failed
