@@ -59,9 +59,9 @@ def _first_draft_q(drafter, target, prompts, n):
   features = None
   if drafter.feature_layers:
     positions = jnp.broadcast_to(jnp.arange(n), (batch, n))
-    _, _, features = target(
+    features = target(
       prompts, positions, target.init_cache(batch, n), capture_layers=drafter.feature_layers
-    )
+    ).features
   state, _ = drafter.init(tokens[:, :n], lengths, width, 1, features_BTF=features)
   proposal, _ = drafter.propose(
     state, tokens, lengths, jax.random.key(0), 1, jnp.ones((batch,), jnp.int32), sampling, 48

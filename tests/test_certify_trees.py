@@ -1,7 +1,7 @@
 """The exactness certificate's tree cases, reduced to 10^5 sequences per trigram case (2 * 10^4
-on the transformer, conftest.CERTIFY_DRAWS) and one case per shape (scripts/certify.py --scope=trees draws 10^6 over every verifier x shape x warping
-x batch): each passes its G-test against exact enumeration, and the planted drafting bug is
-rejected."""
+on the transformer, conftest.CERTIFY_DRAWS) and one case per shape (scripts/certify.py
+--scope=trees draws 10^6 over every verifier x shape x warping x batch): each passes its G-test
+against exact enumeration, and the planted drafting bug is rejected."""
 
 import pytest
 from conftest import quick_certificate

@@ -137,7 +137,7 @@ def test_an_eagle3_head_imports_and_matches_the_reference_forward(target, tmp_pa
   assert model.head.layer.rope_theta == 10_000.0 and model.head.layer.rope_scaling == "none"
   np.testing.assert_array_equal(model.head.draft_to_target[...], used)  # d2t offsets undone.
   tokens = jax.random.randint(jax.random.key(0), (1, 7), 0, V)
-  _, _, features = target(tokens, capture_layers=model.feature_layers)
+  features = target(tokens, capture_layers=model.feature_layers).features
   following = jnp.roll(tokens, -1, axis=1)
   h, _ = model.hidden(
     following, model.head.fuse(features), jnp.arange(7)[None], model.init_cache(1, 8)

@@ -38,7 +38,8 @@ def test_captured_features_are_the_hidden_states_entering_each_layer(target):
   tokens = jax.random.randint(jax.random.key(0), (2, 7), 0, 64)
   cache = target.init_cache(2, 10)
   logits, plain_cache = target(tokens, None, cache)
-  captured_logits, captured_cache, features = target(tokens, None, cache, capture_layers=(0, 2, 5))
+  captured = target(tokens, None, cache, capture_layers=(0, 2, 5))
+  captured_logits, captured_cache, features = captured.logits, captured.cache, captured.features
   np.testing.assert_array_equal(captured_logits, logits)  # Capturing changes nothing else.
   np.testing.assert_array_equal(captured_cache.keys, plain_cache.keys)
   assert features.shape == (2, 7, 3 * 32)
@@ -68,7 +69,7 @@ def test_training_time_test_unroll_is_what_the_head_sees_when_drafting(target):
   model, head = drafter.model, drafter.model.head
   length, steps = 10, 4
   tokens = jax.random.randint(jax.random.key(3), (2, length + steps + 1), 0, 64)
-  _, _, features = target(tokens[:, :length], capture_layers=head.config.feature_layers)
+  features = target(tokens[:, :length], capture_layers=head.config.feature_layers).features
   embedded = jnp.stack(
     [target.embedder.encode(tokens[:, 1 + k : 1 + k + length]) for k in range(steps)]
   )
@@ -164,7 +165,7 @@ def test_the_head_reads_the_targets_features_along_the_accepted_path(target, tre
     )
     for row in range(2):  # A row that finished before the last iteration has nothing pending.
       n = int(out.lengths[row])
-      _, _, features = target(out.tokens[row : row + 1, :n], capture_layers=layers)
+      features = target(out.tokens[row : row + 1, :n], capture_layers=layers).features
       start = int(state.start[row])
       count = n - 1 - start
       assert 0 <= count <= 4

@@ -256,3 +256,27 @@ def test_logits_at_gives_each_rows_chosen_logits_and_the_same_cache(tiny_model):
   lengths = jnp.asarray([9, 1, 5])
   last, _ = autoregressive.prefill(tiny_model, tokens, lengths, cache)
   np.testing.assert_allclose(last, full[jnp.arange(3), lengths - 1], rtol=1e-6, atol=1e-6)
+
+
+def test_a_call_returns_one_output_type_with_or_without_features(tiny_model):
+  """One type whatever the call asks: it unpacks as the decode protocol's (logits, cache)
+  pair, carries features only when captured, and crosses jit as a pytree."""
+  from specsamp.models import output
+
+  tokens = jnp.array([[3, 1, 4, 1]], jnp.int32)
+  plain = tiny_model(tokens, None, tiny_model.init_cache(1, 8))
+  captured = tiny_model(tokens, None, tiny_model.init_cache(1, 8), capture_layers=(0, 1))
+  for out in (plain, captured):
+    assert isinstance(out, output.ModelOutput) and len(out) == 2
+    logits, cache = out
+    assert logits is out.logits and cache is out.cache
+  assert plain.features is None
+  assert captured.features.shape == (1, 4, 2 * tiny_model.config.d_model)
+  np.testing.assert_array_equal(plain.logits, captured.logits)
+  through = jax.jit(lambda out: out)(captured)
+  assert isinstance(through, output.ModelOutput)
+  np.testing.assert_array_equal(through.features, captured.features)
+  # A user's model may return a plain pair; ``of`` reads it as the same type.
+  pair = output.of((plain.logits, plain.cache))
+  assert isinstance(pair, output.ModelOutput) and pair.features is None
+  assert output.of(captured) is captured

@@ -5,6 +5,8 @@ Decode protocol (what the samplers need from a target or draft model):
   model.vocab_size                          -> V
   model.init_cache(batch_size, max_length)  -> cache (a pytree with ``lengths``)
   model(tokens_BT, positions_BT, cache)     -> (logits_BTV float32, cache)
+                                               (a ``ModelOutput``: unpacks as this pair;
+                                               ``.features`` with ``capture_layers``)
 
 ``positions_BT`` are absolute per-row positions (consecutive within a row); the
 call writes those positions into the cache and sets ``cache.lengths`` to one
@@ -24,6 +26,7 @@ from specsamp.models.attention import Attention, TreeCall
 from specsamp.models.config import TransformerConfig
 from specsamp.models.kv_cache import KVCache
 from specsamp.models.layers import MLP, Embedder, OutputHead, RMSNorm, softcap
+from specsamp.models.output import ModelOutput
 
 _RESIDUAL_AXES = ("act_batch", "act_length", "act_embed")
 
@@ -309,9 +312,8 @@ class Transformer(nnx.Module):
     else:
       lengths_B = tree.root_B + tree.num_slots
     new_cache = KVCache(keys=keys, values=values, lengths=lengths_B)
-    if capture_layers:
-      return logits_BTV, (new_cache if had_cache else None), jnp.concatenate(captured[:-1], -1)
-    return logits_BTV, (new_cache if had_cache else None)
+    features_BTF = jnp.concatenate(captured[:-1], -1) if capture_layers else None
+    return ModelOutput(logits_BTV, new_cache if had_cache else None, features_BTF)
 
   def compact_cache(self, cache: KVCache, source_BD: jax.Array, start_B: jax.Array) -> KVCache:
     """After a tree call: copies slots ``source_BD[b, j]`` to ``start_B[b] + j`` (the accepted

@@ -22,6 +22,8 @@ import numpy as np
 from flax import struct
 
 from specsamp import sharding
+from specsamp.models import output
+from specsamp.models.output import ModelOutput
 from specsamp.sampling import memory, model_protocol, threefry
 from specsamp.sampling.warping import SamplingConfig, sample
 
@@ -125,9 +127,10 @@ def prefill(
   prompt_lengths_B: jax.Array,
   cache: Any,
   capture_layers: tuple[int, ...] = (),
-) -> tuple[jax.Array, Any] | tuple[jax.Array, Any, jax.Array]:
-  """Runs the padded prompts through the model; returns each row's last logits and the cache
-  (and, with ``capture_layers``, the features at every prompt position: decode protocol (g)).
+) -> ModelOutput:
+  """Runs the padded prompts through the model; returns each row's last logits [B, V] and the
+  cache (``ModelOutput``; its features, with ``capture_layers``, are those at every prompt
+  position: decode protocol (g)).
 
   Padding tokens write cache slots at or beyond their row's length; those are
   masked until the row's real tokens overwrite them.
@@ -137,14 +140,12 @@ def prefill(
   last_B = (prompt_lengths_B - 1).astype(jnp.int32)
   extra = {"capture_layers": capture_layers} if capture_layers else {}
   if model_protocol.takes_logits_at(model):  # Decode protocol (h): only the last logits.
-    logits_BTV, cache, *features = model(prompts_BT, positions_BT, cache, logits_at=last_B, **extra)
-    last_BV = logits_BTV[:, 0]
+    out = output.of(model(prompts_BT, positions_BT, cache, logits_at=last_B, **extra))
+    last_BV = out.logits[:, 0]
   else:
-    logits_BTV, cache, *features = model(prompts_BT, positions_BT, cache, **extra)
-    last_BV = jnp.take_along_axis(logits_BTV, last_B[:, None, None], axis=1)[:, 0]
-  features_BTF = features[0] if features else None
-  cache = cache.replace(lengths=prompt_lengths_B)
-  return (last_BV, cache, features_BTF) if capture_layers else (last_BV, cache)
+    out = output.of(model(prompts_BT, positions_BT, cache, **extra))
+    last_BV = jnp.take_along_axis(out.logits, last_B[:, None, None], axis=1)[:, 0]
+  return ModelOutput(last_BV, out.cache.replace(lengths=prompt_lengths_B), out.features)
 
 
 def initial_tokens(

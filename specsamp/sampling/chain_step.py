@@ -76,15 +76,16 @@ class ChainStep:
       proposed_B = jnp.minimum(proposal.num_proposed, inputs.limit)
     with jax.named_scope("score"):
       last_B = inputs.tokens[rows_B, lengths_B - 1]
-      scored = target(
+      scored = model_protocol.score(
+        target,
         jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
         lengths_B[:, None] - 1 + jnp.arange(self.num_draft_tokens + 1),
         inputs.target_cache,
-        **({"capture_layers": drafter.feature_layers} if drafter.feature_layers else {}),
+        drafter.feature_layers,
       )
-      target_logits_BG1V, target_cache = scored[:2]
-      if drafter.feature_layers:  # The scored positions' features: the head's next input.
-        drafter_state = drafter.observe(drafter_state, scored[2], lengths_B - 1)
+      target_logits_BG1V, target_cache = scored
+      # The scored positions' features: a feature head's next input (observe: a no-op else).
+      drafter_state = drafter.observe(drafter_state, scored.features, lengths_B - 1)
     with jax.named_scope("verify"):
       verdict = self.verify_fn(synthetic_acceptance)(
         threefry.fold_in(key, 1),

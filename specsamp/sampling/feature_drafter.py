@@ -67,7 +67,8 @@ def check_feature_target(target: Any) -> None:
     raise TypeError(
       f"A feature drafter reads the target's hidden features, but the target "
       f"({type(target).__name__}) does not return them: it needs "
-      "model(tokens, positions, cache, capture_layers=(...)) -> (logits, cache, features) "
+      "model(tokens, positions, cache, capture_layers=(...)) -> ModelOutput(logits, cache, "
+      "features) "
       "(decode protocol, part (g), in specsamp.sampling.model_protocol)."
     )
 
@@ -137,11 +138,11 @@ class FeatureDrafter(Drafter):
     tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
     batch, length = tokens_BT.shape
     positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    target_logits_BTV, _, features_BTF = target(
+    scored = target(
       tokens_BT, positions_BT, target.init_cache(batch, length), capture_layers=self.feature_layers
     )
-    h_BTD, _ = self.pairs_hidden(tokens_BT, features_BTF, self.model.init_cache(batch, length))
-    return self.model.logits(h_BTD[:, :-1]), jnp.argmax(target_logits_BTV[:, 1:], axis=-1)
+    h_BTD, _ = self.pairs_hidden(tokens_BT, scored.features, self.model.init_cache(batch, length))
+    return self.model.logits(h_BTD[:, :-1]), jnp.argmax(scored.logits[:, 1:], axis=-1)
 
   def pairs_hidden(self, tokens_BT: jax.Array, features_BTF: jax.Array, cache: Any):
     """(h_BTD, cache): the head over the pairs (target feature at t, token t+1) of a text at

@@ -31,8 +31,9 @@ A feature-level drafter (``feature_drafter.FeatureDrafter``, EAGLE style) needs 
 from the target, and only from the target:
 
   (g) ``model(tokens_BT, positions_BT, cache, capture_layers=(l_1, ..., l_C))
-      -> (logits_BTV, cache, features_BTF)``: the same call, also returning the hidden states
-      entering layers l_1 < ... < l_C (before their norm; layer 0's is the embedding),
+      -> ModelOutput(logits_BTV, cache, features_BTF)``: the same call, whose output
+      (``specsamp.models.output``, which unpacks as the pair (c) returns) also carries the
+      hidden states entering layers l_1 < ... < l_C (before their norm; layer 0's is the embedding),
       concatenated along the features, F = C * D. The loop captures them in the prefill and
       in every scoring call, so the drafter reads what the target computed anyway.
   A target without (g) is refused by name when a feature drafter is asked for
@@ -55,6 +56,9 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from specsamp.models import output
+from specsamp.models.output import ModelOutput
 
 
 @runtime_checkable
@@ -144,14 +148,30 @@ class PaddedVocabulary(nnx.Module):
   def compact_cache(self, *args, **kwargs) -> Any:
     return self.model.compact_cache(*args, **kwargs)
 
-  def __call__(self, tokens_BT: jax.Array, *args, **kwargs) -> tuple:
+  def __call__(self, tokens_BT: jax.Array, *args, **kwargs) -> ModelOutput:
     tokens_BT = jnp.minimum(tokens_BT, self.model.vocab_size - 1)
-    logits_BTV, *rest = self.model(tokens_BT, *args, **kwargs)
-    padding = self.vocab_size - logits_BTV.shape[-1]
+    out = output.of(self.model(tokens_BT, *args, **kwargs))
+    padding = self.vocab_size - out.logits.shape[-1]
     logits_BTV = jnp.pad(
-      logits_BTV, [(0, 0)] * (logits_BTV.ndim - 1) + [(0, padding)], constant_values=-jnp.inf
+      out.logits, [(0, 0)] * (out.logits.ndim - 1) + [(0, padding)], constant_values=-jnp.inf
     )
-    return (logits_BTV, *rest)
+    return ModelOutput(logits_BTV, out.cache, out.features)
+
+
+def score(
+  target: Any,
+  tokens_BT: jax.Array,
+  positions_BT: jax.Array,
+  cache: Any,
+  capture_layers: tuple[int, ...] = (),
+  **call: Any,
+) -> ModelOutput:
+  """One scoring call of the target, as a ``ModelOutput``: with ``capture_layers`` (a feature
+  drafter's) its features too (part (g)); without, a plain decode-protocol call, so any
+  target serves a drafter that reads no features. ``call``: e.g. ``tree=`` (part (e))."""
+  if capture_layers:
+    call["capture_layers"] = capture_layers
+  return output.of(target(tokens_BT, positions_BT, cache, **call))
 
 
 def takes_logits_at(model: Any) -> bool:

@@ -301,20 +301,18 @@ class SpeculativeLoop:
       target_cache, drafter_state = caches if caches is not None else (None, None)
       if target_cache is None:
         target_cache = target.init_cache(batch, self.cache_length)
-      features_BTF = None
-      if drafter.feature_layers:  # A feature drafter starts from the prompt's features.
-        target_logits, target_cache, features_BTF = prefill(
-          target, prompts_BT, prompt_lengths_B, target_cache, drafter.feature_layers
-        )
-      else:
-        target_logits, target_cache = prefill(target, prompts_BT, prompt_lengths_B, target_cache)
+      # A feature drafter starts from the prompt's features (None for any other).
+      prefilled = prefill(
+        target, prompts_BT, prompt_lengths_B, target_cache, drafter.feature_layers
+      )
+      target_logits, target_cache = prefilled
       drafter_state, drafter_nan = drafter.init(
         prompts_BT,
         prompt_lengths_B,
         self.cache_length,
         num_draft_tokens,
         state=drafter_state,
-        features_BTF=features_BTF,
+        features_BTF=prefilled.features,
       )
     width = prompt_width + self.max_new_tokens + num_draft_tokens + 1
     zeros_B = jnp.zeros((batch,), jnp.int32)

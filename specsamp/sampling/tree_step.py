@@ -153,15 +153,15 @@ class TreeStep:
         jnp.arange(tree.num_nodes + 1, dtype=jnp.int32),
         jnp.asarray(tree.attention_mask()) if proposal.parents is None else row_masks(proposal),
       )
-      capture = {"capture_layers": drafter.feature_layers} if drafter.feature_layers else {}
-      scored = target(
+      scored = model_protocol.score(
+        target,
         jnp.concatenate([tokens_BW[rows_B, root_B][:, None], proposal.tokens], axis=1),
         root_B[:, None] + jnp.asarray(offsets_T)[None, :],
         inputs.target_cache,
+        drafter.feature_layers,
         tree=call,
-        **capture,
       )
-      target_logits_BTV, target_cache = scored[:2]
+      target_logits_BTV, target_cache = scored
     with jax.named_scope("verify_tree"):
       verdict = verifier(self.verifier, sampling.greedy)(
         threefry.fold_in(key, 1),
@@ -177,10 +177,10 @@ class TreeStep:
       source_BD = lengths_B[:, None] + verdict.path
       target_cache = target.compact_cache(target_cache, source_BD, lengths_B)
       drafter_state = drafter.accept_path(drafter_state, source_BD, lengths_B)
-      if drafter.feature_layers:  # The target's features along the accepted path: the
+      if scored.features is not None:  # The target's features along the accepted path: the
         # root's, then the path's nodes' (entries past the accepted depth are never read).
         index_BD1 = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), 1 + verdict.path], 1)
-        path_features = jnp.take_along_axis(scored[2], index_BD1[:, :, None], axis=1)
+        path_features = jnp.take_along_axis(scored.features, index_BD1[:, :, None], axis=1)
         drafter_state = drafter.observe(drafter_state, path_features, root_B)
     depths_N = jnp.asarray(tree.depths, jnp.int32)
     return StepResult(

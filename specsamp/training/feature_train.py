@@ -84,7 +84,8 @@ def ttt_loss(
   """The weighted training-time-test KL (module docstring) and per-step metrics."""
   head, target = model.head, model.target
   batch, length = tokens_BT.shape
-  teacher_BTV, _, features_BTF = target(tokens_BT, capture_layers=head.config.feature_layers)
+  scored = target(tokens_BT, capture_layers=head.config.feature_layers)
+  teacher_BTV, features_BTF = scored.logits, scored.features
   teacher_BTV = jax.lax.stop_gradient(teacher_BTV)
   features_BTF = jax.lax.stop_gradient(features_BTF)
   padded_BT = jnp.pad(tokens_BT, ((0, 0), (0, steps + 1)))
