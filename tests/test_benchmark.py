@@ -123,3 +123,25 @@ def test_the_docs_figures_draw(tmp_path):
   for path in paths:
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timed_calls_only_see_input_shapes_the_warm_up_compiled():
+  """Prompts of several padded lengths: every shape is warmed up (and compiled) before the
+  first timed call, so no timed call compiles."""
+  import jax.numpy as jnp
+
+  calls = []
+
+  def sample(prompts, index):
+    calls.append((index, prompts.shape))
+    return jnp.ones((1, 3), jnp.int32)
+
+  inputs = [jnp.zeros((1, width), jnp.int32) for width in (40, 789, 40, 120)]
+  timed = timing.time_interleaved({"a": sample}, inputs, count=lambda out: (3, 3))["a"]
+  warmed = {shape for index, shape in calls if index == timing.WARMUP_INDEX}
+  assert warmed == {(1, 40), (1, 789), (1, 120)}
+  assert len(calls) == 3 + 4 and len(timed.seconds) == 4
+  first_timed = next(i for i, (index, _) in enumerate(calls) if index != timing.WARMUP_INDEX)
+  assert all(index != timing.WARMUP_INDEX for index, _ in calls[first_timed:])
+  assert timing.input_shape(inputs[0]) == timing.input_shape(inputs[2])
+  assert timing.input_shape(inputs[0]) != timing.input_shape(inputs[1])
