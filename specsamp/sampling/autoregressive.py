@@ -22,7 +22,6 @@ import numpy as np
 from flax import struct
 
 from specsamp import sharding
-from specsamp.models import output
 from specsamp.models.output import ModelOutput
 from specsamp.sampling import memory, model_protocol, threefry
 from specsamp.sampling.warping import SamplingConfig, sample
@@ -138,12 +137,13 @@ def prefill(
   batch, length = prompts_BT.shape
   positions_BT = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
   last_B = (prompt_lengths_B - 1).astype(jnp.int32)
-  extra = {"capture_layers": capture_layers} if capture_layers else {}
   if model_protocol.takes_logits_at(model):  # Decode protocol (h): only the last logits.
-    out = output.of(model(prompts_BT, positions_BT, cache, logits_at=last_B, **extra))
+    out = model_protocol.score(
+      model, prompts_BT, positions_BT, cache, capture_layers, logits_at=last_B
+    )
     last_BV = out.logits[:, 0]
   else:
-    out = output.of(model(prompts_BT, positions_BT, cache, **extra))
+    out = model_protocol.score(model, prompts_BT, positions_BT, cache, capture_layers)
     last_BV = jnp.take_along_axis(out.logits, last_B[:, None, None], axis=1)[:, 0]
   return ModelOutput(last_BV, out.cache.replace(lengths=prompt_lengths_B), out.features)
 

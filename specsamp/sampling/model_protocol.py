@@ -166,9 +166,10 @@ def score(
   capture_layers: tuple[int, ...] = (),
   **call: Any,
 ) -> ModelOutput:
-  """One scoring call of the target, as a ``ModelOutput``: with ``capture_layers`` (a feature
-  drafter's) its features too (part (g)); without, a plain decode-protocol call, so any
-  target serves a drafter that reads no features. ``call``: e.g. ``tree=`` (part (e))."""
+  """One call of the target (a scoring call, or the prefill's), as a ``ModelOutput``: with
+  ``capture_layers`` (a feature drafter's) its features too (part (g)); without, a plain
+  decode-protocol call, so any target serves a drafter that reads no features. ``call``: e.g.
+  ``tree=`` (part (e)) or ``logits_at=`` (part (h))."""
   if capture_layers:
     call["capture_layers"] = capture_layers
   return output.of(target(tokens_BT, positions_BT, cache, **call))

@@ -105,6 +105,13 @@ def chosen_q(tokens: jax.Array, warped_q: jax.Array) -> jax.Array | None:
   return None
 
 
+def _q_buffer(first_q: Any, shape: tuple[int, int, int]) -> jax.Array | None:
+  """Where a proposal's q go, [B, N, V] zeros, decided by its first position's q
+  (``first_q``, an array or its shape): None when that one was chosen (q = None), since a
+  proposal's tokens are all drawn or all chosen (``_put``)."""
+  return None if first_q is None else jnp.zeros(shape, jnp.float32)
+
+
 def _put(probs: jax.Array | None, index: Any, q: jax.Array | None) -> jax.Array | None:
   """``probs.at[:, index].set(q)``; None (chosen tokens) stays None."""
   if (probs is None) != (q is None):
@@ -172,10 +179,8 @@ def grow_chain(
     )
 
   tokens_BG = jnp.zeros((batch, num_draft_tokens), jnp.int32)
-  drawn = jax.eval_shape(lambda x: draw_token(key, x, sampling, proposal)[1], first_logits_BV)
-  probs_BGV = None  # Chosen tokens: q = None, the point mass at each (``chosen_q``).
-  if drawn is not None:
-    probs_BGV = jnp.zeros((batch, num_draft_tokens, vocab_size), jnp.float32)
+  first_q = jax.eval_shape(lambda x: draw_token(key, x, sampling, proposal)[1], first_logits_BV)
+  probs_BGV = _q_buffer(first_q, (batch, num_draft_tokens, vocab_size))
   active_B = (limit_B > 0) & (True if active_B is None else active_B)
   zeros_B = jnp.zeros((batch,), jnp.int32)
   tokens_BG, probs_BGV, active_B, count_B, nan_B = draw(
@@ -295,7 +300,6 @@ def grow_tree(
   logits_of = {-1: root_logits_BV}  # Draft logits after each node (-1: the root).
   continues = {-1: limit_B > 0}  # Whether a node's children may be proposed.
   tokens_BN = jnp.zeros((batch, tree.num_nodes), jnp.int32)
-  probs_BNV = jnp.zeros((batch, tree.num_nodes, vocab_size), jnp.float32)
   drafted_BN = jnp.zeros((batch, tree.num_nodes), bool)
   nan_B = model_protocol.has_nan(root_logits_BV)
   mask_NM = tree.attention_mask()[1:]
@@ -310,8 +314,8 @@ def grow_tree(
     drawn_Bn, q_BnV = draw_depth(key, tree, depth, parent_q_BnV, tokens_BN, greedy_logits_BnV)
     has_mass_Bn = jnp.ones(drawn_Bn.shape, bool) if q_BnV is None else q_BnV.sum(-1) > 0
     tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
-    if depth == 1 and q_BnV is None:
-      probs_BNV = None  # Chosen tokens: q = None (``chosen_q``).
+    if depth == 1:
+      probs_BNV = _q_buffer(q_BnV, (batch, tree.num_nodes, vocab_size))
     probs_BNV = _put(probs_BNV, nodes, q_BnV)
     for k, (j, u) in enumerate(zip(nodes, parents)):
       proposed_B = continues[u] & has_mass_Bn[:, k] & (depth <= limit_B)
@@ -388,7 +392,6 @@ def grow_dynamic(
   slots = num_nodes + 1  # The root's slot, then the nodes'.
 
   tokens_BN = jnp.zeros((batch, num_nodes), jnp.int32)
-  probs_BNV = jnp.zeros((batch, num_nodes, vocab_size), jnp.float32)
   parents_BN = jnp.full((batch, num_nodes), -1, jnp.int32)
   drafted_BN = jnp.zeros((batch, num_nodes), bool)
   # Row r of ancestors_BSS: the tree slots (0: the root, 1 + j: node j) slot r sees.
@@ -413,8 +416,8 @@ def grow_dynamic(
     score_Bn = jnp.where(proposed_Bn, score_Bn, -jnp.inf)  # A child of an unproposed node.
     parent_q_BnV = jnp.take_along_axis(q_BfV, local_Bn[:, :, None], axis=1)
     q_BnV = chosen_q(drawn_Bn, parent_q_BnV)
-    if depth == 1 and q_BnV is None:
-      probs_BNV = None  # One-hot q at the chosen tokens.
+    if depth == 1:
+      probs_BNV = _q_buffer(q_BnV, (batch, num_nodes, vocab_size))
     probs_BNV = _put(probs_BNV, nodes, q_BnV)
     tokens_BN = tokens_BN.at[:, nodes].set(drawn_Bn)
     parents_BN = parents_BN.at[:, nodes].set(parent_Bn)
