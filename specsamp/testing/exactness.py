@@ -202,6 +202,8 @@ BUGS = {
   "instead of the renormalised one they were drawn from  (tree drafting)",
   "chosen_real_q": "a greedy choice verified with the drafter's warped q, which it was not "
   "drawn from, instead of the one-hot q  (proposal modes)",
+  "parallel_wrong_q": "a parallel drafter reports each draft token with the q of the position "
+  "before it instead of the q it was drawn from  (parallel drafting)",
 }
 TREE_BUGS = ("sibling_against_p", "siblings_full_q")
 
@@ -256,6 +258,16 @@ def planted(bug: str | None) -> Iterator[None]:
       return proposal.replace(probs=uniform), state
 
     patch(drafters.PromptLookupDrafter, "propose", propose)
+  elif bug == "parallel_wrong_q":
+    from specsamp.sampling import parallel_drafter
+
+    original_parallel = parallel_drafter.ParallelDrafter.propose
+
+    def propose_parallel(self, *args, **kwargs):
+      proposal, state = original_parallel(self, *args, **kwargs)
+      return proposal.replace(probs=jnp.roll(proposal.probs, 1, axis=1)), state
+
+    patch(parallel_drafter.ParallelDrafter, "propose", propose_parallel)
   elif bug == "siblings_full_q":
     original_draw = proposals.draw_depth
 

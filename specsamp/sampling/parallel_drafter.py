@@ -1,0 +1,180 @@
+r"""Parallel drafting (PARD style): K draft distributions from ONE draft model call.
+
+A parallel draft model is an ordinary causal Transformer (any decode-protocol model) trained
+so that placeholder tokens after the committed ones predict tokens further ahead
+(``training/parallel.py``): after the row's last committed token at position n - 1, the
+placeholder (``mask_token_id``) at position n + k - 2 predicts the token at n + k - 1.
+
+Each iteration makes one call of width 2K on a row of n committed tokens:
+
+  positions  n-K-1 ... n-2  n-1 | n     n+1   ...  n+K-2
+  tokens     x     ...  x   x   | MASK  MASK  ...  MASK
+  logits                    q_1 | q_2   q_3   ...  q_K
+
+The K + 1 committed tokens before n re-feed what the last iteration accepted (at most K
+drafts and the bonus token, which the draft cache holds only as placeholders or not at all);
+re-feeding a position the cache already holds rewrites the same entry. Positions are clamped
+at 0 for short rows (a repeated position 0 writes the same entry). The placeholders' cache
+entries are stale after the call and are never read: the next call re-feeds every position
+from n onwards before its queries attend to them.
+
+Exactness with real q. Every q_k comes out of that one call, computed from the committed
+tokens and the placeholders only, before any draft token is drawn; then x~_k ~ q_k is drawn
+for each k independently (``proposals.grow_chain``, key fold_in(key, k - 1)). The proposal's
+joint law is prod_k q_k(x~_k), so the law of x~_k given x~_1..x~_{k-1} is q_k itself: that is
+what token-wise, block and tree verification need reported, and they get it. Had q_k been
+computed from the drafts (feeding x~_<k back in, as a sequential drafter does), the same
+tokens would have to be reported with q_k(. | x~_<k); reporting the placeholder q_k for them
+would be the planted bug ``parallel_wrong_q`` (each token verified with another position's q).
+
+Trees: a node at depth d has its children drawn from q_{d+1}, whatever its own token (no
+model call per depth: ``expand`` hands back the precomputed q). Greedy proposals (the most
+likely token of each q_k, one-hot q) and dynamic trees work as for any model drafter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specsamp.sampling import proposals
+from specsamp.sampling.drafters import ModelDrafter, Proposal, TreeProposal
+from specsamp.sampling.tree import TreeShape
+from specsamp.sampling.warping import SamplingConfig
+
+
+def window(
+  tokens_BW: jax.Array, lengths_B: jax.Array, num_draft_tokens: int, mask_token_id: int
+) -> tuple[jax.Array, jax.Array]:
+  """(tokens_B2K, positions_B2K): the K + 1 committed tokens before each row's length and
+  K - 1 placeholders after it (module docstring)."""
+  rows_B = jnp.arange(tokens_BW.shape[0])
+  back_R = jnp.arange(-num_draft_tokens - 1, 0)
+  real_BR = jnp.maximum(lengths_B[:, None] + back_R[None, :], 0)
+  masks_BM = lengths_B[:, None] + jnp.arange(num_draft_tokens - 1)[None, :]
+  tokens_BR = tokens_BW[rows_B[:, None], real_BR]
+  placeholders_BM = jnp.full(masks_BM.shape, mask_token_id, tokens_BW.dtype)
+  tokens = jnp.concatenate([tokens_BR, placeholders_BM], axis=1)
+  positions = jnp.concatenate([real_BR, masks_BM], axis=1).astype(jnp.int32)
+  return tokens, positions
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelDrafter(ModelDrafter):
+  """Drafts K tokens from one call of a parallel draft model (module docstring).
+
+  Attributes:
+    model: the parallel draft model (a decode-protocol model trained with placeholders).
+    mask_token_id: the placeholder's token id, a vocabulary row the tokenizer never emits.
+    confidence_threshold, proposal: as ``ModelDrafter``.
+  """
+
+  mask_token_id: int = 0
+
+  def check(self, target: Any) -> None:
+    super().check(target)
+    if not 0 <= self.mask_token_id < self.model.vocab_size:
+      raise ValueError(
+        f"mask_token_id {self.mask_token_id} is not a row of the parallel draft's "
+        f"{self.model.vocab_size}-token vocabulary."
+      )
+
+  def _distributions(self, cache, tokens_BW, lengths_B, num_draft_tokens: int):
+    """(logits_BKV, cache): q_1..q_K's logits from one call."""
+    tokens_B2K, positions_B2K = window(tokens_BW, lengths_B, num_draft_tokens, self.mask_token_id)
+    logits_B2KV, cache = self.model(tokens_B2K, positions_B2K, cache)
+    return logits_B2KV[:, num_draft_tokens:], cache
+
+  def propose(
+    self,
+    cache,
+    tokens_BW,
+    lengths_B,
+    key,
+    num_draft_tokens: int,
+    limit_B,
+    sampling: SamplingConfig,
+    vocab_size: int,
+  ):
+    logits_BKV, cache = self._distributions(cache, tokens_BW, lengths_B, num_draft_tokens)
+
+    def step(t, token_B, carry):  # No model call: q_t was computed with the others.
+      return logits_BKV[:, t], carry
+
+    tokens_BG, probs_BGV, count_B, _, nan_B, cache = proposals.grow_chain(
+      key,
+      logits_BKV[:, 0],
+      step,
+      cache,
+      num_draft_tokens,
+      limit_B,
+      sampling,
+      vocab_size,
+      self.proposal,
+      confidence_threshold=self.confidence_threshold,
+    )
+    return Proposal(
+      tokens=tokens_BG,
+      probs=probs_BGV,
+      num_proposed=count_B,
+      model_calls=jnp.int32(1),
+      nan=nan_B,
+    ), cache
+
+  def propose_tree(
+    self,
+    cache,
+    tokens_BW,
+    lengths_B,
+    key,
+    tree: TreeShape,
+    limit_B,
+    sampling: SamplingConfig,
+    vocab_size: int,
+  ) -> tuple[TreeProposal, Any]:
+    """Every node at depth d draws its children from q_{d+1} (no call per depth)."""
+    logits_BKV, cache = self._distributions(cache, tokens_BW, lengths_B, tree.max_depth)
+    batch = tokens_BW.shape[0]
+
+    def expand(nodes, drawn_Bn, call, positions_Bn, parents_Bn):
+      depth = tree.depths[nodes[0]]
+      return jnp.broadcast_to(
+        logits_BKV[:, depth][:, None], (batch, len(nodes), logits_BKV.shape[-1])
+      )
+
+    tokens_BN, probs_BNV, drafted_BN, nan_B, _, parents_BN = proposals.grow_tree(
+      key,
+      tree,
+      logits_BKV[:, 0],
+      lengths_B - 1,
+      limit_B,
+      sampling,
+      vocab_size,
+      expand,
+      proposal=self.proposal,
+      confidence_threshold=self.confidence_threshold,
+    )
+    return TreeProposal(
+      tokens=tokens_BN,
+      probs=probs_BNV,
+      drafted=drafted_BN,
+      model_calls=jnp.int32(1),
+      nan=nan_B,
+      parents=parents_BN,
+    ), cache
+
+  def check_tree(self, tree: TreeShape) -> None:
+    """Any tree: no tree call reaches the model (``propose_tree``)."""
+    proposals.check_proposal(self.proposal, tree)
+    if tree.dynamic and self.confidence_threshold > 0:
+      raise ValueError(
+        "A dynamic tree already spends its node budget where the draft is confident; "
+        "confidence_threshold applies to static trees and chains."
+      )
+
+  def accept_path(self, cache, source_BD, start_B):
+    """Nothing to move: tree nodes never enter the draft cache (the next call re-feeds)."""
+    return cache

@@ -1,0 +1,138 @@
+"""The parallel drafter (PARD style, specsamp/sampling/parallel_drafter.py): the call's layout,
+its q against plain forward passes, exactness under sampling against enumeration, greedy
+identity, one draft call per iteration, and a wrong-position q rejected."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_follows, exact_pair, sampled_counts, tiny_config
+
+from specsamp.models import transformer
+from specsamp.sampling import generate, speculative_generate, tree as tree_lib, warping
+from specsamp.sampling.parallel_drafter import ParallelDrafter, window
+from specsamp.testing import exactness
+
+MASK = 7  # The exact pair's 8-token vocabulary: its last row stands in for the placeholder.
+EXACT_PROMPT = np.array([3, 6, 3])
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+  return exact_pair()
+
+
+def test_the_window_refeeds_k_plus_one_committed_tokens_then_k_minus_one_placeholders():
+  tokens = jnp.asarray([[10, 11, 12, 13, 14, 15, 0], [20, 21, 0, 0, 0, 0, 0]])
+  lengths = jnp.asarray([6, 2])
+  ids, positions = window(tokens, lengths, 3, mask_token_id=99)
+  np.testing.assert_array_equal(ids, [[12, 13, 14, 15, 99, 99], [20, 20, 20, 21, 99, 99]])
+  np.testing.assert_array_equal(positions, [[2, 3, 4, 5, 6, 7], [0, 0, 0, 1, 2, 3]])
+
+
+def test_each_q_is_the_models_distribution_after_the_committed_tokens_and_placeholders(
+  small_pair,
+):
+  """Over iterations with different accepted counts, q_k from the cached call equals a plain
+  forward pass over the committed tokens and k - 1 placeholders: the re-fed window and the
+  stale placeholder entries never make the cache disagree with the sequence."""
+  _, draft = small_pair
+  drafter = ParallelDrafter(draft, mask_token_id=MASK)
+  K, width = 3, 24
+  rng = np.random.default_rng(0)
+  sequence = rng.integers(0, MASK, size=(1, width))
+  n = 4
+  state, _ = drafter.init(jnp.asarray(sequence[:, :n]), jnp.asarray([n]), width + K, K)
+  sampling = warping.SamplingConfig(1.0)
+  for accepted in (0, 3, 1, 2, 3):
+    proposal, state = drafter.propose(
+      state, jnp.asarray(sequence), jnp.asarray([n]), jax.random.key(n), K, jnp.asarray([K]),
+      sampling, 8,
+    )
+    for k in range(K):
+      tokens = np.concatenate([sequence[:, :n], np.full((1, k), MASK)], axis=1)
+      logits, _ = draft(jnp.asarray(tokens))
+      np.testing.assert_allclose(
+        proposal.probs[0, k], jax.nn.softmax(logits[0, -1]), rtol=1e-5, atol=1e-6
+      )
+    assert int(proposal.model_calls) == 1
+    state = drafter.rollback(state, jnp.asarray([n + accepted + 1]))
+    n += accepted + 1
+
+
+# Every q_k comes from one call before any draft is drawn: exact with real q under token,
+# block and tree verification (scripts/certify.py certifies the same at 10^6 draws).
+EXACT_CASES = [  # (verifier, tree, sampling, proposal)
+  ("token", None, warping.SamplingConfig(1.0), "sampled"),
+  ("block", None, warping.SamplingConfig(0.7, top_p=0.9), "sampled"),
+  ("traversal", "tree:2,2,1", warping.SamplingConfig(1.0), "sampled"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verifier, tree, sampling, proposal", EXACT_CASES)
+def test_samples_follow_the_exact_target_distribution(small_pair, verifier, tree, sampling, proposal):
+  target, draft = small_pair
+  counts, stats = sampled_counts(
+    target,
+    ParallelDrafter(draft, mask_token_id=MASK, proposal=proposal),
+    EXACT_PROMPT,
+    num_draft_tokens=3,
+    tree=None if tree is None else tree_lib.parse(tree),
+    temperature=sampling.temperature,
+    top_p=sampling.top_p,
+    verifier=verifier,
+  )
+  assert 0.05 < stats["acceptance_rate"] < 0.98, stats
+  assert stats["draft_calls"] == stats["target_calls"]  # one draft call per iteration
+  assert_follows(counts, target, EXACT_PROMPT, sampling)
+
+
+@pytest.mark.slow
+def test_a_q_from_the_wrong_position_is_rejected(small_pair):
+  target, draft = small_pair
+  sampling = warping.SamplingConfig(1.0)
+  with exactness.planted("parallel_wrong_q"):
+    counts, _ = sampled_counts(
+      target, ParallelDrafter(draft, mask_token_id=MASK), EXACT_PROMPT, num_draft_tokens=3
+    )
+  probs = exactness.exact_distribution(target, tuple(EXACT_PROMPT), sampling, 3)
+  assert exactness.g_test(counts, probs, 1e-3)["rejected"]
+
+
+PROMPTS = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0]])
+LENGTHS = np.array([7, 3, 1])
+
+
+@pytest.mark.parametrize("tree", [None, "tree:2,1,1", "dynamic:3x3"])
+def test_greedy_speculative_equals_greedy_autoregressive(tree):
+  target = transformer.create(tiny_config(), seed=0)
+  proposal = "greedy" if tree and tree.startswith("dynamic") else "sampled"  # chosen tokens
+  drafter = ParallelDrafter(
+    exactness.noisy_copy(target, 0.1, seed=4), mask_token_id=263, proposal=proposal
+  )
+  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=13, temperature=0)
+  out = speculative_generate(
+    target,
+    drafter,
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(1),
+    max_new_tokens=13,
+    num_draft_tokens=3,
+    tree=None if tree is None else tree_lib.parse(tree),
+    temperature=0,
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+  stats = out.summary()
+  assert stats["tokens_per_target_call"] > 1.0
+  assert stats["draft_calls"] == stats["target_calls"]
+
+
+def test_a_placeholder_outside_the_vocabulary_is_refused(small_pair):
+  target, draft = small_pair
+  with pytest.raises(ValueError, match="mask_token_id 8 is not a row"):
+    speculative_generate(
+      target, ParallelDrafter(draft, mask_token_id=8), EXACT_PROMPT[None], np.array([3]),
+      jax.random.key(0), max_new_tokens=2,
+    )
