@@ -46,8 +46,14 @@ def test_each_q_is_the_models_distribution_after_the_committed_tokens_and_placeh
   sampling = warping.SamplingConfig(1.0)
   for accepted in (0, 3, 1, 2, 3):
     proposal, state = drafter.propose(
-      state, jnp.asarray(sequence), jnp.asarray([n]), jax.random.key(n), K, jnp.asarray([K]),
-      sampling, 8,
+      state,
+      jnp.asarray(sequence),
+      jnp.asarray([n]),
+      jax.random.key(n),
+      K,
+      jnp.asarray([K]),
+      sampling,
+      8,
     )
     for k in range(K):
       tokens = np.concatenate([sequence[:, :n], np.full((1, k), MASK)], axis=1)
@@ -71,7 +77,9 @@ EXACT_CASES = [  # (verifier, tree, sampling, proposal)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("verifier, tree, sampling, proposal", EXACT_CASES)
-def test_samples_follow_the_exact_target_distribution(small_pair, verifier, tree, sampling, proposal):
+def test_samples_follow_the_exact_target_distribution(
+  small_pair, verifier, tree, sampling, proposal
+):
   target, draft = small_pair
   counts, stats = sampled_counts(
     target,
@@ -133,6 +141,11 @@ def test_a_placeholder_outside_the_vocabulary_is_refused(small_pair):
   target, draft = small_pair
   with pytest.raises(ValueError, match="mask_token_id 8 is not a row"):
     speculative_generate(
-      target, ParallelDrafter(draft, mask_token_id=8), EXACT_PROMPT[None], np.array([3]),
-      jax.random.key(0), max_new_tokens=2,
+      target,
+      ParallelDrafter(draft, mask_token_id=8),
+      EXACT_PROMPT[None],
+      np.array([3]),
+      jax.random.key(0),
+      max_new_tokens=2,
+      num_draft_tokens=2,
     )
