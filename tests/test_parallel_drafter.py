@@ -9,7 +9,8 @@ import pytest
 from conftest import assert_follows, exact_pair, sampled_counts, tiny_config
 
 from specsamp.models import transformer
-from specsamp.sampling import generate, speculative_generate, tree as tree_lib, warping
+from specsamp.sampling import generate, speculative_generate, warping
+from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.parallel_drafter import ParallelDrafter, window
 from specsamp.testing import exactness
 
