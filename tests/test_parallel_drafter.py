@@ -150,3 +150,64 @@ def test_a_placeholder_outside_the_vocabulary_is_refused(small_pair):
       max_new_tokens=2,
       num_draft_tokens=2,
     )
+
+
+def test_the_training_layout_is_what_each_placeholder_sees_when_drafting():
+  """Query (m, j) of the one training call equals the draft's logits at the m-th placeholder
+  after x_0..x_{j-m}, as a plain forward pass of that sequence computes them."""
+  from specsamp.training import parallel
+
+  model = transformer.create(tiny_config(), seed=3)
+  K, L = 3, 9
+  tokens = np.random.default_rng(1).integers(0, 256, size=(2, L))
+  logits_BKLV = parallel.parallel_logits(model, jnp.asarray(tokens), K, mask_token_id=263)
+  for m in range(K):
+    for j in range(m, L):
+      sequence = np.concatenate([tokens[:, : j - m + 1], np.full((2, m), 263)], axis=1)
+      expected, _ = model(jnp.asarray(sequence))
+      np.testing.assert_allclose(logits_BKLV[:, m, j], expected[:, -1], rtol=2e-4, atol=2e-4)
+
+
+def test_parallel_distillation_lowers_the_kl_at_every_draft_position():
+  from flax import nnx
+
+  from specsamp import sharding
+  from specsamp.training import train
+
+  target = transformer.create(tiny_config(), seed=0)
+  config = train.TrainConfig(
+    steps=30,
+    batch_size=4,
+    seq_len=17,
+    learning_rate=1e-2,
+    warmup_steps=2,
+    distill_mode="parallel",
+    distill_parallel_tokens=3,
+    distill_mask_token=263,
+  )
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  trainer = train.Trainer(tiny_config(num_layers=1), config, mesh, teacher=target, seed=1)
+  state = trainer.init_state()
+  batch = np.random.default_rng(0).integers(0, 256, size=(4, 17))
+  state, first = trainer.train_step(state, batch)
+  for _ in range(config.steps - 1):
+    state, metrics = trainer.train_step(state, batch)
+  assert set(first) >= {"kl", "kl_1", "kl_2", "kl_3", "ce"}
+  for k in (1, 2, 3):
+    assert float(metrics[f"kl_{k}"]) < 0.7 * float(first[f"kl_{k}"]), (k, first, metrics)
+  assert np.isfinite(trainer.evaluate(state.params, [batch]))
+  assert isinstance(trainer.model(state.params), nnx.Module)
+
+
+def test_parallel_distillation_needs_a_placeholder():
+  from specsamp.training import train
+
+  with pytest.raises(ValueError, match="needs distill.mask_token"):
+    train.TrainConfig(
+      steps=1,
+      batch_size=1,
+      seq_len=8,
+      learning_rate=1e-3,
+      warmup_steps=0,
+      distill_mode="parallel",
+    )

@@ -11,7 +11,10 @@
     'token'    token-level KL(target || draft) on corpus text, the target's
                distribution at ``distill.temperature`` as soft labels;
     'sequence' cross-entropy on sequences the target sampled, continuing the
-               first ``distill.prefix_tokens`` tokens of each corpus sequence.
+               first ``distill.prefix_tokens`` tokens of each corpus sequence;
+    'parallel' a parallel draft (PARD style, ``training/parallel.py``): placeholders
+               (``distill.mask_token``) after every prefix predict ``distill.parallel_tokens``
+               positions ahead, KL to the target at each, weighted exp(-(k-1) / gamma).
 * ``fit`` resumes from the newest checkpoint and ends exactly where an
   uninterrupted run would: batches are a pure function of the step and the
   train state (step, parameters, optimizer state) is saved whole. Ctrl-C saves
@@ -40,10 +43,10 @@ from specsamp.config_fields import ConfigFields
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive
-from specsamp.training import checkpoint
+from specsamp.training import checkpoint, parallel
 from specsamp.training.data import Batches
 
-DISTILL_MODES = ("none", "token", "sequence")
+DISTILL_MODES = ("none", "token", "sequence", "parallel")
 # Fields that change how a run is logged, not what it computes; a resumed run may change them.
 _LOGGING_FIELDS = (
   "log_every",
@@ -76,6 +79,9 @@ class TrainConfig(ConfigFields):
   distill_mode: str = "none"
   distill_temperature: float = 1.0
   distill_prefix_tokens: int = 16
+  distill_parallel_tokens: int = 4
+  distill_gamma: float = 4.0
+  distill_mask_token: int = -1
   init_embedding: str = "random"
 
   def __post_init__(self):
@@ -93,6 +99,17 @@ class TrainConfig(ConfigFields):
       )
     if self.distill_mode == "sequence" and not 1 <= self.distill_prefix_tokens < self.seq_len:
       raise ValueError("distill.prefix_tokens must be in [1, seq_len).")
+    if self.distill_mode == "parallel":
+      if not 1 <= self.distill_parallel_tokens < self.seq_len:
+        raise ValueError(
+          f"distill.parallel_tokens must be in [1, seq_len), got {self.distill_parallel_tokens}."
+        )
+      if self.distill_mask_token < 0 or self.distill_gamma <= 0:
+        raise ValueError(
+          "distill.mode='parallel' needs distill.mask_token (a vocabulary row the tokenizer "
+          f"never emits) and distill.gamma > 0, got {self.distill_mask_token}, "
+          f"{self.distill_gamma}."
+        )
 
   @classmethod
   def _flatten(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -275,8 +292,31 @@ class Trainer:
     logits_BTV, _ = nnx.merge(self.graphdef, params)(tokens_BT)
     return logits_BTV
 
+  def _parallel_logits(self, params, inputs_BT):
+    return parallel.parallel_logits(
+      nnx.merge(self.graphdef, params),
+      inputs_BT,
+      self.config.distill_parallel_tokens,
+      self.config.distill_mask_token,
+    )
+
+  def _parallel_weights(self):
+    return parallel.position_weights(self.config.distill_parallel_tokens, self.config.distill_gamma)
+
   def _loss(self, params, batch_BT, teacher_state):
     inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
+    if self.config.distill_mode == "parallel":
+      student_BKLV = self._parallel_logits(params, inputs_BT)
+      teacher_graphdef, _ = self._teacher
+      teacher_BTV, _ = nnx.merge(teacher_graphdef, teacher_state)(inputs_BT)
+      kl, kl_K = parallel.parallel_kl(
+        student_BKLV,
+        jax.lax.stop_gradient(teacher_BTV),
+        self._parallel_weights(),
+        self.config.distill_temperature,
+      )
+      ce = cross_entropy(student_BKLV[:, 0], targets_BT)
+      return kl, {"ce": ce, "kl": kl, **{f"kl_{k + 1}": kl_K[k] for k in range(kl_K.shape[0])}}
     logits_BTV = self._logits(params, inputs_BT)
     ce = cross_entropy(logits_BTV, targets_BT)
     if self.config.distill_mode != "token":
@@ -298,6 +338,10 @@ class Trainer:
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def _eval_fn(self, params, batch_BT):
+    if self.config.distill_mode == "parallel":  # Weighted over the draft positions.
+      return parallel.parallel_cross_entropy(
+        self._parallel_logits(params, batch_BT[:, :-1]), batch_BT[:, 1:], self._parallel_weights()
+      )
     return cross_entropy(self._logits(params, batch_BT[:, :-1]), batch_BT[:, 1:])
 
   # --- host API -------------------------------------------------------------------------------
@@ -333,7 +377,7 @@ class Trainer:
   def train_step(self, state: TrainState, batch: np.ndarray) -> tuple[TrainState, dict]:
     if self.config.distill_mode == "sequence":
       batch = self._sequence_batch(batch, int(state.step))
-    teacher_state = self._teacher[1] if self.config.distill_mode == "token" else None
+    teacher_state = self._teacher[1] if self.config.distill_mode in ("token", "parallel") else None
     with sharding.use_mesh(self.mesh):
       return self._step(state, self.place(batch), teacher_state)
 
