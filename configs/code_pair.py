@@ -73,6 +73,12 @@ def _train(steps, batch_size, seq_len, learning_rate, distill_mode="none"):
   t.distill.mode = distill_mode  # 'none' (corpus), 'token' (KL to target), 'sequence'.
   t.distill.temperature = 1.0  # Target (and draft) temperature in the distillation loss.
   t.distill.prefix_tokens = 16  # 'sequence': corpus tokens the target continues.
+  # 'parallel' (a parallel draft, --config.speculative.drafter=parallel): draft positions each
+  # call trains, their loss weights exp(-(k-1)/gamma), and the placeholder's id: the unknown
+  # piece, which this byte-fallback tokenizer never emits.
+  t.distill.parallel_tokens = 4
+  t.distill.gamma = 4.0
+  t.distill.mask_token = 1
   return t
 
 

@@ -17,7 +17,7 @@ temperature 1.
 from absl import flags
 
 from specsamp.experiments import cli
-from specsamp.experiments.jobs import pair
+from specsamp.experiments.jobs import drafter_specs, pair
 
 _PAIR = cli.define_pair_flags()
 _DRAFTS = flags.DEFINE_list(
@@ -41,6 +41,12 @@ def main(argv):
   )
   print(f"{'draft':>10} {'sampling':>12} {'accepted':>9} {'alpha':>7} {'tokens/call':>12}")
   for mode, draft in prepared.drafts.items():
+    if mode == "parallel":  # Its placeholders drafting K tokens from one call.
+      draft = drafter_specs.make(
+        drafter_specs.DrafterSpec("parallel"),
+        prepared,
+        mask_token_id=config.draft.train.distill.mask_token,
+      )
     for temperature in (0.0, 1.0):
       stats = pair.acceptance(
         prepared,

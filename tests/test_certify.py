@@ -56,7 +56,10 @@ def test_quick_certificate_passes_and_rejects_every_planted_bug():
   assert {c.verifier for c in cases} == set(certify.VERIFIERS)
   # The shared-head feature drafter is certified in the quick tree cases (test_certify_trees);
   # greedy proposals (model_greedy) carry the planted bug chosen_real_q.
-  assert {c.drafter for c in cases} == (set(certify.DRAFTERS) - {"feature"}) | {"model_greedy"}
+  assert {c.drafter for c in cases} == (set(certify.DRAFTERS) - {"feature"}) | {
+    "model_greedy",
+    "parallel",
+  }
   assert {c.schedule for c in cases} == set(certify.SCHEDULES)
   assert {c.warping for c in cases} == set(certify.CHAIN_WARPINGS)
   assert {(c.batch, c.mesh) for c in cases} >= {("1", "1"), ("ragged16", "1")}

@@ -240,6 +240,16 @@ class Trainer:
     )
     self.graphdef, self.param_shardings = abstract.graphdef, abstract.shardings
     abstract_params = abstract.shapes
+    self._sampling_graphdef = self.graphdef
+    if config.distill_mode == "parallel":
+      # The parallel layout is one tree call over a cache of K x seq_len slots, which a model
+      # would read in blocks (a while loop: reverse mode cannot differentiate it). Training
+      # attends densely; the block size is an execution field, so the parameters are the same
+      # and ``model`` hands them back in the configured execution.
+      dense = dataclasses.replace(model_config, attention_block_size=0)
+      self.graphdef = sharding.abstract_model(
+        lambda rngs: transformer.Transformer(dense, rngs=rngs), mesh, seed
+      ).graphdef
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
     opt_shardings = optax.tree_map_params(
@@ -389,7 +399,7 @@ class Trainer:
 
   def model(self, params) -> transformer.Transformer:
     """The Transformer with these parameters (for sampling)."""
-    return nnx.merge(self.graphdef, params)
+    return nnx.merge(self._sampling_graphdef, params)
 
   def learning_rate(self, step: int) -> float:
     return float(learning_rate_schedule(self.config)(step))

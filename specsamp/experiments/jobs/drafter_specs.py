@@ -1,6 +1,8 @@
 """Drafters by name: what ``--config.speculative.drafter`` (the sample job) takes.
 
   draft        the pair's draft model (trained, or distilled from the target, on the first run)
+  parallel     the pair's parallel draft (PARD style: K drafts from one call; distilled from
+               the target with placeholders on the first run, ``distill.mode='parallel'``)
   feature      the pair's feature head on the target's features (EAGLE style, trained on the
                first run)
   lookup       prompt lookup: the continuation of the row's last n-gram earlier in its own
@@ -20,7 +22,7 @@ from typing import Any
 
 from specsamp.sampling import drafters
 
-NAMES = ("draft", "feature", "lookup", "lookup:N", "self:L")
+NAMES = ("draft", "parallel", "feature", "lookup", "lookup:N", "self:L")
 LOOKUP_NGRAM = 3  # prompt lookup's longest n-gram when the name gives none.
 
 
@@ -34,7 +36,12 @@ class DrafterSpec:
 
   @property
   def needs_draft(self) -> bool:
-    return self.kind == "draft"
+    return self.kind in ("draft", "parallel")
+
+  @property
+  def draft_modes(self) -> list[str] | None:
+    """The draft distillation modes the pair must prepare (None: the config's own)."""
+    return ["parallel"] if self.kind == "parallel" else None
 
   @property
   def needs_feature_head(self) -> bool:
@@ -44,7 +51,7 @@ class DrafterSpec:
 def parse(name: str) -> DrafterSpec:
   """A drafter name (module docstring) -> its spec; a clear error for anything else."""
   kind, colon, number = str(name).strip().partition(":")
-  if kind in ("draft", "feature") and not colon:
+  if kind in ("draft", "parallel", "feature") and not colon:
     return DrafterSpec(kind)
   if kind == "lookup" and (not colon or number.isdigit()):
     ngram = int(number) if colon else LOOKUP_NGRAM
@@ -53,15 +60,22 @@ def parse(name: str) -> DrafterSpec:
   if kind == "self" and colon and number.isdigit() and int(number) >= 1:
     return DrafterSpec("self", int(number))
   raise ValueError(
-    f"Unknown drafter {name!r}: use 'draft', 'feature', 'lookup' or 'lookup:N' (N >= 1, the "
-    "longest n-gram), or 'self:L' (L >= 1, the target's first L layers)."
+    f"Unknown drafter {name!r}: use 'draft', 'parallel', 'feature', 'lookup' or 'lookup:N' "
+    "(N >= 1, the longest n-gram), or 'self:L' (L >= 1, the target's first L layers)."
   )
 
 
-def make(spec: DrafterSpec, pair: Any, proposal: str = "sampled") -> drafters.Drafter:
-  """The drafter ``spec`` names, on a prepared pair (``jobs.pair.Pair``)."""
+def make(
+  spec: DrafterSpec, pair: Any, proposal: str = "sampled", mask_token_id: int = -1
+) -> drafters.Drafter:
+  """The drafter ``spec`` names, on a prepared pair (``jobs.pair.Pair``); a parallel draft
+  needs its placeholder id (the config's ``draft.train.distill.mask_token``)."""
   if spec.kind == "draft":
     return drafters.ModelDrafter(pair.draft, proposal=proposal)
+  if spec.kind == "parallel":
+    from specsamp.sampling.parallel_drafter import ParallelDrafter
+
+    return ParallelDrafter(pair.drafts["parallel"], mask_token_id=mask_token_id, proposal=proposal)
   if spec.kind == "feature":
     from specsamp.sampling.feature_drafter import FeatureDrafter
 

@@ -243,11 +243,17 @@ def run(
     config,
     workdir,
     drafts=drafter.needs_draft,
+    draft_modes=drafter.draft_modes,
     feature_head=drafter.needs_feature_head,
     log=log,
   )
   tokenizer = pair.tokenizer
-  draft = drafter_specs.make(drafter, pair, config.speculative.get("proposal", "sampled"))
+  draft = drafter_specs.make(
+    drafter,
+    pair,
+    config.speculative.get("proposal", "sampled"),
+    mask_token_id=config.draft.train.distill.get("mask_token", -1),
+  )
   prompts = prompts_lib.of_pair(
     pair, source, chat=bool(s.get("chat_template", False)), limit=s.get("max_prompts", 0)
   )

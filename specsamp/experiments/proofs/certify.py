@@ -92,7 +92,11 @@ PROPOSAL_TREE = "tree:2,2,1"
 DYNAMIC_TREE = "dynamic:3,2,2"  # EAGLE-2: 3 nodes at depth 1, then the 2 best of 6 per depth.
 PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 TREE_BUG = "tree:3,1,1"  # Where the tree bugs show: three distinct siblings, then chains.
-SCOPES = ("full", "quick", "trees", "proposals")
+# Parallel drafting (parallel_drafter.py): every q_k from one call, before any draft is drawn.
+PARALLEL_DRAFTERS = ("parallel", "parallel_greedy")
+PARALLEL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
+PARALLEL_MASK = VOCAB - 1  # The placeholder: a real row of the 8-token tables stands in.
+SCOPES = ("full", "quick", "trees", "proposals", "parallel")
 # Batch-1 prompt: its last token occurred before, so prompt lookup proposes from the start.
 PROMPT = (3, 6, 1, 3)
 RAGGED_ROWS = 16
@@ -132,7 +136,7 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (229 cases: 150 single-chain, 44 tree, 26 proposal-mode, 9 planted bugs):
+  'full' (250 cases: 150 single-chain, 44 tree, 26 proposal-mode, 20 parallel, 10 bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
@@ -142,17 +146,18 @@ def all_cases(scope: str = "full") -> list[Case]:
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
       warpings in rotation: 6 cases.
-  'quick' (22 cases, what the test suite runs: 8 single-chain, 6 tree, 8 bugs): each
-    verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
+  'quick' (25 cases, what the test suite runs: 8 single-chain, 6 tree, 2 parallel, 9 bugs):
+    each verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
     self-speculative and the reduced-vocabulary feature head on the transformer, the quick
     tree cases (``tree_cases``) and proposal cases (``proposal_cases``: the shared-head
-    feature tree, greedy proposals on the trigram, a dynamic tree on ragged rows). The
-    mesh is left to the full
+    feature tree, greedy proposals on the trigram, a dynamic tree on ragged rows), and the
+    parallel drafter's quick cases (``parallel_cases``). The mesh is left to the full
     certificate: the suite checks that the 2x4 mesh samples the same tokens as one device for
     the same key (tests/test_speculative.py), so its exactness follows from one device's.
     The tree bug 'sibling_against_p' is left to the full certificate:
     tests/test_tree_verification.py rejects the same fault by exact enumeration.
   'trees': the full certificate's tree cases and tree bugs only.
+  'parallel': the full certificate's parallel-drafter cases and the bug 'parallel_wrong_q'.
   'proposals': the full certificate's proposal-mode cases (``proposal_cases``, dynamic trees
   included) and the bug 'chosen_real_q' (chain and dynamic tree) only.
   The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
@@ -164,6 +169,8 @@ def all_cases(scope: str = "full") -> list[Case]:
     return tree_cases("full") + [c for c in bug_cases() if c.tree]
   if scope == "proposals":
     return proposal_cases("full") + [c for c in bug_cases() if c.bug == "chosen_real_q"]
+  if scope == "parallel":
+    return parallel_cases("full") + [c for c in bug_cases() if c.bug == "parallel_wrong_q"]
   warpings = list(CHAIN_WARPINGS)
   table_drafters = [d for d in DRAFTERS if d not in TRANSFORMER_DRAFTERS]
   if scope == "full":
@@ -205,7 +212,35 @@ def all_cases(scope: str = "full") -> list[Case]:
   bugs = bug_cases()
   if scope == "quick":  # The verifier's residual bug is enumerated exactly in the suite.
     bugs = [bug for bug in bugs if bug.bug != "sibling_against_p"]
-  return cases + tree_cases(scope) + proposal_cases(scope) + bugs
+  return cases + tree_cases(scope) + proposal_cases(scope) + parallel_cases(scope) + bugs
+
+
+def parallel_cases(scope: str = "full") -> list[Case]:
+  """The parallel drafter (one call, K placeholders' q). 'full': on the trigram, chain (token
+  and block verification) and a small tree (token and traversal) x warping (T=1; T=0.7 with
+  top-k and top-p) x batch (1, ragged 16), sampled (16); greedy proposals, a chain and a
+  dynamic tree (2); on the transformer a chain and a tree (2). 'quick': a block-verified chain
+  on ragged rows with the warping, and a token-verified tree at T=1."""
+  if scope == "quick":
+    return [
+      Case("trigram", "block", "parallel", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"),
+      Case("trigram", "token", "parallel", "fixed", "T=1", "1", "1", tree=PROPOSAL_TREE),
+    ]
+  cases = []
+  for tree in (None, PROPOSAL_TREE):
+    verifiers = VERIFIERS if tree is None else TREE_VERIFIERS
+    for i, (v, w, b) in enumerate(itertools.product(verifiers, PARALLEL_WARPINGS, BATCHES)):
+      schedule = SCHEDULES[i % 2] if tree is None else "fixed"
+      cases.append(Case("trigram", v, "parallel", schedule, w, b, "1", tree=tree))
+  cases += [
+    Case("trigram", "block", "parallel_greedy", "fixed", "T=0.7,k=4,p=0.9", "ragged16", "1"),
+    Case("trigram", "token", "parallel_greedy", "fixed", "T=1", "1", "1", tree=DYNAMIC_TREE),
+    Case("transformer", "token", "parallel", "heuristic", "T=1", "ragged16", "1"),
+    Case(
+      "transformer", "traversal", "parallel", "fixed", "T=0.7,p=0.9", "1", "1", tree=PROPOSAL_TREE
+    ),
+  ]
+  return cases
 
 
 def proposal_cases(scope: str = "full") -> list[Case]:
@@ -327,6 +362,7 @@ def bug_cases() -> list[Case]:
     Case(
       "trigram", "token", "model_greedy", "fixed", "T=1", "1", "1", "chosen_real_q", DYNAMIC_TREE
     ),
+    Case("trigram", "token", "parallel", "fixed", "T=1", "1", "1", bug="parallel_wrong_q"),
   ]
 
 
@@ -454,10 +490,16 @@ class Setup:
       return drafters.ModelDrafter(self.draft, confidence_threshold=0.3)
     if name == "model_greedy":
       return drafters.ModelDrafter(self.draft, proposal="greedy")
+    if name in PARALLEL_DRAFTERS:
+      from specsamp.sampling.parallel_drafter import ParallelDrafter
+
+      proposal = "greedy" if name.endswith("greedy") else "sampled"
+      return ParallelDrafter(self.draft, mask_token_id=PARALLEL_MASK, proposal=proposal)
     if name in PROPOSAL_DRAFTERS:
       drafter = feature_drafter_for(self.target, "vocab" in name, self.mesh)
       return dataclasses.replace(drafter, proposal="greedy" if "greedy" in name else "sampled")
-    raise ValueError(f"Unknown drafter {name!r}; known: {DRAFTERS + PROPOSAL_DRAFTERS}.")
+    known = DRAFTERS + PROPOSAL_DRAFTERS + PARALLEL_DRAFTERS
+    raise ValueError(f"Unknown drafter {name!r}; known: {known}.")
 
   def context(self) -> contextlib.AbstractContextManager:
     return sharding.use_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
