@@ -551,6 +551,33 @@ def test_the_main_job_samples_with_drafters_that_need_no_draft_model(
     assert report.costs.draft_step_s > 0.0
 
 
+@pytest.mark.slow
+def test_the_main_job_trains_a_parallel_draft_once_and_drafts_from_one_call(
+  trained_workdir, tmp_path
+):
+  """--config.speculative.drafter=parallel: the first run distills the parallel draft into
+  draft_parallel/ (placeholders, one call per iteration), the second loads it; greedy output
+  equals the autoregressive loop's."""
+  from specsamp.experiments.jobs import sample_job
+
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  config = _test_pair_config()
+  config.speculative.drafter = "parallel"
+  config.sampling.temperature = 0.0
+  for run in range(2):
+    logs = []
+    report = sample_job.run(config, str(copy), log=logs.append)
+    trained = any("parallel distillation): training" in line for line in logs)
+    assert trained == (run == 0), logs
+  assert "draft_parallel" in os.listdir(copy)
+  assert report.tokens["speculative"] == report.tokens["autoregressive"]
+  assert report.settings["drafter"] == "parallel"
+  stats = report.stats
+  assert stats["draft_calls"] == stats["target_calls"], stats  # one draft call per iteration
+
+
 def test_drafter_names_parse_to_one_drafter_each_and_bad_ones_are_refused():
   from specsamp.experiments.jobs import drafter_specs
 
@@ -559,7 +586,9 @@ def test_drafter_names_parse_to_one_drafter_each_and_bad_ones_are_refused():
   assert drafter_specs.parse("self:2") == drafter_specs.DrafterSpec("self", 2)
   assert drafter_specs.parse("draft").needs_draft and not drafter_specs.parse("self:2").needs_draft
   assert drafter_specs.parse("feature").needs_feature_head
-  for bad in ("self", "self:0", "lookup:0", "lookup:x", "draft:2", "eagle"):
+  parallel = drafter_specs.parse("parallel")
+  assert parallel.needs_draft and parallel.draft_modes == ["parallel"]
+  for bad in ("self", "self:0", "lookup:0", "lookup:x", "draft:2", "parallel:4", "eagle"):
     with pytest.raises(ValueError, match="Unknown drafter"):
       drafter_specs.parse(bad)
 
