@@ -11,21 +11,23 @@
   # chains (K=4) and static trees, sampled (real q) against greedy (one-hot q) proposals, at
   # T=0, 0.7, 1 and 0.8 / top-p 0.95 (docs/feature_head.md):
   python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:feature
+  # The parallel draft (PARD style) against the sequential draft and the feature head:
+  python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:parallel
   # Dynamic trees (EAGLE-2) of <= 32 nodes from the head (greedy proposals) and a Sequoia tree
   # shaped from measured acceptance per sibling rank, against chains of K=4 and 6 and the
   # distilled draft (docs/feature_head.md):
   python scripts/benchmark_drafters.py --config=configs/benchmark_drafters.py:dynamic
 
 Variants: '' (the default pair), smollm2 (the real target), feature (the feature head's
-chains and trees on the default pair), dynamic (dynamic trees on the default pair), test (the
-micro pair, for the tests).
+chains and trees on the default pair), dynamic (dynamic trees on the default pair), parallel
+(the parallel draft on the default pair), test (the micro pair, for the tests).
 """
 
 import ml_collections
 
 from specsamp.experiments import config_files
 
-VARIANTS = ("full", "smollm2", "feature", "dynamic", "test")
+VARIANTS = ("full", "smollm2", "feature", "dynamic", "parallel", "test")
 
 
 def get_config(arg=None):
@@ -102,6 +104,17 @@ def get_config(arg=None):
     # tree of the same budget; dynamic trees (greedy proposals only): 16 nodes at depth 4, 24
     # at depth 6 (4 per depth), 32 at depth 6 (wide near the root).
     config.trees = "chain;tree:4,2,1,1;sequoia:28x4;dynamic:4x4;dynamic:4x6;dynamic:8,8,6,4,3,3"
+  if variant == "parallel":
+    # The parallel draft (K drafts from one call) against the sequential draft and the feature
+    # head, in one run: chains of K = 2, 4, 8 at T=0, T=1 and T=0.8 / top-p 0.95, batch 1 and 8.
+    config.output_dir = "benchmark_results/drafters_parallel"
+    config.tasks = "continue"
+    config.modes = "greedy,sample,nucleus"
+    config.drafters = "model,parallel,parallel_greedy,feature"
+    config.schedules = "fixed"
+    config.num_draft_tokens = "2,4,8"
+    config.batch_sizes = "1,8"
+    config.calls = 4
   if variant == "test":
     config.modes = "greedy"
     config.drafters = "model,lookup"

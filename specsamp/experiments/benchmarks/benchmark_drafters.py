@@ -22,6 +22,8 @@ Drafters (names in ``config.drafters``):
   feature_greedy   the same head proposing its most likely tokens, verified with one-hot q
                    (how vLLM and SGLang run EAGLE); ``proposals.py``
   model_greedy     the trained draft proposing its most likely tokens, with one-hot q
+  parallel         the pair's parallel draft (PARD style): K drafts from one call, real q
+  parallel_greedy  the same proposing each position's most likely token, one-hot q
 
 Proposals (``config.trees``, ';'-separated): 'chain' (one chain of each K of
 ``num_draft_tokens``) and tree shapes (``tree.py``, e.g. 'tree:2,2,1,1',
@@ -95,13 +97,20 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     spec = drafter_specs.DrafterSpec("self", int(name[4:]))
   elif name in ("feature", "feature_greedy"):
     spec = drafter_specs.DrafterSpec("feature")
+  elif name in ("parallel", "parallel_greedy"):
+    spec = drafter_specs.DrafterSpec("parallel")
   if spec is not None:
-    return drafter_specs.make(spec, pair, "greedy" if name.endswith("_greedy") else "sampled")
+    return drafter_specs.make(
+      spec,
+      pair,
+      "greedy" if name.endswith("_greedy") else "sampled",
+      mask_token_id=config.pair.draft.train.distill.get("mask_token", -1),
+    )
   if name == "model_confident":
     return drafters.ModelDrafter(pair.draft, confidence_threshold=config.confidence_threshold)
   raise ValueError(
     f"Unknown drafter {name!r}: use model, model_greedy, model_confident, lookup, feature, "
-    "feature_greedy or selfL (L = layers of the target, e.g. self2)."
+    "feature_greedy, parallel, parallel_greedy or selfL (L = layers of the target, e.g. self2)."
   )
 
 
@@ -185,7 +194,17 @@ def run(
   store = Store(config.output_dir, fingerprint(config, ("repeat_tokens",)), config.resume)
   names = parse_list(config.drafters)
   feature = any(name.startswith("feature") for name in names)
-  pair = pair_lib.prepare(pair_config(config), workdir, feature_head=feature, log=log)
+  pair_cfg = pair_config(config)
+  modes = [pair_cfg.draft.train.distill.mode] if any(n.startswith("model") for n in names) else []
+  modes += ["parallel"] if any(name.startswith("parallel") for name in names) else []
+  pair = pair_lib.prepare(
+    pair_cfg,
+    workdir,
+    draft_modes=modes,
+    drafts=bool(modes),
+    feature_head=feature,
+    log=log,
+  )
   built = {name: make_drafter(name, pair, config) for name in names}
   prompts = prompts_lib.of_pair(
     pair,

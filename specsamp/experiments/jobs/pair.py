@@ -67,10 +67,12 @@ class Pair:
 
   @property
   def draft(self) -> Any:
-    """The one draft, when a single one was prepared."""
-    if len(self.drafts) != 1:
-      raise ValueError(f"{len(self.drafts)} drafts were prepared: {sorted(self.drafts)}.")
-    return next(iter(self.drafts.values()))
+    """The one sequential draft, when a single one was prepared (a parallel draft, mode
+    'parallel', drafts differently and is ``drafts['parallel']``)."""
+    sequential = {mode: d for mode, d in self.drafts.items() if mode != "parallel"}
+    if len(sequential) != 1:
+      raise ValueError(f"{len(sequential)} drafts were prepared: {sorted(sequential)}.")
+    return next(iter(sequential.values()))
 
 
 def default_workdir(config: ml_collections.ConfigDict) -> str:
