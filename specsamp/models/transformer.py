@@ -239,6 +239,7 @@ class Transformer(nnx.Module):
     tree: TreeCall | None = None,
     capture_layers: tuple[int, ...] = (),
     logits_at: jax.Array | None = None,
+    logits_from: int = 0,
   ) -> tuple[jax.Array, KVCache | None] | tuple[jax.Array, KVCache | None, jax.Array]:
     """Processes T >= 1 tokens per row; returns float32 logits and the updated cache (and the
     captured features when ``capture_layers`` is given).
@@ -265,6 +266,9 @@ class Transformer(nnx.Module):
       logits_at: [B] token indices: the logits [B, 1, V] of token logits_at[b] of each row
         only (the prefill's last logits; the decode protocol's part (h)). The cache is
         written for every token.
+      logits_from: a static index: the logits of tokens logits_from..T-1 only, [B, T - from,
+        V] (a parallel draft reads only its last K positions' q). The cache is written for
+        every token.
     """
     num_layers = self.config.num_layers if num_layers is None else num_layers
     if not 1 <= num_layers <= self.config.num_layers:
@@ -297,6 +301,8 @@ class Transformer(nnx.Module):
         )
       captured.append(x_BTD)
       start = stop
+    if logits_from:
+      x_BTD = x_BTD[:, logits_from:]
     if logits_at is not None:  # One token per row through the final norm and the head.
       index_B11 = jnp.asarray(logits_at, jnp.int32)[:, None, None]
       x_BTD = jnp.take_along_axis(x_BTD, index_B11, axis=1)

