@@ -211,3 +211,15 @@ def test_parallel_distillation_needs_a_placeholder():
       warmup_steps=0,
       distill_mode="parallel",
     )
+
+
+def test_the_pass_benchmark_times_a_step_and_each_parallel_call(small_pair):
+  from specsamp.experiments.benchmarks import parallel_pass
+
+  _, draft = small_pair
+  result = parallel_pass.time_pass(
+    ParallelDrafter(draft, mask_token_id=MASK), [2, 4], position=12, cache_length=32, calls=2
+  )
+  assert result["step_ms"] > 0 and set(result["calls"]) == {2, 4}
+  for cost in result["calls"].values():
+    assert cost["ms"] > 0 and cost["draft_steps"] == pytest.approx(cost["ms"] / result["step_ms"])
