@@ -223,3 +223,80 @@ def test_the_pass_benchmark_times_a_step_and_each_parallel_call(small_pair):
   assert result["step_ms"] > 0 and set(result["calls"]) == {2, 4}
   for cost in result["calls"].values():
     assert cost["ms"] > 0 and cost["draft_steps"] == pytest.approx(cost["ms"] / result["step_ms"])
+
+
+# --- Form (b): a parallel feature head (DFlash / PARD style) on the target's features. --------
+
+
+def _parallel_head(target, seed=5, **changes):
+  from specsamp.models import feature_head
+  from specsamp.sampling.feature_drafter import FeatureDrafter
+
+  config = feature_head.FeatureHeadConfig(parallel=True, **changes)
+  head = feature_head.create(config, target.config, seed=seed)
+  return FeatureDrafter(feature_head.FeatureDraftModel(head, target))
+
+
+def test_a_parallel_heads_q_are_what_training_unrolls_with_placeholders():
+  """q_1..q_K from the one call equal the training view (``unrolled(parallel=True)``): the
+  last caught-up pair's output, then the placeholders' after it."""
+  target = transformer.create(tiny_config(), seed=0)
+  drafter = _parallel_head(target)
+  head, K, n = drafter.model.head, 3, 9
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 256, size=(1, n + 4)), jnp.int32)
+  scored = target(tokens[:, :n], capture_layers=head.config.feature_layers)
+  state, _ = drafter.init(tokens[:, :n], jnp.asarray([n]), 32, K, features_BTF=scored.features)
+  proposal, _ = drafter.propose(
+    state,
+    tokens,
+    jnp.asarray([n]),
+    jax.random.key(0),
+    K,
+    jnp.asarray([K]),
+    warping.SamplingConfig(1.0),
+    target.vocab_size,
+  )
+  assert int(proposal.model_calls) == 1
+  embedded = target.embedder.encode(jnp.pad(tokens[:, 1:n], ((0, 0), (0, 1))))
+  hidden = head.unrolled(jnp.stack([embedded] * K), head.fuse(scored.features), K, parallel=True)
+  for k in range(K):
+    expected = jax.nn.softmax(drafter.model.logits(hidden[k][:, n - 2 : n - 1])[0, 0])
+    np.testing.assert_allclose(proposal.probs[0, k], expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verifier, tree", [("token", None), ("traversal", "tree:2,2,1")])
+def test_a_parallel_heads_samples_follow_the_exact_target_distribution(small_pair, verifier, tree):
+  target, _ = small_pair
+  counts, stats = sampled_counts(
+    target,
+    _parallel_head(target),
+    EXACT_PROMPT,
+    num_draft_tokens=3,
+    tree=None if tree is None else tree_lib.parse(tree),
+    temperature=1.0,
+    verifier=verifier,
+  )
+  assert 0.05 < stats["acceptance_rate"] < 0.98, stats
+  assert stats["draft_calls"] == stats["target_calls"], stats
+  assert_follows(counts, target, EXACT_PROMPT, warping.SamplingConfig(1.0))
+
+
+@pytest.mark.parametrize("tree", [None, "tree:2,1,1"])
+def test_a_parallel_heads_greedy_equals_greedy_autoregressive(tree):
+  target = transformer.create(tiny_config(), seed=0)
+  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=13, temperature=0)
+  out = speculative_generate(
+    target,
+    _parallel_head(target),
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(1),
+    max_new_tokens=13,
+    num_draft_tokens=3,
+    tree=None if tree is None else tree_lib.parse(tree),
+    temperature=0,
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+  stats = out.summary()
+  assert stats["draft_calls"] == stats["target_calls"]

@@ -67,6 +67,10 @@ class FeatureHeadConfig(ConfigFields):
     rope_theta: the head's RoPE base, unscaled (published EAGLE-3 heads use 10000 whatever
       their target's); 0 takes the target's base and scaling.
     norm_eps: the head's RMSNorm epsilon; 0 takes the target's.
+    parallel: a parallel head (DFlash / PARD style, ``feature_drafter``): it drafts K tokens
+      from ONE call, the positions after the last committed pair fed a learned placeholder
+      pair (``placeholder_2D``: the token embedding's and the fused feature's stand-ins)
+      instead of its own drafts; trained so (``unrolled(..., parallel=True)``).
   """
 
   feature_layers: tuple[int, ...] = ()
@@ -77,6 +81,7 @@ class FeatureHeadConfig(ConfigFields):
   draft_vocab_size: int = 0
   rope_theta: float = 0.0
   norm_eps: float = 0.0
+  parallel: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
@@ -169,6 +174,10 @@ class FeatureHead(nnx.Module):
     )
     self.mlp_norm = RMSNorm(layer, rngs=rngs)
     self.mlp = MLP(layer, rngs=rngs)
+    if self.config.parallel:  # The placeholder pair: (embedding, fused feature) stand-ins.
+      self.placeholder_2D = make_param(
+        rngs, nnx.initializers.normal(0.02), (2, d), (None, "embed"), dtype
+      )
     if self.config.draft_vocab_size:
       vocab = self.config.draft_vocab_size
       self.out_norm = RMSNorm(layer, rngs=rngs)
@@ -233,8 +242,18 @@ class FeatureHead(nnx.Module):
     h_BTD = r_BTD + mlp_forward(self.mlp_norm(r_BTD), weights, self.layer)
     return sharding.constrain(h_BTD, ("act_batch", "act_length", "act_embed"))
 
-  def unrolled(self, embedded_KBSD: jax.Array, fused_BSD: jax.Array, steps: int) -> list[jax.Array]:
+  def placeholders(self, batch: int, length: int, dtype) -> tuple[jax.Array, jax.Array]:
+    """(embedded_BTD, fused_BTD): the parallel head's placeholder pair, T times per row."""
+    pair_2D = self.placeholder_2D[...].astype(dtype)
+    shape = (batch, length, pair_2D.shape[-1])
+    return jnp.broadcast_to(pair_2D[0], shape), jnp.broadcast_to(pair_2D[1], shape)
+
+  def unrolled(
+    self, embedded_KBSD: jax.Array, fused_BSD: jax.Array, steps: int, parallel: bool = False
+  ) -> list[jax.Array]:
     """Training-time test (EAGLE-3): ``steps`` unrolled passes over a whole sequence, no cache.
+    ``parallel``: steps k >= 1 take the placeholder pair instead of (h^{k-1}, the next token):
+    what a parallel head's k-th placeholder sees after the pair at p.
 
     Row p of step k is the chain that starts from the target's feature at p and has drafted k
     tokens: its input is (h^{k-1}_p, the token embedding ``embedded_KBSD[k]`` at row p) (step 0:
@@ -254,7 +273,10 @@ class FeatureHead(nnx.Module):
     causal_SS = jnp.tril(jnp.ones((length, length), bool))
     outputs, chain_keys, chain_values, x_BSD = [], [], [], fused_BSD
     for k in range(steps):
-      a_BSE = self._inputs(embedded_KBSD[k], x_BSD)
+      embedded_BSD = embedded_KBSD[k]
+      if parallel and k >= 1:
+        embedded_BSD, x_BSD = self.placeholders(batch, length, fused_BSD.dtype)
+      a_BSE = self._inputs(embedded_BSD, x_BSD)
       positions_BS = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32) + k, (batch, length))
       dtype = a_BSE.dtype
       q_BSNH = apply_rope(

@@ -26,6 +26,14 @@ it). Greedy sampling proposes the argmax and equals autoregressive greedy token 
 
 A row of one token has no feature yet (the target has not run on it): it proposes nothing in
 its first iteration and the loop emits one target token.
+
+A parallel head (``FeatureHeadConfig.parallel``, DFlash / PARD style) drafts from ONE call: the
+catch-up pairs and then K - 1 placeholder pairs at positions n-1..n+K-3, whose outputs give
+q_2..q_K (q_1 from the last caught-up pair, as above). Pending entries past a row's count are
+fed again as its last caught-up pair (the same position and inputs, so the same cache entry),
+never at a placeholder's position. Every q_k is computed before any draft is drawn, so each
+x~_k ~ q_k is verified exactly with it (``parallel_drafter`` says why); a node of a tree at
+depth d draws its children from q_{d+1}.
 """
 
 from __future__ import annotations
@@ -174,6 +182,57 @@ class FeatureDrafter(Drafter):
     )
     return h_BPD[rows_B, jnp.maximum(count_B - 1, 0)], cache, count_B
 
+  def _parallel_call(self, state: FeatureState, tokens_BW, lengths_B, num_draft_tokens: int):
+    """A parallel head's one call (module docstring): (logits_BKV of q_1..q_K, cache, pairs
+    caught up per row)."""
+    model = self.model
+    batch, width = tokens_BW.shape
+    rows_B = jnp.arange(batch)
+    pending = state.pending.shape[1]
+    count_B = lengths_B - 1 - state.start
+    index_BP = jnp.minimum(jnp.arange(pending)[None, :], jnp.maximum(count_B - 1, 0)[:, None])
+    positions_BP = state.start[:, None] + index_BP.astype(jnp.int32)
+    following_BP = tokens_BW[rows_B[:, None], jnp.minimum(positions_BP + 1, width - 1)]
+    fused_BPD = model.head.fuse(jnp.take_along_axis(state.pending, index_BP[:, :, None], axis=1))
+    embedded_BPD = model.target.embedder.encode(following_BP).astype(fused_BPD.dtype)
+    holes = num_draft_tokens - 1
+    held_embedded, held_fused = model.head.placeholders(batch, holes, fused_BPD.dtype)
+    positions_BH = (lengths_B - 1)[:, None] + jnp.arange(holes, dtype=jnp.int32)[None, :]
+    h_BTD, cache = model.head.hidden(
+      jnp.concatenate([embedded_BPD, held_embedded], axis=1),
+      jnp.concatenate([fused_BPD, held_fused], axis=1),
+      jnp.concatenate([positions_BP, positions_BH], axis=1),
+      state.cache,
+    )
+    last_BD = h_BTD[rows_B, jnp.maximum(count_B - 1, 0)]
+    h_BKD = jnp.concatenate([last_BD[:, None], h_BTD[:, pending:]], axis=1)
+    return model.logits(h_BKD), cache, count_B
+
+  def _propose_parallel(
+    self, state, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size
+  ):
+    logits_BKV, cache, count_B = self._parallel_call(state, tokens_BW, lengths_B, num_draft_tokens)
+    tokens_BG, probs_BGV, proposed_B, _, nan_B, cache = proposals.grow_chain(
+      key,
+      logits_BKV[:, 0],
+      lambda t, token_B, carry: (logits_BKV[:, t], carry),  # No call: q_t is computed.
+      cache,
+      num_draft_tokens,
+      limit_B,
+      sampling,
+      vocab_size,
+      self.proposal,
+      active_B=count_B > 0,
+    )
+    proposal = Proposal(
+      tokens=tokens_BG,
+      probs=probs_BGV,
+      num_proposed=proposed_B,
+      model_calls=jnp.int32(1),
+      nan=nan_B,
+    )
+    return proposal, state.replace(cache=cache)
+
   def propose(
     self,
     state: FeatureState,
@@ -185,6 +244,10 @@ class FeatureDrafter(Drafter):
     sampling: SamplingConfig,
     vocab_size: int,
   ):
+    if self.model.head.config.parallel:
+      return self._propose_parallel(
+        state, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size
+      )
     model = self.model
     # 1. Catch up on the pending pairs; the output at the last one (position n-2) gives q_1.
     h_BD, cache, count_B = self._catch_up(state, tokens_BW, lengths_B)
@@ -231,6 +294,10 @@ class FeatureDrafter(Drafter):
     the pair at n-2, whose output gave the root's q). Slots beyond the accepted path are never
     read: the next catch-up rewrites the path's pairs with the target's true features."""
     model = self.model
+    if model.head.config.parallel:
+      return self._propose_tree_parallel(
+        state, tokens_BW, lengths_B, key, tree, limit_B, sampling, vocab_size
+      )
     h_BD, cache, count_B = self._catch_up(state, tokens_BW, lengths_B)
     # The head's hidden state after the root (row 0) and after each node j (row 1 + j).
     h_BSD = jnp.zeros((h_BD.shape[0], tree.num_nodes + 1, h_BD.shape[-1]), h_BD.dtype)
@@ -259,6 +326,39 @@ class FeatureDrafter(Drafter):
       probs=probs_BNV,
       drafted=drafted_BN,
       model_calls=jnp.int32(1 + expansions),
+      nan=nan_B,
+      parents=parents_BN,
+    )
+    return proposal, state.replace(cache=cache)
+
+  def _propose_tree_parallel(
+    self, state, tokens_BW, lengths_B, key, tree, limit_B, sampling, vocab_size
+  ):
+    """A parallel head's tree: one call, then every node at depth d draws its children from
+    q_{d+1} (no call per depth)."""
+    logits_BKV, cache, count_B = self._parallel_call(state, tokens_BW, lengths_B, tree.max_depth)
+    batch, vocab = logits_BKV.shape[0], logits_BKV.shape[-1]
+
+    def expand(nodes, drawn_Bn, call, positions_Bn, parents_Bn):
+      depth = tree.depths[nodes[0]]
+      return jnp.broadcast_to(logits_BKV[:, depth][:, None], (batch, len(nodes), vocab))
+
+    tokens_BN, probs_BNV, drafted_BN, nan_B, _, parents_BN = proposals.grow_tree(
+      key,
+      tree,
+      logits_BKV[:, 0],
+      jnp.maximum(lengths_B - 2, 0),
+      jnp.where(count_B > 0, limit_B, 0),
+      sampling,
+      vocab_size,
+      expand,
+      proposal=self.proposal,
+    )
+    proposal = TreeProposal(
+      tokens=tokens_BN,
+      probs=probs_BNV,
+      drafted=drafted_BN,
+      model_calls=jnp.int32(1),
       nan=nan_B,
       parents=parents_BN,
     )

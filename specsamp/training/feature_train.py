@@ -92,7 +92,9 @@ def ttt_loss(
   embedded = jnp.stack(
     [target.embedder.encode(padded_BT[:, 1 + k : 1 + k + length]) for k in range(steps)]
   )
-  hidden = head.unrolled(jax.lax.stop_gradient(embedded), head.fuse(features_BTF), steps)
+  hidden = head.unrolled(
+    jax.lax.stop_gradient(embedded), head.fuse(features_BTF), steps, parallel=head.config.parallel
+  )
   draft_vocab = head.config.draft_vocab_size
   total, metrics = 0.0, {}
   for k, h_BTD in enumerate(hidden):
