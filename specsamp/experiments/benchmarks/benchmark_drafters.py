@@ -24,6 +24,8 @@ Drafters (names in ``config.drafters``):
   model_greedy     the trained draft proposing its most likely tokens, with one-hot q
   parallel         the pair's parallel draft (PARD style): K drafts from one call, real q
   parallel_greedy  the same proposing each position's most likely token, one-hot q
+  parallel_head    the feature head drafting K tokens from one call (placeholders), trained once
+  parallel_head_greedy  the same, most likely tokens with one-hot q
 
 Proposals (``config.trees``, ';'-separated): 'chain' (one chain of each K of
 ``num_draft_tokens``) and tree shapes (``tree.py``, e.g. 'tree:2,2,1,1',
@@ -99,6 +101,8 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     spec = drafter_specs.DrafterSpec("feature")
   elif name in ("parallel", "parallel_greedy"):
     spec = drafter_specs.DrafterSpec("parallel")
+  elif name in ("parallel_head", "parallel_head_greedy"):
+    spec = drafter_specs.DrafterSpec("parallel_head")
   if spec is not None:
     return drafter_specs.make(
       spec,
@@ -110,7 +114,8 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     return drafters.ModelDrafter(pair.draft, confidence_threshold=config.confidence_threshold)
   raise ValueError(
     f"Unknown drafter {name!r}: use model, model_greedy, model_confident, lookup, feature, "
-    "feature_greedy, parallel, parallel_greedy or selfL (L = layers of the target, e.g. self2)."
+    "feature_greedy, parallel, parallel_greedy, parallel_head, parallel_head_greedy or selfL "
+    "(L = layers of the target, e.g. self2)."
   )
 
 
@@ -196,13 +201,15 @@ def run(
   feature = any(name.startswith("feature") for name in names)
   pair_cfg = pair_config(config)
   modes = [pair_cfg.draft.train.distill.mode] if any(n.startswith("model") for n in names) else []
-  modes += ["parallel"] if any(name.startswith("parallel") for name in names) else []
+  parallel = [n for n in names if n.startswith("parallel") and not n.startswith("parallel_head")]
+  modes += ["parallel"] if parallel else []
   pair = pair_lib.prepare(
     pair_cfg,
     workdir,
     draft_modes=modes,
     drafts=bool(modes),
     feature_head=feature,
+    parallel_head=any(name.startswith("parallel_head") for name in names),
     log=log,
   )
   built = {name: make_drafter(name, pair, config) for name in names}

@@ -3,6 +3,8 @@
   draft        the pair's draft model (trained, or distilled from the target, on the first run)
   parallel     the pair's parallel draft (PARD style: K drafts from one call; distilled from
                the target with placeholders on the first run, ``distill.mode='parallel'``)
+  parallel_head  the pair's feature head drafting K tokens from one call (DFlash / PARD style:
+               placeholders after the caught-up pairs; trained on the first run)
   feature      the pair's feature head on the target's features (EAGLE style, trained on the
                first run)
   lookup       prompt lookup: the continuation of the row's last n-gram earlier in its own
@@ -22,7 +24,7 @@ from typing import Any
 
 from specsamp.sampling import drafters
 
-NAMES = ("draft", "parallel", "feature", "lookup", "lookup:N", "self:L")
+NAMES = ("draft", "parallel", "feature", "parallel_head", "lookup", "lookup:N", "self:L")
 LOOKUP_NGRAM = 3  # prompt lookup's longest n-gram when the name gives none.
 
 
@@ -47,11 +49,15 @@ class DrafterSpec:
   def needs_feature_head(self) -> bool:
     return self.kind == "feature"
 
+  @property
+  def needs_parallel_head(self) -> bool:
+    return self.kind == "parallel_head"
+
 
 def parse(name: str) -> DrafterSpec:
   """A drafter name (module docstring) -> its spec; a clear error for anything else."""
   kind, colon, number = str(name).strip().partition(":")
-  if kind in ("draft", "parallel", "feature") and not colon:
+  if kind in ("draft", "parallel", "feature", "parallel_head") and not colon:
     return DrafterSpec(kind)
   if kind == "lookup" and (not colon or number.isdigit()):
     ngram = int(number) if colon else LOOKUP_NGRAM
@@ -60,7 +66,8 @@ def parse(name: str) -> DrafterSpec:
   if kind == "self" and colon and number.isdigit() and int(number) >= 1:
     return DrafterSpec("self", int(number))
   raise ValueError(
-    f"Unknown drafter {name!r}: use 'draft', 'parallel', 'feature', 'lookup' or 'lookup:N' "
+    f"Unknown drafter {name!r}: use 'draft', 'parallel', 'feature', 'parallel_head', 'lookup' or "
+    "'lookup:N' "
     "(N >= 1, the longest n-gram), or 'self:L' (L >= 1, the target's first L layers)."
   )
 
@@ -76,10 +83,11 @@ def make(
     from specsamp.sampling.parallel_drafter import ParallelDrafter
 
     return ParallelDrafter(pair.drafts["parallel"], mask_token_id=mask_token_id, proposal=proposal)
-  if spec.kind == "feature":
+  if spec.kind in ("feature", "parallel_head"):
     from specsamp.sampling.feature_drafter import FeatureDrafter
 
-    return FeatureDrafter(pair.feature_head, proposal=proposal)
+    head = pair.feature_head if spec.kind == "feature" else pair.parallel_head
+    return FeatureDrafter(head, proposal=proposal)
   if spec.kind == "lookup":
     return drafters.PromptLookupDrafter(max_ngram=spec.number)
   return drafters.self_speculative(pair.target, spec.number, proposal=proposal)

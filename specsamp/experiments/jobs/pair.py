@@ -8,6 +8,8 @@ the workdir yet, so the first run trains and later runs load in seconds:
   workdir/draft_<mode>/<step>/  a draft per distillation mode ('none': from scratch)
   workdir/feature_head/<step>/  the feature head (EAGLE style) on the target's features, when
                                 asked for (``prepare(..., feature_head=True)``)
+  workdir/feature_head_parallel/<step>/  the same head drafting K tokens from one call
+                                (``FeatureHeadConfig.parallel``; ``parallel_head=True``)
 
 A section with ``checkpoint`` set (e.g. a Hugging Face model imported by
 scripts/import_hf.py) is loaded from there instead, with the model config its
@@ -64,6 +66,7 @@ class Pair:
   prompts: np.ndarray  # [num_prompts, prompt_tokens] held-out prompt ids.
   mesh: jax.sharding.Mesh
   feature_head: Any = None  # A FeatureDraftModel (the head and the target), when prepared.
+  parallel_head: Any = None  # The same with a parallel head (one call drafts K), when prepared.
 
   @property
   def draft(self) -> Any:
@@ -295,7 +298,7 @@ def _train_feature_head(
 ):
   """The feature head from ``section.checkpoint``, or trained once into ``directory`` on the
   frozen target (``feature_train``) and loaded from there after."""
-  name = "feature head"
+  name = "parallel feature head" if section.head.get("parallel", False) else "feature head"
   if section.get("checkpoint"):
     path = os.path.expanduser(section.checkpoint)
     if os.path.isfile(os.path.join(path, eagle.CONFIG_FILE)):  # A published EAGLE-3 head.
@@ -389,6 +392,7 @@ def prepare(
   draft_modes: Sequence[str] | None = None,
   drafts: bool = True,
   feature_head: bool = False,
+  parallel_head: bool = False,
   log: Callable[[str], None] = print,
   mesh: jax.sharding.Mesh | None = None,
 ) -> Pair:
@@ -402,6 +406,7 @@ def prepare(
     drafts: prepare the draft at all (False for drafters that need no draft model: prompt
       lookup, self-speculative, the feature head; ``Pair.drafts`` is then empty).
     feature_head: also prepare the config's ``feature`` head (trained on the first run).
+    parallel_head: also prepare the same head as a parallel head (``head.parallel``).
     log: where progress goes.
     mesh: where the models go; default the config's ``mesh`` section over every device.
   """
@@ -470,15 +475,19 @@ def prepare(
     config.sampling.prompt_tokens,
     config.sampling.prompt_seed,
   )
-  head = None
-  if feature_head:
-    head = _train_feature_head(
-      config.feature,
+  heads = {}
+  for parallel, wanted in ((False, feature_head), (True, parallel_head)):
+    if not wanted:
+      continue
+    section = ml_collections.ConfigDict(config.feature.to_dict())
+    section.head.parallel = parallel
+    heads[parallel] = _train_feature_head(
+      section,
       target,
       tokenizer,
       get_corpus,
       mesh,
-      os.path.join(workdir, "feature_head"),
+      os.path.join(workdir, "feature_head_parallel" if parallel else "feature_head"),
       config.seed + 2,
       config.data.to_dict(),
       resume=config.resume_from,
@@ -490,7 +499,8 @@ def prepare(
     drafts=prepared,
     prompts=prompts,
     mesh=mesh,
-    feature_head=head,
+    feature_head=heads.get(False),
+    parallel_head=heads.get(True),
   )
 
 

@@ -245,6 +245,7 @@ def run(
     drafts=drafter.needs_draft,
     draft_modes=drafter.draft_modes,
     feature_head=drafter.needs_feature_head,
+    parallel_head=drafter.needs_parallel_head,
     log=log,
   )
   tokenizer = pair.tokenizer
