@@ -552,30 +552,34 @@ def test_the_main_job_samples_with_drafters_that_need_no_draft_model(
 
 
 @pytest.mark.slow
-def test_the_main_job_trains_a_parallel_draft_once_and_drafts_from_one_call(
+def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call(
   trained_workdir, tmp_path
 ):
-  """--config.speculative.drafter=parallel: the first run distills the parallel draft into
-  draft_parallel/ (placeholders, one call per iteration), the second loads it; greedy output
-  equals the autoregressive loop's."""
+  """--config.speculative.drafter=parallel / parallel_head: the first run trains the parallel
+  draft (draft_parallel/) or the parallel feature head (feature_head_parallel/), the second
+  loads it; one draft call per iteration; greedy output equals the autoregressive loop's."""
   from specsamp.experiments.jobs import sample_job
 
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
-  config = _test_pair_config()
-  config.speculative.drafter = "parallel"
-  config.sampling.temperature = 0.0
-  for run in range(2):
-    logs = []
-    report = sample_job.run(config, str(copy), log=logs.append)
-    trained = any("parallel distillation): training" in line for line in logs)
-    assert trained == (run == 0), logs
-  assert "draft_parallel" in os.listdir(copy)
-  assert report.tokens["speculative"] == report.tokens["autoregressive"]
-  assert report.settings["drafter"] == "parallel"
-  stats = report.stats
-  assert stats["draft_calls"] == stats["target_calls"], stats  # one draft call per iteration
+  for name, stage, needle in (
+    ("parallel", "draft_parallel", "parallel distillation): training"),
+    ("parallel_head", "feature_head_parallel", "parallel feature head: training"),
+  ):
+    config = _test_pair_config()
+    config.speculative.drafter = name
+    config.sampling.temperature = 0.0
+    for run in range(2):
+      logs = []
+      report = sample_job.run(config, str(copy), log=logs.append)
+      trained = any(needle in line for line in logs)
+      assert trained == (run == 0), (name, logs)
+    assert stage in os.listdir(copy)
+    assert report.tokens["speculative"] == report.tokens["autoregressive"], name
+    assert report.settings["drafter"] == name
+    stats = report.stats
+    assert stats["draft_calls"] == stats["target_calls"], (name, stats)  # one call each
 
 
 def test_drafter_names_parse_to_one_drafter_each_and_bad_ones_are_refused():
@@ -588,6 +592,7 @@ def test_drafter_names_parse_to_one_drafter_each_and_bad_ones_are_refused():
   assert drafter_specs.parse("feature").needs_feature_head
   parallel = drafter_specs.parse("parallel")
   assert parallel.needs_draft and parallel.draft_modes == ["parallel"]
+  assert drafter_specs.parse("parallel_head").needs_parallel_head
   for bad in ("self", "self:0", "lookup:0", "lookup:x", "draft:2", "parallel:4", "eagle"):
     with pytest.raises(ValueError, match="Unknown drafter"):
       drafter_specs.parse(bad)
