@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specsamp.models.kv_cache import KVCache
-from specsamp.sampling import memory, model_protocol, proposals
+from specsamp.sampling import memory, model_protocol, parallel_drafter, proposals
 from specsamp.sampling.drafters import Drafter, Proposal, TreeProposal
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig
@@ -212,24 +212,8 @@ class FeatureDrafter(Drafter):
     self, state, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size
   ):
     logits_BKV, cache, count_B = self._parallel_call(state, tokens_BW, lengths_B, num_draft_tokens)
-    tokens_BG, probs_BGV, proposed_B, _, nan_B, cache = proposals.grow_chain(
-      key,
-      logits_BKV[:, 0],
-      lambda t, token_B, carry: (logits_BKV[:, t], carry),  # No call: q_t is computed.
-      cache,
-      num_draft_tokens,
-      limit_B,
-      sampling,
-      vocab_size,
-      self.proposal,
-      active_B=count_B > 0,
-    )
-    proposal = Proposal(
-      tokens=tokens_BG,
-      probs=probs_BGV,
-      num_proposed=proposed_B,
-      model_calls=jnp.int32(1),
-      nan=nan_B,
+    proposal = parallel_drafter.chain_from(
+      key, logits_BKV, limit_B, sampling, vocab_size, self.proposal, active_B=count_B > 0
     )
     return proposal, state.replace(cache=cache)
 
@@ -337,29 +321,14 @@ class FeatureDrafter(Drafter):
     """A parallel head's tree: one call, then every node at depth d draws its children from
     q_{d+1} (no call per depth)."""
     logits_BKV, cache, count_B = self._parallel_call(state, tokens_BW, lengths_B, tree.max_depth)
-    batch, vocab = logits_BKV.shape[0], logits_BKV.shape[-1]
-
-    def expand(nodes, drawn_Bn, call, positions_Bn, parents_Bn):
-      depth = tree.depths[nodes[0]]
-      return jnp.broadcast_to(logits_BKV[:, depth][:, None], (batch, len(nodes), vocab))
-
-    tokens_BN, probs_BNV, drafted_BN, nan_B, _, parents_BN = proposals.grow_tree(
+    proposal = parallel_drafter.tree_from(
       key,
       tree,
-      logits_BKV[:, 0],
+      logits_BKV,
       jnp.maximum(lengths_B - 2, 0),
       jnp.where(count_B > 0, limit_B, 0),
       sampling,
       vocab_size,
-      expand,
-      proposal=self.proposal,
-    )
-    proposal = TreeProposal(
-      tokens=tokens_BN,
-      probs=probs_BNV,
-      drafted=drafted_BN,
-      model_calls=jnp.int32(1),
-      nan=nan_B,
-      parents=parents_BN,
+      self.proposal,
     )
     return proposal, state.replace(cache=cache)

@@ -63,6 +63,77 @@ def window(
   return tokens, positions
 
 
+def chain_from(
+  key,
+  logits_BKV,
+  limit_B,
+  sampling: SamplingConfig,
+  vocab_size: int,
+  proposal: str,
+  active_B=None,
+  confidence_threshold: float = 0.0,
+) -> Proposal:
+  """A chain drawn from q_1..q_K computed in one call (``proposals.grow_chain`` with no model
+  step: token k is drawn from q_k whatever came before it); one draft call."""
+  tokens_BG, probs_BGV, count_B, _, nan_B, _ = proposals.grow_chain(
+    key,
+    logits_BKV[:, 0],
+    lambda t, token_B, carry: (logits_BKV[:, t], carry),
+    None,
+    logits_BKV.shape[1],
+    limit_B,
+    sampling,
+    vocab_size,
+    proposal,
+    active_B=active_B,
+    confidence_threshold=confidence_threshold,
+  )
+  return Proposal(
+    tokens=tokens_BG, probs=probs_BGV, num_proposed=count_B, model_calls=jnp.int32(1), nan=nan_B
+  )
+
+
+def tree_from(
+  key,
+  tree: TreeShape,
+  logits_BKV,
+  root_slot_B,
+  limit_B,
+  sampling: SamplingConfig,
+  vocab_size: int,
+  proposal: str,
+  confidence_threshold: float = 0.0,
+) -> TreeProposal:
+  """A tree drawn from q_1..q_D computed in one call: every node at depth d draws its children
+  from q_{d+1} (``proposals.grow_tree`` with an ``expand`` that calls no model)."""
+  batch, vocab = logits_BKV.shape[0], logits_BKV.shape[-1]
+
+  def expand(nodes, drawn_Bn, call, positions_Bn, parents_Bn):
+    depth = tree.depths[nodes[0]]
+    return jnp.broadcast_to(logits_BKV[:, depth][:, None], (batch, len(nodes), vocab))
+
+  tokens_BN, probs_BNV, drafted_BN, nan_B, _, parents_BN = proposals.grow_tree(
+    key,
+    tree,
+    logits_BKV[:, 0],
+    root_slot_B,
+    limit_B,
+    sampling,
+    vocab_size,
+    expand,
+    proposal=proposal,
+    confidence_threshold=confidence_threshold,
+  )
+  return TreeProposal(
+    tokens=tokens_BN,
+    probs=probs_BNV,
+    drafted=drafted_BN,
+    model_calls=jnp.int32(1),
+    nan=nan_B,
+    parents=parents_BN,
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class ParallelDrafter(ModelDrafter):
   """Drafts K tokens from one call of a parallel draft model (module docstring).
@@ -104,29 +175,16 @@ class ParallelDrafter(ModelDrafter):
     vocab_size: int,
   ):
     logits_BKV, cache = self._distributions(cache, tokens_BW, lengths_B, num_draft_tokens)
-
-    def step(t, token_B, carry):  # No model call: q_t was computed with the others.
-      return logits_BKV[:, t], carry
-
-    tokens_BG, probs_BGV, count_B, _, nan_B, cache = proposals.grow_chain(
+    proposal = chain_from(
       key,
-      logits_BKV[:, 0],
-      step,
-      cache,
-      num_draft_tokens,
+      logits_BKV,
       limit_B,
       sampling,
       vocab_size,
       self.proposal,
       confidence_threshold=self.confidence_threshold,
     )
-    return Proposal(
-      tokens=tokens_BG,
-      probs=probs_BGV,
-      num_proposed=count_B,
-      model_calls=jnp.int32(1),
-      nan=nan_B,
-    ), cache
+    return proposal, cache
 
   def propose_tree(
     self,
@@ -141,34 +199,18 @@ class ParallelDrafter(ModelDrafter):
   ) -> tuple[TreeProposal, Any]:
     """Every node at depth d draws its children from q_{d+1} (no call per depth)."""
     logits_BKV, cache = self._distributions(cache, tokens_BW, lengths_B, tree.max_depth)
-    batch = tokens_BW.shape[0]
-
-    def expand(nodes, drawn_Bn, call, positions_Bn, parents_Bn):
-      depth = tree.depths[nodes[0]]
-      return jnp.broadcast_to(
-        logits_BKV[:, depth][:, None], (batch, len(nodes), logits_BKV.shape[-1])
-      )
-
-    tokens_BN, probs_BNV, drafted_BN, nan_B, _, parents_BN = proposals.grow_tree(
+    proposal = tree_from(
       key,
       tree,
-      logits_BKV[:, 0],
+      logits_BKV,
       lengths_B - 1,
       limit_B,
       sampling,
       vocab_size,
-      expand,
-      proposal=self.proposal,
+      self.proposal,
       confidence_threshold=self.confidence_threshold,
     )
-    return TreeProposal(
-      tokens=tokens_BN,
-      probs=probs_BNV,
-      drafted=drafted_BN,
-      model_calls=jnp.int32(1),
-      nan=nan_B,
-      parents=parents_BN,
-    ), cache
+    return proposal, cache
 
   def check_tree(self, tree: TreeShape) -> None:
     """Any tree: no tree call reaches the model (``propose_tree``)."""
