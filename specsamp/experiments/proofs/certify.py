@@ -93,7 +93,7 @@ DYNAMIC_TREE = "dynamic:3,2,2"  # EAGLE-2: 3 nodes at depth 1, then the 2 best o
 PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 TREE_BUG = "tree:3,1,1"  # Where the tree bugs show: three distinct siblings, then chains.
 # Parallel drafting (parallel_drafter.py): every q_k from one call, before any draft is drawn.
-PARALLEL_DRAFTERS = ("parallel", "parallel_greedy")
+PARALLEL_DRAFTERS = ("parallel", "parallel_greedy", "parallel_head")
 PARALLEL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 PARALLEL_MASK = VOCAB - 1  # The placeholder: a real row of the 8-token tables stands in.
 SCOPES = ("full", "quick", "trees", "proposals", "parallel")
@@ -136,7 +136,7 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (250 cases: 150 single-chain, 44 tree, 26 proposal-mode, 20 parallel, 10 bugs):
+  'full' (252 cases: 150 single-chain, 44 tree, 26 proposal-mode, 22 parallel, 10 bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
@@ -219,8 +219,9 @@ def parallel_cases(scope: str = "full") -> list[Case]:
   """The parallel drafter (one call, K placeholders' q). 'full': on the trigram, chain (token
   and block verification) and a small tree (token and traversal) x warping (T=1; T=0.7 with
   top-k and top-p) x batch (1, ragged 16), sampled (16); greedy proposals, a chain and a
-  dynamic tree (2); on the transformer a chain and a tree (2). 'quick': a block-verified chain
-  on ragged rows with the warping, and a token-verified tree at T=1."""
+  dynamic tree (2); on the transformer a chain and a tree (2), and the parallel feature head's
+  chain and tree (2). 'quick': a block-verified chain on ragged rows with the warping, and a
+  token-verified tree at T=1."""
   if scope == "quick":
     return [
       Case("trigram", "block", "parallel", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"),
@@ -238,6 +239,10 @@ def parallel_cases(scope: str = "full") -> list[Case]:
     Case("transformer", "token", "parallel", "heuristic", "T=1", "ragged16", "1"),
     Case(
       "transformer", "traversal", "parallel", "fixed", "T=0.7,p=0.9", "1", "1", tree=PROPOSAL_TREE
+    ),
+    Case("transformer", "block", "parallel_head", "fixed", "T=0.7,k=4,p=0.9", "1", "1"),
+    Case(
+      "transformer", "token", "parallel_head", "fixed", "T=1", "ragged16", "1", tree=PROPOSAL_TREE
     ),
   ]
   return cases
@@ -453,15 +458,18 @@ def noisy_copy(model: Any, scale: float, seed: int) -> Any:
   return exactness.noisy_copy(model, scale, seed)
 
 
-def feature_drafter_for(target: Any, reduced_vocabulary: bool, mesh: Any = None) -> Any:
+def feature_drafter_for(
+  target: Any, reduced_vocabulary: bool, mesh: Any = None, parallel: bool = False
+) -> Any:
   """A feature head (random weights, fixed seed) on ``target``'s layers 0 and 1: sharing the
   target's head, or over a reduced draft vocabulary of 5 of the 8 tokens in a scrambled map,
-  so q is zero on three tokens the target can emit."""
+  so q is zero on three tokens the target can emit; ``parallel``: a parallel head (K drafts
+  from one call)."""
   from specsamp.models import feature_head
   from specsamp.sampling.feature_drafter import FeatureDrafter
 
   config = feature_head.FeatureHeadConfig(
-    feature_layers=(0, 1), draft_vocab_size=5 if reduced_vocabulary else 0
+    feature_layers=(0, 1), draft_vocab_size=5 if reduced_vocabulary else 0, parallel=parallel
   )
   head = feature_head.create(config, target.config, mesh, seed=11)
   if reduced_vocabulary:
@@ -490,6 +498,8 @@ class Setup:
       return drafters.ModelDrafter(self.draft, confidence_threshold=0.3)
     if name == "model_greedy":
       return drafters.ModelDrafter(self.draft, proposal="greedy")
+    if name == "parallel_head":  # The parallel feature head (transformer only).
+      return feature_drafter_for(self.target, False, self.mesh, parallel=True)
     if name in PARALLEL_DRAFTERS:
       from specsamp.sampling.parallel_drafter import ParallelDrafter
 
