@@ -31,6 +31,7 @@ def test_the_window_refeeds_k_plus_one_committed_tokens_then_k_minus_one_placeho
   np.testing.assert_array_equal(positions, [[2, 3, 4, 5, 6, 7], [0, 0, 0, 1, 2, 3]])
 
 
+@pytest.mark.slow
 def test_each_q_is_the_models_distribution_after_the_committed_tokens_and_placeholders(
   small_pair,
 ):
@@ -152,6 +153,7 @@ def test_a_placeholder_outside_the_vocabulary_is_refused(small_pair):
     )
 
 
+@pytest.mark.slow
 def test_the_training_layout_is_what_each_placeholder_sees_when_drafting():
   """Query (m, j) of the one training call equals the draft's logits at the m-th placeholder
   after x_0..x_{j-m}, as a plain forward pass of that sequence computes them."""
