@@ -103,4 +103,8 @@ def get_config(arg=None):
     config.sampling.max_new_tokens = 8
     config.speculative.draft_length = "fixed"
     config.speculative.drafter = "draft"
+  # A parallel draft's placeholder (--config.speculative.drafter=parallel): '<gh_stars>', a
+  # special token of SmolLM2's GitHub metadata that no chat or code prompt contains (code_pair's
+  # id 1 is '<|im_start|>' here, which every chat prompt does).
+  config.draft.train.distill.mask_token = 7
   return config
