@@ -106,7 +106,8 @@ def get_config(arg=None):
     config.trees = "chain;tree:4,2,1,1;sequoia:28x4;dynamic:4x4;dynamic:4x6;dynamic:8,8,6,4,3,3"
   if variant == "parallel":
     # The parallel draft (K drafts from one call) against the sequential draft and the feature
-    # head (sequential and parallel), in one run: chains of K = 2, 4, 8 at T=0, T=1 and T=0.8 / top-p 0.95, batch 1 and 8.
+    # head (sequential and parallel), in one run: chains of K = 2, 4, 8 at T=0, T=1 and
+    # T=0.8 / top-p 0.95, batch 1 and 8.
     config.output_dir = "benchmark_results/drafters_parallel"
     config.tasks = "continue"
     config.modes = "greedy,sample,nucleus"

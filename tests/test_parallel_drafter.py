@@ -239,6 +239,7 @@ def _parallel_head(target, seed=5, **changes):
   return FeatureDrafter(feature_head.FeatureDraftModel(head, target))
 
 
+@pytest.mark.slow
 def test_a_parallel_heads_q_are_what_training_unrolls_with_placeholders():
   """q_1..q_K from the one call equal the training view (``unrolled(parallel=True)``): the
   last caught-up pair's output, then the placeholders' after it."""
