@@ -346,6 +346,10 @@ class ModelDrafter(Drafter):
 
   def check_tree(self, tree: TreeShape) -> None:
     model_protocol.check_tree_support(self.model, "draft")
+    self.check_tree_options(tree)
+
+  def check_tree_options(self, tree: TreeShape) -> None:
+    """The proposal mode and confidence stop against ``tree`` (the model's tree calls apart)."""
     proposals.check_proposal(self.proposal, tree)
     if tree.dynamic and self.confidence_threshold > 0:
       raise ValueError(

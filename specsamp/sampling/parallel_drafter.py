@@ -214,12 +214,7 @@ class ParallelDrafter(ModelDrafter):
 
   def check_tree(self, tree: TreeShape) -> None:
     """Any tree: no tree call reaches the model (``propose_tree``)."""
-    proposals.check_proposal(self.proposal, tree)
-    if tree.dynamic and self.confidence_threshold > 0:
-      raise ValueError(
-        "A dynamic tree already spends its node budget where the draft is confident; "
-        "confidence_threshold applies to static trees and chains."
-      )
+    self.check_tree_options(tree)
 
   def accept_path(self, cache, source_BD, start_B):
     """Nothing to move: tree nodes never enter the draft cache (the next call re-feeds)."""
