@@ -168,32 +168,40 @@ class FeatureDrafter(Drafter):
   def rollback(self, state: FeatureState, lengths_B):
     return state.replace(cache=state.cache.replace(lengths=state.start))
 
-  def _catch_up(self, state: FeatureState, tokens_BW, lengths_B):
-    """ONE head call on the pending pairs; (h at position n-2, the head's cache, pairs caught
-    up per row: 0 for a one-token row, which has no feature yet)."""
-    model = self.model
+  def _pending_pairs(self, state: FeatureState, tokens_BW, lengths_B):
+    """(tokens_BP, fused_BPD, positions_BP, count_B): the pending pairs' following tokens, fused
+    features and positions, and how many a row has (0 for a one-token row, which has no
+    feature yet). Entries past a row's count repeat its last pending pair (the same position
+    and inputs, so the same cache entry): a call never writes a slot after position n-2 with
+    them."""
     batch, width = tokens_BW.shape
     rows_B = jnp.arange(batch)
     count_B = lengths_B - 1 - state.start  # Pending pairs: 0 (a one-token row) .. K + 1.
-    positions_BP = state.start[:, None] + jnp.arange(state.pending.shape[1], dtype=jnp.int32)
+    last_B = jnp.maximum(count_B - 1, 0)
+    index_BP = jnp.minimum(jnp.arange(state.pending.shape[1])[None, :], last_B[:, None])
+    positions_BP = state.start[:, None] + index_BP.astype(jnp.int32)
     following_BP = tokens_BW[rows_B[:, None], jnp.minimum(positions_BP + 1, width - 1)]
-    h_BPD, cache = model.hidden(
-      following_BP, model.head.fuse(state.pending), positions_BP, state.cache
+    pending_BPF = jnp.take_along_axis(state.pending, index_BP[:, :, None], axis=1)
+    return following_BP, self.model.head.fuse(pending_BPF), positions_BP, count_B
+
+  def _catch_up(self, state: FeatureState, tokens_BW, lengths_B):
+    """ONE head call on the pending pairs; (h at position n-2, the head's cache, pairs caught
+    up per row)."""
+    following_BP, fused_BPD, positions_BP, count_B = self._pending_pairs(
+      state, tokens_BW, lengths_B
     )
+    h_BPD, cache = self.model.hidden(following_BP, fused_BPD, positions_BP, state.cache)
+    rows_B = jnp.arange(tokens_BW.shape[0])
     return h_BPD[rows_B, jnp.maximum(count_B - 1, 0)], cache, count_B
 
   def _parallel_call(self, state: FeatureState, tokens_BW, lengths_B, num_draft_tokens: int):
     """A parallel head's one call (module docstring): (logits_BKV of q_1..q_K, cache, pairs
     caught up per row)."""
     model = self.model
-    batch, width = tokens_BW.shape
-    rows_B = jnp.arange(batch)
-    pending = state.pending.shape[1]
-    count_B = lengths_B - 1 - state.start
-    index_BP = jnp.minimum(jnp.arange(pending)[None, :], jnp.maximum(count_B - 1, 0)[:, None])
-    positions_BP = state.start[:, None] + index_BP.astype(jnp.int32)
-    following_BP = tokens_BW[rows_B[:, None], jnp.minimum(positions_BP + 1, width - 1)]
-    fused_BPD = model.head.fuse(jnp.take_along_axis(state.pending, index_BP[:, :, None], axis=1))
+    batch, pending = tokens_BW.shape[0], state.pending.shape[1]
+    following_BP, fused_BPD, positions_BP, count_B = self._pending_pairs(
+      state, tokens_BW, lengths_B
+    )
     embedded_BPD = model.target.embedder.encode(following_BP).astype(fused_BPD.dtype)
     holes = num_draft_tokens - 1
     held_embedded, held_fused = model.head.placeholders(batch, holes, fused_BPD.dtype)
@@ -204,7 +212,7 @@ class FeatureDrafter(Drafter):
       jnp.concatenate([positions_BP, positions_BH], axis=1),
       state.cache,
     )
-    last_BD = h_BTD[rows_B, jnp.maximum(count_B - 1, 0)]
+    last_BD = h_BTD[jnp.arange(batch), jnp.maximum(count_B - 1, 0)]
     h_BKD = jnp.concatenate([last_BD[:, None], h_BTD[:, pending:]], axis=1)
     return model.logits(h_BKD), cache, count_B
 

@@ -154,7 +154,7 @@ class ParallelDrafter(ModelDrafter):
         f"{self.model.vocab_size}-token vocabulary."
       )
 
-  def _distributions(self, cache, tokens_BW, lengths_B, num_draft_tokens: int):
+  def distributions(self, cache, tokens_BW, lengths_B, num_draft_tokens: int):
     """(logits_BKV, cache): q_1..q_K's logits from one call (only the last K positions through
     the head when the model can: ``Transformer(logits_from=)``, 15% of the call on this CPU)."""
     tokens_B2K, positions_B2K = window(tokens_BW, lengths_B, num_draft_tokens, self.mask_token_id)
@@ -174,7 +174,7 @@ class ParallelDrafter(ModelDrafter):
     sampling: SamplingConfig,
     vocab_size: int,
   ):
-    logits_BKV, cache = self._distributions(cache, tokens_BW, lengths_B, num_draft_tokens)
+    logits_BKV, cache = self.distributions(cache, tokens_BW, lengths_B, num_draft_tokens)
     proposal = chain_from(
       key,
       logits_BKV,
@@ -198,7 +198,7 @@ class ParallelDrafter(ModelDrafter):
     vocab_size: int,
   ) -> tuple[TreeProposal, Any]:
     """Every node at depth d draws its children from q_{d+1} (no call per depth)."""
-    logits_BKV, cache = self._distributions(cache, tokens_BW, lengths_B, tree.max_depth)
+    logits_BKV, cache = self.distributions(cache, tokens_BW, lengths_B, tree.max_depth)
     proposal = tree_from(
       key,
       tree,

@@ -70,22 +70,30 @@ def position_weights(num_draft_tokens: int, gamma: float) -> np.ndarray:
   return np.exp(-np.arange(num_draft_tokens) / gamma).astype(np.float32)
 
 
+def _weighted_position_mean(
+  loss_BKL: jax.Array, weights_K: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """(weighted mean, per-position mean [K]) of a per-query loss, each segment m over its
+  queries j >= m (the ones with a real token visible)."""
+  segments, length = loss_BKL.shape[1], loss_BKL.shape[2]
+  valid_KL = jnp.arange(length)[None, :] >= jnp.arange(segments)[:, None]
+  loss_K = jnp.where(valid_KL[None], loss_BKL, 0.0).sum((0, 2)) / (
+    valid_KL.sum(1) * loss_BKL.shape[0]
+  )
+  weights_K = jnp.asarray(weights_K)
+  return (weights_K * loss_K).sum() / weights_K.sum(), loss_K
+
+
 def parallel_kl(
   student_BKLV: jax.Array, teacher_BLV: jax.Array, weights_K: jax.Array, temperature: float
 ) -> tuple[jax.Array, jax.Array]:
   """(loss, kl_K): the weighted mean over draft positions of KL(teacher || student) at
   ``temperature``, each segment m over its queries j >= m (module docstring), and the
   per-position KL."""
-  segments, length = student_BKLV.shape[1], student_BKLV.shape[2]
   teacher_logp = jax.nn.log_softmax(teacher_BLV / temperature, axis=-1)[:, None]
   student_logp = jax.nn.log_softmax(student_BKLV / temperature, axis=-1)
   kl_BKL = (jnp.exp(teacher_logp) * (teacher_logp - student_logp)).sum(-1)
-  valid_KL = jnp.arange(length)[None, :] >= jnp.arange(segments)[:, None]
-  kl_K = jnp.where(valid_KL[None], kl_BKL, 0.0).sum((0, 2)) / (
-    valid_KL.sum(1) * student_BKLV.shape[0]
-  )
-  weights_K = jnp.asarray(weights_K)
-  return (weights_K * kl_K).sum() / weights_K.sum(), kl_K
+  return _weighted_position_mean(kl_BKL, weights_K)
 
 
 def parallel_cross_entropy(
@@ -93,12 +101,6 @@ def parallel_cross_entropy(
 ) -> jax.Array:
   """The weighted mean over draft positions of the cross-entropy of each query (m, j), j >= m,
   against the text's next token x_{j+1} (``targets_BL[:, j]``)."""
-  segments, length = student_BKLV.shape[1], student_BKLV.shape[2]
   logp_BKLV = jax.nn.log_softmax(student_BKLV, axis=-1)
   picked_BKL = jnp.take_along_axis(logp_BKLV, targets_BL[:, None, :, None], axis=-1)[..., 0]
-  valid_KL = jnp.arange(length)[None, :] >= jnp.arange(segments)[:, None]
-  ce_K = -jnp.where(valid_KL[None], picked_BKL, 0.0).sum((0, 2)) / (
-    valid_KL.sum(1) * student_BKLV.shape[0]
-  )
-  weights_K = jnp.asarray(weights_K)
-  return (weights_K * ce_K).sum() / weights_K.sum()
+  return _weighted_position_mean(-picked_BKL, weights_K)[0]

@@ -302,6 +302,12 @@ class Trainer:
     logits_BTV, _ = nnx.merge(self.graphdef, params)(tokens_BT)
     return logits_BTV
 
+  def _teacher_logits(self, teacher_state, inputs_BT):
+    """The frozen teacher's logits (no gradient flows into them)."""
+    teacher_graphdef, _ = self._teacher
+    teacher_BTV, _ = nnx.merge(teacher_graphdef, teacher_state)(inputs_BT)
+    return jax.lax.stop_gradient(teacher_BTV)
+
   def _parallel_logits(self, params, inputs_BT):
     return parallel.parallel_logits(
       nnx.merge(self.graphdef, params),
@@ -317,11 +323,9 @@ class Trainer:
     inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
     if self.config.distill_mode == "parallel":
       student_BKLV = self._parallel_logits(params, inputs_BT)
-      teacher_graphdef, _ = self._teacher
-      teacher_BTV, _ = nnx.merge(teacher_graphdef, teacher_state)(inputs_BT)
       kl, kl_K = parallel.parallel_kl(
         student_BKLV,
-        jax.lax.stop_gradient(teacher_BTV),
+        self._teacher_logits(teacher_state, inputs_BT),
         self._parallel_weights(),
         self.config.distill_temperature,
       )
@@ -331,10 +335,8 @@ class Trainer:
     ce = cross_entropy(logits_BTV, targets_BT)
     if self.config.distill_mode != "token":
       return ce, {"ce": ce}
-    teacher_graphdef, _ = self._teacher
-    teacher_BTV, _ = nnx.merge(teacher_graphdef, teacher_state)(inputs_BT)
     kl = distillation_kl(
-      logits_BTV, jax.lax.stop_gradient(teacher_BTV), self.config.distill_temperature
+      logits_BTV, self._teacher_logits(teacher_state, inputs_BT), self.config.distill_temperature
     )
     return kl, {"ce": ce, "kl": kl}
 

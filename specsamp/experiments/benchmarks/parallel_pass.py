@@ -45,7 +45,7 @@ def time_pass(
 
   def parallel(k):
     def call(cache, tokens):
-      return drafter._distributions(cache, tokens, lengths, k)
+      return drafter.distributions(cache, tokens, lengths, k)
 
     return call
 
