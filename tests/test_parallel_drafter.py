@@ -114,13 +114,9 @@ PROMPTS = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0], [1, 0, 0, 0
 LENGTHS = np.array([7, 3, 1])
 
 
-@pytest.mark.parametrize("tree", [None, "tree:2,1,1", "dynamic:3x3"])
-def test_greedy_speculative_equals_greedy_autoregressive(tree):
-  target = transformer.create(tiny_config(), seed=0)
-  proposal = "greedy" if tree and tree.startswith("dynamic") else "sampled"  # chosen tokens
-  drafter = ParallelDrafter(
-    exactness.noisy_copy(target, 0.1, seed=4), mask_token_id=263, proposal=proposal
-  )
+def _greedy_identity(target, drafter, tree):
+  """Greedy speculative sampling with ``drafter`` (a chain, or the ``tree`` spec) gives the
+  greedy autoregressive tokens; returns the speculative run's statistics."""
   ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=13, temperature=0)
   out = speculative_generate(
     target,
@@ -134,7 +130,17 @@ def test_greedy_speculative_equals_greedy_autoregressive(tree):
     temperature=0,
   )
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
-  stats = out.summary()
+  return out.summary()
+
+
+@pytest.mark.parametrize("tree", [None, "tree:2,1,1", "dynamic:3x3"])
+def test_greedy_speculative_equals_greedy_autoregressive(tree):
+  target = transformer.create(tiny_config(), seed=0)
+  proposal = "greedy" if tree and tree.startswith("dynamic") else "sampled"  # chosen tokens
+  drafter = ParallelDrafter(
+    exactness.noisy_copy(target, 0.1, seed=4), mask_token_id=263, proposal=proposal
+  )
+  stats = _greedy_identity(target, drafter, tree)
   assert stats["tokens_per_target_call"] > 1.0
   assert stats["draft_calls"] == stats["target_calls"]
 
@@ -288,18 +294,5 @@ def test_a_parallel_heads_samples_follow_the_exact_target_distribution(small_pai
 @pytest.mark.parametrize("tree", [None, "tree:2,1,1"])
 def test_a_parallel_heads_greedy_equals_greedy_autoregressive(tree):
   target = transformer.create(tiny_config(), seed=0)
-  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=13, temperature=0)
-  out = speculative_generate(
-    target,
-    _parallel_head(target),
-    PROMPTS,
-    LENGTHS,
-    jax.random.key(1),
-    max_new_tokens=13,
-    num_draft_tokens=3,
-    tree=None if tree is None else tree_lib.parse(tree),
-    temperature=0,
-  )
-  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
-  stats = out.summary()
+  stats = _greedy_identity(target, _parallel_head(target), tree)
   assert stats["draft_calls"] == stats["target_calls"]
