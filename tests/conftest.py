@@ -75,6 +75,29 @@ def pytest_configure(config):
     'test of about 7 s or more on 2 cores; `python -m pytest -m "not slow" -n 2 tests` is the '
     "inner loop without them",
   )
+  config.addinivalue_line(
+    "markers",
+    "extended: a heavy check with a reduced version in the suite (the real model's file, the "
+    "quick certificate's every case, parity with every family, several processes, the notebook); "
+    "left out of the suite unless the -m expression names it: `python -m pytest -m extended -n 2 "
+    "--dist loadfile tests` is the extended command",
+  )
+
+
+def _names_extended(markexpr: str) -> bool:
+  return "extended" in (markexpr or "")
+
+
+def deselect_extended(config, items):
+  """Leaves out the ``extended`` tests unless ``-m`` names the marker (``-m extended`` runs only
+  them, ``-m "extended or not extended"`` everything): the suite runs their reduced versions."""
+  if _names_extended(config.option.markexpr):
+    return items
+  kept = [item for item in items if item.get_closest_marker("extended") is None]
+  dropped = [item for item in items if item.get_closest_marker("extended") is not None]
+  if dropped:
+    config.hook.pytest_deselected(items=dropped)
+  return kept
 
 
 # The longest test files (seconds of one worker, full suite on 2 cores, 2026-11-26). With
@@ -94,6 +117,7 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(session, config, items):
   """Runs the longest files first (``LONGEST_FIRST``), the rest in their usual order."""
+  items[:] = deselect_extended(config, items)
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 

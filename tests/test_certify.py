@@ -49,7 +49,33 @@ def test_the_trigram_reads_the_token_before_from_its_cache():
   np.testing.assert_array_equal(dirty[0, 0], model.logits_PVV[6, 4])
 
 
+# The suite's certificate: every planted chain bug must be rejected (the G-test's power to catch
+# a real fault) and one real case per chain verifier must pass, 7 programs instead of 16. The
+# drafters' exactness has its own enumeration tests (test_drafters.py, test_parallel_drafter.py);
+# the extended command runs every quick case, scripts/certify.py every case at 10^6.
+SUITE_REAL_CASES = (
+  "trigram token model fixed T=1 batch=1 mesh=1",
+  "trigram block model heuristic top-p=0.8 batch=ragged16 mesh=1",
+)
+
+
+def suite_cases(cases, real_names):
+  chosen = [c for c in cases if c.bug is not None or c.name in real_names]
+  assert {c.name for c in chosen if c.bug is None} == set(real_names), "a suite case was renamed"
+  return chosen
+
+
 @pytest.mark.slow
+def test_the_planted_chain_bugs_are_rejected_and_a_case_per_verifier_passes():
+  cases = suite_cases([c for c in certify.all_cases("quick") if c.tree is None], SUITE_REAL_CASES)
+  assert {c.bug for c in cases} == {None, *exactness.BUGS} - set(exactness.TREE_BUGS)
+  results = quick_certificate(cases)
+  failed = [(r.case.name, r.G, r.threshold) for r in results if not r.passed]
+  assert not failed, failed
+
+
+@pytest.mark.slow
+@pytest.mark.extended
 def test_quick_certificate_passes_and_rejects_every_planted_bug():
   """Single chains; the tree cases are in tests/test_certify_trees.py (run in parallel)."""
   cases = [c for c in certify.all_cases("quick") if c.tree is None]

@@ -5,11 +5,29 @@ against exact enumeration, and the planted drafting bug is rejected."""
 
 import pytest
 from conftest import quick_certificate
+from test_certify import suite_cases
 
 from specsamp.experiments.proofs import certify
 
+# As test_certify.py's suite cases: the planted tree bugs, and a real case per tree verifier.
+SUITE_REAL_CASES = (
+  "trigram tree=tree:2,2,1 traversal model fixed T=0.7,p=0.9 batch=1 mesh=1",
+  "trigram tree=tree:3,1,1/iid token model fixed top-k=3 batch=1 mesh=1",
+)
+
 
 @pytest.mark.slow
+def test_the_planted_tree_bugs_are_rejected_and_a_case_per_tree_verifier_passes():
+  cases = [c for c in certify.all_cases("quick") if c.tree is not None]
+  cases = suite_cases(cases, SUITE_REAL_CASES)
+  assert {c.bug for c in cases} == {None, "siblings_full_q", "chosen_real_q"}
+  results = quick_certificate(cases)
+  failed = [(r.case.name, r.G, r.threshold) for r in results if not r.passed]
+  assert not failed, failed
+
+
+@pytest.mark.slow
+@pytest.mark.extended
 def test_quick_tree_certificate_passes_and_rejects_the_planted_tree_bugs():
   cases = [c for c in certify.all_cases("quick") if c.tree is not None]
   real = [c for c in cases if c.bug is None]

@@ -29,3 +29,38 @@ def test_page_runs_as_written(page, capsys):
   if page == "docs/bring_your_own_model.md":
     assert namespace["out"].tokens.shape == (2, 4 + 16)
     assert "tokens_per_target_call" in namespace["out"].summary()
+
+
+def test_notebook_cells_are_python_and_import_what_exists():
+  """The suite's reduced version of test_scripts.py's notebook run (the extended command runs
+  every cell): each code cell parses, and each name it imports from specsamp exists."""
+  import ast
+  import importlib
+  import os
+
+  import nbformat
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  path = os.path.join(root, "notebooks", "speculative_sampling.ipynb")
+  cells = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+  assert len(cells) >= 5
+  imported, modules = [], {}
+  for source in cells:
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, ast.ImportFrom) and node.module.startswith("specsamp"):
+        module = importlib.import_module(node.module)
+        for alias in node.names:
+          imported.append((node.module, alias.name))
+          value = getattr(module, alias.name, None)
+          if value is None:
+            value = importlib.import_module(f"{node.module}.{alias.name}")
+          modules[alias.asname or alias.name] = value
+  # Every attribute the cells read from an imported specsamp module exists (a rename is caught
+  # here, not only by running every cell).
+  for source in cells:
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        owner = modules.get(node.value.id)
+        if owner is not None and type(owner).__name__ == "module":
+          assert hasattr(owner, node.attr), f"the notebook reads {node.value.id}.{node.attr}"
+  assert ("specsamp.sampling", "speculative") in imported

@@ -126,7 +126,9 @@ def test_greedy_speculative_equals_autoregressive(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tree", [None, "tree:3,2,1", "dynamic:8,4,2"])
+@pytest.mark.parametrize(  # The dynamic tree's case is the extended command's.
+  "tree", [None, "tree:3,2,1", pytest.param("dynamic:8,4,2", marks=pytest.mark.extended)]
+)
 def test_the_head_reads_the_targets_features_along_the_accepted_path(target, tree):
   """After a sampled run (T=1, so paths go through later siblings), the head's pending
   features are the target's own at those positions of the output, computed afresh by one

@@ -47,15 +47,20 @@ def tokenizers(file):
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def imported():
+  return gguf.import_model(smollm2_path(), one_device())
+
+
+@pytest.fixture(scope="module")
+def smollm2(imported):
+  """Ours and transformers' model of the same file (transformers dequantizes it in ~30 s)."""
   path = smollm2_path()
-  model, config = gguf.import_model(path, one_device())
   from transformers import AutoModelForCausalLM
 
   reference = AutoModelForCausalLM.from_pretrained(
     os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
   )
-  return model, config, reference
+  return *imported, reference
 
 
 PROMPT = np.array([[1, 504, 3458, 282, 260, 1345, 28, 216, 9690, 314]], np.int32)
@@ -68,6 +73,7 @@ def test_the_metadata_becomes_a_llama_config(file):
   assert config["vocab_size"] == 49152 and config["tie_word_embeddings"]
 
 
+@pytest.mark.extended  # Reduced in the suite: test_hf.py's Llama parity, this file's tokenizer's.
 def test_logits_and_greedy_tokens_equal_transformers_on_the_same_file(smollm2):
   model, _, reference = smollm2
   positions = jnp.arange(PROMPT.shape[1])[None]
@@ -184,8 +190,8 @@ def test_other_tokenizer_kinds_are_refused_by_name(file):
       gguf.tokenizer(other)
 
 
-def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(smollm2, tmp_path):
-  model, _, _ = smollm2
+def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(imported, tmp_path):
+  model, _ = imported
   directory = str(tmp_path / "smollm2")
   config = gguf.import_to_checkpoint(smollm2_path(), directory, one_device())
   assert (config.num_layers, config.d_model, config.tie_embeddings) == (30, 576, True)

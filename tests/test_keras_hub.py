@@ -60,6 +60,7 @@ def test_keras_hub_rule_is_a_distribution_and_differs_from_the_target(tiny):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # The suite's reduced version: the two tests above on the tiny pair.
 def test_compare_script_end_to_end(tmp_path):
   """The script on the micro Llama pair: parity, greedy identity in all four samplers, and
   at T=1, batch 1, 4,000 sequences: specsamp passes the G-test; keras-hub's SpeculativeSampler

@@ -70,9 +70,12 @@ def test_each_q_is_the_models_distribution_after_the_committed_tokens_and_placeh
 
 # Every q_k comes from one call before any draft is drawn: exact with real q under token,
 # block and tree verification (scripts/certify.py certifies the same at 10^6 draws).
+# Block verification's case is the extended command's (the suite keeps a chain and a tree).
 EXACT_CASES = [  # (verifier, tree, sampling, proposal)
   ("token", None, warping.SamplingConfig(1.0), "sampled"),
-  ("block", None, warping.SamplingConfig(0.7, top_p=0.9), "sampled"),
+  pytest.param(
+    "block", None, warping.SamplingConfig(0.7, top_p=0.9), "sampled", marks=pytest.mark.extended
+  ),
   ("traversal", "tree:2,2,1", warping.SamplingConfig(1.0), "sampled"),
 ]
 
@@ -274,7 +277,10 @@ def test_a_parallel_heads_q_are_what_training_unrolls_with_placeholders():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("verifier, tree", [("token", None), ("traversal", "tree:2,2,1")])
+@pytest.mark.parametrize(
+  "verifier, tree",
+  [("token", None), pytest.param("traversal", "tree:2,2,1", marks=pytest.mark.extended)],
+)
 def test_a_parallel_heads_samples_follow_the_exact_target_distribution(small_pair, verifier, tree):
   target, _ = small_pair
   counts, stats = sampled_counts(

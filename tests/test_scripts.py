@@ -284,6 +284,7 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: tests/test_hf.py's assisted-generation parity.
 def test_compare_hf_script_times_both_libraries(trained_workdir, tmp_path):
   import json
 
@@ -367,6 +368,7 @@ def test_drafter_benchmark_compares_drafters_and_schedules(trained_workdir, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: test_notebook_cells_are_python_and_import_what_exists
 def test_notebook_runs_end_to_end(trained_workdir, monkeypatch):
   """notebooks/speculative_sampling.ipynb, every cell, on the CPU, on the micro pair."""
   import nbformat
@@ -395,6 +397,7 @@ def test_notebook_runs_end_to_end(trained_workdir, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: tests/test_cli.py's two processes joining one mesh.
 def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
   """2 processes x 4 CPU devices (jax.distributed over gloo), batch 8 sharded over 'data':
   the sample job and its statistics run on every host, and the tokens equal a one-process
@@ -652,6 +655,7 @@ def test_ctrl_c_during_training_saves_and_exits_cleanly(trained_workdir, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: tests/test_benchmark_trees.py, in process.
 def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
   trained_workdir, tmp_path
 ):

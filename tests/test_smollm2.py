@@ -17,8 +17,10 @@ from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.testing import exactness
 from specsamp.training.bpe_tokenizer import BpeTokenizer
 
-# Every test here reads a real model's file (imported once per module, 40-60 s).
-pytestmark = pytest.mark.slow
+# Every test here reads a real model's file (imported once per module, 40-60 s): the extended
+# command runs them; the suite's reduced version is tests/test_gguf.py (the same file's metadata,
+# tokenizer and import to a checkpoint).
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 
 @pytest.fixture(scope="module")

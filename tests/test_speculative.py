@@ -189,12 +189,14 @@ def _sampled(small_pair, sampling, num_draft_tokens, verifier, seed=0):
   )
 
 
-# Every verifier x drafter x schedule x warping is certified against exact enumeration by
-# tests/test_certify.py (10^5 sequences per case, with planted bugs that must be rejected) and
-# scripts/certify.py (10^6); tests/test_drafters.py G-tests the Transformer pair here too.
+# Every verifier x drafter x schedule x warping is certified against exact enumeration by the
+# quick certificate (tests/test_certify.py, 10^5 sequences per case, with planted bugs that must
+# be rejected; the suite runs the bugs and a case per verifier, the extended command every case)
+# and scripts/certify.py (10^6); tests/test_drafters.py G-tests the Transformer pair here too.
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: tests/test_verification.py's block cases.
 @pytest.mark.filterwarnings("ignore:num_draft_tokens=4 > max_new_tokens=3")  # On purpose.
 def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
   sampling = warping.SamplingConfig(1.0)
@@ -209,7 +211,10 @@ def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "verifier, tree, block_size",
-  [("block", None, 0), ("traversal", "tree:2,1,1", 4)],  # A tree, with blocked cache reads.
+  [  # A tree, with blocked cache reads; the chain's case is the extended command's.
+    pytest.param("block", None, 0, marks=pytest.mark.extended),
+    ("traversal", "tree:2,1,1", 4),
+  ],
 )
 def test_sharded_speculative_equals_one_device(verifier, tree, block_size):
   config = tiny_config("llama", tensor_parallel="shard_map", attention_block_size=block_size)

@@ -134,12 +134,20 @@ class Batches:
   """Packed sequences of ``seq_len + 1`` tokens (inputs and shifted targets), batched.
 
   Every epoch visits the sequences in a fresh permutation seeded by (seed,
-  epoch); ``at(step)`` is a pure function of the step.
+  epoch); ``at(step)`` is a pure function of the step. With ``weights`` (each token's weight
+  as a label: regenerated answers weigh 1, their prompts 0, ``answers.py``), a batch is the
+  pair (tokens, weights).
   """
 
   sequences: np.ndarray  # [num_sequences, seq_len + 1] int32
   batch_size: int
   seed: int = 0
+  weights: np.ndarray | None = None  # [num_sequences, seq_len + 1] float32, or None (all 1)
+
+  def _rows(self, rows):
+    if self.weights is None:
+      return self.sequences[rows]
+    return self.sequences[rows], self.weights[rows]
 
   @classmethod
   def pack(cls, stream: np.ndarray, seq_len: int, batch_size: int, seed: int = 0) -> Batches:
@@ -158,13 +166,14 @@ class Batches:
   def at(self, step: int) -> np.ndarray:
     epoch, index = divmod(step, self.steps_per_epoch)
     order = np.random.default_rng((self.seed, epoch)).permutation(len(self.sequences))
-    return self.sequences[order[index * self.batch_size : (index + 1) * self.batch_size]]
+    return self._rows(order[index * self.batch_size : (index + 1) * self.batch_size])
 
   def first(self, num_batches: int) -> list[np.ndarray]:
     """The first ``num_batches`` batches in file order (a fixed evaluation set)."""
     num_batches = min(num_batches, self.steps_per_epoch)
     return [
-      self.sequences[i * self.batch_size : (i + 1) * self.batch_size] for i in range(num_batches)
+      self._rows(slice(i * self.batch_size, (i + 1) * self.batch_size))
+      for i in range(num_batches)
     ]
 
 

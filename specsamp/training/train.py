@@ -174,18 +174,38 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
   )
 
 
-def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
-  """Mean next-token cross-entropy in nats."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
+def weighted_mean(values_BT: jax.Array, weights_BT: jax.Array | None) -> jax.Array:
+  """The mean of ``values``, weighted per token (None: all 1)."""
+  if weights_BT is None:
+    return values_BT.mean()
+  return (values_BT * weights_BT).sum() / jnp.maximum(weights_BT.sum(), 1e-9)
+
+
+def cross_entropy(
+  logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array | None = None
+) -> jax.Array:
+  """Mean next-token cross-entropy in nats (weighted per target token)."""
+  return weighted_mean(
+    optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT), weights_BT
+  )
 
 
 def distillation_kl(
-  student_BTV: jax.Array, teacher_BTV: jax.Array, temperature: float
+  student_BTV: jax.Array,
+  teacher_BTV: jax.Array,
+  temperature: float,
+  weights_BT: jax.Array | None = None,
 ) -> jax.Array:
-  """Mean token-level KL(teacher || student), both at ``temperature``."""
+  """Mean token-level KL(teacher || student), both at ``temperature`` (weighted per token)."""
   teacher_logp = jax.nn.log_softmax(teacher_BTV / temperature, axis=-1)
   student_logp = jax.nn.log_softmax(student_BTV / temperature, axis=-1)
-  return (jnp.exp(teacher_logp) * (teacher_logp - student_logp)).sum(-1).mean()
+  kl_BT = (jnp.exp(teacher_logp) * (teacher_logp - student_logp)).sum(-1)
+  return weighted_mean(kl_BT, weights_BT)
+
+
+def split_batch(batch: Any) -> tuple[np.ndarray, np.ndarray | None]:
+  """(tokens, weights or None) of a ``data.Batches`` batch."""
+  return batch if isinstance(batch, tuple) else (batch, None)
 
 
 @struct.dataclass
@@ -287,6 +307,7 @@ class Trainer:
       self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated)
     )
     self._eval = jax.jit(self._eval_fn, out_shardings=replicated)
+    self._greedy_correct = jax.jit(self._greedy_correct_fn)
 
   # --- jitted bodies -------------------------------------------------------------------------
   def _init_fn(self, table_VD=None) -> TrainState:
@@ -319,9 +340,12 @@ class Trainer:
   def _parallel_weights(self):
     return parallel.position_weights(self.config.distill_parallel_tokens, self.config.distill_gamma)
 
-  def _loss(self, params, batch_BT, teacher_state):
+  def _loss(self, params, batch_BT, weights_BT, teacher_state):
     inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
+    weights_BT = None if weights_BT is None else weights_BT[:, 1:]  # Each target's weight.
     if self.config.distill_mode == "parallel":
+      if weights_BT is not None:
+        raise NotImplementedError("distill.mode='parallel' trains on unweighted batches.")
       student_BKLV = self._parallel_logits(params, inputs_BT)
       kl, kl_K = parallel.parallel_kl(
         student_BKLV,
@@ -332,43 +356,56 @@ class Trainer:
       ce = cross_entropy(student_BKLV[:, 0], targets_BT)
       return kl, {"ce": ce, "kl": kl, **{f"kl_{k + 1}": kl_K[k] for k in range(kl_K.shape[0])}}
     logits_BTV = self._logits(params, inputs_BT)
-    ce = cross_entropy(logits_BTV, targets_BT)
+    ce = cross_entropy(logits_BTV, targets_BT, weights_BT)
+    top1 = weighted_mean((logits_BTV.argmax(-1) == targets_BT).astype(jnp.float32), weights_BT)
     if self.config.distill_mode != "token":
-      return ce, {"ce": ce}
+      return ce, {"ce": ce, "top1": top1}
     kl = distillation_kl(
-      logits_BTV, self._teacher_logits(teacher_state, inputs_BT), self.config.distill_temperature
+      logits_BTV,
+      self._teacher_logits(teacher_state, inputs_BT),
+      self.config.distill_temperature,
+      weights_BT,
     )
-    return kl, {"ce": ce, "kl": kl}
+    return kl, {"ce": ce, "kl": kl, "top1": top1}
 
-  def _step_fn(self, state: TrainState, batch_BT, teacher_state):
+  def _step_fn(self, state: TrainState, batch_BT, weights_BT, teacher_state):
     (loss, parts), grads = jax.value_and_grad(self._loss, has_aux=True)(
-      state.params, batch_BT, teacher_state
+      state.params, batch_BT, weights_BT, teacher_state
     )
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(parts, loss=loss, grad_norm=optax.tree.norm(grads))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-  def _eval_fn(self, params, batch_BT):
+  def _eval_fn(self, params, batch_BT, weights_BT):
     if self.config.distill_mode == "parallel":  # Weighted over the draft positions.
       return parallel.parallel_cross_entropy(
         self._parallel_logits(params, batch_BT[:, :-1]), batch_BT[:, 1:], self._parallel_weights()
       )
-    return cross_entropy(self._logits(params, batch_BT[:, :-1]), batch_BT[:, 1:])
+    weights_BT = None if weights_BT is None else weights_BT[:, 1:]
+    return cross_entropy(self._logits(params, batch_BT[:, :-1]), batch_BT[:, 1:], weights_BT)
+
+  def _greedy_correct_fn(self, params, batch_BT):
+    """[B, T] whether the argmax after each prefix is the next token (``answers.tau``)."""
+    return self._logits(params, batch_BT[:, :-1]).argmax(-1) == batch_BT[:, 1:]
 
   # --- host API -------------------------------------------------------------------------------
   def init_state(self) -> TrainState:
     with sharding.use_mesh(self.mesh):
       return self._init(self._init_table)
 
-  def place(self, batch: np.ndarray) -> jax.Array:
+  def place(self, batch: np.ndarray, dtype=np.int32) -> jax.Array:
     """The global batch on the mesh. Each process hands over only the rows of its own
     devices (on a multi-host slice, every host builds the same step-addressed batch and
     transfers its share)."""
-    batch = np.asarray(batch, np.int32)
+    batch = np.asarray(batch, dtype)
     return jax.make_array_from_callback(
       batch.shape, self._batch_sharding, lambda index: batch[index]
     )
+
+  def _place_both(self, batch) -> tuple[jax.Array, jax.Array | None]:
+    tokens, weights = split_batch(batch)
+    return self.place(tokens), None if weights is None else self.place(weights, np.float32)
 
   def _sequence_batch(self, batch: np.ndarray, step: int) -> np.ndarray:
     """Corpus prefixes continued by the teacher (sequence-level distillation)."""
@@ -386,18 +423,26 @@ class Trainer:
       )
     return np.asarray(out.tokens)[:, : batch.shape[1]]
 
-  def train_step(self, state: TrainState, batch: np.ndarray) -> tuple[TrainState, dict]:
+  def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
+    """One optimizer step on a batch: tokens [B, L + 1], or (tokens, weights) (``data``)."""
     if self.config.distill_mode == "sequence":
+      if isinstance(batch, tuple):
+        raise NotImplementedError("distill.mode='sequence' makes its own unweighted batches.")
       batch = self._sequence_batch(batch, int(state.step))
     teacher_state = self._teacher[1] if self.config.distill_mode in ("token", "parallel") else None
     with sharding.use_mesh(self.mesh):
-      return self._step(state, self.place(batch), teacher_state)
+      return self._step(state, *self._place_both(batch), teacher_state)
 
-  def evaluate(self, params, batches: Sequence[np.ndarray]) -> float:
-    """Mean cross-entropy (nats/token) over ``batches``."""
+  def evaluate(self, params, batches: Sequence[Any]) -> float:
+    """Mean cross-entropy (nats/token) over ``batches`` (weighted ones: over their weights)."""
     with sharding.use_mesh(self.mesh):
-      losses = [float(self._eval(params, self.place(b))) for b in batches]
+      losses = [float(self._eval(params, *self._place_both(b))) for b in batches]
     return float(np.mean(losses))
+
+  def greedy_correct(self, params, batch: np.ndarray) -> np.ndarray:
+    """[B, L] whether the model's argmax after each prefix of ``batch`` is its next token."""
+    with sharding.use_mesh(self.mesh):
+      return np.asarray(self._greedy_correct(params, self.place(batch)))
 
   def model(self, params) -> transformer.Transformer:
     """The Transformer with these parameters (for sampling)."""

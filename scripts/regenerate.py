@@ -1,0 +1,86 @@
+r"""Has a pair's target answer a prompt set through its chat template: token shards for training
+its drafters on the target's own text (specsamp/training/regenerate.py).
+
+  python scripts/regenerate.py --config=configs/smollm2_pair.py
+  python scripts/regenerate.py --config=configs/smollm2_pair.py --split=held_out
+  python scripts/regenerate.py --config=configs/smollm2_pair.py --prompts=~/my_prompts.jsonl \
+      --out=workdir/mine --settings=greedy --max_new_tokens=512 --batch_size=64
+
+The prompts are the standard library's functions (explain / document / complete each) and
+configs/prompts/chat.txt, or --prompts (JSONL: {"prompt": ...} or {"messages": [...]} per
+line); HumanEval is never among them. About 2% of the prompts, by a hash of their id, form the
+held-out split (--split=held_out), on which training measures tau. Shards go to --out (default
+WORKDIR/regenerated/SPLIT) with a manifest; a stopped run (Ctrl-C, a lost machine) resumes
+where it stopped when started again with the same flags. --max_shards stops after that many
+new shards.
+"""
+
+import os
+
+from absl import flags
+
+from specsamp.experiments import cli
+from specsamp.experiments.jobs import pair
+from specsamp.training import instructions, regenerate
+
+_PAIR = cli.define_pair_flags()
+_OUT = flags.DEFINE_string("out", None, "Shard directory; default WORKDIR/regenerated/SPLIT.")
+_PROMPTS = flags.DEFINE_string("prompts", None, "A JSONL prompt file instead of the default set.")
+_SPLIT = flags.DEFINE_enum("split", "train", ["train", "held_out"], "Which prompts to answer.")
+_SETTINGS = flags.DEFINE_list(
+  "settings",
+  ["greedy", "nucleus"],
+  f"Sampling settings, alternating by shard: {regenerate.SETTINGS}",
+)
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Prompts answered together.")
+_MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", 384, "Longer prompts are skipped.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Answer tokens at most.")
+_SHARD = flags.DEFINE_integer("shard_prompts", 256, "Prompts per shard.")
+_MAX_SHARDS = flags.DEFINE_integer("max_shards", None, "Stop after this many new shards.")
+_SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
+
+flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
+
+
+def main(argv):
+  cli.start(argv)
+  config = _PAIR.pair_config()
+  prepared = pair.prepare(config, _PAIR.workdir.value, drafts=False)
+  workdir = os.path.abspath(_PAIR.workdir.value or pair.default_workdir(config))
+  out = _OUT.value or os.path.join(workdir, "regenerated", _SPLIT.value)
+  prompts = (
+    instructions.jsonl_prompts(os.path.expanduser(_PROMPTS.value))
+    if _PROMPTS.value
+    else instructions.default_prompts()
+  )
+  plan = regenerate.Plan(
+    settings=tuple(_SETTINGS.value),
+    batch_size=_BATCH.value,
+    max_prompt_tokens=_MAX_PROMPT.value,
+    max_new_tokens=_MAX_NEW.value,
+    shard_prompts=_SHARD.value,
+    split=_SPLIT.value,
+    seed=_SEED.value,
+  )
+  target_id = config.target.get("gguf") or config.target.get("checkpoint") or "trained"
+  manifest = regenerate.regenerate(
+    prepared.target,
+    prepared.tokenizer,
+    prompts,
+    out,
+    plan,
+    target_id=f"{target_id}:{prepared.target.config.num_layers}x{prepared.target.config.d_model}",
+    max_shards=_MAX_SHARDS.value,
+  )
+  shards = manifest["shards"]
+  answers = sum(s["answer_tokens"] for s in shards)
+  print(
+    f"{out}: {len(shards)} shards, {sum(s['prompts'] for s in shards):,} answers, "
+    f"{answers:,} answer tokens ({manifest['prompts']:,} prompts in the {plan.split} split, "
+    f"{manifest['skipped']} longer than {plan.max_prompt_tokens} tokens skipped)",
+    flush=True,
+  )
+
+
+if __name__ == "__main__":
+  cli.run(main)

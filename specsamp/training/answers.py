@@ -1,0 +1,86 @@
+r"""Training on regenerated answers (``regenerate``): packed batches that weigh only the answer
+tokens, and the offline acceptance estimate tau.
+
+**Batches.** Each shard's sequences (chat prompt, then the target's answer) are laid back to back
+and packed into rows of ``seq_len + 1`` tokens, as ``data.Batches.pack`` packs a corpus. A weight
+per token says whether it is an answer token: the loss is taken where the *predicted* token is
+the target's (the prompt is context, never a label), since a drafter only ever drafts answers.
+
+**tau.** On greedy answers, the token after x_<=t *is* the target's argmax, so a chain drafter
+whose greedy proposal after x_<=t equals x_{t+1} is accepted, and its next proposal is made from
+x_<=t+1: the same context the data holds. So one teacher-forced pass of the drafter gives the
+exact number of tokens a K-token greedy chain drafted from x_<=t would have accepted: the run of
+correct predictions starting at t, capped at K. With acc_k = P(the k-th is accepted | the ones
+before were),
+
+  tau = 1 + sum_k prod_{i<=k} acc_i  = E[1 + accepted],
+
+the tokens per target call at T=0 (EAGLE-3's and SpecForge's offline estimate, here exact for
+chains). The mean is over answer positions whose K next tokens are all answer tokens of the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specsamp.training import data
+
+
+def stream(
+  shards: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens, answer) streams: every shard's sequences back to back, and 1 on answer tokens."""
+  tokens, answer = [], []
+  for shard_tokens, offsets, prompt_lengths in shards:
+    tokens.append(shard_tokens)
+    weights = np.ones(len(shard_tokens), np.float32)
+    for start, length in zip(offsets[:-1], prompt_lengths):
+      weights[start : start + length] = 0.0
+    answer.append(weights)
+  if not tokens:
+    raise ValueError("No regenerated shard to train on.")
+  return np.concatenate(tokens).astype(np.int32), np.concatenate(answer)
+
+
+def batches(
+  shards: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+  seq_len: int,
+  batch_size: int,
+  seed: int = 0,
+) -> data.Batches:
+  """The shards packed into ``data.Batches`` with answer weights (module docstring)."""
+  tokens, answer = stream(shards)
+  packed = data.Batches.pack(tokens, seq_len, batch_size, seed)
+  weights = answer[: packed.sequences.size].reshape(packed.sequences.shape)
+  return data.Batches(packed.sequences, batch_size, seed, weights=weights)
+
+
+def accepted_run(correct_BT: np.ndarray, valid_BT: np.ndarray, K: int) -> np.ndarray:
+  """[B, T] tokens a K-token greedy chain drafted after position t accepts: the run of
+  ``correct`` from t on (``correct[b, t]``: the drafter's argmax after x_<=t is x_{t+1}),
+  capped at K; -1 where the K next tokens are not all ``valid`` (answer tokens)."""
+  correct_BT = np.asarray(correct_BT, bool)
+  valid_BT = np.asarray(valid_BT, bool)
+  B, T = correct_BT.shape
+  run = np.zeros((B, T + 1), np.int64)
+  for t in range(T - 1, -1, -1):  # Run length of correct predictions from t on.
+    run[:, t] = np.where(correct_BT[:, t], run[:, t + 1] + 1, 0)
+  accepted = np.minimum(run[:, :T], K)
+  window = np.zeros((B, T), bool)
+  if T >= K:
+    valid = np.lib.stride_tricks.sliding_window_view(valid_BT, K, axis=1).all(-1)
+    window[:, : T - K + 1] = valid
+  return np.where(window, accepted, -1)
+
+
+def tau(accepted: np.ndarray, K: int) -> tuple[float, np.ndarray]:
+  """(tau, acc [K]) from ``accepted_run``'s counts (-1 entries left out)."""
+  counts = np.asarray(accepted).ravel()
+  counts = counts[counts >= 0]
+  if not len(counts):
+    raise ValueError("No position with K answer tokens after it to estimate tau on.")
+  reached = np.array([(counts >= k).sum() for k in range(K + 1)], np.float64)
+  acc = reached[1:] / np.maximum(reached[:-1], 1)
+  return float(1 + counts.mean()), acc

@@ -1,0 +1,165 @@
+"""The prompt set a target answers to make its drafters' training data (``regenerate``).
+
+EAGLE-3, SpecForge and vLLM's speculators train drafters on the target's own answers to a set of
+chat prompts (ShareGPT, UltraChat). Those sets are a download; this one is built from what every
+machine has:
+
+- **the Python standard library's functions**, three instructions each: explain what this
+  function does (its source), write its docstring (its source without one), and complete it
+  (its signature and docstring). Real code of every style, the domain where speculative sampling
+  pays most;
+- **the repository's own chat prompts** (configs/prompts/chat.txt);
+- a user's **JSONL** file instead (``--prompts``): one object per line with ``"prompt"`` (a user
+  message) or ``"messages"`` (a list of chat messages).
+
+HumanEval's prompts are never in it: they are held out for evaluation. Each prompt has a stable
+id (its source and kind); ``held_out`` puts about one prompt in ``HELD_OUT_EVERY`` aside, by a
+hash of the id, so the split does not change when the set grows.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import json
+import os
+import textwrap
+from collections.abc import Iterable, Sequence
+
+from specsamp.training import data
+
+KINDS = ("explain", "document", "complete")
+HELD_OUT_EVERY = 50
+"""About 2% of the prompts (by a hash of their id) are held out of training, for tau."""
+
+# A function's source, in characters: shorter ones say little, longer ones crowd out the answer.
+MIN_SOURCE_CHARS, MAX_SOURCE_CHARS = 120, 1600
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+  id: str  # Stable: 'stdlib:json/decoder.py:py_scanstring:explain', 'chat:3', 'jsonl:17'.
+  messages: tuple[dict[str, str], ...]  # Chat messages, the last one the user's.
+
+
+def held_out(prompt_id: str) -> bool:
+  """Whether a prompt is held out of training (about 1 in ``HELD_OUT_EVERY``, by its id)."""
+  digest = hashlib.sha256(prompt_id.encode()).digest()
+  return int.from_bytes(digest[:4], "little") % HELD_OUT_EVERY == 0
+
+
+def _user(text: str) -> tuple[dict[str, str], ...]:
+  return ({"role": "user", "content": text},)
+
+
+def _functions(path: str) -> Iterable[tuple[str, str, ast.FunctionDef]]:
+  """(name, source, node) of each function or method with a docstring in one file."""
+  try:
+    text = data.read_text(path)
+    tree = ast.parse(text)
+  except (SyntaxError, ValueError, UnicodeDecodeError):  # A test file of bad syntax, on purpose.
+    return
+  for node in ast.walk(tree):
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and ast.get_docstring(node):
+      source = ast.get_source_segment(text, node)
+      if source and MIN_SOURCE_CHARS <= len(source) <= MAX_SOURCE_CHARS:
+        # A method's segment starts at 'def' but keeps its body's indentation.
+        yield node.name, textwrap.dedent(" " * node.col_offset + source), node
+
+
+def _without_docstring(source: str, node: ast.FunctionDef) -> str:
+  """The function's source with its docstring's lines cut."""
+  lines = source.splitlines()
+  doc = node.body[0]
+  first, last = doc.lineno - node.lineno, doc.end_lineno - node.lineno
+  kept = lines[:first] + lines[last + 1 :]
+  if len(kept) <= first:  # The docstring was the whole body.
+    kept.append(" " * (doc.col_offset - node.col_offset) + "pass")
+  return "\n".join(kept)
+
+
+def _signature_and_docstring(source: str, node: ast.FunctionDef) -> str:
+  """The function's lines up to the end of its docstring."""
+  return "\n".join(source.splitlines()[: node.body[0].end_lineno - node.lineno + 1])
+
+
+def _code(source: str) -> str:
+  return f"```python\n{source}\n```"
+
+
+def stdlib_prompts(files: Sequence[str] | None = None) -> list[Prompt]:
+  """Three instructions for each documented function of the standard library (module
+  docstring), in a stable order."""
+  prompts = []
+  root = os.path.dirname(os.__file__)
+  for path in sorted(files if files is not None else data.stdlib_files()):
+    name = os.path.relpath(path, root)
+    for function, source, node in _functions(path):
+      stem = f"stdlib:{name}:{function}:{node.lineno}"
+      prompts += [
+        Prompt(
+          f"{stem}:explain", _user(f"Explain what this Python function does.\n\n{_code(source)}")
+        ),
+        Prompt(
+          f"{stem}:document",
+          _user(
+            "Write a docstring for this Python function.\n\n"
+            + _code(_without_docstring(source, node))
+          ),
+        ),
+        Prompt(
+          f"{stem}:complete",
+          _user(
+            "Complete this Python function.\n\n" + _code(_signature_and_docstring(source, node))
+          ),
+        ),
+      ]
+  return prompts
+
+
+def chat_prompts(path: str) -> list[Prompt]:
+  """One prompt per non-empty line of a text file (configs/prompts/chat.txt)."""
+  with open(path, encoding="utf-8") as f:
+    lines = [line.strip() for line in f if line.strip()]
+  return [Prompt(f"chat:{i}", _user(line)) for i, line in enumerate(lines)]
+
+
+def jsonl_prompts(path: str) -> list[Prompt]:
+  """A user's prompts: one JSON object per line, ``{"prompt": str}`` or ``{"messages": [...]}``
+  (chat messages with ``role`` and ``content``, the last one the user's)."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"--prompts: no file {path}")
+  prompts = []
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{number}: not JSON ({e.msg}).") from None
+      if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+        messages = _user(record["prompt"])
+      elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+        messages = tuple(record["messages"])
+        if not messages or not all(
+          isinstance(m, dict) and {"role", "content"} <= set(m) for m in messages
+        ):
+          raise ValueError(f"{path}:{number}: each message needs a 'role' and a 'content'.")
+        if messages[-1]["role"] != "user":
+          raise ValueError(f"{path}:{number}: the last message must be the user's.")
+      else:
+        raise ValueError(f"{path}:{number}: expected {{'prompt': ...}} or {{'messages': [...]}}.")
+      prompts.append(Prompt(f"jsonl:{number}", messages))
+  if not prompts:
+    raise ValueError(f"--prompts: {path} holds no prompt.")
+  return prompts
+
+
+def default_prompts(files: Sequence[str] | None = None) -> list[Prompt]:
+  """The standard library's instructions (or ``files``') and the repository's chat prompts."""
+  here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  chat_file = os.path.join(here, "configs", "prompts", "chat.txt")
+  chat = chat_prompts(chat_file) if os.path.exists(chat_file) else []
+  return stdlib_prompts(files) + chat

@@ -1,0 +1,270 @@
+r"""The target's own answers to a prompt set, as token shards for training its drafters.
+
+A drafter accepts what it predicts of the *target's* text, so it is trained on text the target
+wrote in answer to chat prompts (EAGLE-3, SpecForge and vLLM's speculators regenerate ShareGPT /
+UltraChat; regeneration is the largest single lever on acceptance). ``regenerate`` has the
+target answer ``instructions`` prompts through its chat template, batched and on device, under
+one or more sampling settings (greedy, and T > 0: a drafter meets both), and writes:
+
+  OUT/shard_00000.npz ...  one per ``shard_prompts`` prompts: ``tokens`` (prompt + answer,
+                          back to back), ``offsets`` [n + 1], ``prompt_lengths`` [n], ``finished``
+                          [n] (the answer ended with EOS, not at ``max_new_tokens``), ``ids`` [n]
+  OUT/manifest.json       what was asked (target, tokenizer, settings, sizes) and each shard
+                          done: its setting, prompts, tokens, answer tokens, seconds
+
+A shard is written whole before the manifest names it (both by rename), so a run stopped at any
+point resumes where it stopped and never reads half a shard; a directory made for another target,
+tokenizer or plan is refused. Shard i answers its prompts with setting ``i % len(settings)``: each
+prompt is answered once, the settings alternate.
+
+Prompts are shuffled once (``seed``), cut into shards, and each shard's prompts are sorted by
+length into batches, so a batch pads little; batch widths are rounded up to ``WIDTH_STEP`` tokens
+so that few programs compile. A prompt longer than ``max_prompt_tokens`` is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from specsamp.sampling import autoregressive
+from specsamp.training import instructions
+
+SETTINGS = {"greedy": (0.0, 1.0), "nucleus": (0.8, 0.95), "t1": (1.0, 1.0)}
+"""Sampling settings by name: (temperature, top_p)."""
+WIDTH_STEP = 64
+MANIFEST = "manifest.json"
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What a regeneration run asks for; a resumed run must ask for the same."""
+
+  settings: tuple[str, ...] = ("greedy", "nucleus")
+  batch_size: int = 32
+  max_prompt_tokens: int = 384
+  max_new_tokens: int = 256
+  shard_prompts: int = 256
+  split: str = "train"  # 'train', or 'held_out' (instructions.held_out's prompts).
+  seed: int = 0
+
+  def __post_init__(self):
+    unknown = [s for s in self.settings if s not in SETTINGS]
+    if not self.settings or unknown:
+      raise ValueError(f"settings must be some of {sorted(SETTINGS)}, got {self.settings}.")
+    if min(self.batch_size, self.max_prompt_tokens, self.max_new_tokens, self.shard_prompts) < 1:
+      raise ValueError(f"Every size of the plan must be >= 1: {self}.")
+    if self.split not in ("train", "held_out"):
+      raise ValueError(f"split must be 'train' or 'held_out', got {self.split!r}.")
+
+
+def encode(
+  prompts: Sequence[instructions.Prompt], tokenizer: Any, max_prompt_tokens: int
+) -> tuple[list[str], list[np.ndarray], int]:
+  """(ids, token rows, skipped): the prompts through the chat template, with the generation
+  prompt; those longer than ``max_prompt_tokens`` skipped."""
+  if tokenizer.chat_template is None:
+    raise ValueError("Regeneration prompts the target through its chat template; it has none.")
+  ids, rows, skipped = [], [], 0
+  for prompt in prompts:
+    text = tokenizer.apply_chat_template(list(prompt.messages))
+    row = tokenizer.encode(text, add_bos=getattr(tokenizer, "add_bos", False))
+    if len(row) > max_prompt_tokens:
+      skipped += 1
+      continue
+    ids.append(prompt.id)
+    rows.append(np.asarray(row, np.int32))
+  return ids, rows, skipped
+
+
+def _write_atomic(path: str, write: Callable[[str], None]) -> None:
+  partial = path + ".partial"
+  write(partial)
+  os.replace(partial, path)
+
+
+def read_manifest(out_dir: str) -> dict[str, Any] | None:
+  path = os.path.join(out_dir, MANIFEST)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
+  def write(path):
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(manifest, f, indent=1)
+
+  _write_atomic(os.path.join(out_dir, MANIFEST), write)
+
+
+def _answer_batch(
+  target: Any, rows: list[np.ndarray], plan: Plan, setting: str, eos_id: int, pad_id: int, key
+) -> tuple[list[np.ndarray], list[bool]]:
+  """The target's answers to up to ``batch_size`` prompts (rows padded to a fixed batch)."""
+  count = len(rows)
+  width = -(-max(len(r) for r in rows) // WIDTH_STEP) * WIDTH_STEP
+  tokens = np.full((plan.batch_size, width), pad_id, np.int32)
+  lengths = np.ones(plan.batch_size, np.int32)
+  for i in range(plan.batch_size):
+    row = rows[min(i, count - 1)]  # Padding rows repeat the last prompt; their answers go.
+    tokens[i, : len(row)], lengths[i] = row, len(row)
+  temperature, top_p = SETTINGS[setting]
+  out = autoregressive.generate(
+    target,
+    tokens,
+    lengths,
+    key,
+    max_new_tokens=plan.max_new_tokens,
+    temperature=temperature,
+    top_p=top_p,
+    eos_id=eos_id,
+    pad_id=pad_id,
+  )
+  all_tokens, ends = np.asarray(out.tokens), np.asarray(out.lengths)
+  sequences, finished = [], []
+  for i in range(count):
+    sequence = np.concatenate([rows[i], all_tokens[i, lengths[i] : ends[i]]])
+    sequences.append(sequence)
+    finished.append(bool(ends[i] > lengths[i] and all_tokens[i, ends[i] - 1] == eos_id))
+  return sequences, finished
+
+
+def regenerate(
+  target: Any,
+  tokenizer: Any,
+  prompts: Sequence[instructions.Prompt],
+  out_dir: str,
+  plan: Plan,
+  *,
+  target_id: str,
+  max_shards: int | None = None,
+  log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+  """Writes (or completes) ``out_dir``'s shards (module docstring); returns the manifest.
+
+  Args:
+    target: the model that answers (decode protocol).
+    tokenizer: its tokenizer, with a chat template.
+    prompts: the prompt set (``instructions``); ``plan.split`` picks its training or held-out
+      part.
+    out_dir: the shards' directory (made if missing).
+    plan: settings and sizes.
+    target_id: what names the target (e.g. its checkpoint's source); a resumed run must match.
+    max_shards: stop after this many new shards (None: all).
+    log: progress lines.
+  """
+  chosen = [p for p in prompts if instructions.held_out(p.id) == (plan.split == "held_out")]
+  order = np.random.default_rng(plan.seed).permutation(len(chosen))
+  ids, rows, skipped = encode([chosen[i] for i in order], tokenizer, plan.max_prompt_tokens)
+  if not rows:
+    raise ValueError(f"No prompt of the {plan.split} split fits max_prompt_tokens.")
+  identity = {
+    "version": VERSION,
+    "target": target_id,
+    "tokenizer": tokenizer.fingerprint,
+    "plan": dataclasses.asdict(plan),
+    "prompts": len(rows),
+  }
+  os.makedirs(out_dir, exist_ok=True)
+  manifest = read_manifest(out_dir)
+  if manifest is None:
+    manifest = dict(identity, skipped=skipped, shards=[])
+  else:
+    theirs = {k: manifest.get(k) for k in identity}
+    if json.loads(json.dumps(identity)) != theirs:
+      raise ValueError(
+        f"{out_dir} holds another run's shards ({theirs}); this run asks for {identity}. Use "
+        "another output directory; nothing there was changed."
+      )
+  done = {shard["file"] for shard in manifest["shards"]}
+  total = -(-len(rows) // plan.shard_prompts)
+  new = 0
+  for index in range(total):
+    name = f"shard_{index:05d}.npz"
+    if name in done:
+      continue
+    if max_shards is not None and new >= max_shards:
+      break
+    start = time.perf_counter()
+    setting = plan.settings[index % len(plan.settings)]
+    first = index * plan.shard_prompts
+    shard_ids, shard_rows = (
+      ids[first : first + plan.shard_prompts],
+      rows[first:][: plan.shard_prompts],
+    )
+    by_length = sorted(range(len(shard_rows)), key=lambda i: len(shard_rows[i]))
+    sequences, finished, kept_ids = [], [], []
+    key = jax.random.fold_in(jax.random.key(plan.seed), index)
+    for b, batch_start in enumerate(range(0, len(by_length), plan.batch_size)):
+      batch = by_length[batch_start : batch_start + plan.batch_size]
+      answers, ends = _answer_batch(
+        target,
+        [shard_rows[i] for i in batch],
+        plan,
+        setting,
+        tokenizer.eos_id,
+        tokenizer.pad_id,
+        jax.random.fold_in(key, b),
+      )
+      sequences += answers
+      finished += ends
+      kept_ids += [shard_ids[i] for i in batch]
+    prompt_lengths = np.asarray([len(shard_rows[i]) for i in by_length], np.int32)
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in sequences])]).astype(np.int64)
+    arrays = {
+      "tokens": np.concatenate(sequences).astype(np.int32),
+      "offsets": offsets,
+      "prompt_lengths": prompt_lengths,
+      "finished": np.asarray(finished),
+      "ids": np.asarray(kept_ids),
+    }
+
+    def write(path, arrays=arrays):
+      with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+    _write_atomic(os.path.join(out_dir, name), write)
+    seconds = time.perf_counter() - start
+    answer_tokens = int(offsets[-1] - prompt_lengths.sum())
+    manifest["shards"].append(
+      {
+        "file": name,
+        "setting": setting,
+        "prompts": len(sequences),
+        "tokens": int(offsets[-1]),
+        "answer_tokens": answer_tokens,
+        "finished": int(np.sum(finished)),
+        "seconds": round(seconds, 1),
+      }
+    )
+    manifest["shards"].sort(key=lambda s: s["file"])
+    _write_manifest(out_dir, manifest)
+    new += 1
+    log(
+      f"regenerate: {name} ({setting}) {len(sequences)} answers, {answer_tokens:,} answer "
+      f"tokens in {seconds:.0f} s ({answer_tokens / max(seconds, 1e-9):,.0f}/s); "
+      f"{len(manifest['shards'])}/{total} shards"
+    )
+  return manifest
+
+
+def read_shards(out_dir: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+  """(tokens, offsets, prompt_lengths) of every shard the manifest names, in order."""
+  manifest = read_manifest(out_dir)
+  if manifest is None:
+    raise FileNotFoundError(f"No regenerated shards in {out_dir} (no {MANIFEST}).")
+  shards = []
+  for shard in manifest["shards"]:
+    with np.load(os.path.join(out_dir, shard["file"])) as f:
+      shards.append((f["tokens"], f["offsets"], f["prompt_lengths"]))
+  return shards

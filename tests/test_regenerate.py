@@ -1,0 +1,228 @@
+"""Regenerated training data: the prompt set (standard library instructions, chat lines, a
+user's JSONL) and the target's answers as resumable token shards (specsamp/training/)."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from specsamp.models import transformer
+from specsamp.sampling import autoregressive
+from specsamp.training import answers, instructions, regenerate
+from specsamp.training.bpe_tokenizer import BpeTokenizer
+
+TEMPLATE = (
+  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def word_tokenizer() -> BpeTokenizer:
+  """A word-level tokenizer of 64 ids with ChatML's specials and template."""
+  import tokenizers
+
+  words = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "\n"]
+  words += [f"w{i}" for i in range(64 - len(words))]
+  backend = tokenizers.Tokenizer(
+    tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+  )
+  split = tokenizers.pre_tokenizers
+  backend.pre_tokenizer = split.Sequence(
+    [split.Split("\n", "isolated"), split.Split(" ", "removed")]
+  )
+  backend.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+  return BpeTokenizer(backend, eos_id=2, pad_id=0, chat_template=TEMPLATE)
+
+
+def prompts(count: int) -> list[instructions.Prompt]:
+  return [
+    instructions.Prompt(f"test:{i}", ({"role": "user", "content": "w7 " * (1 + i % 9)},))
+    for i in range(count)
+  ]
+
+
+@pytest.fixture(scope="module")
+def target():
+  return transformer.create(tiny_config(vocab_size=64), seed=3)
+
+
+def test_stdlib_instructions_explain_document_and_complete_real_functions():
+  path = os.path.join(os.path.dirname(os.__file__), "textwrap.py")
+  made = instructions.stdlib_prompts([path])
+  by_kind = {kind: [p for p in made if p.id.endswith(":" + kind)] for kind in instructions.KINDS}
+  assert len(by_kind["explain"]) == len(by_kind["document"]) == len(by_kind["complete"]) >= 3
+  indent = [p for p in made if ":indent:" in p.id]
+  explain, document, complete = (p.messages[0]["content"] for p in indent)
+  assert explain.startswith("Explain what this Python function does.") and '"""' in explain
+  assert (
+    "def indent(text, prefix, predicate=None):" in document and '"""' not in document
+  )  # Its docstring cut.
+  assert complete.rstrip("`\n").endswith('"""') and "return" not in complete.split('"""')[-1]
+  for prompt in made:  # Every code block is valid Python (methods are dedented).
+    code = prompt.messages[0]["content"].split("```python\n")[1].rsplit("\n```", 1)[0]
+    compile(code if not prompt.id.endswith(":complete") else code + "\n    pass", "<p>", "exec")
+  both = instructions.default_prompts([path])
+  assert both[: len(made)] == made and {p.id.split(":")[0] for p in both} == {"stdlib", "chat"}
+  assert "What is the difference between a list and a tuple in Python?" in [
+    p.messages[0]["content"] for p in both
+  ]
+
+
+def test_the_held_out_split_is_stable_and_about_one_in_fifty():
+  ids = [f"stdlib:x.py:f{i}:1:explain" for i in range(5000)]
+  held = [i for i in ids if instructions.held_out(i)]
+  assert 0.01 < len(held) / len(ids) < 0.03
+  assert held == [i for i in ids if instructions.held_out(i)]
+
+
+def test_a_users_jsonl_prompts_and_their_errors(tmp_path):
+  path = tmp_path / "p.jsonl"
+  path.write_text(
+    json.dumps({"prompt": "hi"})
+    + "\n\n"
+    + json.dumps(
+      {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}
+    )
+    + "\n"
+  )
+  made = instructions.jsonl_prompts(str(path))
+  assert [p.id for p in made] == ["jsonl:1", "jsonl:3"] and made[1].messages[0]["role"] == "system"
+  for text, message in (
+    ("{", "not JSON"),
+    (json.dumps({"text": "x"}), "expected"),
+    (json.dumps({"messages": [{"role": "assistant", "content": "a"}]}), "last message"),
+  ):
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError, match=message):
+      instructions.jsonl_prompts(str(path))
+  with pytest.raises(FileNotFoundError, match="no file"):
+    instructions.jsonl_prompts(str(tmp_path / "missing.jsonl"))
+
+
+def test_shards_hold_the_targets_answers_and_a_stopped_run_resumes(target, tmp_path):
+  tokenizer = word_tokenizer()
+  plan = regenerate.Plan(
+    settings=("greedy", "nucleus"),
+    batch_size=4,
+    max_prompt_tokens=32,
+    max_new_tokens=6,
+    shard_prompts=5,
+    split="train",
+  )
+  made = prompts(14)
+  train = [p for p in made if not instructions.held_out(p.id)]
+  out = str(tmp_path / "shards")
+  first = regenerate.regenerate(target, tokenizer, made, out, plan, target_id="t", max_shards=1)
+  assert [s["file"] for s in first["shards"]] == ["shard_00000.npz"]
+  full = regenerate.regenerate(target, tokenizer, made, out, plan, target_id="t")
+  assert [s["setting"] for s in full["shards"]] == ["greedy", "nucleus", "greedy"][
+    : -(-len(train) // 5)
+  ]
+  assert full["shards"][0] == first["shards"][0]  # Resumed: the first shard was not redone.
+  # Greedy answers are the target's greedy continuation of the chat-templated prompt.
+  with np.load(os.path.join(out, "shard_00000.npz")) as shard:
+    tokens, offsets, lengths = shard["tokens"], shard["offsets"], shard["prompt_lengths"]
+    ids, finished = list(shard["ids"]), shard["finished"]
+  every = []
+  for shard in full["shards"]:
+    with np.load(os.path.join(out, shard["file"])) as f:
+      every += list(f["ids"])
+  assert sorted(every) == sorted(p.id for p in train) and len(offsets) == len(ids) + 1 == 6
+  prompt_of = {p.id: p for p in train}
+  rows = [tokenizer.encode(tokenizer.apply_chat_template(list(prompt_of[i].messages))) for i in ids]
+  padded = np.zeros((len(rows), 32), np.int32)
+  for row, prompt in enumerate(rows):
+    padded[row, : len(prompt)] = prompt
+  reference = autoregressive.generate(
+    target,
+    padded,
+    np.asarray([len(r) for r in rows]),
+    jax.random.key(0),
+    max_new_tokens=6,
+    temperature=0.0,
+    eos_id=2,
+  )
+  for row, prompt in enumerate(rows):
+    sequence = tokens[offsets[row] : offsets[row + 1]]
+    np.testing.assert_array_equal(sequence[: lengths[row]], prompt)
+    answer = np.asarray(reference.generated(row))
+    np.testing.assert_array_equal(sequence[lengths[row] :], answer)
+    assert finished[row] == (answer[-1] == 2)
+  # Another plan in the same directory is refused; nothing there changes.
+  before = open(os.path.join(out, regenerate.MANIFEST)).read()
+  with pytest.raises(ValueError, match="another run's shards"):
+    regenerate.regenerate(
+      target, tokenizer, made, out, regenerate.Plan(max_new_tokens=7), target_id="t"
+    )
+  assert open(os.path.join(out, regenerate.MANIFEST)).read() == before
+
+
+def test_too_long_prompts_are_skipped_and_counted_and_bad_plans_refused(target, tmp_path):
+  tokenizer = word_tokenizer()
+  made = prompts(20)
+  plan = regenerate.Plan(
+    settings=("greedy",), batch_size=2, max_prompt_tokens=12, max_new_tokens=2, shard_prompts=50
+  )
+  manifest = regenerate.regenerate(target, tokenizer, made, str(tmp_path), plan, target_id="t")
+  assert manifest["skipped"] > 0 and manifest["prompts"] + manifest["skipped"] == len(
+    [p for p in made if not instructions.held_out(p.id)]
+  )
+  with pytest.raises(ValueError, match="settings"):
+    regenerate.Plan(settings=("hot",))
+  with pytest.raises(ValueError, match="split"):
+    regenerate.Plan(split="test")
+
+
+def test_answer_batches_weigh_only_answer_tokens():
+  shards = [
+    (np.arange(10, dtype=np.int32), np.array([0, 4, 10]), np.array([2, 3])),
+    (np.arange(10, 16, dtype=np.int32), np.array([0, 6]), np.array([1])),
+  ]
+  tokens, answer = answers.stream(shards)
+  np.testing.assert_array_equal(tokens, np.arange(16))
+  np.testing.assert_array_equal(answer, [0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1])
+  packed = answers.batches(shards, seq_len=3, batch_size=2)
+  rows, weights = packed.at(0)
+  assert rows.shape == weights.shape == (2, 4)
+  for row, weight in zip(rows, weights):  # Each token keeps its own weight.
+    np.testing.assert_array_equal(weight, answer[row])
+
+
+def test_tau_from_one_teacher_forced_pass_is_what_a_greedy_chain_accepts(target):
+  """On the target's greedy text, the run of correct teacher-forced predictions from t is the
+  number of tokens a K-token greedy chain drafted after x_<=t accepts: checked against the
+  draft generating K tokens itself after every prefix."""
+  from specsamp.testing import exactness
+
+  draft = exactness.noisy_copy(target, 0.5, seed=4)
+  K, prompt = 3, np.asarray([[5, 9, 3, 7]], np.int32)
+  text = autoregressive.generate(
+    target, prompt, np.asarray([4]), jax.random.key(0), max_new_tokens=14, temperature=0.0
+  )
+  sequence = np.asarray(text.tokens[0, :18])
+  logits, _ = draft(jax.numpy.asarray(sequence[None, :-1]))
+  correct = np.asarray(logits[0].argmax(-1) == sequence[1:])[None]
+  valid = (np.arange(1, 18) >= 4)[None]  # Answer tokens: the generated ones.
+  accepted = answers.accepted_run(correct, valid, K)
+  checked = 0
+  for t in range(17):
+    if accepted[0, t] < 0:
+      continue
+    prefix = np.zeros((1, 18), np.int32)  # One padded width: one compiled program.
+    prefix[0, : t + 1] = sequence[: t + 1]
+    drafted = autoregressive.generate(
+      draft, prefix, np.asarray([t + 1]), jax.random.key(0), max_new_tokens=K, temperature=0.0
+    ).generated(0)
+    leading = 0
+    while leading < K and drafted[leading] == sequence[t + 1 + leading]:
+      leading += 1
+    assert accepted[0, t] == leading, t
+    checked += 1
+  assert checked == 17 - K - 2  # Positions 3..14: the K next tokens are all generated.
+  tau, acc = answers.tau(accepted, K)
+  counts = accepted[accepted >= 0]
+  assert tau == 1 + counts.mean() and acc.shape == (K,)
+  np.testing.assert_allclose(1 + sum(np.prod(acc[: k + 1]) for k in range(K)), tau)
