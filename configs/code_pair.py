@@ -160,6 +160,19 @@ def get_config(arg=None):
   config.feature.target_samples.temperature = 1.0
   config.feature.target_samples.batch_size = 16
 
+  # The draft trained on the target's own answers (scripts/regenerate.py writes them,
+  # scripts/train_drafter.py trains; specsamp/experiments/jobs/answer_training.py): shard
+  # directories in the workdir, the run's directory, tau's draft length, the optimisation
+  # (distill.mode 'none': cross-entropy to the target's tokens; 'token': KL to its
+  # distribution). The loss counts answer tokens only; the best evaluation by tau is kept.
+  config.answers = ml_collections.ConfigDict()
+  config.answers.train_dir = "regenerated/train"
+  config.answers.held_out_dir = "regenerated/held_out"
+  config.answers.directory = "draft_answers"
+  config.answers.tau_draft_tokens = 4
+  config.answers.train = _train(steps=400, batch_size=16, seq_len=256, learning_rate=2e-3)
+  config.answers.train.eval_every = 50
+
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
   config.mesh.fsdp = 1  # Batch for activations, parameters sharded along d_model.
@@ -242,6 +255,9 @@ def get_config(arg=None):
     )
     config.feature.train.ttt_steps = 3
     config.feature.train.ttt_decay = 0.8
+    config.answers.train = _train(steps=4, batch_size=2, seq_len=16, learning_rate=3e-3)
+    config.answers.train.eval_every = 2
+    config.answers.train.eval_batches = 2
     config.sampling.num_prompts = 2
     config.sampling.prompt_tokens = 8
     config.sampling.max_new_tokens = 8

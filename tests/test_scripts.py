@@ -736,3 +736,47 @@ def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir
   config.speculative.proposal = "greedy"  # i.i.d. siblings cannot be chosen greedily.
   with pytest.raises(ValueError, match="speculative.proposal='greedy'"):
     sample_job.check_settings(config)
+
+
+@pytest.mark.slow
+def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir, tmp_path):
+  """scripts/regenerate.py has the micro target answer a user's JSONL prompts (no chat template:
+  their text) into held-out greedy and training shards, resuming; scripts/train_drafter.py
+  trains the draft on them, stops and resumes, reports tau at each evaluation and keeps the
+  best."""
+  import json
+  import shutil
+
+  source, _ = trained_workdir
+  workdir = str(tmp_path / "work")
+  shutil.copytree(source, workdir)
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text(
+    "".join(json.dumps({"prompt": f"def f{i}(x):\n    return x + {i}"}) + "\n" for i in range(240))
+  )
+  sizes = ["--batch_size=16", "--shard_prompts=64", "--max_new_tokens=24", "--max_prompt_tokens=64"]
+  common = ["--config=configs/code_pair.py:test", f"--workdir={workdir}", f"--prompts={prompts}"]
+  held = run_script("regenerate.py", *common, *sizes, "--split=held_out", "--settings=greedy")
+  assert held.returncode == 0, held.stderr[-3000:]
+  assert "answer tokens" in held.stdout and "held_out split" in held.stdout
+  first = run_script("regenerate.py", *common, *sizes, "--max_shards=1")
+  assert first.returncode == 0 and "1 shards" in first.stdout, first.stderr[-3000:]
+  rest = run_script("regenerate.py", *common, *sizes)
+  assert rest.returncode == 0, rest.stderr[-3000:]
+  manifest = json.load(open(os.path.join(workdir, "regenerated", "train", "manifest.json")))
+  assert [s["setting"] for s in manifest["shards"]] == ["greedy", "nucleus", "greedy", "nucleus"]
+  assert rest.stdout.count("regenerate: shard_") == 3  # The first shard was not redone.
+
+  train_args = ["--config=configs/code_pair.py:test", f"--workdir={workdir}"]
+  stopped = run_script("train_drafter.py", *train_args, "--stop_after=2")
+  assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert "tau(K=4)" in stopped.stdout and "(best)" in stopped.stdout
+  resumed = run_script("train_drafter.py", *train_args)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "resuming from step 2" in resumed.stdout and "best: step" in resumed.stdout
+  best = json.load(open(os.path.join(workdir, "draft_answers", "best", "best.json")))
+  assert best["step"] in (2, 4) and 1.0 <= best["tau"] <= 5.0 and len(best["acc"]) == 4
+  from specsamp.training import checkpoint
+
+  model, meta = checkpoint.load_model(os.path.join(workdir, "draft_answers", "best"))
+  assert meta["step"] == best["step"] and model.config.num_layers == 1

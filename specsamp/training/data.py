@@ -172,8 +172,7 @@ class Batches:
     """The first ``num_batches`` batches in file order (a fixed evaluation set)."""
     num_batches = min(num_batches, self.steps_per_epoch)
     return [
-      self._rows(slice(i * self.batch_size, (i + 1) * self.batch_size))
-      for i in range(num_batches)
+      self._rows(slice(i * self.batch_size, (i + 1) * self.batch_size)) for i in range(num_batches)
     ]
 
 

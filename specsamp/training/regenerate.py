@@ -4,7 +4,8 @@ A drafter accepts what it predicts of the *target's* text, so it is trained on t
 wrote in answer to chat prompts (EAGLE-3, SpecForge and vLLM's speculators regenerate ShareGPT /
 UltraChat; regeneration is the largest single lever on acceptance). ``regenerate`` has the
 target answer ``instructions`` prompts through its chat template, batched and on device, under
-one or more sampling settings (greedy, and T > 0: a drafter meets both), and writes:
+one or more sampling settings (greedy, and T > 0: a drafter meets both), and writes (a base
+model, whose tokenizer has no chat template, continues the messages' text instead):
 
   OUT/shard_00000.npz ...  one per ``shard_prompts`` prompts: ``tokens`` (prompt + answer,
                           back to back), ``offsets`` [n + 1], ``prompt_lengths`` [n], ``finished``
@@ -70,12 +71,14 @@ def encode(
   prompts: Sequence[instructions.Prompt], tokenizer: Any, max_prompt_tokens: int
 ) -> tuple[list[str], list[np.ndarray], int]:
   """(ids, token rows, skipped): the prompts through the chat template, with the generation
-  prompt; those longer than ``max_prompt_tokens`` skipped."""
-  if tokenizer.chat_template is None:
-    raise ValueError("Regeneration prompts the target through its chat template; it has none.")
+  prompt (a tokenizer without one, a base model's: the messages' text, one after another);
+  those longer than ``max_prompt_tokens`` skipped."""
   ids, rows, skipped = [], [], 0
   for prompt in prompts:
-    text = tokenizer.apply_chat_template(list(prompt.messages))
+    if tokenizer.chat_template is None:
+      text = "\n\n".join(m["content"] for m in prompt.messages) + "\n\n"
+    else:
+      text = tokenizer.apply_chat_template(list(prompt.messages))
     row = tokenizer.encode(text, add_bos=getattr(tokenizer, "add_bos", False))
     if len(row) > max_prompt_tokens:
       skipped += 1

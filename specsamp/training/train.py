@@ -496,6 +496,7 @@ def fit(
   name: str = "train",
   log: Callable[[str], None] = print,
   stop_after: int | None = None,
+  on_eval: Callable[[int, Any], str] | None = None,
 ) -> TrainState:
   """Trains to ``config.steps``, resuming from the newest checkpoint in ``checkpoints``.
 
@@ -511,6 +512,8 @@ def fit(
     log: where progress lines go.
     stop_after: stop (with a checkpoint) after this many steps in this call,
       as if interrupted; None runs to the end.
+    on_eval: called at each evaluation with (step, parameters); what it returns ends the
+      evaluation's line (e.g. tau, and whether the run kept these parameters as its best).
 
   Returns:
     The final (or interrupted) train state.
@@ -577,7 +580,8 @@ def fit(
           if getattr(trainer, "reports_perplexity", True)
           else ""
         )
-        log(f"{name} eval  step {step:>5}  loss {loss:.3f}{perplexity}")
+        extra = f"  {on_eval(step, state.params)}" if on_eval is not None else ""
+        log(f"{name} eval  step {step:>5}  loss {loss:.3f}{perplexity}{extra}")
       if step % config.checkpoint_every == 0 or step == end:
         checkpoints.save(step, _as_items(state), meta)
   except KeyboardInterrupt:

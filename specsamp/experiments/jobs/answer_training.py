@@ -1,0 +1,143 @@
+r"""A pair's draft trained on the target's regenerated answers (scripts/train_drafter.py).
+
+  WORKDIR/regenerated/train/     scripts/regenerate.py's shards: what the draft trains on
+  WORKDIR/regenerated/held_out/  greedy answers to the held-out prompts: tau is measured there
+  WORKDIR/draft_answers/<step>/  the run's orbax checkpoints (it resumes from the newest)
+  WORKDIR/draft_answers/best/    the parameters of the evaluation with the highest tau, and
+                                 best.json (step, tau, acc per position, training tokens)
+
+The loss is taken on answer tokens only (``answers``): ``distill.mode='none'`` is the
+cross-entropy to the target's own tokens (on greedy answers, its argmax: what T = 0 accepts),
+``'token'`` the KL to the target's whole distribution at each answer position (one teacher-forced
+pass of the target per step; it prices T > 0 better). Each evaluation reports the held-out loss
+and tau = 1 + sum_k prod_{i<=k} acc_i at ``answers.tau_draft_tokens`` (``answers.tau``: exact for a
+greedy chain); the best by tau is kept, since acceptance can fall while the loss still falls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.training import answers, checkpoint, regenerate, train
+
+BEST = "best"
+BEST_JSON = "best.json"
+
+
+def measure_tau(
+  trainer: train.Trainer, params: Any, held_out: Sequence[tuple[np.ndarray, np.ndarray]], K: int
+) -> tuple[float, np.ndarray]:
+  """tau and acc [K] of the model ``params`` on held-out greedy answer batches."""
+  runs = []
+  for tokens, weights in held_out:
+    correct = trainer.greedy_correct(params, tokens)
+    runs.append(answers.accepted_run(correct, weights[:, 1:] > 0, K))
+  return answers.tau(np.concatenate([r.ravel() for r in runs]), K)
+
+
+def _greedy_only(directory: str) -> None:
+  manifest = regenerate.read_manifest(directory)
+  if manifest is None:
+    raise FileNotFoundError(
+      f"No held-out answers in {directory}: run scripts/regenerate.py --split=held_out "
+      "--settings=greedy first (tau is measured on greedy answers)."
+    )
+  settings = {shard["setting"] for shard in manifest["shards"]}
+  if settings != {"greedy"}:
+    raise ValueError(
+      f"{directory} holds {sorted(settings)} answers; tau needs greedy ones only "
+      "(scripts/regenerate.py --split=held_out --settings=greedy)."
+    )
+
+
+def read_best(directory: str) -> dict[str, Any] | None:
+  path = os.path.join(directory, BEST, BEST_JSON)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def train_draft(
+  config: ml_collections.ConfigDict,
+  workdir: str | None = None,
+  *,
+  mesh: jax.sharding.Mesh | None = None,
+  log: Callable[[str], None] = print,
+  stop_after: int | None = None,
+) -> dict[str, Any]:
+  """Trains (or resumes) the draft of ``config.draft.model`` on the regenerated answers
+  (module docstring); returns the best evaluation (best.json)."""
+  workdir = os.path.abspath(workdir or pair_lib.default_workdir(config))
+  section = config.answers
+  train_dir = os.path.join(workdir, section.train_dir)
+  held_dir = os.path.join(workdir, section.held_out_dir)
+  _greedy_only(held_dir)
+  shards = regenerate.read_shards(train_dir)
+  prepared = pair_lib.prepare(config, workdir, drafts=False, mesh=mesh, log=log)
+  mesh = prepared.mesh
+  tokenizer = prepared.tokenizer
+  model_cfg = pair_lib.model_config(config.draft, tokenizer)
+  train_cfg = train.TrainConfig.from_config(section.train)
+  batches = answers.batches(shards, train_cfg.seq_len, train_cfg.batch_size, config.seed)
+  held = regenerate.read_shards(held_dir)
+  evaluation = answers.batches(held, train_cfg.seq_len, train_cfg.batch_size).first(
+    train_cfg.eval_batches
+  )
+  manifest = regenerate.read_manifest(train_dir)
+  weights = batches.weights
+  log(
+    f"draft (answers): {len(manifest['shards'])} shards, {int(weights.sum()):,} answer tokens "
+    f"in {batches.sequences.size:,} ({len(batches.sequences):,} rows of "
+    f"{train_cfg.seq_len + 1}); tau on {len(evaluation)} held-out batches"
+  )
+  directory = os.path.join(workdir, section.directory)
+  meta = {
+    "model": dataclasses.asdict(model_cfg),
+    "tokenizer": tokenizer.fingerprint,
+    "data": {"answers": section.train_dir, "plan": manifest["plan"], "target": manifest["target"]},
+  }
+  trainer = train.Trainer(model_cfg, train_cfg, mesh, teacher=prepared.target, seed=config.seed + 3)
+  store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints, log=log)
+  best_store = checkpoint.Checkpoints(os.path.join(directory, BEST), max_to_keep=1, log=log)
+  best = read_best(directory) or {"tau": -1.0}
+  K = section.tau_draft_tokens
+
+  def on_eval(step: int, params: Any) -> str:
+    tau, acc = measure_tau(trainer, params, evaluation, K)
+    line = f"tau(K={K}) {tau:.3f}  acc " + " ".join(f"{a:.2f}" for a in acc)
+    if tau > best["tau"]:
+      best.update(
+        step=step,
+        tau=tau,
+        acc=[float(a) for a in acc],
+        tokens_seen=step * train_cfg.batch_size * train_cfg.seq_len,
+      )
+      best_store.save(step, {"params": params}, meta)
+      best_store.wait()
+      with open(os.path.join(directory, BEST, BEST_JSON), "w", encoding="utf-8") as f:
+        json.dump(best, f, indent=1)
+      line += "  (best)"
+    return line
+
+  train.fit(
+    trainer,
+    batches,
+    evaluation,
+    store,
+    meta,
+    name="draft (answers)",
+    log=log,
+    stop_after=stop_after,
+    on_eval=on_eval,
+  )
+  return best
