@@ -226,3 +226,46 @@ def test_tau_from_one_teacher_forced_pass_is_what_a_greedy_chain_accepts(target)
   counts = accepted[accepted >= 0]
   assert tau == 1 + counts.mean() and acc.shape == (K,)
   np.testing.assert_allclose(1 + sum(np.prod(acc[: k + 1]) for k in range(K)), tau)
+
+
+def test_a_shipped_draft_loads_in_bfloat16_and_a_corrupted_copy_is_refused(tmp_path):
+  import dataclasses
+  import shutil
+
+  from specsamp.experiments.jobs import answer_training
+  from specsamp.training import checkpoint, train
+
+  model = transformer.create(tiny_config(), seed=0)
+  best = str(tmp_path / "best")
+  store = checkpoint.Checkpoints(best)
+  meta = {"model": dataclasses.asdict(model.config), "tokenizer": "abc"}
+  store.save(7, {"params": train.params_of(model)}, meta)
+  store.wait()
+  folder = str(tmp_path / "shipped")
+  shipped = answer_training.ship(best, folder, "# A card\n")
+  assert shipped["model"]["param_dtype"] == "bfloat16" and shipped["tokenizer"] == "abc"
+  answer_training.verify(folder)
+  loaded, _ = checkpoint.load_model(os.path.join(folder, "checkpoint"))
+  expected = jax.tree.map(lambda x: np.asarray(x).astype("bfloat16"), train.params_of(model))
+  for got, want in zip(jax.tree.leaves(train.params_of(loaded)), jax.tree.leaves(expected)):
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), want)
+  with pytest.raises(FileExistsError, match="not empty"):
+    answer_training.ship(best, folder, "")
+  # A flipped byte in any file, a file gone or one added: refused by name.
+  files = [os.path.join(r, n) for r, _, ns in os.walk(folder) for n in ns]
+  largest = max(files, key=os.path.getsize)
+  for damage, message in (("flip", "sha256"), ("remove", "missing"), ("add", "not in")):
+    copy = str(tmp_path / damage)
+    shutil.copytree(folder, copy)
+    target = os.path.join(copy, os.path.relpath(largest, folder))
+    if damage == "flip":
+      data = bytearray(open(target, "rb").read())
+      data[len(data) // 2] ^= 1
+      open(target, "wb").write(bytes(data))
+    elif damage == "remove":
+      os.remove(target)
+    else:
+      open(os.path.join(copy, "extra.txt"), "w").write("x")
+    with pytest.raises(ValueError, match=message):
+      answer_training.verify(copy)

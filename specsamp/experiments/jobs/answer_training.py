@@ -17,6 +17,7 @@ greedy chain); the best by tau is kept, since acceptance can fall while the loss
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -141,3 +142,71 @@ def train_draft(
     on_eval=on_eval,
   )
   return best
+
+
+# --- Shipping the best draft. -------------------------------------------------------------------
+
+SHA256SUMS = "SHA256SUMS"
+CARD = "CARD.md"
+
+
+def _file_digests(folder: str) -> dict[str, str]:
+  """sha256 of every file under ``folder`` (but SHA256SUMS), by path relative to it."""
+  digests = {}
+  for root, _, names in os.walk(folder):
+    for name in sorted(names):
+      path = os.path.join(root, name)
+      relative = os.path.relpath(path, folder)
+      if relative == SHA256SUMS:
+        continue
+      with open(path, "rb") as f:
+        digests[relative] = hashlib.sha256(f.read()).hexdigest()
+  return digests
+
+
+def verify(folder: str) -> None:
+  """Raises ``ValueError`` naming each file of a shipped drafter that is missing, added or not
+  what SHA256SUMS says (a corrupted or partial copy)."""
+  path = os.path.join(folder, SHA256SUMS)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{folder} has no {SHA256SUMS}: not a shipped drafter.")
+  with open(path, encoding="utf-8") as f:
+    expected = dict(reversed(line.split(None, 1)) for line in f.read().splitlines() if line)
+  expected = {name.strip(): digest for name, digest in expected.items()}
+  found = _file_digests(folder)
+  problems = [f"{name}: missing" for name in sorted(set(expected) - set(found))]
+  problems += [f"{name}: not in {SHA256SUMS}" for name in sorted(set(found) - set(expected))]
+  problems += [
+    f"{name}: sha256 {found[name][:12]}..., expected {expected[name][:12]}..."
+    for name in sorted(set(found) & set(expected))
+    if found[name] != expected[name]
+  ]
+  if problems:
+    raise ValueError(f"The drafter in {folder} is corrupt: " + "; ".join(problems))
+
+
+def ship(
+  best_dir: str, folder: str, card: str, *, param_dtype: str = "bfloat16"
+) -> dict[str, Any]:
+  """Writes the best draft of ``best_dir`` (``draft_answers/best``) to ``folder``: its
+  parameters in ``param_dtype`` as step 0 of an orbax checkpoint (loadable with
+  ``--config.draft.checkpoint``), ``card`` as CARD.md, and SHA256SUMS over every file.
+  Returns the checkpoint's metadata."""
+  if os.path.exists(folder) and os.listdir(folder):
+    raise FileExistsError(f"{folder} is not empty; ship into a new folder.")
+  model, meta = checkpoint.load_model(best_dir, checkpoint.default_mesh())
+  config = dataclasses.replace(model.config, param_dtype=param_dtype)
+  params = jax.tree.map(
+    lambda x: np.asarray(x).astype(config.param_dtype), train.params_of(model)
+  )
+  shipped_meta = dict(meta, model=dataclasses.asdict(config))
+  shipped_meta.pop("step", None)
+  store = checkpoint.Checkpoints(os.path.join(folder, "checkpoint"), max_to_keep=1)
+  store.save(0, {"params": params}, shipped_meta)
+  store.wait()
+  with open(os.path.join(folder, CARD), "w", encoding="utf-8") as f:
+    f.write(card)
+  digests = _file_digests(folder)
+  with open(os.path.join(folder, SHA256SUMS), "w", encoding="utf-8") as f:
+    f.writelines(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))
+  return shipped_meta
