@@ -185,9 +185,7 @@ def verify(folder: str) -> None:
     raise ValueError(f"The drafter in {folder} is corrupt: " + "; ".join(problems))
 
 
-def ship(
-  best_dir: str, folder: str, card: str, *, param_dtype: str = "bfloat16"
-) -> dict[str, Any]:
+def ship(best_dir: str, folder: str, card: str, *, param_dtype: str = "bfloat16") -> dict[str, Any]:
   """Writes the best draft of ``best_dir`` (``draft_answers/best``) to ``folder``: its
   parameters in ``param_dtype`` as step 0 of an orbax checkpoint (loadable with
   ``--config.draft.checkpoint``), ``card`` as CARD.md, and SHA256SUMS over every file.
@@ -196,9 +194,7 @@ def ship(
     raise FileExistsError(f"{folder} is not empty; ship into a new folder.")
   model, meta = checkpoint.load_model(best_dir, checkpoint.default_mesh())
   config = dataclasses.replace(model.config, param_dtype=param_dtype)
-  params = jax.tree.map(
-    lambda x: np.asarray(x).astype(config.param_dtype), train.params_of(model)
-  )
+  params = jax.tree.map(lambda x: np.asarray(x).astype(config.param_dtype), train.params_of(model))
   shipped_meta = dict(meta, model=dataclasses.asdict(config))
   shipped_meta.pop("step", None)
   store = checkpoint.Checkpoints(os.path.join(folder, "checkpoint"), max_to_keep=1)
