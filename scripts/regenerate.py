@@ -38,6 +38,9 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Answer tokens at most.")
 _SHARD = flags.DEFINE_integer("shard_prompts", 256, "Prompts per shard.")
 _MAX_SHARDS = flags.DEFINE_integer("max_shards", None, "Stop after this many new shards.")
 _SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
+_MAX_PROMPTS = flags.DEFINE_integer(
+  "max_prompts", 0, "Answer only the first this many prompts of the shuffled split (0: all)."
+)
 
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
@@ -61,6 +64,7 @@ def main(argv):
     shard_prompts=_SHARD.value,
     split=_SPLIT.value,
     seed=_SEED.value,
+    max_prompts=_MAX_PROMPTS.value,
   )
   target_id = config.target.get("gguf") or config.target.get("checkpoint") or "trained"
   manifest = regenerate.regenerate(

@@ -56,11 +56,14 @@ class Plan:
   shard_prompts: int = 256
   split: str = "train"  # 'train', or 'held_out' (instructions.held_out's prompts).
   seed: int = 0
+  max_prompts: int = 0  # Answer only the first this many of the shuffled split (0: all).
 
   def __post_init__(self):
     unknown = [s for s in self.settings if s not in SETTINGS]
     if not self.settings or unknown:
       raise ValueError(f"settings must be some of {sorted(SETTINGS)}, got {self.settings}.")
+    if self.max_prompts < 0:
+      raise ValueError(f"max_prompts must be >= 0 (0: all), got {self.max_prompts}.")
     if min(self.batch_size, self.max_prompt_tokens, self.max_new_tokens, self.shard_prompts) < 1:
       raise ValueError(f"Every size of the plan must be >= 1: {self}.")
     if self.split not in ("train", "held_out"):
@@ -171,6 +174,8 @@ def regenerate(
   ids, rows, skipped = encode([chosen[i] for i in order], tokenizer, plan.max_prompt_tokens)
   if not rows:
     raise ValueError(f"No prompt of the {plan.split} split fits max_prompt_tokens.")
+  if plan.max_prompts:
+    ids, rows = ids[: plan.max_prompts], rows[: plan.max_prompts]
   identity = {
     "version": VERSION,
     "target": target_id,
@@ -222,6 +227,11 @@ def regenerate(
       sequences += answers
       finished += ends
       kept_ids += [shard_ids[i] for i in batch]
+      log(
+        f"regenerate: {name} batch {b + 1}/{-(-len(by_length) // plan.batch_size)}: "
+        f"{sum(len(a) for a in answers) - sum(len(shard_rows[i]) for i in batch):,} answer "
+        f"tokens, {time.perf_counter() - start:.0f} s into the shard"
+      )
     prompt_lengths = np.asarray([len(shard_rows[i]) for i in by_length], np.int32)
     offsets = np.concatenate([[0], np.cumsum([len(s) for s in sequences])]).astype(np.int64)
     arrays = {
