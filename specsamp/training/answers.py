@@ -15,8 +15,12 @@ before were),
 
   tau = 1 + sum_k prod_{i<=k} acc_i  = E[1 + accepted],
 
-the tokens per target call at T=0 (EAGLE-3's and SpecForge's offline estimate, here exact for
-chains). The mean is over answer positions whose K next tokens are all answer tokens of the row.
+the tokens per target call at T=0 that a chain drafting after any answer position would get:
+the per-position estimate EAGLE-3 and SpecForge report, exact position by position. Decoding
+drafts only after the positions where the previous iteration stopped, a sample of the positions
+that this mean weighs evenly, so the tokens per call it measures can differ somewhat. The mean
+is over answer positions whose K next tokens are all answer tokens of the row; a packed row
+starts mid-sequence, so its first positions see a shortened context.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ machine has:
   message) or ``"messages"`` (a list of chat messages).
 
 HumanEval's prompts are never in it: they are held out for evaluation. Each prompt has a stable
-id (its source and kind); ``held_out`` puts about one prompt in ``HELD_OUT_EVERY`` aside, by a
-hash of the id, so the split does not change when the set grows.
+id (its source and kind); ``held_out`` puts about one function (all three of its instructions)
+or chat prompt in ``HELD_OUT_EVERY`` aside, by a hash of the id, so the split does not change
+when the set grows.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ class Prompt:
 
 
 def held_out(prompt_id: str) -> bool:
-  """Whether a prompt is held out of training (about 1 in ``HELD_OUT_EVERY``, by its id)."""
-  digest = hashlib.sha256(prompt_id.encode()).digest()
+  """Whether a prompt is held out of training (about 1 in ``HELD_OUT_EVERY``, by its id). A
+  function's three instructions go together (the hash is of the function, not the kind), so a
+  held-out prompt's source is never trained on through its siblings."""
+  source, _, kind = prompt_id.rpartition(":")
+  digest = hashlib.sha256((source if kind in KINDS else prompt_id).encode()).digest()
   return int.from_bytes(digest[:4], "little") % HELD_OUT_EVERY == 0
 
 

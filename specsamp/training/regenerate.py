@@ -26,6 +26,7 @@ so that few programs compile. A prompt longer than ``max_prompt_tokens`` is skip
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -170,18 +171,27 @@ def regenerate(
     log: progress lines.
   """
   chosen = [p for p in prompts if instructions.held_out(p.id) == (plan.split == "held_out")]
+  if not chosen:
+    raise ValueError(
+      f"None of the {len(prompts)} prompts is in the {plan.split} split (about 1 in "
+      f"{instructions.HELD_OUT_EVERY} is held out, by a hash of its id): give more prompts."
+    )
   order = np.random.default_rng(plan.seed).permutation(len(chosen))
   ids, rows, skipped = encode([chosen[i] for i in order], tokenizer, plan.max_prompt_tokens)
   if not rows:
     raise ValueError(f"No prompt of the {plan.split} split fits max_prompt_tokens.")
   if plan.max_prompts:
     ids, rows = ids[: plan.max_prompts], rows[: plan.max_prompts]
+  digest = hashlib.sha256()
+  for prompt_id, row in zip(ids, rows):  # The prompts themselves, in order: an edited set differs.
+    digest.update(prompt_id.encode() + b"\0" + row.tobytes())
   identity = {
     "version": VERSION,
     "target": target_id,
     "tokenizer": tokenizer.fingerprint,
     "plan": dataclasses.asdict(plan),
     "prompts": len(rows),
+    "prompts_sha256": digest.hexdigest(),
   }
   os.makedirs(out_dir, exist_ok=True)
   manifest = read_manifest(out_dir)

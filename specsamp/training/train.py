@@ -307,7 +307,7 @@ class Trainer:
       self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated)
     )
     self._eval = jax.jit(self._eval_fn, out_shardings=replicated)
-    self._greedy_correct = jax.jit(self._greedy_correct_fn)
+    self._greedy_correct = jax.jit(self._greedy_correct_fn, out_shardings=replicated)
 
   # --- jitted bodies -------------------------------------------------------------------------
   def _init_fn(self, table_VD=None) -> TrainState:

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,19 +46,40 @@ def measure_tau(
   return answers.tau(np.concatenate([r.ravel() for r in runs]), K)
 
 
-def _greedy_only(directory: str) -> None:
-  manifest = regenerate.read_manifest(directory)
-  if manifest is None:
-    raise FileNotFoundError(
-      f"No held-out answers in {directory}: run scripts/regenerate.py --split=held_out "
-      "--settings=greedy first (tau is measured on greedy answers)."
+def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, Any]:
+  """The training manifest, once both shard directories are checked: made by the same target
+  and this tokenizer, each of its split, with shards; the held-out answers greedy only."""
+  manifests = {}
+  for split, directory, command in (
+    ("train", train_dir, "scripts/regenerate.py"),
+    ("held_out", held_dir, "scripts/regenerate.py --split=held_out --settings=greedy"),
+  ):
+    manifest = regenerate.read_manifest(directory)
+    if manifest is None or not manifest["shards"]:
+      raise FileNotFoundError(
+        f"No regenerated {split} answers in {directory}: run {command} first (tau is measured "
+        "on held-out greedy answers)."
+      )
+    if manifest["plan"]["split"] != split:
+      raise ValueError(f"{directory} holds the {manifest['plan']['split']} split, not {split}.")
+    if manifest["tokenizer"] != tokenizer.fingerprint:
+      raise ValueError(
+        f"{directory} was tokenized by {manifest['tokenizer']}, not the pair's tokenizer "
+        f"({tokenizer.fingerprint})."
+      )
+    manifests[split] = manifest
+  if manifests["train"]["target"] != manifests["held_out"]["target"]:
+    raise ValueError(
+      f"The training and held-out answers come from different targets "
+      f"({manifests['train']['target']} and {manifests['held_out']['target']})."
     )
-  settings = {shard["setting"] for shard in manifest["shards"]}
+  settings = {shard["setting"] for shard in manifests["held_out"]["shards"]}
   if settings != {"greedy"}:
     raise ValueError(
-      f"{directory} holds {sorted(settings)} answers; tau needs greedy ones only "
+      f"{held_dir} holds {sorted(settings)} answers; tau needs greedy ones only "
       "(scripts/regenerate.py --split=held_out --settings=greedy)."
     )
+  return manifests["train"]
 
 
 def read_best(directory: str) -> dict[str, Any] | None:
@@ -82,19 +104,27 @@ def train_draft(
   section = config.answers
   train_dir = os.path.join(workdir, section.train_dir)
   held_dir = os.path.join(workdir, section.held_out_dir)
-  _greedy_only(held_dir)
-  shards = regenerate.read_shards(train_dir)
+  train_cfg = train.TrainConfig.from_config(section.train)
+  if train_cfg.distill_mode not in ("none", "token"):
+    raise ValueError(
+      f"answers.train.distill.mode must be 'none' or 'token' on regenerated answers, got "
+      f"{train_cfg.distill_mode!r}."
+    )
+  K = section.tau_draft_tokens
   prepared = pair_lib.prepare(config, workdir, drafts=False, mesh=mesh, log=log)
   mesh = prepared.mesh
   tokenizer = prepared.tokenizer
+  manifest = check_answers(train_dir, held_dir, tokenizer)
+  shards = regenerate.read_shards(train_dir)
   model_cfg = pair_lib.model_config(config.draft, tokenizer)
-  train_cfg = train.TrainConfig.from_config(section.train)
   batches = answers.batches(shards, train_cfg.seq_len, train_cfg.batch_size, config.seed)
-  held = regenerate.read_shards(held_dir)
-  evaluation = answers.batches(held, train_cfg.seq_len, train_cfg.batch_size).first(
-    train_cfg.eval_batches
-  )
-  manifest = regenerate.read_manifest(train_dir)
+  # tau and the held-out loss over every held-out row (their file order is by prompt length).
+  held = answers.batches(regenerate.read_shards(held_dir), train_cfg.seq_len, train_cfg.batch_size)
+  evaluation = held.first(held.steps_per_epoch)
+  if not (
+    answers.accepted_run(np.zeros_like(held.weights[:, 1:]), held.weights[:, 1:], K) >= 0
+  ).any():
+    raise ValueError(f"No held-out answer has {K} tokens: tau at K={K} has nothing to measure.")
   weights = batches.weights
   log(
     f"draft (answers): {len(manifest['shards'])} shards, {int(weights.sum()):,} answer tokens "
@@ -105,13 +135,19 @@ def train_draft(
   meta = {
     "model": dataclasses.asdict(model_cfg),
     "tokenizer": tokenizer.fingerprint,
-    "data": {"answers": section.train_dir, "plan": manifest["plan"], "target": manifest["target"]},
+    "data": {
+      "answers": section.train_dir,
+      "plan": manifest["plan"],
+      "target": manifest["target"],
+      "prompts_sha256": manifest["prompts_sha256"],
+    },
   }
   trainer = train.Trainer(model_cfg, train_cfg, mesh, teacher=prepared.target, seed=config.seed + 3)
   store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints, log=log)
+  if store.latest_step() is None and os.path.isdir(os.path.join(directory, BEST)):
+    shutil.rmtree(os.path.join(directory, BEST))  # A fresh run: an older run's best is no bar.
   best_store = checkpoint.Checkpoints(os.path.join(directory, BEST), max_to_keep=1, log=log)
   best = read_best(directory) or {"tau": -1.0}
-  K = section.tau_draft_tokens
 
   def on_eval(step: int, params: Any) -> str:
     tau, acc = measure_tau(trainer, params, evaluation, K)
@@ -125,8 +161,11 @@ def train_draft(
       )
       best_store.save(step, {"params": params}, meta)
       best_store.wait()
-      with open(os.path.join(directory, BEST, BEST_JSON), "w", encoding="utf-8") as f:
-        json.dump(best, f, indent=1)
+      if jax.process_index() == 0:  # One writer on a multi-host slice; renamed into place.
+        path = os.path.join(directory, BEST, BEST_JSON)
+        with open(path + ".partial", "w", encoding="utf-8") as f:
+          json.dump(best, f, indent=1)
+        os.replace(path + ".partial", path)
       line += "  (best)"
     return line
 
@@ -159,8 +198,11 @@ def _file_digests(folder: str) -> dict[str, str]:
       relative = os.path.relpath(path, folder)
       if relative == SHA256SUMS:
         continue
+      digest = hashlib.sha256()
       with open(path, "rb") as f:
-        digests[relative] = hashlib.sha256(f.read()).hexdigest()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+          digest.update(chunk)
+      digests[relative] = digest.hexdigest()
   return digests
 
 
@@ -170,9 +212,15 @@ def verify(folder: str) -> None:
   path = os.path.join(folder, SHA256SUMS)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{folder} has no {SHA256SUMS}: not a shipped drafter.")
+  expected = {}
   with open(path, encoding="utf-8") as f:
-    expected = dict(reversed(line.split(None, 1)) for line in f.read().splitlines() if line)
-  expected = {name.strip(): digest for name, digest in expected.items()}
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      fields = line.split(None, 1)
+      if len(fields) != 2 or len(fields[0]) != 64:
+        raise ValueError(f"{path}:{number}: expected '<sha256>  <file>', got {line.strip()!r}.")
+      expected[fields[1].strip().lstrip("*")] = fields[0].lower()  # '*': sha256sum -b.
   found = _file_digests(folder)
   problems = [f"{name}: missing" for name in sorted(set(expected) - set(found))]
   problems += [f"{name}: not in {SHA256SUMS}" for name in sorted(set(found) - set(expected))]
