@@ -105,3 +105,55 @@ def test_largest_batch_is_verified_by_compiling(second_fits):
   compiled.clear()
   assert aot._largest_batch(programs, 32 * gib, compile_at) == 11
   assert len(compiled) <= 4 and 11 in compiled
+
+
+def test_head_training_and_regeneration_compile_for_a_slice(tmp_path):
+  """A tiny Llama's EAGLE-3-style head training step (FSDP over 4 chips) and regeneration loop
+  (tensor-parallel) compile for v4-8 and fit, with the rates' arithmetic spelled out."""
+  import json
+
+  from specsamp.experiments.proofs import aot_training
+
+  config = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 4,
+    "vocab_size": 512,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 256,
+  }
+  path = tmp_path / "config.json"
+  path.write_text(json.dumps(config))
+  plan = aot_training.Plan(
+    topology="v4-8",
+    train_mesh={"fsdp": 4},
+    regen_mesh={"tensor": 4},
+    batch_size=4,
+    seq_len=32,
+    ttt_steps=2,
+    draft_vocab_size=128,
+    regen_batch=4,
+    regen_prompt_tokens=16,
+    regen_new_tokens=16,
+  )
+  lines = []
+  report = aot_training.run(str(path), plan, log=lines.append)
+  training, regeneration = report["programs"]
+  assert report["chips"] == 4 and training["mesh"]["fsdp"] == 4
+  assert regeneration["mesh"]["tensor"] == 4
+  assert training["fits"] and regeneration["fits"] and training["compile_s"] > 0
+  hardware = aot.SLICES["v4-8"].hardware
+  assert training["tokens_per_s_roofline"] == pytest.approx(
+    4 * hardware.peak_flops / training["flops_per_token"]
+  )
+  # 2 x the non-embedding parameters, attention, and 6 x the head's per unrolled step.
+  target_params = 512 * 64 * 2 + 4 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+  expected = 2 * (target_params - 512 * 64) + 4 * 4 * 32 * 64 + 6 * training["head_parameters"] * 2
+  assert training["flops_per_token"] == pytest.approx(expected)
+  assert any("answer tokens/s" in line for line in lines)

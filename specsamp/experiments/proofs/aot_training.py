@@ -1,0 +1,208 @@
+r"""Drafter training at the size of a slice, compiled ahead of time for TPUs on any machine.
+
+Two programs a user runs to train an EAGLE-3-style head for their own model
+(docs/training_on_answers.md), compiled here for a TPU slice with libtpu and no TPU
+(``aot.slice_devices``), from the target's HF ``config.json``:
+
+- **the head's training step** (``feature_train.FeatureTrainer``): the frozen target's forward
+  pass for its features and logits, ``ttt_steps`` unrolled head steps, the KL to the target,
+  the AdamW update; the target's parameters sharded by ``train_mesh`` (FSDP: each chip holds
+  1/n of them and gathers a layer at a time);
+- **the regeneration loop** (``autoregressive.AutoregressiveLoop``, what scripts/regenerate.py
+  runs): the target answering a batch of prompts, tensor-parallel (``regen_mesh``), as decoding
+  wants: no chip gathers another's weights.
+
+For each: compile time and memory per chip (against the chip's HBM), and a predicted rate:
+training tokens/s from the FLOPs a step must do (2 x the target's non-embedding parameters per
+token for its forward pass, 6 x the head's per token and unrolled step, and attention's
+2 x 2 x layers x seq_len x width per token for the target) at the chip's peak, and
+regeneration tokens/s from the bytes a decode step must read per chip (its weight shard and its
+shard of a cache at the mean length) at HBM bandwidth. Both are rooflines, upper bounds; the
+report prints them at 100% and at a stated utilisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specsamp import sharding
+from specsamp.experiments.proofs import aot
+from specsamp.hf import architectures
+from specsamp.models import feature_head, transformer
+from specsamp.models.config import TransformerConfig
+from specsamp.sampling.warping import SamplingConfig
+from specsamp.training import feature_train
+
+UTILISATION = 0.4
+"""The fraction of the roofline the report's second rate assumes (MFU / bandwidth use a
+well-tuned JAX training or decoding step reaches on TPUs; an assumption, stated)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What to compile: the slice, the meshes and the sizes."""
+
+  topology: str
+  train_mesh: dict[str, int]
+  regen_mesh: dict[str, int]
+  batch_size: int = 8  # Training sequences per step (global).
+  seq_len: int = 2048
+  ttt_steps: int = 7  # EAGLE-3's.
+  draft_vocab_size: int = 32_000  # EAGLE-3's draft vocabulary for Llama-3.1-8B.
+  regen_batch: int = 64
+  regen_prompt_tokens: int = 512
+  regen_new_tokens: int = 512
+  param_dtype: str = "bfloat16"
+
+
+def _target_config(hf_config: str, param_dtype: str) -> TransformerConfig:
+  return architectures.from_hf(
+    architectures.read_config(hf_config), param_dtype=param_dtype, dtype=param_dtype
+  )
+
+
+def _parameters(factory: Callable[[Any], Any]) -> int:
+  return sharding.count_parameters(factory)
+
+
+def training_flops_per_token(
+  target: TransformerConfig, head_params: int, seq_len: int, ttt_steps: int
+) -> float:
+  """FLOPs per training token of a head's step (module docstring)."""
+  total = _parameters(lambda rngs: transformer.Transformer(target, rngs=rngs))
+  embedding = target.vocab_size * target.d_model  # A lookup, no FLOPs (tied or not).
+  forward = 2.0 * (total - embedding) + 4.0 * target.num_layers * seq_len * target.d_model
+  return forward + 6.0 * head_params * ttt_steps
+
+
+def decode_bytes_per_chip(
+  target: TransformerConfig, mesh: jax.sharding.Mesh, batch: int, cache_length: int
+) -> float:
+  """Bytes one decode step reads per chip: its shard of every weight and of the cache."""
+  model = aot.abstract_model(target, mesh)
+  weights = sum(
+    math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+    for leaf in jax.tree.leaves(model)
+  )
+  cache = aot.abstract_cache(model, mesh, batch, cache_length)
+  cache_bytes = sum(
+    math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+    for leaf in (cache.keys, cache.values)
+  )
+  return float(weights + cache_bytes / 2)  # The cache at its mean fill over the answer.
+
+
+def run(hf_config: str, plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
+  """Compiles both programs for ``plan.topology`` (module docstring); returns the report."""
+  devices = aot.slice_devices(plan.topology)
+  hardware = aot.SLICES[plan.topology].hardware
+  chips = len(devices)
+  target_cfg = _target_config(hf_config, plan.param_dtype)
+  report: dict[str, Any] = {
+    "hf_config": hf_config,
+    "topology": plan.topology,
+    "chips": chips,
+    "device_kind": devices[0].device_kind,
+    "hbm_gib": hardware.memory_bytes / 2**30,
+    "plan": dataclasses.asdict(plan),
+    "programs": [],
+  }
+  log(
+    f"{plan.topology}: {chips} chips ({devices[0].device_kind}, "
+    f"{hardware.memory_bytes / 2**30:.0f} GiB HBM each); target {target_cfg.num_layers} x "
+    f"{target_cfg.d_model}, vocabulary {target_cfg.vocab_size:,}, {plan.param_dtype}"
+  )
+
+  # The head's training step.
+  mesh = aot.make_mesh(devices, plan.train_mesh)
+  target = aot.abstract_model(target_cfg, mesh)
+  head_cfg = feature_head.FeatureHeadConfig(draft_vocab_size=plan.draft_vocab_size)
+  train_cfg = feature_train.FeatureTrainConfig(
+    steps=10_000,
+    batch_size=plan.batch_size,
+    seq_len=plan.seq_len,
+    learning_rate=1e-4,
+    warmup_steps=100,
+    distill_mode="token",
+    ttt_steps=plan.ttt_steps,
+  )
+  draft_map = np.arange(plan.draft_vocab_size) if plan.draft_vocab_size else None
+  trainer = feature_train.FeatureTrainer(head_cfg, target, train_cfg, mesh, draft_map)
+  batch = jax.ShapeDtypeStruct(
+    (plan.batch_size, plan.seq_len + 1), jnp.int32, sharding=trainer._batch_sharding
+  )
+  with sharding.use_mesh(mesh):
+    lowered = trainer._step.lower(trainer.abstract_state, batch, nnx.split(target)[1])
+  program = aot.compile_program("head training step", lowered)
+  head_params = _parameters(
+    lambda rngs: feature_head.FeatureHead(trainer.head_config, target_cfg, rngs=rngs)
+  )
+  flops = training_flops_per_token(target_cfg, head_params, plan.seq_len, plan.ttt_steps)
+  roofline = chips * hardware.peak_flops / flops
+  report["programs"].append(
+    _row(
+      program,
+      hardware,
+      mesh,
+      tokens_per_s=roofline,
+      head_parameters=head_params,
+      flops_per_token=flops,
+    )
+  )
+  log(_line(report["programs"][-1], "training tokens/s"))
+
+  # The regeneration loop.
+  mesh = aot.make_mesh(devices, plan.regen_mesh)
+  target = aot.abstract_model(target_cfg, mesh)
+  cache_length = plan.regen_prompt_tokens + plan.regen_new_tokens
+  lowered = aot.lower_autoregressive(
+    target,
+    mesh,
+    batch=plan.regen_batch,
+    prompt_length=plan.regen_prompt_tokens,
+    max_new_tokens=plan.regen_new_tokens,
+    sampling=SamplingConfig(0.0),
+    cache_length=cache_length,
+  )
+  program = aot.compile_program("regeneration loop", lowered)
+  read = decode_bytes_per_chip(target_cfg, mesh, plan.regen_batch, cache_length)
+  rate = plan.regen_batch * hardware.memory_bandwidth / read
+  report["programs"].append(
+    _row(program, hardware, mesh, tokens_per_s=rate, decode_read_gib=read / 2**30)
+  )
+  log(_line(report["programs"][-1], "answer tokens/s"))
+  return report
+
+
+def _row(program: aot.Program, hardware: Any, mesh, *, tokens_per_s: float, **extra) -> dict:
+  return {
+    "program": program.name,
+    "mesh": dict(mesh.shape),
+    "compile_s": program.compile_s,
+    "total_gib": program.total_bytes / 2**30,
+    "argument_gib": program.argument_bytes / 2**30,
+    "temp_gib": program.temp_bytes / 2**30,
+    "fits": program.total_bytes <= hardware.memory_bytes,
+    "hlo_bytes": len(program.hlo),
+    "tokens_per_s_roofline": tokens_per_s,
+    "tokens_per_s_at_utilisation": tokens_per_s * UTILISATION,
+    **extra,
+  }
+
+
+def _line(row: dict, unit: str) -> str:
+  mesh = ",".join(f"{k}={v}" for k, v in row["mesh"].items() if v > 1)
+  return (
+    f"  {row['program']} (mesh {mesh}): compiled in {row['compile_s']:.1f} s, "
+    f"{row['total_gib']:.2f} GiB per chip ({'fits' if row['fits'] else 'does NOT fit'}); "
+    f"{unit}: {row['tokens_per_s_roofline']:,.0f} at the roofline, "
+    f"{row['tokens_per_s_at_utilisation']:,.0f} at {UTILISATION:.0%}"
+  )
