@@ -34,6 +34,7 @@ _REGEN_BATCH = flags.DEFINE_integer("regen_batch", 64, "Prompts answered togethe
 _PROMPT = flags.DEFINE_integer("regen_prompt_tokens", 512, "Prompt tokens per row.")
 _NEW = flags.DEFINE_integer("regen_new_tokens", 512, "Answer tokens per row.")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the report as JSON here.")
+_PROGRAMS = flags.DEFINE_list("programs", ["training", "regeneration"], "Programs to compile.")
 flags.adopt_module_key_flags(cli)
 
 
@@ -60,6 +61,7 @@ def main(argv):
     regen_batch=_REGEN_BATCH.value,
     regen_prompt_tokens=_PROMPT.value,
     regen_new_tokens=_NEW.value,
+    programs=tuple(_PROGRAMS.value),
   )
   report = aot_training.run(_HF.value, plan, log=lambda line: print(line, flush=True))
   if _OUTPUT.value:

@@ -345,13 +345,14 @@ def count_call_bytes(
   tokens: int,
   cache_length: int,
   experts_per_chip: float = 0.0,
+  batch: int = 1,
 ) -> tuple[Program, hlo_bytes.ByteCount]:
-  """The HBM bytes per chip of one cached call of ``tokens`` (batch 1) at a full cache, from
+  """The HBM bytes per chip of one cached call of ``tokens`` (``batch`` rows) at a full cache, from
   the compiled program users run (layers scanned): each blocked attention read covers every
   block of the cache, and an MoE layer's expert loop the ``experts_per_chip`` experts the
   call selects on each chip (the first is peeled off the loop). Intermediates written to
   HBM that are as large as the layer's smallest weight matrix are listed as materialised."""
-  program = compile_program("call", lower_call(model, mesh, 1, tokens, cache_length))
+  program = compile_program("call", lower_call(model, mesh, batch, tokens, cache_length))
   counted = hlo_bytes.count(
     program.hlo,
     _dynamic_trips(config, cache_length, experts_per_chip),
