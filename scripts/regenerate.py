@@ -4,7 +4,7 @@ its drafters on the target's own text (specsamp/training/regenerate.py).
   python scripts/regenerate.py --config=configs/smollm2_pair.py
   python scripts/regenerate.py --config=configs/smollm2_pair.py --split=held_out
   python scripts/regenerate.py --config=configs/smollm2_pair.py --prompts=~/my_prompts.jsonl \
-      --out=workdir/mine --settings=greedy --max_new_tokens=512 --batch_size=64
+      --out=workdir/mine --settings=greedy --max_new_tokens=512 --batch_size=32
 
 The prompts are the standard library's functions (explain / document / complete each) and
 configs/prompts/chat.txt, or --prompts (JSONL: {"prompt": ...} or {"messages": [...]} per
@@ -32,10 +32,10 @@ _SETTINGS = flags.DEFINE_list(
   ["greedy", "nucleus"],
   f"Sampling settings, alternating by shard: {regenerate.SETTINGS}",
 )
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Prompts answered together.")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Prompts answered together.")
 _MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", 384, "Longer prompts are skipped.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Answer tokens at most.")
-_SHARD = flags.DEFINE_integer("shard_prompts", 256, "Prompts per shard.")
+_SHARD = flags.DEFINE_integer("shard_prompts", 128, "Prompts per shard.")
 _MAX_SHARDS = flags.DEFINE_integer("max_shards", None, "Stop after this many new shards.")
 _SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
 _MAX_PROMPTS = flags.DEFINE_integer(
