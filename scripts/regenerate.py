@@ -32,10 +32,10 @@ _SETTINGS = flags.DEFINE_list(
   ["greedy", "nucleus"],
   f"Sampling settings, alternating by shard: {regenerate.SETTINGS}",
 )
-_BATCH = flags.DEFINE_integer("batch_size", 256, "Prompts answered together.")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Prompts answered together.")
 _MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", 384, "Longer prompts are skipped.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Answer tokens at most.")
-_SHARD = flags.DEFINE_integer("shard_prompts", 256, "Prompts per shard.")
+_SHARD = flags.DEFINE_integer("shard_prompts", 128, "Prompts per shard.")
 _MAX_SHARDS = flags.DEFINE_integer("max_shards", None, "Stop after this many new shards.")
 _SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
 _MAX_PROMPTS = flags.DEFINE_integer(

@@ -51,10 +51,10 @@ class Plan:
   """What a regeneration run asks for; a resumed run must ask for the same."""
 
   settings: tuple[str, ...] = ("greedy", "nucleus")
-  batch_size: int = 256
+  batch_size: int = 64
   max_prompt_tokens: int = 384
   max_new_tokens: int = 256
-  shard_prompts: int = 256
+  shard_prompts: int = 128
   split: str = "train"  # 'train', or 'held_out' (instructions.held_out's prompts).
   seed: int = 0
   max_prompts: int = 0  # Answer only the first this many of the shuffled split (0: all).
