@@ -25,10 +25,7 @@ def report():
 
 def _sharded_bytes(model) -> int:
   """Bytes per device of the model's parameters, from their shardings."""
-  return sum(
-    math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-    for leaf in jax.tree.leaves(model)
-  )
+  return aot.bytes_per_chip(model)
 
 
 @pytest.mark.slow

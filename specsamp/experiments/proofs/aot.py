@@ -327,6 +327,14 @@ def _step_costs(config: TransformerConfig, mesh, batch: int, tokens: int, cache_
   return tuple(one + (periods - 1) * (two - one) for one, two in zip(*costs))
 
 
+def bytes_per_chip(tree: Any) -> int:
+  """Bytes one device holds of a tree of sharded arrays (or ShapeDtypeStructs)."""
+  return sum(
+    math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+    for leaf in jax.tree.leaves(tree)
+  )
+
+
 def smallest_layer_matrix(model: Any, num_layers: int) -> int:
   """Bytes per chip of the smallest weight matrix of one layer: the stacked block
   parameters of at least two dimensions per layer, one device's shard, over the layers."""

@@ -26,7 +26,6 @@ report prints them at 100% and at a stated utilisation.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -92,25 +91,13 @@ def training_flops_per_token(
 
 
 def decode_bytes_per_chip(
-  target: TransformerConfig,
-  mesh: jax.sharding.Mesh,
-  batch: int,
-  cache_length: int,
-  full: bool = False,
+  target: TransformerConfig, mesh: jax.sharding.Mesh, batch: int, cache_length: int
 ) -> float:
-  """Bytes one decode step reads per chip: its shard of every weight and of the cache (at
-  its mean fill over the answer, or ``full``)."""
+  """Bytes one decode step reads per chip at a full cache: its shard of every weight and of
+  the cache's keys and values."""
   model = aot.abstract_model(target, mesh)
-  weights = sum(
-    math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-    for leaf in jax.tree.leaves(model)
-  )
   cache = aot.abstract_cache(model, mesh, batch, cache_length)
-  cache_bytes = sum(
-    math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
-    for leaf in (cache.keys, cache.values)
-  )
-  return float(weights + (cache_bytes if full else cache_bytes / 2))
+  return float(aot.bytes_per_chip(model) + aot.bytes_per_chip((cache.keys, cache.values)))
 
 
 def run(hf_config: str, plan: Plan, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -203,7 +190,7 @@ def _regeneration_loop(target_cfg: TransformerConfig, plan: Plan, devices, hardw
   )
   step_bytes = counted.read_bytes + counted.written_bytes
   rate = plan.regen_batch * hardware.memory_bandwidth / step_bytes
-  analytic = decode_bytes_per_chip(target_cfg, mesh, plan.regen_batch, cache_length, full=True)
+  analytic = decode_bytes_per_chip(target_cfg, mesh, plan.regen_batch, cache_length)
   return _row(
     program,
     hardware,
