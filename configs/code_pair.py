@@ -172,6 +172,17 @@ def get_config(arg=None):
   config.answers.tau_draft_tokens = 4
   config.answers.train = _train(steps=400, batch_size=16, seq_len=256, learning_rate=2e-3)
   config.answers.train.eval_every = 50
+  # Which drafter scripts/train_drafter.py trains: 'draft' (the model above, answers.train) or
+  # 'feature' (the head of config.feature.head, answers.head_train: its KL to the target's
+  # distribution over answer tokens, unrolled ttt_steps >= tau_draft_tokens steps).
+  config.answers.drafter = "draft"
+  config.answers.head_directory = "feature_head_answers"
+  config.answers.head_train = _train(
+    steps=400, batch_size=16, seq_len=256, learning_rate=3e-3, distill_mode="token"
+  )
+  config.answers.head_train.eval_every = 50
+  config.answers.head_train.ttt_steps = 4
+  config.answers.head_train.ttt_decay = 0.8
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
@@ -258,6 +269,12 @@ def get_config(arg=None):
     config.answers.train = _train(steps=4, batch_size=2, seq_len=16, learning_rate=3e-3)
     config.answers.train.eval_every = 2
     config.answers.train.eval_batches = 2
+    config.answers.head_train = _train(
+      steps=4, batch_size=2, seq_len=16, learning_rate=3e-3, distill_mode="token"
+    )
+    config.answers.head_train.eval_every = 2
+    config.answers.head_train.ttt_steps = 4
+    config.answers.head_train.ttt_decay = 0.8
     config.sampling.num_prompts = 2
     config.sampling.prompt_tokens = 8
     config.sampling.max_new_tokens = 8

@@ -1,27 +1,37 @@
-r"""Trains a pair's draft on the target's regenerated answers, keeping the best by tau
+r"""Trains a pair's drafter on the target's regenerated answers, keeping the best by tau
 (specsamp/experiments/jobs/answer_training.py).
 
   python scripts/regenerate.py --config=configs/smollm2_pair.py --split=held_out --settings=greedy
   python scripts/regenerate.py --config=configs/smollm2_pair.py
   python scripts/train_drafter.py --config=configs/smollm2_pair.py
-  python scripts/train_drafter.py --config=configs/smollm2_pair.py \
+  python scripts/train_drafter.py --config=configs/smollm2_pair.py --config.answers.drafter=draft \
       --config.answers.train.steps=4000 --config.mesh.data=4 --config.mesh.fsdp=2
 
-Reads WORKDIR/regenerated/train (the shards there when it starts) and measures tau at each
-evaluation on WORKDIR/regenerated/held_out; checkpoints go to WORKDIR/draft_answers (resumed
-from the newest; Ctrl-C saves first) and the best evaluation's parameters to
-WORKDIR/draft_answers/best, with best.json. On a multi-host slice, start it on every host with
---distributed (each host reads the same shards and places its rows of each batch).
+--config.answers.drafter picks the drafter: 'feature' (the feature head of config.feature.head)
+or 'draft' (the model of config.draft.model). Reads WORKDIR/regenerated/train (the shards there
+when it starts) and measures tau at each evaluation on WORKDIR/regenerated/held_out; checkpoints
+go to WORKDIR/feature_head_answers or WORKDIR/draft_answers (resumed from the newest; Ctrl-C
+saves first) and the best evaluation's parameters to .../best, with best.json. --ship_to=FOLDER
+then writes the best in bfloat16 with a card and SHA256SUMS (load it with
+--config.feature.checkpoint=FOLDER or --config.draft.checkpoint=FOLDER). On a multi-host slice,
+start it on every host with --distributed (each host reads the same shards and places its rows
+of each batch).
 """
+
+import os
 
 from absl import flags
 
 from specsamp.experiments import cli
 from specsamp.experiments.jobs import answer_training
+from specsamp.experiments.jobs import pair as pair_lib
 
 _PAIR = cli.define_pair_flags()
 _STOP_AFTER = flags.DEFINE_integer(
   "stop_after", None, "Stop (with a checkpoint) after this many steps in this run."
+)
+_SHIP_TO = flags.DEFINE_string(
+  "ship_to", None, "Write the best drafter here (bfloat16, CARD.md, SHA256SUMS) when done."
 )
 
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
@@ -30,16 +40,30 @@ flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 def main(argv):
   cli.start(argv)
   config = _PAIR.pair_config()
-  best = answer_training.train_draft(config, _PAIR.workdir.value, stop_after=_STOP_AFTER.value)
+  workdir = os.path.abspath(_PAIR.workdir.value or pair_lib.default_workdir(config))
+  drafter = config.answers.drafter
+  best = answer_training.train_on_answers(config, workdir, stop_after=_STOP_AFTER.value)
   if best.get("step") is None:
     print("no evaluation yet: nothing kept as best", flush=True)
-  else:
-    acc = " ".join(f"{a:.2f}" for a in best["acc"])
-    print(
-      f"best: step {best['step']}, tau {best['tau']:.3f} (acc {acc}) after "
-      f"{best['tokens_seen']:,} training tokens",
-      flush=True,
+    return
+  acc = " ".join(f"{a:.2f}" for a in best["acc"])
+  print(
+    f"best: step {best['step']}, tau {best['tau']:.3f} (acc {acc}) after "
+    f"{best['tokens_seen']:,} training tokens",
+    flush=True,
+  )
+  if _SHIP_TO.value:
+    directory = config.answers.head_directory if drafter == "feature" else config.answers.directory
+    target = None
+    if drafter == "feature":
+      target = pair_lib.prepare(config, workdir, drafts=False, log=lambda line: None).target
+    answer_training.ship(
+      os.path.join(workdir, directory, answer_training.BEST),
+      _SHIP_TO.value,
+      answer_training.card(config, workdir, best, drafter),
+      target=target,
     )
+    print(f"shipped to {_SHIP_TO.value}", flush=True)
 
 
 if __name__ == "__main__":

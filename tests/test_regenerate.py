@@ -233,7 +233,7 @@ def test_a_shipped_draft_loads_in_bfloat16_and_a_corrupted_copy_is_refused(tmp_p
   import shutil
 
   from specsamp.experiments.jobs import answer_training
-  from specsamp.training import checkpoint, train
+  from specsamp.training import checkpoint, shipped, train
 
   model = transformer.create(tiny_config(), seed=0)
   best = str(tmp_path / "best")
@@ -242,10 +242,12 @@ def test_a_shipped_draft_loads_in_bfloat16_and_a_corrupted_copy_is_refused(tmp_p
   store.save(7, {"params": train.params_of(model)}, meta)
   store.wait()
   folder = str(tmp_path / "shipped")
-  shipped = answer_training.ship(best, folder, "# A card\n")
-  assert shipped["model"]["param_dtype"] == "bfloat16" and shipped["tokenizer"] == "abc"
-  answer_training.verify(folder)
-  loaded, _ = checkpoint.load_model(os.path.join(folder, "checkpoint"))
+  meta = answer_training.ship(best, folder, "# A card\n")
+  assert meta["model"]["param_dtype"] == "bfloat16" and meta["tokenizer"] == "abc"
+  shipped.verify(folder)
+  assert shipped.resolve(folder) == os.path.join(folder, "checkpoint")
+  assert shipped.resolve(best) == best  # Not a shipped folder: loaded as it is.
+  loaded, _ = checkpoint.load_model(shipped.resolve(folder))
   expected = jax.tree.map(lambda x: np.asarray(x).astype("bfloat16"), train.params_of(model))
   for got, want in zip(jax.tree.leaves(train.params_of(loaded)), jax.tree.leaves(expected)):
     assert got.dtype == want.dtype
@@ -268,4 +270,24 @@ def test_a_shipped_draft_loads_in_bfloat16_and_a_corrupted_copy_is_refused(tmp_p
     else:
       open(os.path.join(copy, "extra.txt"), "w").write("x")
     with pytest.raises(ValueError, match=message):
-      answer_training.verify(copy)
+      shipped.resolve(copy)
+
+
+def test_an_unrolled_drafters_accepted_runs_are_the_chain_drafts_shifted_by_one():
+  """A feature head's step k at row p drafts after x_<=p+1+k: flags laid out that way give the
+  counts of a draft model's run from t = p + 1, and the same answer-token windows."""
+  rng = np.random.default_rng(0)
+  B, L, K = 3, 20, 4
+  correct_BT = rng.random((B, L)) < 0.7
+  weights_BT = (rng.random((B, L)) < 0.9).astype(np.float32)
+  chain = answers.accepted_run(correct_BT[:, : L - 1], weights_BT[:, 1:] > 0, K)
+  steps = np.zeros((K, B, L), bool)
+  for k in range(K):
+    for p in range(L):
+      if p + 1 + k < L - 1:
+        steps[k, :, p] = correct_BT[:, p + 1 + k]
+  unrolled = answers.accepted_unrolled(steps, weights_BT, K)
+  np.testing.assert_array_equal(unrolled[:, : L - 2], chain[:, 1 : L - 1])
+  assert (unrolled[:, L - 2 :] == -1).all() and (unrolled >= 0).any()
+  with pytest.raises(ValueError, match="cannot measure"):
+    answers.accepted_unrolled(steps[:2], weights_BT, K)

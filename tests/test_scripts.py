@@ -782,3 +782,36 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
 
   model, meta = checkpoint.load_model(os.path.join(workdir, "draft_answers", "best"))
   assert meta["step"] == best["step"] and model.config.num_layers == 1
+  assert [point["step"] for point in best["curve"]] == [2, 4]  # The learning curve.
+
+  # The feature head on the same answers, shipped, then loaded by the main job from the folder
+  # (verified first): greedy speculative equals autoregressive; a corrupted copy is refused.
+  folder = str(tmp_path / "shipped_head")
+  head = run_script(
+    "train_drafter.py", *train_args, "--config.answers.drafter=feature", f"--ship_to={folder}"
+  )
+  assert head.returncode == 0, head.stderr[-3000:]
+  assert "feature head (answers)" in head.stdout and "tau(K=4)" in head.stdout
+  assert f"shipped to {folder}" in head.stdout
+  card = open(os.path.join(folder, "CARD.md")).read()
+  head_best = json.load(open(os.path.join(workdir, "feature_head_answers", "best", "best.json")))
+  assert f"**{head_best['tau']:.3f}**" in card and "answer tokens" in card
+  from specsamp.experiments.jobs import sample_job
+
+  config = _test_pair_config()
+  config.speculative.drafter = "feature"
+  config.feature.checkpoint = folder
+  config.sampling.temperature = 0.0
+  logs = []
+  report = sample_job.run(config, workdir, log=logs.append)
+  assert any(f"feature head: loaded from {folder}" in line for line in logs), logs
+  assert report.tokens["speculative"] == report.tokens["autoregressive"]
+  params = os.path.join(folder, "checkpoint")
+  largest = max(
+    (os.path.join(r, n) for r, _, ns in os.walk(params) for n in ns), key=os.path.getsize
+  )
+  data = bytearray(open(largest, "rb").read())
+  data[len(data) // 2] ^= 1
+  open(largest, "wb").write(bytes(data))
+  with pytest.raises(ValueError, match="is corrupt"):
+    sample_job.run(config, workdir, log=logs.append)

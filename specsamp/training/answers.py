@@ -88,3 +88,20 @@ def tau(accepted: np.ndarray, K: int) -> tuple[float, np.ndarray]:
   reached = np.array([(counts >= k).sum() for k in range(K + 1)], np.float64)
   acc = reached[1:] / np.maximum(reached[:-1], 1)
   return float(1 + counts.mean()), acc
+
+
+def accepted_unrolled(correct_KBT: np.ndarray, weights_BT: np.ndarray, K: int) -> np.ndarray:
+  """[B, L] tokens a K-token greedy chain of an unrolled drafter accepts, from its per-step
+  flags (``feature_train.greedy_steps_correct``: ``correct[k, b, p]``, step k at row p drafts
+  after x_<=p+1+k and is right when it predicts x_{p+2+k}): the run of True over k, capped at
+  K, for the chain drafted after x_<=p+1; -1 where x_{p+2}..x_{p+1+K} are not all answer tokens
+  (``weights`` 1) of the row."""
+  correct_KBT = np.asarray(correct_KBT, bool)
+  if correct_KBT.shape[0] < K:
+    raise ValueError(f"{correct_KBT.shape[0]} unrolled steps cannot measure a chain of K={K}.")
+  B, L = correct_KBT.shape[1:]
+  accepted = np.cumprod(correct_KBT[:K], axis=0).sum(0)
+  answer = np.zeros((B, L + K + 2), bool)
+  answer[:, :L] = np.asarray(weights_BT, np.float32) > 0
+  window = np.lib.stride_tricks.sliding_window_view(answer[:, 2:], K, axis=1)[:, :L].all(-1)
+  return np.where(window, accepted, -1)

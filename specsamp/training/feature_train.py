@@ -74,20 +74,16 @@ def _join(floats: dict, rest: dict) -> dict:
   )
 
 
-def ttt_loss(
-  model: FeatureDraftModel,
-  tokens_BT: jax.Array,
-  steps: int,
-  decay: float,
-  temperature: float,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The weighted training-time-test KL (module docstring) and per-step metrics."""
+def _unrolled_hidden(
+  model: FeatureDraftModel, tokens_BT: jax.Array, steps: int
+) -> tuple[jax.Array, list[jax.Array]]:
+  """(the target's logits [B, L, V], the head's hidden states of its ``steps`` unrolled steps)
+  over ``tokens``: row p of step k drafts after x_<=p+1+k, fed the true tokens."""
   head, target = model.head, model.target
-  batch, length = tokens_BT.shape
+  length = tokens_BT.shape[1]
   scored = target(tokens_BT, capture_layers=head.config.feature_layers)
-  teacher_BTV, features_BTF = scored.logits, scored.features
-  teacher_BTV = jax.lax.stop_gradient(teacher_BTV)
-  features_BTF = jax.lax.stop_gradient(features_BTF)
+  teacher_BTV = jax.lax.stop_gradient(scored.logits)
+  features_BTF = jax.lax.stop_gradient(scored.features)
   padded_BT = jnp.pad(tokens_BT, ((0, 0), (0, steps + 1)))
   embedded = jnp.stack(
     [target.embedder.encode(padded_BT[:, 1 + k : 1 + k + length]) for k in range(steps)]
@@ -95,26 +91,74 @@ def ttt_loss(
   hidden = head.unrolled(
     jax.lax.stop_gradient(embedded), head.fuse(features_BTF), steps, parallel=head.config.parallel
   )
-  draft_vocab = head.config.draft_vocab_size
+  return teacher_BTV, hidden
+
+
+def _step_logits(model: FeatureDraftModel, h_BTD: jax.Array) -> jax.Array:
+  """A step's logits over the head's own vocabulary (the draft vocabulary when reduced)."""
+  if model.head.config.draft_vocab_size:
+    return model.head.small_logits(h_BTD)
+  return model.logits(h_BTD)
+
+
+def step_weights(weights_BT: jax.Array | None, length: int, k: int) -> jax.Array:
+  """[B or 1, L] weight of row p at unrolled step k: 0 where its target position p + 1 + k is
+  past the row; with per-token ``weights`` (answer tokens 1, ``answers``), the weight of the
+  token it predicts, x_{p+2+k} (0 past the row), as the draft's loss weighs x_{t+1}."""
+  valid_1T = (jnp.arange(length) + 1 + k < length)[None].astype(jnp.float32)
+  if weights_BT is None:
+    return valid_1T
+  return jnp.pad(weights_BT[:, 2 + k :], ((0, 0), (0, 2 + k))).astype(jnp.float32) * valid_1T
+
+
+def ttt_loss(
+  model: FeatureDraftModel,
+  tokens_BT: jax.Array,
+  steps: int,
+  decay: float,
+  temperature: float,
+  weights_BT: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The weighted training-time-test KL (module docstring) and per-step metrics; with per-token
+  ``weights`` (``step_weights``), each step's KL is their weighted mean."""
+  head = model.head
+  length = tokens_BT.shape[1]
+  teacher_BTV, hidden = _unrolled_hidden(model, tokens_BT, steps)
   total, metrics = 0.0, {}
   for k, h_BTD in enumerate(hidden):
-    valid_T = jnp.arange(length) + 1 + k < length  # The target position p + 1 + k exists.
     teacher_k = jnp.pad(teacher_BTV[:, 1 + k :], ((0, 0), (0, 1 + k), (0, 0)))
-    if draft_vocab:
+    if head.config.draft_vocab_size:
       teacher_k = teacher_k[..., head.draft_to_target[...]]
-      student_k = head.small_logits(h_BTD)
-    else:
-      student_k = model.logits(h_BTD)
+    student_k = _step_logits(model, h_BTD)
     teacher_logp = jax.nn.log_softmax(teacher_k / temperature, axis=-1)
     student_logp = jax.nn.log_softmax(student_k.astype(jnp.float32) / temperature, axis=-1)
     kl_BT = (jnp.exp(teacher_logp) * (teacher_logp - student_logp)).sum(-1)
-    weight_BT = jnp.broadcast_to(valid_T, kl_BT.shape).astype(jnp.float32)
-    kl = (kl_BT * weight_BT).sum() / weight_BT.sum()
-    agree = (jnp.argmax(student_logp, -1) == jnp.argmax(teacher_logp, -1)) * weight_BT
+    weight_BT = jnp.broadcast_to(step_weights(weights_BT, length, k), kl_BT.shape)
+    kl = train.weighted_mean(kl_BT, weight_BT)
+    agree = (jnp.argmax(student_logp, -1) == jnp.argmax(teacher_logp, -1)).astype(jnp.float32)
     total = total + decay**k * kl
     metrics[f"kl{k}"] = kl
-    metrics[f"top1_{k}"] = agree.sum() / weight_BT.sum()
+    metrics[f"top1_{k}"] = train.weighted_mean(agree, weight_BT)
   return total, metrics
+
+
+def greedy_steps_correct(model: FeatureDraftModel, tokens_BT: jax.Array, steps: int) -> jax.Array:
+  """[steps, B, L]: whether step k's argmax at row p (drafting after x_<=p+1+k, the true tokens
+  fed) is the next true token x_{p+2+k} (False past the row). On greedy answers, where that
+  token is the target's argmax, a K-token greedy chain the head drafts after x_<=p+1 accepts
+  the run of True over k = 0.. (``answers.accepted_unrolled``)."""
+  length = tokens_BT.shape[1]
+  _, hidden = _unrolled_hidden(model, tokens_BT, steps)
+  head = model.head
+  padded_BT = jnp.pad(tokens_BT, ((0, 0), (0, steps + 2)))
+  correct = []
+  for k, h_BTD in enumerate(hidden):
+    best_BT = jnp.argmax(_step_logits(model, h_BTD), -1)
+    if head.config.draft_vocab_size:
+      best_BT = head.draft_to_target[...][best_BT]
+    inside_1T = (jnp.arange(length) + 2 + k < length)[None]
+    correct.append((best_BT == padded_BT[:, 2 + k : 2 + k + length]) & inside_1T)
+  return jnp.stack(correct)
 
 
 class FeatureTrainer:
@@ -202,16 +246,19 @@ class FeatureTrainer:
       self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated)
     )
     self._eval = jax.jit(self._eval_fn, out_shardings=replicated)
+    self._greedy_correct = jax.jit(
+      self._greedy_correct_fn, static_argnums=3, out_shardings=replicated
+    )
 
   def _model(self, params, target_state) -> FeatureDraftModel:
     head = nnx.merge(self.graphdef, params)
     return FeatureDraftModel(head, nnx.merge(self._target[0], target_state))
 
-  def _loss(self, floats, rest, batch_BT, target_state):
+  def _loss(self, floats, rest, batch_BT, weights_BT, target_state):
     config = self.config
     model = self._model(_join(floats, rest), target_state)
     loss, metrics = ttt_loss(
-      model, batch_BT, config.ttt_steps, config.ttt_decay, config.distill_temperature
+      model, batch_BT, config.ttt_steps, config.ttt_decay, config.distill_temperature, weights_BT
     )
     return loss, metrics
 
@@ -225,10 +272,10 @@ class FeatureTrainer:
       step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(floats)
     )
 
-  def _step_fn(self, state: TrainState, batch_BT, target_state):
+  def _step_fn(self, state: TrainState, batch_BT, weights_BT, target_state):
     floats, rest = _split(state.params, self._float_keys)
     (loss, metrics), grads = jax.value_and_grad(self._loss, has_aux=True)(
-      floats, rest, batch_BT, target_state
+      floats, rest, batch_BT, weights_BT, target_state
     )
     updates, opt_state = self.optimizer.update(grads, state.opt_state, floats)
     params = _join(optax.apply_updates(floats, updates), rest)
@@ -242,30 +289,43 @@ class FeatureTrainer:
     )
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), logged
 
-  def _eval_fn(self, params, batch_BT, target_state):
+  def _eval_fn(self, params, batch_BT, weights_BT, target_state):
     floats, rest = _split(params, self._float_keys)
-    return self._loss(floats, rest, batch_BT, target_state)[0]
+    return self._loss(floats, rest, batch_BT, weights_BT, target_state)[0]
+
+  def _greedy_correct_fn(self, params, batch_BT, target_state, steps):
+    return greedy_steps_correct(self._model(params, target_state), batch_BT, steps)
 
   # --- host API (what ``train.fit`` calls) ----------------------------------------------------
   def init_state(self) -> TrainState:
     with sharding.use_mesh(self.mesh):
       return self._init(None if self._map is None else jnp.asarray(self._map))
 
-  def place(self, batch: np.ndarray) -> jax.Array:
-    batch = np.asarray(batch, np.int32)
+  def place(self, batch: np.ndarray, dtype=np.int32) -> jax.Array:
+    batch = np.asarray(batch, dtype)
     return jax.make_array_from_callback(
       batch.shape, self._batch_sharding, lambda index: batch[index]
     )
 
-  def train_step(self, state: TrainState, batch: np.ndarray) -> tuple[TrainState, dict]:
+  def _place_both(self, batch) -> tuple[jax.Array, jax.Array | None]:
+    tokens, weights = train.split_batch(batch)
+    return self.place(tokens), None if weights is None else self.place(weights, np.float32)
+
+  def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
+    """One optimizer step on a batch: tokens [B, L + 1], or (tokens, weights) (``data``)."""
     with sharding.use_mesh(self.mesh):
-      return self._step(state, self.place(batch), self._target[1])
+      return self._step(state, *self._place_both(batch), self._target[1])
 
   def evaluate(self, params, batches) -> float:
-    """The mean training-time-test loss over ``batches``."""
+    """The mean training-time-test loss over ``batches`` (``train.mean_over_batches``)."""
     with sharding.use_mesh(self.mesh):
-      losses = [float(self._eval(params, self.place(b), self._target[1])) for b in batches]
-    return float(np.mean(losses))
+      losses = [float(self._eval(params, *self._place_both(b), self._target[1])) for b in batches]
+    return train.mean_over_batches(losses, batches)
+
+  def greedy_correct(self, params, batch: np.ndarray, steps: int) -> np.ndarray:
+    """[steps, B, L] ``greedy_steps_correct`` of the head ``params`` on ``batch``."""
+    with sharding.use_mesh(self.mesh):
+      return np.asarray(self._greedy_correct(params, self.place(batch), self._target[1], steps))
 
   def head(self, params) -> FeatureHead:
     return nnx.merge(self.graphdef, params)

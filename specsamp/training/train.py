@@ -208,6 +208,15 @@ def split_batch(batch: Any) -> tuple[np.ndarray, np.ndarray | None]:
   return batch if isinstance(batch, tuple) else (batch, None)
 
 
+def mean_over_batches(losses: Sequence[float], batches: Sequence[Any]) -> float:
+  """The mean of per-batch means over every token: weighted batches count by their weights'
+  sum (a batch of few answer tokens counts little), unweighted ones equally."""
+  sizes = [1.0 if w is None else float(np.sum(w)) for _, w in map(split_batch, batches)]
+  if not sum(sizes):
+    raise ValueError("The evaluation batches hold no weighted token.")
+  return float(np.dot(losses, sizes) / sum(sizes))
+
+
 @struct.dataclass
 class TrainState:
   """Everything a resumed run needs: the step, the parameters and the optimizer state."""
@@ -437,7 +446,7 @@ class Trainer:
     """Mean cross-entropy (nats/token) over ``batches`` (weighted ones: over their weights)."""
     with sharding.use_mesh(self.mesh):
       losses = [float(self._eval(params, *self._place_both(b))) for b in batches]
-    return float(np.mean(losses))
+    return mean_over_batches(losses, batches)
 
   def greedy_correct(self, params, batch: np.ndarray) -> np.ndarray:
     """[B, L] whether the model's argmax after each prefix of ``batch`` is its next token."""

@@ -17,10 +17,10 @@ greedy chain); the best by tau is kept, since acceptance can fall while the loss
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,20 +29,27 @@ import ml_collections
 import numpy as np
 
 from specsamp.experiments.jobs import pair as pair_lib
-from specsamp.training import answers, checkpoint, regenerate, train
+from specsamp.models.feature_head import FeatureHeadConfig
+from specsamp.training import answers, checkpoint, feature_train, regenerate, shipped, train
 
 BEST = "best"
 BEST_JSON = "best.json"
 
 
 def measure_tau(
-  trainer: train.Trainer, params: Any, held_out: Sequence[tuple[np.ndarray, np.ndarray]], K: int
+  trainer: Any, params: Any, held_out: Sequence[tuple[np.ndarray, np.ndarray]], K: int
 ) -> tuple[float, np.ndarray]:
-  """tau and acc [K] of the model ``params`` on held-out greedy answer batches."""
+  """tau and acc [K] of the drafter ``params`` on held-out greedy answer batches: a draft
+  model's teacher-forced argmax (``answers.accepted_run``), or a feature head's K unrolled
+  steps (``answers.accepted_unrolled``)."""
   runs = []
   for tokens, weights in held_out:
-    correct = trainer.greedy_correct(params, tokens)
-    runs.append(answers.accepted_run(correct, weights[:, 1:] > 0, K))
+    if isinstance(trainer, feature_train.FeatureTrainer):
+      correct = trainer.greedy_correct(params, tokens, K)
+      runs.append(answers.accepted_unrolled(correct, weights, K))
+    else:
+      correct = trainer.greedy_correct(params, tokens)
+      runs.append(answers.accepted_run(correct, weights[:, 1:] > 0, K))
   return answers.tau(np.concatenate([r.ravel() for r in runs]), K)
 
 
@@ -90,33 +97,90 @@ def read_best(directory: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
-def train_draft(
+DRAFTERS = ("draft", "feature")
+
+
+def _drafter_setup(
+  config: ml_collections.ConfigDict,
+  drafter: str,
+  prepared: pair_lib.Pair,
+  answer_stream: np.ndarray,
+  manifest: dict[str, Any],
+) -> tuple[str, str, Any, dict[str, Any]]:
+  """(name, directory, trainer, checkpoint meta) of the drafter trained on the answers."""
+  section, tokenizer, target = config.answers, prepared.tokenizer, prepared.target
+  data_meta = {
+    "answers": section.train_dir,
+    "plan": manifest["plan"],
+    "target": manifest["target"],
+    "prompts_sha256": manifest["prompts_sha256"],
+  }
+  if drafter == "draft":
+    train_cfg = train.TrainConfig.from_config(section.train)
+    if train_cfg.distill_mode not in ("none", "token"):
+      raise ValueError(
+        f"answers.train.distill.mode must be 'none' or 'token' on regenerated answers, got "
+        f"{train_cfg.distill_mode!r}."
+      )
+    model_cfg = pair_lib.model_config(config.draft, tokenizer)
+    meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint}
+    trainer = train.Trainer(
+      model_cfg, train_cfg, prepared.mesh, teacher=target, seed=config.seed + 3
+    )
+    return "draft (answers)", section.directory, trainer, dict(meta, data=data_meta)
+  # The feature head of config.feature.head, its reduced vocabulary the answers' most frequent
+  # tokens (what it drafts), trained by its own KL to the target's distribution.
+  head_cfg = FeatureHeadConfig.from_config(config.feature.head)
+  train_cfg = feature_train.FeatureTrainConfig.from_config(section.head_train)
+  resolved = head_cfg.resolve(target.config)
+  mapping = None
+  if resolved.draft_vocab_size:
+    mapping = feature_train.frequent_tokens(
+      answer_stream, target.vocab_size, resolved.draft_vocab_size
+    )
+  meta = dict(
+    feature_train.head_meta(head_cfg, target), tokenizer=tokenizer.fingerprint, data=data_meta
+  )
+  trainer = feature_train.FeatureTrainer(
+    head_cfg, target, train_cfg, prepared.mesh, mapping, seed=config.seed + 3
+  )
+  return "feature head (answers)", section.head_directory, trainer, meta
+
+
+def train_on_answers(
   config: ml_collections.ConfigDict,
   workdir: str | None = None,
   *,
+  drafter: str | None = None,
   mesh: jax.sharding.Mesh | None = None,
   log: Callable[[str], None] = print,
   stop_after: int | None = None,
 ) -> dict[str, Any]:
-  """Trains (or resumes) the draft of ``config.draft.model`` on the regenerated answers
-  (module docstring); returns the best evaluation (best.json)."""
+  """Trains (or resumes) ``drafter`` (default ``config.answers.drafter``): 'draft', the model
+  of ``config.draft.model`` (optimised by ``answers.train``), or 'feature', the head of
+  ``config.feature.head`` (``answers.head_train``), on the regenerated answers (module
+  docstring); returns the best evaluation (best.json)."""
+  drafter = drafter or config.answers.get("drafter", "draft")
+  if drafter not in DRAFTERS:
+    raise ValueError(f"answers.drafter must be one of {DRAFTERS}, got {drafter!r}.")
   workdir = os.path.abspath(workdir or pair_lib.default_workdir(config))
   section = config.answers
   train_dir = os.path.join(workdir, section.train_dir)
   held_dir = os.path.join(workdir, section.held_out_dir)
-  train_cfg = train.TrainConfig.from_config(section.train)
-  if train_cfg.distill_mode not in ("none", "token"):
-    raise ValueError(
-      f"answers.train.distill.mode must be 'none' or 'token' on regenerated answers, got "
-      f"{train_cfg.distill_mode!r}."
-    )
   K = section.tau_draft_tokens
   prepared = pair_lib.prepare(config, workdir, drafts=False, mesh=mesh, log=log)
-  mesh = prepared.mesh
-  tokenizer = prepared.tokenizer
-  manifest = check_answers(train_dir, held_dir, tokenizer)
+  manifest = check_answers(train_dir, held_dir, prepared.tokenizer)
   shards = regenerate.read_shards(train_dir)
-  model_cfg = pair_lib.model_config(config.draft, tokenizer)
+  stream, answer = answers.stream(shards)
+  name, directory, trainer, meta = _drafter_setup(
+    config, drafter, prepared, stream[answer > 0], manifest
+  )
+  train_cfg = trainer.config
+  if drafter == "feature" and train_cfg.ttt_steps < K:
+    raise ValueError(
+      f"answers.head_train.ttt_steps={train_cfg.ttt_steps} unrolls fewer steps than tau's "
+      f"K={K} (answers.tau_draft_tokens)."
+    )
   batches = answers.batches(shards, train_cfg.seq_len, train_cfg.batch_size, config.seed)
   # tau and the held-out loss over every held-out row (their file order is by prompt length).
   held = answers.batches(regenerate.read_shards(held_dir), train_cfg.seq_len, train_cfg.batch_size)
@@ -127,46 +191,43 @@ def train_draft(
     raise ValueError(f"No held-out answer has {K} tokens: tau at K={K} has nothing to measure.")
   weights = batches.weights
   log(
-    f"draft (answers): {len(manifest['shards'])} shards, {int(weights.sum()):,} answer tokens "
+    f"{name}: {len(manifest['shards'])} shards, {int(weights.sum()):,} answer tokens "
     f"in {batches.sequences.size:,} ({len(batches.sequences):,} rows of "
     f"{train_cfg.seq_len + 1}); tau on {len(evaluation)} held-out batches"
   )
-  directory = os.path.join(workdir, section.directory)
-  meta = {
-    "model": dataclasses.asdict(model_cfg),
-    "tokenizer": tokenizer.fingerprint,
-    "data": {
-      "answers": section.train_dir,
-      "plan": manifest["plan"],
-      "target": manifest["target"],
-      "prompts_sha256": manifest["prompts_sha256"],
-    },
-  }
-  trainer = train.Trainer(model_cfg, train_cfg, mesh, teacher=prepared.target, seed=config.seed + 3)
+  directory = os.path.join(workdir, directory)
   store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints, log=log)
   if store.latest_step() is None and os.path.isdir(os.path.join(directory, BEST)):
     shutil.rmtree(os.path.join(directory, BEST))  # A fresh run: an older run's best is no bar.
   best_store = checkpoint.Checkpoints(os.path.join(directory, BEST), max_to_keep=1, log=log)
   best = read_best(directory) or {"tau": -1.0}
+  # Training time over every run that reached an evaluation (a resumed run adds to it).
+  clock = {"start": time.perf_counter(), "before": float(best.get("seconds_total", 0.0))}
+  curve = list(best.get("curve", []))
 
   def on_eval(step: int, params: Any) -> str:
     tau, acc = measure_tau(trainer, params, evaluation, K)
+    seconds = clock["before"] + time.perf_counter() - clock["start"]
+    tokens_seen = step * train_cfg.batch_size * train_cfg.seq_len
+    curve.append({"step": step, "tokens_seen": tokens_seen, "tau": tau, "seconds": seconds})
+    best.update(curve=curve, seconds_total=seconds)
     line = f"tau(K={K}) {tau:.3f}  acc " + " ".join(f"{a:.2f}" for a in acc)
     if tau > best["tau"]:
       best.update(
         step=step,
         tau=tau,
         acc=[float(a) for a in acc],
-        tokens_seen=step * train_cfg.batch_size * train_cfg.seq_len,
+        tokens_seen=tokens_seen,
+        seconds=seconds,
       )
       best_store.save(step, {"params": params}, meta)
       best_store.wait()
-      if jax.process_index() == 0:  # One writer on a multi-host slice; renamed into place.
-        path = os.path.join(directory, BEST, BEST_JSON)
-        with open(path + ".partial", "w", encoding="utf-8") as f:
-          json.dump(best, f, indent=1)
-        os.replace(path + ".partial", path)
       line += "  (best)"
+    if jax.process_index() == 0 and "step" in best:  # One writer; renamed into place.
+      path = os.path.join(directory, BEST, BEST_JSON)
+      with open(path + ".partial", "w", encoding="utf-8") as f:
+        json.dump(best, f, indent=1)
+      os.replace(path + ".partial", path)
     return line
 
   train.fit(
@@ -175,7 +236,7 @@ def train_draft(
     evaluation,
     store,
     meta,
-    name="draft (answers)",
+    name=name,
     log=log,
     stop_after=stop_after,
     on_eval=on_eval,
@@ -183,74 +244,95 @@ def train_draft(
   return best
 
 
-# --- Shipping the best draft. -------------------------------------------------------------------
-
-SHA256SUMS = "SHA256SUMS"
-CARD = "CARD.md"
+# --- Shipping the best drafter. ----------------------------------------------------------------
 
 
-def _file_digests(folder: str) -> dict[str, str]:
-  """sha256 of every file under ``folder`` (but SHA256SUMS), by path relative to it."""
-  digests = {}
-  for root, _, names in os.walk(folder):
-    for name in sorted(names):
-      path = os.path.join(root, name)
-      relative = os.path.relpath(path, folder)
-      if relative == SHA256SUMS:
-        continue
-      digest = hashlib.sha256()
-      with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-          digest.update(chunk)
-      digests[relative] = digest.hexdigest()
-  return digests
+def card(
+  config: ml_collections.ConfigDict, workdir: str, best: dict[str, Any], drafter: str
+) -> str:
+  """A shipped drafter's CARD.md: what it drafts for, the data, the training, the hardware
+  and the held-out tau, from the run's manifests and best.json."""
+  section = config.answers
+  manifest = regenerate.read_manifest(os.path.join(workdir, section.train_dir))
+  held = regenerate.read_manifest(os.path.join(workdir, section.held_out_dir))
+  train_section = section.head_train if drafter == "feature" else section.train
+  devices = jax.devices()
+  answer_tokens = sum(shard["answer_tokens"] for shard in manifest["shards"])
+  prompts = sum(shard["prompts"] for shard in manifest["shards"])
+  settings = sorted({shard["setting"] for shard in manifest["shards"]})
+  regen_seconds = sum(shard["seconds"] for shard in manifest["shards"])
+  acc = ", ".join(f"{a:.3f}" for a in best["acc"])
+  curve = "\n".join(
+    f"| {point['step']} | {point['tokens_seen']:,} | {point['tau']:.3f} |"
+    for point in best.get("curve", [])
+  )
+  kind = "feature head" if drafter == "feature" else "draft"
+  hardware = f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})"
+  held_prompts = sum(shard["prompts"] for shard in held["shards"])
+  held_tokens = sum(shard["answer_tokens"] for shard in held["shards"])
+  return f"""# A {kind} trained on the target's own answers
+
+- **Target**: `{manifest["target"]}` (tokenizer {manifest["tokenizer"]}).
+- **Data**: {prompts:,} prompts of `specsamp.training.instructions` answered by the target
+  (`scripts/regenerate.py`, settings {", ".join(settings)}; {len(manifest["shards"])} shards,
+  {answer_tokens:,} answer tokens, {regen_seconds / 3600:.2f} h of regeneration), prompts
+  sha256 `{manifest["prompts_sha256"][:16]}...`.
+- **Training**: `scripts/train_drafter.py --config.answers.drafter={drafter}`; best at step
+  {best["step"]} of {train_section.steps} (batch {train_section.batch_size} x
+  {train_section.seq_len} tokens, {best["tokens_seen"]:,} tokens seen, the loss on answer tokens
+  only), {best.get("seconds", 0) / 60:.1f} min of training to it.
+- **Hardware**: {hardware}, {os.cpu_count()} CPU cores.
+- **tau(K={section.tau_draft_tokens})** on {held_prompts} held-out greedy answers
+  ({held_tokens:,} answer tokens):
+  **{best["tau"]:.3f}** tokens per target call; acc_1..K {acc}.
+- **Stored**: bfloat16 parameters, an orbax checkpoint; SHA256SUMS covers every file and is
+  checked before loading.
+
+| step | tokens seen | tau |
+|---|---|---|
+{curve}
+"""
 
 
-def verify(folder: str) -> None:
-  """Raises ``ValueError`` naming each file of a shipped drafter that is missing, added or not
-  what SHA256SUMS says (a corrupted or partial copy)."""
-  path = os.path.join(folder, SHA256SUMS)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{folder} has no {SHA256SUMS}: not a shipped drafter.")
-  expected = {}
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      fields = line.split(None, 1)
-      if len(fields) != 2 or len(fields[0]) != 64:
-        raise ValueError(f"{path}:{number}: expected '<sha256>  <file>', got {line.strip()!r}.")
-      expected[fields[1].strip().lstrip("*")] = fields[0].lower()  # '*': sha256sum -b.
-  found = _file_digests(folder)
-  problems = [f"{name}: missing" for name in sorted(set(expected) - set(found))]
-  problems += [f"{name}: not in {SHA256SUMS}" for name in sorted(set(found) - set(expected))]
-  problems += [
-    f"{name}: sha256 {found[name][:12]}..., expected {expected[name][:12]}..."
-    for name in sorted(set(found) & set(expected))
-    if found[name] != expected[name]
-  ]
-  if problems:
-    raise ValueError(f"The drafter in {folder} is corrupt: " + "; ".join(problems))
-
-
-def ship(best_dir: str, folder: str, card: str, *, param_dtype: str = "bfloat16") -> dict[str, Any]:
-  """Writes the best draft of ``best_dir`` (``draft_answers/best``) to ``folder``: its
-  parameters in ``param_dtype`` as step 0 of an orbax checkpoint (loadable with
-  ``--config.draft.checkpoint``), ``card`` as CARD.md, and SHA256SUMS over every file.
-  Returns the checkpoint's metadata."""
+def ship(
+  best_dir: str,
+  folder: str,
+  card: str,
+  *,
+  target: Any = None,
+  param_dtype: str = "bfloat16",
+) -> dict[str, Any]:
+  """Writes the best drafter of ``best_dir`` (``draft_answers/best`` or
+  ``feature_head_answers/best``) to ``folder``: its float parameters in ``param_dtype`` as step 0
+  of an orbax checkpoint, ``card`` as CARD.md, and SHA256SUMS over every file
+  (``specsamp.training.shipped``: ``--config.draft.checkpoint=FOLDER`` or
+  ``--config.feature.checkpoint=FOLDER`` verifies and loads it). A feature head is read with
+  its ``target``. Returns the checkpoint's metadata."""
   if os.path.exists(folder) and os.listdir(folder):
     raise FileExistsError(f"{folder} is not empty; ship into a new folder.")
-  model, meta = checkpoint.load_model(best_dir, checkpoint.default_mesh())
-  config = dataclasses.replace(model.config, param_dtype=param_dtype)
-  params = jax.tree.map(lambda x: np.asarray(x).astype(config.param_dtype), train.params_of(model))
-  shipped_meta = dict(meta, model=dataclasses.asdict(config))
+  meta = checkpoint.Checkpoints(best_dir).read_meta()
+  if "head" in meta:
+    if target is None:
+      raise ValueError(f"{best_dir} holds a feature head: ship it with its target.")
+    head, meta = feature_train.load_head(best_dir, target)
+    params = train.params_of(head.head)
+    shipped_meta = dict(meta)
+  else:
+    model, meta = checkpoint.load_model(best_dir, checkpoint.default_mesh())
+    config = dataclasses.replace(model.config, param_dtype=param_dtype)
+    params = train.params_of(model)
+    shipped_meta = dict(meta, model=dataclasses.asdict(config))
+  params = jax.tree.map(
+    lambda x: np.asarray(x).astype(param_dtype)
+    if np.issubdtype(np.asarray(x).dtype, np.floating)
+    else np.asarray(x),
+    params,
+  )
   shipped_meta.pop("step", None)
-  store = checkpoint.Checkpoints(os.path.join(folder, "checkpoint"), max_to_keep=1)
+  store = checkpoint.Checkpoints(os.path.join(folder, shipped.CHECKPOINT), max_to_keep=1)
   store.save(0, {"params": params}, shipped_meta)
   store.wait()
-  with open(os.path.join(folder, CARD), "w", encoding="utf-8") as f:
+  with open(os.path.join(folder, shipped.CARD), "w", encoding="utf-8") as f:
     f.write(card)
-  digests = _file_digests(folder)
-  with open(os.path.join(folder, SHA256SUMS), "w", encoding="utf-8") as f:
-    f.writelines(f"{digest}  {name}\n" for name, digest in sorted(digests.items()))
+  shipped.write_sums(folder)
   return shipped_meta

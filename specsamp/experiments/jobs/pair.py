@@ -42,7 +42,7 @@ from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.models.feature_head import FeatureDraftModel, FeatureHeadConfig
 from specsamp.sampling import model_protocol, speculative
-from specsamp.training import checkpoint, data, feature_train, target_samples, train
+from specsamp.training import checkpoint, data, feature_train, shipped, target_samples, train
 from specsamp.training import tokenizer as tokenizer_lib
 from specsamp.training.tokenizer import Tokenizer
 
@@ -182,8 +182,11 @@ def load_corpus(
 def _load_checkpoint(
   name: str, path: str, tokenizer: Tokenizer, mesh, resume: str, log: Callable[[str], None]
 ):
-  """A model from a checkpoint given in the config, checked against the tokenizer."""
-  model, _ = checkpoint.load_model(path, mesh, tokenizer=tokenizer, role=name, resume=resume)
+  """A model from a checkpoint given in the config (a shipped folder is verified first),
+  checked against the tokenizer."""
+  model, _ = checkpoint.load_model(
+    shipped.resolve(path), mesh, tokenizer=tokenizer, role=name, resume=resume
+  )
   log(f"{name}: loaded {model.config.num_layers} layers x {model.config.d_model} from {path}")
   return model
 
@@ -300,7 +303,7 @@ def _train_feature_head(
   frozen target (``feature_train``) and loaded from there after."""
   name = "parallel feature head" if section.head.get("parallel", False) else "feature head"
   if section.get("checkpoint"):
-    path = os.path.expanduser(section.checkpoint)
+    path = shipped.resolve(section.checkpoint)  # A shipped head is verified first.
     if os.path.isfile(os.path.join(path, eagle.CONFIG_FILE)):  # A published EAGLE-3 head.
       model = eagle.load_eagle3(path, target, mesh)
     else:
