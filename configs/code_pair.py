@@ -130,6 +130,7 @@ def get_config(arg=None):
   # target's own hidden features, trained on the frozen target with training-time test.
   config.feature = ml_collections.ConfigDict()
   config.feature.checkpoint = ""  # A trained head to load instead (its metadata gives the rest).
+  config.feature.parallel_checkpoint = ""  # The same for the parallel head (parallel_head).
   config.feature.head = ml_collections.ConfigDict()
   # Target layers whose entering hidden states are fused (6: the last layer's output); ()
   # picks EAGLE-3's 2, N//2, N-3, which for this 6-layer target collapses to 2, 3.

@@ -24,6 +24,7 @@ Arguments:
 import os
 
 from specsamp.experiments import config_files
+from specsamp.training import shipped
 
 VARIANTS = ("cpu", "chat", "test")
 
@@ -70,6 +71,11 @@ def get_config(arg=None):
   config.feature.train.eval_batches = 2
   config.feature.train.ttt_steps = 2
   config.feature.train.ttt_decay = 0.8
+  # The head shipped with specsamp (specsamp/shipped/smollm2_head, its CARD.md), trained on
+  # SmolLM2's own answers below: --config.speculative.drafter=feature loads it (its SHA256SUMS
+  # checked first) instead of training one; --config.feature.checkpoint='' trains the corpus
+  # head above.
+  config.feature.checkpoint = shipped.packaged("smollm2_head")
 
   # The draft above trained on SmolLM2's own answers (scripts/regenerate.py, then
   # scripts/train_drafter.py): cross-entropy to the target's tokens on answer tokens only, its
@@ -81,6 +87,19 @@ def get_config(arg=None):
   config.answers.train.eval_batches = 8
   config.answers.train.checkpoint_every = 100
   config.answers.train.init_embedding = "teacher_pca"
+  # The feature head above on the same answers (what scripts/train_drafter.py trains here): its
+  # 8192-token output head over the answers' most frequent tokens, the KL to SmolLM2's
+  # distribution at each answer token, 4 unrolled steps; the shipped head
+  # (specsamp/shipped/smollm2_head, --config.feature.checkpoint) came from this run.
+  config.answers.drafter = "feature"
+  config.answers.head_train = code_pair._train(
+    steps=400, batch_size=8, seq_len=256, learning_rate=3e-3, distill_mode="token"
+  )
+  config.answers.head_train.eval_every = 50
+  config.answers.head_train.eval_batches = 4
+  config.answers.head_train.checkpoint_every = 50
+  config.answers.head_train.ttt_steps = 4
+  config.answers.head_train.ttt_decay = 0.8
 
   config.sampling.prompt_source = "humaneval"  # HumanEval prompts, continued as code.
   config.sampling.max_prompts = 8  # The first 8 HumanEval problems.
@@ -110,6 +129,7 @@ def get_config(arg=None):
     )
     config.feature.train.ttt_steps = 2
     config.feature.train.ttt_decay = 0.8
+    config.feature.checkpoint = ""  # The tests train their own (tiny) head.
     config.sampling.max_prompts = 2
     config.sampling.max_new_tokens = 8
     config.speculative.draft_length = "fixed"

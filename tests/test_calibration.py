@@ -2,6 +2,8 @@
 known temperature, the drafter's calibration logits are the ones it drafts its first token
 from, and '@fit' tree specs."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,6 +51,7 @@ def target():
   return transformer.create(CONFIG, seed=1)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 3))  # One program, not an eager run.
 def _first_draft_q(drafter, target, prompts, n):
   """The q a drafter draws its first token from after the prompts (T=1, sampled)."""
   batch = prompts.shape[0]
@@ -66,7 +69,7 @@ def _first_draft_q(drafter, target, prompts, n):
   proposal, _ = drafter.propose(
     state, tokens, lengths, jax.random.key(0), 1, jnp.ones((batch,), jnp.int32), sampling, 48
   )
-  return np.asarray(proposal.probs[:, 0])
+  return proposal.probs[:, 0]
 
 
 @pytest.mark.slow

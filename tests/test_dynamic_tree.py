@@ -176,14 +176,18 @@ def test_per_row_tree_call_scores_each_node_as_its_own_sequence():
     cache,
     tree=call,
   )
+  # One compiled reference: each sequence padded to the longest (causal: padding is unseen).
+  width = prompt_length + shape.max_depth
+  reference_logits = jax.jit(lambda sequence: model(sequence)[0])
   for row in range(batch):
     for j in range(shape.num_nodes):
       path, u = [], j
       while u >= 0:
         path.insert(0, int(nodes[row, u]))
         u = int(parents[row, u])
-      sequence = np.concatenate([prompts[row], path])[None]
-      reference = model(jnp.asarray(sequence))[0][0, -1]
+      sequence = np.concatenate([prompts[row], path])
+      padded = np.pad(sequence, (0, width - len(sequence)))[None]
+      reference = reference_logits(jnp.asarray(padded))[0, len(sequence) - 1]
       np.testing.assert_allclose(logits[row, 1 + j], reference, atol=2e-5)
 
 

@@ -46,15 +46,17 @@ def test_captured_features_are_the_hidden_states_entering_each_layer(target):
   np.testing.assert_array_equal(features[..., :32], target.embedder.encode(tokens))
   # Entering layer l = the unrolled reference's residual stream after layers 0..l-1.
   for index, layer in enumerate((2, 5)):
-    x, _, _ = transformer.run_blocks(
-      target.blocks,
-      CONFIG.replace(scan_layers=False),
-      target.embedder.encode(tokens),
-      jnp.broadcast_to(jnp.arange(7), (2, 7)),
-      cache.keys,
-      cache.values,
-      layer,
-    )
+    x = jax.jit(  # One program each, not an eager run of every operation.
+      lambda tokens, layer=layer: transformer.run_blocks(
+        target.blocks,
+        CONFIG.replace(scan_layers=False),
+        target.embedder.encode(tokens),
+        jnp.broadcast_to(jnp.arange(7), (2, 7)),
+        cache.keys,
+        cache.values,
+        layer,
+      )[0]
+    )(tokens)
     np.testing.assert_allclose(features[..., 32 * (index + 1) : 32 * (index + 2)], x, atol=1e-5)
   for bad in ((2, 1), (0, 7), (-1,)):
     with pytest.raises(ValueError, match="capture_layers"):
@@ -69,23 +71,36 @@ def test_training_time_test_unroll_is_what_the_head_sees_when_drafting(target):
   model, head = drafter.model, drafter.model.head
   length, steps = 10, 4
   tokens = jax.random.randint(jax.random.key(3), (2, length + steps + 1), 0, 64)
-  features = target(tokens[:, :length], capture_layers=head.config.feature_layers).features
-  embedded = jnp.stack(
-    [target.embedder.encode(tokens[:, 1 + k : 1 + k + length]) for k in range(steps)]
-  )
-  unrolled = head.unrolled(embedded, head.fuse(features), steps)
-  for p in (0, 4, 9):
-    cache = model.init_cache(2, 32)
-    positions = jnp.broadcast_to(jnp.arange(p + 1), (2, p + 1))
-    h, cache = model.hidden(tokens[:, 1 : p + 2], head.fuse(features[:, : p + 1]), positions, cache)
-    np.testing.assert_allclose(h[:, p], unrolled[0][:, p], atol=1e-5)
-    h = h[:, p]
-    for k in range(1, steps):
+  rows = (0, 4, 9)
+
+  @jax.jit  # One program, not an eager run of every operation.
+  def cached_and_unrolled(tokens):
+    features = target(tokens[:, :length], capture_layers=head.config.feature_layers).features
+    embedded = jnp.stack(
+      [target.embedder.encode(tokens[:, 1 + k : 1 + k + length]) for k in range(steps)]
+    )
+    unrolled = head.unrolled(embedded, head.fuse(features), steps)
+    cached = []  # [row][step]: the cached head's hidden state.
+    for p in rows:
+      cache = model.init_cache(2, 32)
+      positions = jnp.broadcast_to(jnp.arange(p + 1), (2, p + 1))
       h, cache = model.hidden(
-        tokens[:, p + 1 + k][:, None], h[:, None], jnp.full((2, 1), p + k), cache
+        tokens[:, 1 : p + 2], head.fuse(features[:, : p + 1]), positions, cache
       )
-      h = h[:, 0]
-      np.testing.assert_allclose(h, unrolled[k][:, p], atol=1e-5)
+      h = h[:, p]
+      cached.append([h])
+      for k in range(1, steps):
+        h, cache = model.hidden(
+          tokens[:, p + 1 + k][:, None], h[:, None], jnp.full((2, 1), p + k), cache
+        )
+        h = h[:, 0]
+        cached[-1].append(h)
+    return cached, unrolled
+
+  cached, unrolled = cached_and_unrolled(tokens)
+  for row, p in enumerate(rows):
+    for k in range(steps):
+      np.testing.assert_allclose(cached[row][k], unrolled[k][:, p], atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -154,6 +169,9 @@ def test_the_head_reads_the_targets_features_along_the_accepted_path(target, tre
     tree=None if tree is None else tree_lib.parse(tree),
   )
   layers = drafter.feature_layers
+  # One compiled pass over a whole output row (causal: a position's feature does not see the
+  # tokens after it, so the row's tail past its length changes nothing before it).
+  features_of = jax.jit(lambda tokens: target(tokens, capture_layers=layers).features)
   checked = []
   for seed in range(3, 23):
     out, (_, state) = loop.reusing(
@@ -167,7 +185,7 @@ def test_the_head_reads_the_targets_features_along_the_accepted_path(target, tre
     )
     for row in range(2):  # A row that finished before the last iteration has nothing pending.
       n = int(out.lengths[row])
-      features = target(out.tokens[row : row + 1, :n], capture_layers=layers).features
+      features = features_of(out.tokens[row : row + 1])
       start = int(state.start[row])
       count = n - 1 - start
       assert 0 <= count <= 4

@@ -210,3 +210,45 @@ def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(imported, tmp_p
   )
   with pytest.raises(FileExistsError, match="already holds a checkpoint"):
     gguf.import_to_checkpoint(smollm2_path(), directory, one_device())
+
+
+def test_the_shipped_head_verifies_loads_on_the_file_and_drafts_exactly(imported, tmp_path):
+  """specsamp/shipped/smollm2_head (trained on SmolLM2's own answers, CARD.md): its sums check,
+  it loads onto the imported file (bfloat16 on disk, float32 here), greedy speculative sampling
+  with it equals autoregressive and accepts some of its drafts; a copy with one flipped byte
+  is refused before anything loads."""
+  import shutil
+
+  from specsamp.sampling import speculative
+  from specsamp.sampling.feature_drafter import FeatureDrafter
+  from specsamp.training import feature_train, shipped
+
+  model, _ = imported
+  folder = shipped.packaged("smollm2_head")
+  head, meta = feature_train.load_head(shipped.resolve(folder), model, one_device())
+  assert meta["head"]["draft_vocab_size"] == 8192 and meta["data"]["target"].startswith("smollm2")
+  assert head.head.fc_FD[...].dtype == jnp.float32
+  lengths = np.array([PROMPT.shape[1]], np.int32)
+  expected = autoregressive.generate(
+    model, PROMPT, lengths, jax.random.key(0), max_new_tokens=16, temperature=0.0
+  )
+  out = speculative.speculative_generate(
+    model,
+    FeatureDrafter(head),
+    PROMPT,
+    lengths,
+    jax.random.key(1),
+    max_new_tokens=16,
+    num_draft_tokens=3,
+    temperature=0.0,
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
+  assert out.summary()["tokens_per_target_call"] > 1.0
+  copy = str(tmp_path / "copy")
+  shutil.copytree(folder, copy)
+  largest = max((os.path.join(r, n) for r, _, ns in os.walk(copy) for n in ns), key=os.path.getsize)
+  data = bytearray(open(largest, "rb").read())
+  data[len(data) // 2] ^= 1
+  open(largest, "wb").write(bytes(data))
+  with pytest.raises(ValueError, match="is corrupt"):
+    shipped.resolve(copy)

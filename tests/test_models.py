@@ -35,15 +35,16 @@ def test_incremental_decoding_equals_full_forward(family, num_kv_heads):
       param = getattr(model.blocks.attn, name)  # [L, ...]: every layer's bias.
       param[...] = jax.random.normal(jax.random.key(7), param.shape)
   tokens = _tokens(2, 12, config.vocab_size)
-  full, no_cache = model(tokens)
+  full, no_cache = jax.jit(model)(tokens)  # Compiled calls: one program each, not eager ops.
   assert no_cache is None and full.shape == (2, 12, config.vocab_size)
   assert full.dtype == jnp.float32
 
+  call = jax.jit(lambda tokens, cache: model(tokens, None, cache))
   cache = model.init_cache(2, 16)
-  prefill, cache = model(tokens[:, :5], None, cache)
+  prefill, cache = call(tokens[:, :5], cache)
   steps = [prefill]
   for t in range(5, 12):  # one token per call, positions from cache.lengths
-    logits, cache = model(tokens[:, t : t + 1], None, cache)
+    logits, cache = call(tokens[:, t : t + 1], cache)
     steps.append(logits)
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=ATOL, rtol=1e-5)
   np.testing.assert_array_equal(cache.lengths, [12, 12])
@@ -171,11 +172,16 @@ def test_scanned_layers_equal_unrolled_layers(family, changes):
   tokens = _tokens(2, 9, config.vocab_size)
   results = {}
   for name, model in (("scanned", scanned), ("unrolled", unrolled)):
-    cache = model.init_cache(2, 12)
-    prefill, cache = model(tokens[:, :6], None, cache)
-    step, cache = model(tokens[:, 6:], None, cache)
-    early, _ = transformer.EarlyExit(model, 1)(tokens)
-    results[name] = (prefill, step, cache.keys, cache.values, early)
+
+    @jax.jit  # One program per model, not an eager run of every operation.
+    def calls(tokens, model=model):
+      cache = model.init_cache(2, 12)
+      prefill, cache = model(tokens[:, :6], None, cache)
+      step, cache = model(tokens[:, 6:], None, cache)
+      early, _ = transformer.EarlyExit(model, 1)(tokens)
+      return prefill, step, cache.keys, cache.values, early
+
+    results[name] = calls(tokens)
   for got, want in zip(results["scanned"], results["unrolled"]):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=ATOL)
 

@@ -46,8 +46,12 @@ def test_each_q_is_the_models_distribution_after_the_committed_tokens_and_placeh
   n = 4
   state, _ = drafter.init(jnp.asarray(sequence[:, :n]), jnp.asarray([n]), width + K, K)
   sampling = warping.SamplingConfig(1.0)
+  # Both compiled once: the reference pads every prefix to one width (a causal model's output
+  # at a position does not see what follows it).
+  propose = jax.jit(drafter.propose, static_argnums=(4, 6, 7))
+  forward = jax.jit(lambda tokens: jax.nn.softmax(draft(tokens)[0], axis=-1))
   for accepted in (0, 3, 1, 2, 3):
-    proposal, state = drafter.propose(
+    proposal, state = propose(
       state,
       jnp.asarray(sequence),
       jnp.asarray([n]),
@@ -59,9 +63,10 @@ def test_each_q_is_the_models_distribution_after_the_committed_tokens_and_placeh
     )
     for k in range(K):
       tokens = np.concatenate([sequence[:, :n], np.full((1, k), MASK)], axis=1)
-      logits, _ = draft(jnp.asarray(tokens))
+      padded = np.pad(tokens, ((0, 0), (0, width + K - tokens.shape[1])))
+      probs = forward(jnp.asarray(padded))
       np.testing.assert_allclose(
-        proposal.probs[0, k], jax.nn.softmax(logits[0, -1]), rtol=1e-5, atol=1e-6
+        proposal.probs[0, k], probs[0, tokens.shape[1] - 1], rtol=1e-5, atol=1e-6
       )
     assert int(proposal.model_calls) == 1
     state = drafter.rollback(state, jnp.asarray([n + accepted + 1]))
@@ -172,11 +177,15 @@ def test_the_training_layout_is_what_each_placeholder_sees_when_drafting():
   K, L = 3, 9
   tokens = np.random.default_rng(1).integers(0, 256, size=(2, L))
   logits_BKLV = parallel.parallel_logits(model, jnp.asarray(tokens), K, mask_token_id=263)
+  # One compiled reference: each sequence padded to L + K (causal: the padding is unseen).
+  forward = jax.jit(lambda sequence: model(sequence)[0])
   for m in range(K):
     for j in range(m, L):
       sequence = np.concatenate([tokens[:, : j - m + 1], np.full((2, m), 263)], axis=1)
-      expected, _ = model(jnp.asarray(sequence))
-      np.testing.assert_allclose(logits_BKLV[:, m, j], expected[:, -1], rtol=2e-4, atol=2e-4)
+      expected = forward(jnp.asarray(np.pad(sequence, ((0, 0), (0, L + K - sequence.shape[1])))))
+      np.testing.assert_allclose(
+        logits_BKLV[:, m, j], expected[:, sequence.shape[1] - 1], rtol=2e-4, atol=2e-4
+      )
 
 
 def test_parallel_distillation_lowers_the_kl_at_every_draft_position():
@@ -256,24 +265,30 @@ def test_a_parallel_heads_q_are_what_training_unrolls_with_placeholders():
   drafter = _parallel_head(target)
   head, K, n = drafter.model.head, 3, 9
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, 256, size=(1, n + 4)), jnp.int32)
-  scored = target(tokens[:, :n], capture_layers=head.config.feature_layers)
-  state, _ = drafter.init(tokens[:, :n], jnp.asarray([n]), 32, K, features_BTF=scored.features)
-  proposal, _ = drafter.propose(
-    state,
-    tokens,
-    jnp.asarray([n]),
-    jax.random.key(0),
-    K,
-    jnp.asarray([K]),
-    warping.SamplingConfig(1.0),
-    target.vocab_size,
-  )
-  assert int(proposal.model_calls) == 1
-  embedded = target.embedder.encode(jnp.pad(tokens[:, 1:n], ((0, 0), (0, 1))))
-  hidden = head.unrolled(jnp.stack([embedded] * K), head.fuse(scored.features), K, parallel=True)
+
+  @jax.jit  # One program, not an eager run of every operation.
+  def drafted_and_unrolled(tokens):
+    scored = target(tokens[:, :n], capture_layers=head.config.feature_layers)
+    state, _ = drafter.init(tokens[:, :n], jnp.asarray([n]), 32, K, features_BTF=scored.features)
+    proposal, _ = drafter.propose(
+      state,
+      tokens,
+      jnp.asarray([n]),
+      jax.random.key(0),
+      K,
+      jnp.asarray([K]),
+      warping.SamplingConfig(1.0),
+      target.vocab_size,
+    )
+    embedded = target.embedder.encode(jnp.pad(tokens[:, 1:n], ((0, 0), (0, 1))))
+    hidden = head.unrolled(jnp.stack([embedded] * K), head.fuse(scored.features), K, parallel=True)
+    expected = [jax.nn.softmax(drafter.model.logits(h[:, n - 2 : n - 1])[0, 0]) for h in hidden]
+    return proposal.probs, proposal.model_calls, jnp.stack(expected)
+
+  probs, model_calls, expected = drafted_and_unrolled(tokens)
+  assert int(model_calls) == 1
   for k in range(K):
-    expected = jax.nn.softmax(drafter.model.logits(hidden[k][:, n - 2 : n - 1])[0, 0])
-    np.testing.assert_allclose(proposal.probs[0, k], expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(probs[0, k], expected[k], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow

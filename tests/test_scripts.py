@@ -560,26 +560,39 @@ def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call
   trained_workdir, tmp_path
 ):
   """--config.speculative.drafter=parallel / parallel_head: the first run trains the parallel
-  draft (draft_parallel/) or the parallel feature head (feature_head_parallel/), the second
-  loads it; one draft call per iteration; greedy output equals the autoregressive loop's."""
-  from specsamp.experiments.jobs import sample_job
+  draft (draft_parallel/) or the parallel feature head (feature_head_parallel/), the next
+  loads it (the pair the job prepares); one draft call per iteration; greedy output equals
+  the autoregressive loop's."""
+  from specsamp.experiments.jobs import drafter_specs, sample_job
+  from specsamp.experiments.jobs import pair as pair_lib
 
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
   for name, stage, needle in (
-    ("parallel", "draft_parallel", "parallel distillation): training"),
-    ("parallel_head", "feature_head_parallel", "parallel feature head: training"),
+    ("parallel", "draft_parallel", "parallel distillation): "),
+    ("parallel_head", "feature_head_parallel", "parallel feature head: "),
   ):
     config = _test_pair_config()
     config.speculative.drafter = name
     config.sampling.temperature = 0.0
-    for run in range(2):
-      logs = []
-      report = sample_job.run(config, str(copy), log=logs.append)
-      trained = any(needle in line for line in logs)
-      assert trained == (run == 0), (name, logs)
+    logs = []
+    report = sample_job.run(config, str(copy), log=logs.append)
+    assert any(needle + "training" in line for line in logs), (name, logs)
     assert stage in os.listdir(copy)
+    spec = drafter_specs.parse(name)
+    logs = []
+    pair_lib.prepare(  # What sample_job.run prepares, now loaded.
+      config,
+      str(copy),
+      drafts=spec.needs_draft,
+      draft_modes=spec.draft_modes,
+      feature_head=spec.needs_feature_head,
+      parallel_head=spec.needs_parallel_head,
+      log=logs.append,
+    )
+    assert not any(needle + "training" in line for line in logs), (name, logs)
+    assert any(needle + "loaded" in line for line in logs), (name, logs)
     assert report.tokens["speculative"] == report.tokens["autoregressive"], name
     assert report.settings["drafter"] == name
     stats = report.stats

@@ -168,6 +168,14 @@ class Batches:
     order = np.random.default_rng((self.seed, epoch)).permutation(len(self.sequences))
     return self._rows(order[index * self.batch_size : (index + 1) * self.batch_size])
 
+  def spread(self, num_batches: int) -> list:
+    """``num_batches`` batches of rows evenly spaced over the file (all of them when it holds
+    no more): a fixed evaluation set that samples the whole file, as ``first`` does not when
+    the file is ordered (regenerated answers are sorted by prompt length)."""
+    rows = min(num_batches * self.batch_size, len(self.sequences))
+    index = np.linspace(0, len(self.sequences) - 1, rows).round().astype(np.int64)
+    return [self._rows(index[i : i + self.batch_size]) for i in range(0, rows, self.batch_size)]
+
   def first(self, num_batches: int) -> list[np.ndarray]:
     """The first ``num_batches`` batches in file order (a fixed evaluation set)."""
     num_batches = min(num_batches, self.steps_per_epoch)

@@ -82,3 +82,8 @@ def resolve(path: str) -> str:
     return path
   verify(path)
   return os.path.join(path, CHECKPOINT)
+
+
+def packaged(name: str) -> str:
+  """The folder of a drafter shipped inside the package (``specsamp/shipped/<name>``)."""
+  return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shipped", name)

@@ -182,9 +182,10 @@ def train_on_answers(
       f"K={K} (answers.tau_draft_tokens)."
     )
   batches = answers.batches(shards, train_cfg.seq_len, train_cfg.batch_size, config.seed)
-  # tau and the held-out loss over every held-out row (their file order is by prompt length).
+  # tau and the held-out loss over ``eval_batches`` batches of held-out rows spread evenly over
+  # the file (it is ordered by prompt length); 0: every row.
   held = answers.batches(regenerate.read_shards(held_dir), train_cfg.seq_len, train_cfg.batch_size)
-  evaluation = held.first(held.steps_per_epoch)
+  evaluation = held.spread(train_cfg.eval_batches or held.steps_per_epoch)
   if not (
     answers.accepted_run(np.zeros_like(held.weights[:, 1:]), held.weights[:, 1:], K) >= 0
   ).any():

@@ -308,6 +308,11 @@ def _train_feature_head(
       model = eagle.load_eagle3(path, target, mesh)
     else:
       model, _ = feature_train.load_head(path, target, mesh, resume=resume)
+      if model.head.config.parallel != section.head.get("parallel", False):
+        raise ValueError(
+          f"{section.checkpoint} holds a{' parallel' if model.head.config.parallel else ''} "
+          f"feature head; the {name} needs one trained for it."
+        )
     log(f"{name}: loaded from {section.checkpoint}")
     return model
   head_config = FeatureHeadConfig.from_config(section.head)
@@ -484,6 +489,8 @@ def prepare(
       continue
     section = ml_collections.ConfigDict(config.feature.to_dict())
     section.head.parallel = parallel
+    if parallel:  # A head to load for parallel drafting is one trained for it.
+      section.checkpoint = config.feature.get("parallel_checkpoint", "")
     heads[parallel] = _train_feature_head(
       section,
       target,
