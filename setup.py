@@ -13,6 +13,8 @@ setuptools.setup(
   long_description_content_type="text/markdown",
   python_requires=">=3.11",
   packages=setuptools.find_packages(include=["specsamp", "specsamp.*"]),
+  # Drafters shipped with the package (specsamp/shipped/<name>: checkpoint, CARD.md, SHA256SUMS).
+  package_data={"specsamp": ["shipped/**/*"]},
   # Pinned to the versions the tests run with (CPU wheels; jax[tpu] or jax[cuda] at the
   # same version on accelerators). JAX 0.11.2 also runs the exactness and loop tests, with
   # flax 0.12.12 (flax 0.12.8 does not import on JAX >= 0.11.1) and Python >= 3.12

@@ -33,6 +33,9 @@ _STOP_AFTER = flags.DEFINE_integer(
 _SHIP_TO = flags.DEFINE_string(
   "ship_to", None, "Write the best drafter here (bfloat16, CARD.md, SHA256SUMS) when done."
 )
+_SHIP_ONLY = flags.DEFINE_bool(
+  "ship_only", False, "Train nothing: ship the best evaluation so far (a stopped run's)."
+)
 
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
@@ -42,7 +45,13 @@ def main(argv):
   config = _PAIR.pair_config()
   workdir = os.path.abspath(_PAIR.workdir.value or pair_lib.default_workdir(config))
   drafter = config.answers.drafter
-  best = answer_training.train_on_answers(config, workdir, stop_after=_STOP_AFTER.value)
+  directory = config.answers.head_directory if drafter == "feature" else config.answers.directory
+  if _SHIP_ONLY.value:
+    if not _SHIP_TO.value:
+      raise ValueError("--ship_only ships the best so far: give --ship_to=FOLDER.")
+    best = answer_training.read_best(os.path.join(workdir, directory)) or {}
+  else:
+    best = answer_training.train_on_answers(config, workdir, stop_after=_STOP_AFTER.value)
   if best.get("step") is None:
     print("no evaluation yet: nothing kept as best", flush=True)
     return
@@ -53,7 +62,6 @@ def main(argv):
     flush=True,
   )
   if _SHIP_TO.value:
-    directory = config.answers.head_directory if drafter == "feature" else config.answers.directory
     target = None
     if drafter == "feature":
       target = pair_lib.prepare(config, workdir, drafts=False, log=lambda line: None).target

@@ -806,6 +806,8 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   assert head.returncode == 0, head.stderr[-3000:]
   assert "feature head (answers)" in head.stdout and "tau(K=4)" in head.stdout
   assert f"shipped to {folder}" in head.stdout
+  bare = run_script("train_drafter.py", *train_args, "--ship_only")
+  assert bare.returncode != 0 and "give --ship_to" in bare.stdout + bare.stderr
   card = open(os.path.join(folder, "CARD.md")).read()
   head_best = json.load(open(os.path.join(workdir, "feature_head_answers", "best", "best.json")))
   assert f"**{head_best['tau']:.3f}**" in card and "answer tokens" in card

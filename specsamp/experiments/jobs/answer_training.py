@@ -268,6 +268,7 @@ def card(
     for point in best.get("curve", [])
   )
   kind = "feature head" if drafter == "feature" else "draft"
+  last_step = max([point["step"] for point in best.get("curve", [])] or [best["step"]])
   hardware = f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})"
   held_prompts = sum(shard["prompts"] for shard in held["shards"])
   held_tokens = sum(shard["answer_tokens"] for shard in held["shards"])
@@ -279,9 +280,10 @@ def card(
   {answer_tokens:,} answer tokens, {regen_seconds / 3600:.2f} h of regeneration), prompts
   sha256 `{manifest["prompts_sha256"][:16]}...`.
 - **Training**: `scripts/train_drafter.py --config.answers.drafter={drafter}`; best at step
-  {best["step"]} of {train_section.steps} (batch {train_section.batch_size} x
-  {train_section.seq_len} tokens, {best["tokens_seen"]:,} tokens seen, the loss on answer tokens
-  only), {best.get("seconds", 0) / 60:.1f} min of training to it.
+  {best["step"]} of {train_section.steps} planned, last evaluated at step {last_step} (batch
+  {train_section.batch_size} x {train_section.seq_len} tokens, {best["tokens_seen"]:,} tokens
+  seen, the loss on answer tokens only), {best.get("seconds", 0) / 60:.1f} min of training to
+  it, {best.get("seconds_total", 0) / 60:.1f} min in all.
 - **Hardware**: {hardware}, {os.cpu_count()} CPU cores.
 - **tau(K={section.tau_draft_tokens})** on {held_prompts} held-out greedy answers
   ({held_tokens:,} answer tokens):
