@@ -44,8 +44,7 @@ def main(argv):
   cli.start(argv)
   config = _PAIR.pair_config()
   workdir = os.path.abspath(_PAIR.workdir.value or pair_lib.default_workdir(config))
-  drafter = config.answers.drafter
-  directory = config.answers.head_directory if drafter == "feature" else config.answers.directory
+  drafter, directory, _ = answer_training.drafter_sections(config)
   if _SHIP_ONLY.value:
     if not _SHIP_TO.value:
       raise ValueError("--ship_only ships the best so far: give --ship_to=FOLDER.")

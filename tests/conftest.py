@@ -36,6 +36,18 @@ def xla_flags(devices: int = 8) -> str:
   )
 
 
+def largest_file(folder: str) -> str:
+  """The largest file under ``folder`` (a checkpoint's parameter data)."""
+  return max((os.path.join(r, n) for r, _, ns in os.walk(folder) for n in ns), key=os.path.getsize)
+
+
+def flip_a_byte(path: str) -> None:
+  """Flips one bit of the middle byte of ``path``: a corrupted copy."""
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 1
+  open(path, "wb").write(bytes(data))
+
+
 def script_env(devices: int = 8) -> dict[str, str]:
   """The environment of a script a test starts: this one, with ``devices`` simulated CPU
   devices and the suite's compile flags."""

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from conftest import flip_a_byte, largest_file
 
 from specsamp import sharding
 from specsamp.hf import gguf
@@ -246,9 +247,6 @@ def test_the_shipped_head_verifies_loads_on_the_file_and_drafts_exactly(imported
   assert out.summary()["tokens_per_target_call"] > 1.0
   copy = str(tmp_path / "copy")
   shutil.copytree(folder, copy)
-  largest = max((os.path.join(r, n) for r, _, ns in os.walk(copy) for n in ns), key=os.path.getsize)
-  data = bytearray(open(largest, "rb").read())
-  data[len(data) // 2] ^= 1
-  open(largest, "wb").write(bytes(data))
+  flip_a_byte(largest_file(copy))
   with pytest.raises(ValueError, match="is corrupt"):
     shipped.resolve(copy)

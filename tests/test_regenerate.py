@@ -7,7 +7,7 @@ import os
 import jax
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import flip_a_byte, largest_file, tiny_config
 
 from specsamp.models import transformer
 from specsamp.sampling import autoregressive
@@ -255,16 +255,13 @@ def test_a_shipped_draft_loads_in_bfloat16_and_a_corrupted_copy_is_refused(tmp_p
   with pytest.raises(FileExistsError, match="not empty"):
     answer_training.ship(best, folder, "")
   # A flipped byte in any file, a file gone or one added: refused by name.
-  files = [os.path.join(r, n) for r, _, ns in os.walk(folder) for n in ns]
-  largest = max(files, key=os.path.getsize)
+  largest = largest_file(folder)
   for damage, message in (("flip", "sha256"), ("remove", "missing"), ("add", "not in")):
     copy = str(tmp_path / damage)
     shutil.copytree(folder, copy)
     target = os.path.join(copy, os.path.relpath(largest, folder))
     if damage == "flip":
-      data = bytearray(open(target, "rb").read())
-      data[len(data) // 2] ^= 1
-      open(target, "wb").write(bytes(data))
+      flip_a_byte(target)
     elif damage == "remove":
       os.remove(target)
     else:

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import script_env, xla_flags
+from conftest import flip_a_byte, largest_file, script_env, xla_flags
 
 from specsamp.sampling import tree as tree_lib
 
@@ -821,12 +821,6 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   report = sample_job.run(config, workdir, log=logs.append)
   assert any(f"feature head: loaded from {folder}" in line for line in logs), logs
   assert report.tokens["speculative"] == report.tokens["autoregressive"]
-  params = os.path.join(folder, "checkpoint")
-  largest = max(
-    (os.path.join(r, n) for r, _, ns in os.walk(params) for n in ns), key=os.path.getsize
-  )
-  data = bytearray(open(largest, "rb").read())
-  data[len(data) // 2] ^= 1
-  open(largest, "wb").write(bytes(data))
+  flip_a_byte(largest_file(os.path.join(folder, "checkpoint")))
   with pytest.raises(ValueError, match="is corrupt"):
     sample_job.run(config, workdir, log=logs.append)

@@ -36,20 +36,15 @@ BEST = "best"
 BEST_JSON = "best.json"
 
 
+Accepted = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
+
+
 def measure_tau(
-  trainer: Any, params: Any, held_out: Sequence[tuple[np.ndarray, np.ndarray]], K: int
+  accepted: Accepted, params: Any, held_out: Sequence[tuple[np.ndarray, np.ndarray]], K: int
 ) -> tuple[float, np.ndarray]:
-  """tau and acc [K] of the drafter ``params`` on held-out greedy answer batches: a draft
-  model's teacher-forced argmax (``answers.accepted_run``), or a feature head's K unrolled
-  steps (``answers.accepted_unrolled``)."""
-  runs = []
-  for tokens, weights in held_out:
-    if isinstance(trainer, feature_train.FeatureTrainer):
-      correct = trainer.greedy_correct(params, tokens, K)
-      runs.append(answers.accepted_unrolled(correct, weights, K))
-    else:
-      correct = trainer.greedy_correct(params, tokens)
-      runs.append(answers.accepted_run(correct, weights[:, 1:] > 0, K))
+  """tau and acc [K] of the drafter ``params`` on held-out greedy answer batches, from
+  ``accepted(params, tokens, weights)``: each position's accepted count (``_drafter_setup``)."""
+  runs = [accepted(params, tokens, weights) for tokens, weights in held_out]
   return answers.tau(np.concatenate([r.ravel() for r in runs]), K)
 
 
@@ -100,15 +95,33 @@ def read_best(directory: str) -> dict[str, Any] | None:
 DRAFTERS = ("draft", "feature")
 
 
+def drafter_sections(
+  config: ml_collections.ConfigDict, drafter: str | None = None
+) -> tuple[str, str, ml_collections.ConfigDict]:
+  """(the drafter, its run directory in the workdir, its optimisation section): 'draft' trains
+  in ``answers.directory`` with ``answers.train``, 'feature' in ``answers.head_directory`` with
+  ``answers.head_train``; ``drafter`` defaults to ``config.answers.drafter``."""
+  section = config.answers
+  drafter = drafter or section.get("drafter", "draft")
+  if drafter not in DRAFTERS:
+    raise ValueError(f"answers.drafter must be one of {DRAFTERS}, got {drafter!r}.")
+  if drafter == "feature":
+    return drafter, section.head_directory, section.head_train
+  return drafter, section.directory, section.train
+
+
 def _drafter_setup(
   config: ml_collections.ConfigDict,
   drafter: str,
   prepared: pair_lib.Pair,
   answer_stream: np.ndarray,
   manifest: dict[str, Any],
-) -> tuple[str, str, Any, dict[str, Any]]:
-  """(name, directory, trainer, checkpoint meta) of the drafter trained on the answers."""
+) -> tuple[str, Any, dict[str, Any], Accepted]:
+  """(name, trainer, checkpoint meta, accepted counts for ``measure_tau``) of the drafter
+  trained on the answers."""
   section, tokenizer, target = config.answers, prepared.tokenizer, prepared.target
+  K = section.tau_draft_tokens
+  _, _, optimisation = drafter_sections(config, drafter)
   data_meta = {
     "answers": section.train_dir,
     "plan": manifest["plan"],
@@ -116,7 +129,7 @@ def _drafter_setup(
     "prompts_sha256": manifest["prompts_sha256"],
   }
   if drafter == "draft":
-    train_cfg = train.TrainConfig.from_config(section.train)
+    train_cfg = train.TrainConfig.from_config(optimisation)
     if train_cfg.distill_mode not in ("none", "token"):
       raise ValueError(
         f"answers.train.distill.mode must be 'none' or 'token' on regenerated answers, got "
@@ -127,11 +140,20 @@ def _drafter_setup(
     trainer = train.Trainer(
       model_cfg, train_cfg, prepared.mesh, teacher=target, seed=config.seed + 3
     )
-    return "draft (answers)", section.directory, trainer, dict(meta, data=data_meta)
+
+    def accepted(params, tokens, weights):  # Teacher-forced argmax runs (``accepted_run``).
+      return answers.accepted_run(trainer.greedy_correct(params, tokens), weights[:, 1:] > 0, K)
+
+    return "draft (answers)", trainer, dict(meta, data=data_meta), accepted
   # The feature head of config.feature.head, its reduced vocabulary the answers' most frequent
   # tokens (what it drafts), trained by its own KL to the target's distribution.
   head_cfg = FeatureHeadConfig.from_config(config.feature.head)
-  train_cfg = feature_train.FeatureTrainConfig.from_config(section.head_train)
+  train_cfg = feature_train.FeatureTrainConfig.from_config(optimisation)
+  if train_cfg.ttt_steps < K:
+    raise ValueError(
+      f"answers.head_train.ttt_steps={train_cfg.ttt_steps} unrolls fewer steps than tau's "
+      f"K={K} (answers.tau_draft_tokens)."
+    )
   resolved = head_cfg.resolve(target.config)
   mapping = None
   if resolved.draft_vocab_size:
@@ -144,7 +166,11 @@ def _drafter_setup(
   trainer = feature_train.FeatureTrainer(
     head_cfg, target, train_cfg, prepared.mesh, mapping, seed=config.seed + 3
   )
-  return "feature head (answers)", section.head_directory, trainer, meta
+
+  def accepted_unrolled(params, tokens, weights):  # Runs over the K unrolled steps.
+    return answers.accepted_unrolled(trainer.greedy_correct(params, tokens, K), weights, K)
+
+  return "feature head (answers)", trainer, meta, accepted_unrolled
 
 
 def train_on_answers(
@@ -160,9 +186,7 @@ def train_on_answers(
   of ``config.draft.model`` (optimised by ``answers.train``), or 'feature', the head of
   ``config.feature.head`` (``answers.head_train``), on the regenerated answers (module
   docstring); returns the best evaluation (best.json)."""
-  drafter = drafter or config.answers.get("drafter", "draft")
-  if drafter not in DRAFTERS:
-    raise ValueError(f"answers.drafter must be one of {DRAFTERS}, got {drafter!r}.")
+  drafter, directory, _ = drafter_sections(config, drafter)
   workdir = os.path.abspath(workdir or pair_lib.default_workdir(config))
   section = config.answers
   train_dir = os.path.join(workdir, section.train_dir)
@@ -172,15 +196,10 @@ def train_on_answers(
   manifest = check_answers(train_dir, held_dir, prepared.tokenizer)
   shards = regenerate.read_shards(train_dir)
   stream, answer = answers.stream(shards)
-  name, directory, trainer, meta = _drafter_setup(
+  name, trainer, meta, accepted = _drafter_setup(
     config, drafter, prepared, stream[answer > 0], manifest
   )
   train_cfg = trainer.config
-  if drafter == "feature" and train_cfg.ttt_steps < K:
-    raise ValueError(
-      f"answers.head_train.ttt_steps={train_cfg.ttt_steps} unrolls fewer steps than tau's "
-      f"K={K} (answers.tau_draft_tokens)."
-    )
   batches = answers.batches(shards, train_cfg.seq_len, train_cfg.batch_size, config.seed)
   # tau and the held-out loss over ``eval_batches`` batches of held-out rows spread evenly over
   # the file (it is ordered by prompt length); 0: every row.
@@ -207,7 +226,7 @@ def train_on_answers(
   curve = list(best.get("curve", []))
 
   def on_eval(step: int, params: Any) -> str:
-    tau, acc = measure_tau(trainer, params, evaluation, K)
+    tau, acc = measure_tau(accepted, params, evaluation, K)
     seconds = clock["before"] + time.perf_counter() - clock["start"]
     tokens_seen = step * train_cfg.batch_size * train_cfg.seq_len
     curve.append({"step": step, "tokens_seen": tokens_seen, "tau": tau, "seconds": seconds})
@@ -256,7 +275,7 @@ def card(
   section = config.answers
   manifest = regenerate.read_manifest(os.path.join(workdir, section.train_dir))
   held = regenerate.read_manifest(os.path.join(workdir, section.held_out_dir))
-  train_section = section.head_train if drafter == "feature" else section.train
+  _, _, train_section = drafter_sections(config, drafter)
   devices = jax.devices()
   answer_tokens = sum(shard["answer_tokens"] for shard in manifest["shards"])
   prompts = sum(shard["prompts"] for shard in manifest["shards"])
@@ -325,12 +344,12 @@ def ship(
     config = dataclasses.replace(model.config, param_dtype=param_dtype)
     params = train.params_of(model)
     shipped_meta = dict(meta, model=dataclasses.asdict(config))
-  params = jax.tree.map(
-    lambda x: np.asarray(x).astype(param_dtype)
-    if np.issubdtype(np.asarray(x).dtype, np.floating)
-    else np.asarray(x),
-    params,
-  )
+
+  def stored(x):  # Floats in param_dtype; the head's integer vocabulary map as it is.
+    x = np.asarray(x)
+    return x.astype(param_dtype) if np.issubdtype(x.dtype, np.floating) else x
+
+  params = jax.tree.map(stored, params)
   shipped_meta.pop("step", None)
   store = checkpoint.Checkpoints(os.path.join(folder, shipped.CHECKPOINT), max_to_keep=1)
   store.save(0, {"params": params}, shipped_meta)
