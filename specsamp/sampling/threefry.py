@@ -35,6 +35,12 @@ def _rotate_left(x: jax.Array, distance: int) -> jax.Array:
   return (x << np.uint32(distance)) | (x >> np.uint32(32 - distance))
 
 
+# One jitted function: a sampler loop calls the cipher 40-50 times, and written out each call is
+# ~130 operations that JAX traced again at every call site (57% of a certificate loop's
+# equations, 2026-11-26). As a nested jit it is traced once per shape and each call site is one
+# call, which XLA inlines before fusing: the same kernels, a loop traced in 1.15 s instead of
+# 1.9 s (docs/benchmarks.md, "The test suite's time").
+@jax.jit
 def cipher(
   key0: jax.Array, key1: jax.Array, x0: jax.Array, x1: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
