@@ -175,7 +175,7 @@ def test_the_two_stage_race_of_a_large_vocabulary_follows_its_probabilities():
   probs[3000:3010] = 0.009  # Ten tokens of one block.
   probs[700] = 0.01 - 1e-6
   probs[701] = 1e-6  # Rare: expected 0.2 times in 200k draws; must never exceed a few.
-  rows, chunk = 200_000, 10_000
+  rows, chunk = 200_000, 2_000  # Chunks of 2,000 rows stay in cache: 9.7 s against 16.7 s.
   row_probs = jnp.broadcast_to(jnp.asarray(probs, jnp.float32), (chunk, vocab))
   draw = jax.jit(lambda key: draws.categorical(key, row_probs))
   tokens = np.concatenate(
