@@ -786,11 +786,16 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   stopped = run_script("train_drafter.py", *train_args, "--stop_after=2")
   assert stopped.returncode == 0, stopped.stderr[-3000:]
   assert "tau(K=4)" in stopped.stdout and "(best)" in stopped.stdout
+  best_json = os.path.join(workdir, "draft_answers", "best", "best.json")
+  stopped_best = json.load(open(best_json))
+  # The clock counts the time after the last evaluation too (the checkpoint at the stop).
+  assert stopped_best["seconds_total"] > stopped_best["curve"][-1]["seconds"]
   resumed = run_script("train_drafter.py", *train_args)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "resuming from step 2" in resumed.stdout and "best: step" in resumed.stdout
-  best = json.load(open(os.path.join(workdir, "draft_answers", "best", "best.json")))
+  best = json.load(open(best_json))
   assert best["step"] in (2, 4) and 1.0 <= best["tau"] <= 5.0 and len(best["acc"]) == 4
+  assert best["seconds_total"] > best["curve"][-1]["seconds"] > stopped_best["seconds_total"]
   from specsamp.training import checkpoint
 
   model, meta = checkpoint.load_model(os.path.join(workdir, "draft_answers", "best"))

@@ -221,13 +221,24 @@ def train_on_answers(
     shutil.rmtree(os.path.join(directory, BEST))  # A fresh run: an older run's best is no bar.
   best_store = checkpoint.Checkpoints(os.path.join(directory, BEST), max_to_keep=1, log=log)
   best = read_best(directory) or {"tau": -1.0}
-  # Training time over every run that reached an evaluation (a resumed run adds to it).
+  # Training time over every run (a resumed run adds to it), written at each evaluation and
+  # when a run ends or is stopped (Ctrl-C included), once the run has a best to write it beside.
   clock = {"start": time.perf_counter(), "before": float(best.get("seconds_total", 0.0))}
   curve = list(best.get("curve", []))
 
+  def elapsed() -> float:
+    return clock["before"] + time.perf_counter() - clock["start"]
+
+  def write_best() -> None:
+    if jax.process_index() == 0 and "step" in best:  # One writer; renamed into place.
+      path = os.path.join(directory, BEST, BEST_JSON)
+      with open(path + ".partial", "w", encoding="utf-8") as f:
+        json.dump(best, f, indent=1)
+      os.replace(path + ".partial", path)
+
   def on_eval(step: int, params: Any) -> str:
     tau, acc = measure_tau(accepted, params, evaluation, K)
-    seconds = clock["before"] + time.perf_counter() - clock["start"]
+    seconds = elapsed()
     tokens_seen = step * train_cfg.batch_size * train_cfg.seq_len
     curve.append({"step": step, "tokens_seen": tokens_seen, "tau": tau, "seconds": seconds})
     best.update(curve=curve, seconds_total=seconds)
@@ -243,24 +254,24 @@ def train_on_answers(
       best_store.save(step, {"params": params}, meta)
       best_store.wait()
       line += "  (best)"
-    if jax.process_index() == 0 and "step" in best:  # One writer; renamed into place.
-      path = os.path.join(directory, BEST, BEST_JSON)
-      with open(path + ".partial", "w", encoding="utf-8") as f:
-        json.dump(best, f, indent=1)
-      os.replace(path + ".partial", path)
+    write_best()
     return line
 
-  train.fit(
-    trainer,
-    batches,
-    evaluation,
-    store,
-    meta,
-    name=name,
-    log=log,
-    stop_after=stop_after,
-    on_eval=on_eval,
-  )
+  try:
+    train.fit(
+      trainer,
+      batches,
+      evaluation,
+      store,
+      meta,
+      name=name,
+      log=log,
+      stop_after=stop_after,
+      on_eval=on_eval,
+    )
+  finally:
+    best["seconds_total"] = elapsed()
+    write_best()
   return best
 
 
