@@ -45,12 +45,18 @@ def main(argv):
   config = _PAIR.pair_config()
   workdir = os.path.abspath(_PAIR.workdir.value or pair_lib.default_workdir(config))
   drafter, directory, _ = answer_training.drafter_sections(config)
+  if _SHIP_ONLY.value and not _SHIP_TO.value:
+    raise ValueError("--ship_only ships the best so far: give --ship_to=FOLDER.")
+  # The target, once: training reads it, and shipping a feature head reads the head with it.
+  prepared = None
+  if not _SHIP_ONLY.value or drafter == "feature":
+    prepared = pair_lib.prepare(config, workdir, drafts=False)
   if _SHIP_ONLY.value:
-    if not _SHIP_TO.value:
-      raise ValueError("--ship_only ships the best so far: give --ship_to=FOLDER.")
     best = answer_training.read_best(os.path.join(workdir, directory)) or {}
   else:
-    best = answer_training.train_on_answers(config, workdir, stop_after=_STOP_AFTER.value)
+    best = answer_training.train_on_answers(
+      config, workdir, stop_after=_STOP_AFTER.value, prepared=prepared
+    )
   if best.get("step") is None:
     print("no evaluation yet: nothing kept as best", flush=True)
     return
@@ -61,14 +67,11 @@ def main(argv):
     flush=True,
   )
   if _SHIP_TO.value:
-    target = None
-    if drafter == "feature":
-      target = pair_lib.prepare(config, workdir, drafts=False, log=lambda line: None).target
     answer_training.ship(
       os.path.join(workdir, directory, answer_training.BEST),
       _SHIP_TO.value,
       answer_training.card(config, workdir, best, drafter),
-      target=target,
+      target=prepared.target if drafter == "feature" else None,
     )
     print(f"shipped to {_SHIP_TO.value}", flush=True)
 

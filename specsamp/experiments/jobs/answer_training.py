@@ -181,18 +181,21 @@ def train_on_answers(
   mesh: jax.sharding.Mesh | None = None,
   log: Callable[[str], None] = print,
   stop_after: int | None = None,
+  prepared: pair_lib.Pair | None = None,
 ) -> dict[str, Any]:
   """Trains (or resumes) ``drafter`` (default ``config.answers.drafter``): 'draft', the model
   of ``config.draft.model`` (optimised by ``answers.train``), or 'feature', the head of
   ``config.feature.head`` (``answers.head_train``), on the regenerated answers (module
-  docstring); returns the best evaluation (best.json)."""
+  docstring); returns the best evaluation (best.json). ``prepared``: the pair's target and
+  tokenizer when the caller has them (``pair.prepare(config, workdir, drafts=False)``)."""
   drafter, directory, _ = drafter_sections(config, drafter)
   workdir = os.path.abspath(workdir or pair_lib.default_workdir(config))
   section = config.answers
   train_dir = os.path.join(workdir, section.train_dir)
   held_dir = os.path.join(workdir, section.held_out_dir)
   K = section.tau_draft_tokens
-  prepared = pair_lib.prepare(config, workdir, drafts=False, mesh=mesh, log=log)
+  if prepared is None:
+    prepared = pair_lib.prepare(config, workdir, drafts=False, mesh=mesh, log=log)
   manifest = check_answers(train_dir, held_dir, prepared.tokenizer)
   shards = regenerate.read_shards(train_dir)
   stream, answer = answers.stream(shards)
