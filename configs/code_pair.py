@@ -121,6 +121,9 @@ def get_config(arg=None):
   config.target.train = _train(steps=60, batch_size=16, seq_len=128, learning_rate=3e-3)
   config.draft = ml_collections.ConfigDict()
   config.draft.checkpoint = ""  # As target.checkpoint.
+  # A parallel draft to load for --config.speculative.drafter=parallel instead of distilling one
+  # (e.g. scripts/train_drafter.py --config.answers.drafter=parallel --ship_to=FOLDER).
+  config.draft.parallel_checkpoint = ""
   config.draft.model = _model(num_layers=1, d_model=256, num_heads=4, vocab_size=vocab)
   config.draft.train = _train(
     steps=80, batch_size=16, seq_len=128, learning_rate=3e-3, distill_mode="token"
@@ -184,6 +187,15 @@ def get_config(arg=None):
   config.answers.head_train.eval_every = 50
   config.answers.head_train.ttt_steps = 4
   config.answers.head_train.ttt_decay = 0.8
+  # 'parallel': a parallel draft of the draft's shape (--config.speculative.drafter=parallel
+  # loads it with --config.draft.parallel_checkpoint), the KL to the target at each of its
+  # distill.parallel_tokens >= tau_draft_tokens positions, counted on answer tokens; its
+  # placeholder must be draft.train.distill.mask_token.
+  config.answers.parallel_directory = "parallel_answers"
+  config.answers.parallel_train = _train(
+    steps=400, batch_size=16, seq_len=256, learning_rate=2e-3, distill_mode="parallel"
+  )
+  config.answers.parallel_train.eval_every = 50
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
@@ -276,6 +288,11 @@ def get_config(arg=None):
     config.answers.head_train.eval_every = 2
     config.answers.head_train.ttt_steps = 4
     config.answers.head_train.ttt_decay = 0.8
+    config.answers.parallel_train = _train(
+      steps=4, batch_size=2, seq_len=16, learning_rate=3e-3, distill_mode="parallel"
+    )
+    config.answers.parallel_train.eval_every = 2
+    config.answers.parallel_train.eval_batches = 2
     config.sampling.num_prompts = 2
     config.sampling.prompt_tokens = 8
     config.sampling.max_new_tokens = 8

@@ -317,3 +317,27 @@ def test_a_parallel_heads_greedy_equals_greedy_autoregressive(tree):
   target = transformer.create(tiny_config(), seed=0)
   stats = _greedy_identity(target, _parallel_head(target), tree)
   assert stats["draft_calls"] == stats["target_calls"]
+
+
+def test_answer_weights_count_each_query_by_the_token_it_predicts():
+  """On regenerated answers, query (m, j) counts with the weight of x_{j+1} and only for
+  j >= m: the per-position means against a loop over the queries; weights of ones give the
+  unweighted loss."""
+  from specsamp.training import parallel as parallel_training
+
+  rng = np.random.default_rng(0)
+  B, K, L = 2, 3, 7
+  loss = rng.random((B, K, L)).astype(np.float32)
+  weights = (rng.random((B, L)) < 0.6).astype(np.float32)
+  weights[:, -1] = 1.0  # Every segment keeps a counted query.
+  position = np.asarray([1.0, 0.5, 0.25], np.float32)
+  total, per_K = parallel_training._weighted_position_mean(loss, position, weights)
+  expected = []
+  for m in range(K):
+    picked = [(loss[b, m, j], weights[b, j]) for b in range(B) for j in range(m, L)]
+    expected.append(sum(v * w for v, w in picked) / sum(w for _, w in picked))
+  np.testing.assert_allclose(per_K, expected, rtol=1e-6)
+  np.testing.assert_allclose(total, (position * expected).sum() / position.sum(), rtol=1e-6)
+  unweighted = parallel_training._weighted_position_mean(loss, position)
+  ones = parallel_training._weighted_position_mean(loss, position, np.ones((B, L), np.float32))
+  np.testing.assert_allclose(ones[1], unweighted[1], rtol=1e-6)

@@ -288,3 +288,30 @@ def test_an_unrolled_drafters_accepted_runs_are_the_chain_drafts_shifted_by_one(
   assert (unrolled[:, L - 2 :] == -1).all() and (unrolled >= 0).any()
   with pytest.raises(ValueError, match="cannot measure"):
     answers.accepted_unrolled(steps[:2], weights_BT, K)
+
+
+def test_a_parallel_drafts_accepted_runs_read_segment_k_at_its_anchor_plus_k():
+  """A parallel draft's k-th token after x_<=t comes from query (k - 1, t + k - 1): counted by
+  hand from the definition, and equal to a chain draft's runs when every segment is right
+  exactly where the chain draft is."""
+  rng = np.random.default_rng(1)
+  B, T, K = 3, 16, 4
+  correct_KBT = rng.random((K, B, T)) < 0.75
+  valid_BT = rng.random((B, T)) < 0.9
+  counted = answers.accepted_parallel(correct_KBT, valid_BT, K)
+  for b in range(B):
+    for t in range(T):
+      if t + K > T or not valid_BT[b, t : t + K].all():
+        assert counted[b, t] == -1
+        continue
+      run = 0
+      while run < K and t + run < T and correct_KBT[run, b, t + run]:
+        run += 1
+      assert counted[b, t] == run, (b, t)
+  chain_BT = correct_KBT[0]
+  same = np.broadcast_to(chain_BT, (K, B, T))
+  np.testing.assert_array_equal(
+    answers.accepted_parallel(same, valid_BT, K), answers.accepted_run(chain_BT, valid_BT, K)
+  )
+  with pytest.raises(ValueError, match="cannot measure"):
+    answers.accepted_parallel(correct_KBT[:2], valid_BT, K)

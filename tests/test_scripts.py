@@ -829,3 +829,20 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   flip_a_byte(largest_file(os.path.join(folder, "checkpoint")))
   with pytest.raises(ValueError, match="is corrupt"):
     sample_job.run(config, workdir, log=logs.append)
+
+  # The parallel draft on the same answers, shipped, then drafting K tokens from one call in
+  # the main job, loaded from the folder: greedy speculative equals autoregressive.
+  folder = str(tmp_path / "shipped_parallel")
+  par = run_script(
+    "train_drafter.py", *train_args, "--config.answers.drafter=parallel", f"--ship_to={folder}"
+  )
+  assert par.returncode == 0, par.stderr[-3000:]
+  assert "parallel draft (answers)" in par.stdout and "tau(K=4)" in par.stdout
+  config = _test_pair_config()
+  config.speculative.drafter = "parallel"
+  config.draft.parallel_checkpoint = folder
+  config.sampling.temperature = 0.0
+  logs = []
+  report = sample_job.run(config, workdir, log=logs.append)
+  assert any(f"parallel draft: loaded 1 layers x 64 from {folder}" in line for line in logs), logs
+  assert report.tokens["speculative"] == report.tokens["autoregressive"]

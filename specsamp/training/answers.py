@@ -79,6 +79,27 @@ def accepted_run(correct_BT: np.ndarray, valid_BT: np.ndarray, K: int) -> np.nda
   return np.where(window, accepted, -1)
 
 
+def accepted_parallel(correct_KBT: np.ndarray, valid_BT: np.ndarray, K: int) -> np.ndarray:
+  """[B, T] tokens a parallel draft's K-token greedy chain drafted after position t accepts,
+  from its per-query flags (``parallel.greedy_correct``: ``correct[m, b, j]``, query (m, j) is
+  right when it predicts x_{j+1}; the chain's k-th token comes from query (k - 1, t + k - 1)):
+  the run of True over k, capped at K; -1 where the K next tokens are not all ``valid``, as
+  ``accepted_run``, which this is when every segment is right where a chain draft is."""
+  correct_KBT = np.asarray(correct_KBT, bool)
+  if correct_KBT.shape[0] < K:
+    raise ValueError(f"{correct_KBT.shape[0]} draft positions cannot measure a chain of K={K}.")
+  _, B, T = correct_KBT.shape
+  along_KBT = np.zeros((K, B, T), bool)  # [k - 1, b, t]: the k-th draft after x_<=t is right.
+  for k in range(K):
+    along_KBT[k, :, : T - k] = correct_KBT[k, :, k:]
+  accepted = np.cumprod(along_KBT, axis=0).sum(0)
+  window = np.zeros((B, T), bool)
+  if T >= K:
+    valid = np.lib.stride_tricks.sliding_window_view(np.asarray(valid_BT, bool), K, axis=1)
+    window[:, : T - K + 1] = valid.all(-1)
+  return np.where(window, accepted, -1)
+
+
 def tau(accepted: np.ndarray, K: int) -> tuple[float, np.ndarray]:
   """(tau, acc [K]) from ``accepted_run``'s counts (-1 entries left out)."""
   counts = np.asarray(accepted).ravel()

@@ -71,36 +71,53 @@ def position_weights(num_draft_tokens: int, gamma: float) -> np.ndarray:
 
 
 def _weighted_position_mean(
-  loss_BKL: jax.Array, weights_K: jax.Array
+  loss_BKL: jax.Array, weights_K: jax.Array, token_weights_BL: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
   """(weighted mean, per-position mean [K]) of a per-query loss, each segment m over its
-  queries j >= m (the ones with a real token visible)."""
+  queries j >= m (the ones with a real token visible). ``token_weights_BL``: the weight of the
+  token query (m, j) predicts, x_{j+1} (on regenerated answers, 1 on answer tokens and 0 on
+  the prompt); None counts every query alike."""
   segments, length = loss_BKL.shape[1], loss_BKL.shape[2]
   valid_KL = jnp.arange(length)[None, :] >= jnp.arange(segments)[:, None]
-  loss_K = jnp.where(valid_KL[None], loss_BKL, 0.0).sum((0, 2)) / (
-    valid_KL.sum(1) * loss_BKL.shape[0]
-  )
+  counted_BKL = jnp.broadcast_to(valid_KL[None], loss_BKL.shape).astype(loss_BKL.dtype)
+  if token_weights_BL is not None:
+    counted_BKL = counted_BKL * token_weights_BL[:, None, :].astype(loss_BKL.dtype)
+  loss_K = (counted_BKL * loss_BKL).sum((0, 2)) / jnp.maximum(counted_BKL.sum((0, 2)), 1e-9)
   weights_K = jnp.asarray(weights_K)
   return (weights_K * loss_K).sum() / weights_K.sum(), loss_K
 
 
 def parallel_kl(
-  student_BKLV: jax.Array, teacher_BLV: jax.Array, weights_K: jax.Array, temperature: float
+  student_BKLV: jax.Array,
+  teacher_BLV: jax.Array,
+  weights_K: jax.Array,
+  temperature: float,
+  token_weights_BL: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """(loss, kl_K): the weighted mean over draft positions of KL(teacher || student) at
   ``temperature``, each segment m over its queries j >= m (module docstring), and the
-  per-position KL."""
+  per-position KL; ``token_weights_BL`` as in ``_weighted_position_mean``."""
   teacher_logp = jax.nn.log_softmax(teacher_BLV / temperature, axis=-1)[:, None]
   student_logp = jax.nn.log_softmax(student_BKLV / temperature, axis=-1)
   kl_BKL = (jnp.exp(teacher_logp) * (teacher_logp - student_logp)).sum(-1)
-  return _weighted_position_mean(kl_BKL, weights_K)
+  return _weighted_position_mean(kl_BKL, weights_K, token_weights_BL)
 
 
 def parallel_cross_entropy(
-  student_BKLV: jax.Array, targets_BL: jax.Array, weights_K: jax.Array
+  student_BKLV: jax.Array,
+  targets_BL: jax.Array,
+  weights_K: jax.Array,
+  token_weights_BL: jax.Array | None = None,
 ) -> jax.Array:
   """The weighted mean over draft positions of the cross-entropy of each query (m, j), j >= m,
   against the text's next token x_{j+1} (``targets_BL[:, j]``)."""
   logp_BKLV = jax.nn.log_softmax(student_BKLV, axis=-1)
   picked_BKL = jnp.take_along_axis(logp_BKLV, targets_BL[:, None, :, None], axis=-1)[..., 0]
-  return _weighted_position_mean(-picked_BKL, weights_K)[0]
+  return _weighted_position_mean(-picked_BKL, weights_K, token_weights_BL)[0]
+
+
+def greedy_correct(student_BKLV: jax.Array, targets_BL: jax.Array) -> jax.Array:
+  """[K, B, L]: whether query (m, j)'s argmax is x_{j+1}, the token it predicts. A chain the
+  parallel draft proposes after x_<=a drafts its k-th token from query (k - 1, a + k - 1)
+  (``answers.accepted_parallel`` counts the run)."""
+  return jnp.moveaxis(student_BKLV.argmax(-1) == targets_BL[:, None, :], 1, 0)

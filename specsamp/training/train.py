@@ -352,17 +352,16 @@ class Trainer:
   def _loss(self, params, batch_BT, weights_BT, teacher_state):
     inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
     weights_BT = None if weights_BT is None else weights_BT[:, 1:]  # Each target's weight.
-    if self.config.distill_mode == "parallel":
-      if weights_BT is not None:
-        raise NotImplementedError("distill.mode='parallel' trains on unweighted batches.")
+    if self.config.distill_mode == "parallel":  # Answer-weighted by the token each query predicts.
       student_BKLV = self._parallel_logits(params, inputs_BT)
       kl, kl_K = parallel.parallel_kl(
         student_BKLV,
         self._teacher_logits(teacher_state, inputs_BT),
         self._parallel_weights(),
         self.config.distill_temperature,
+        weights_BT,
       )
-      ce = cross_entropy(student_BKLV[:, 0], targets_BT)
+      ce = cross_entropy(student_BKLV[:, 0], targets_BT, weights_BT)
       return kl, {"ce": ce, "kl": kl, **{f"kl_{k + 1}": kl_K[k] for k in range(kl_K.shape[0])}}
     logits_BTV = self._logits(params, inputs_BT)
     ce = cross_entropy(logits_BTV, targets_BT, weights_BT)
@@ -387,15 +386,23 @@ class Trainer:
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def _eval_fn(self, params, batch_BT, weights_BT):
+    weights_BT = None if weights_BT is None else weights_BT[:, 1:]
     if self.config.distill_mode == "parallel":  # Weighted over the draft positions.
       return parallel.parallel_cross_entropy(
-        self._parallel_logits(params, batch_BT[:, :-1]), batch_BT[:, 1:], self._parallel_weights()
+        self._parallel_logits(params, batch_BT[:, :-1]),
+        batch_BT[:, 1:],
+        self._parallel_weights(),
+        weights_BT,
       )
-    weights_BT = None if weights_BT is None else weights_BT[:, 1:]
     return cross_entropy(self._logits(params, batch_BT[:, :-1]), batch_BT[:, 1:], weights_BT)
 
   def _greedy_correct_fn(self, params, batch_BT):
-    """[B, T] whether the argmax after each prefix is the next token (``answers.tau``)."""
+    """[B, T] whether the argmax after each prefix is the next token (``answers.tau``); a
+    parallel draft's [K, B, T], one row per draft position (``parallel.greedy_correct``)."""
+    if self.config.distill_mode == "parallel":
+      return parallel.greedy_correct(
+        self._parallel_logits(params, batch_BT[:, :-1]), batch_BT[:, 1:]
+      )
     return self._logits(params, batch_BT[:, :-1]).argmax(-1) == batch_BT[:, 1:]
 
   # --- host API -------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def read_best(directory: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
-DRAFTERS = ("draft", "feature")
+DRAFTERS = ("draft", "feature", "parallel")
 
 
 def drafter_sections(
@@ -100,13 +100,17 @@ def drafter_sections(
 ) -> tuple[str, str, ml_collections.ConfigDict]:
   """(the drafter, its run directory in the workdir, its optimisation section): 'draft' trains
   in ``answers.directory`` with ``answers.train``, 'feature' in ``answers.head_directory`` with
-  ``answers.head_train``; ``drafter`` defaults to ``config.answers.drafter``."""
+  ``answers.head_train``, 'parallel' (a parallel draft of ``config.draft.model``) in
+  ``answers.parallel_directory`` with ``answers.parallel_train``; ``drafter`` defaults to
+  ``config.answers.drafter``."""
   section = config.answers
   drafter = drafter or section.get("drafter", "draft")
   if drafter not in DRAFTERS:
     raise ValueError(f"answers.drafter must be one of {DRAFTERS}, got {drafter!r}.")
   if drafter == "feature":
     return drafter, section.head_directory, section.head_train
+  if drafter == "parallel":
+    return drafter, section.parallel_directory, section.parallel_train
   return drafter, section.directory, section.train
 
 
@@ -128,13 +132,28 @@ def _drafter_setup(
     "target": manifest["target"],
     "prompts_sha256": manifest["prompts_sha256"],
   }
-  if drafter == "draft":
+  if drafter in ("draft", "parallel"):
     train_cfg = train.TrainConfig.from_config(optimisation)
-    if train_cfg.distill_mode not in ("none", "token"):
+    modes = ("none", "token") if drafter == "draft" else ("parallel",)
+    field = "train" if drafter == "draft" else "parallel_train"
+    if train_cfg.distill_mode not in modes:
       raise ValueError(
-        f"answers.train.distill.mode must be 'none' or 'token' on regenerated answers, got "
+        f"answers.{field}.distill.mode must be one of {modes} on regenerated answers, got "
         f"{train_cfg.distill_mode!r}."
       )
+    if drafter == "parallel":
+      mask_token = config.draft.train.distill.mask_token  # What the job drafts with.
+      if train_cfg.distill_mask_token != mask_token:
+        raise ValueError(
+          f"answers.parallel_train.distill.mask_token={train_cfg.distill_mask_token} differs "
+          f"from draft.train.distill.mask_token={mask_token}, the placeholder the job drafts "
+          "with."
+        )
+      if train_cfg.distill_parallel_tokens < K:
+        raise ValueError(
+          f"answers.parallel_train.distill.parallel_tokens={train_cfg.distill_parallel_tokens} "
+          f"trains fewer draft positions than tau's K={K} (answers.tau_draft_tokens)."
+        )
     model_cfg = pair_lib.model_config(config.draft, tokenizer)
     meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint}
     trainer = train.Trainer(
@@ -144,6 +163,13 @@ def _drafter_setup(
     def accepted(params, tokens, weights):  # Teacher-forced argmax runs (``accepted_run``).
       return answers.accepted_run(trainer.greedy_correct(params, tokens), weights[:, 1:] > 0, K)
 
+    def accepted_parallel(params, tokens, weights):  # The same from the K segments' queries.
+      correct = trainer.greedy_correct(params, tokens)
+      return answers.accepted_parallel(correct, weights[:, 1:] > 0, K)
+
+    if drafter == "parallel":
+      meta["parallel"] = {"mask_token": mask_token, "tokens": train_cfg.distill_parallel_tokens}
+      return "parallel draft (answers)", trainer, dict(meta, data=data_meta), accepted_parallel
     return "draft (answers)", trainer, dict(meta, data=data_meta), accepted
   # The feature head of config.feature.head, its reduced vocabulary the answers' most frequent
   # tokens (what it drafts), trained by its own KL to the target's distribution.

@@ -460,6 +460,17 @@ def prepare(
     model_protocol.check_same_vocabulary(target, prepared["checkpoint"])
   elif drafts:
     for mode in draft_modes or [config.draft.train.distill.mode]:
+      if mode == "parallel" and config.draft.get("parallel_checkpoint"):
+        prepared[mode] = _load_checkpoint(
+          "parallel draft",
+          config.draft.parallel_checkpoint,
+          tokenizer,
+          mesh,
+          config.resume_from,
+          log,
+        )
+        model_protocol.check_same_vocabulary(target, prepared[mode])
+        continue
       section = ml_collections.ConfigDict(config.draft.to_dict())
       section.train.distill.mode = mode
       directory = os.path.join(workdir, f"draft_{mode}")
