@@ -7,15 +7,16 @@ r"""Trains a pair's drafter on the target's regenerated answers, keeping the bes
   python scripts/train_drafter.py --config=configs/smollm2_pair.py --config.answers.drafter=draft \
       --config.answers.train.steps=4000 --config.mesh.data=4 --config.mesh.fsdp=2
 
---config.answers.drafter picks the drafter: 'feature' (the feature head of config.feature.head)
-or 'draft' (the model of config.draft.model). Reads WORKDIR/regenerated/train (the shards there
-when it starts) and measures tau at each evaluation on WORKDIR/regenerated/held_out; checkpoints
-go to WORKDIR/feature_head_answers or WORKDIR/draft_answers (resumed from the newest; Ctrl-C
-saves first) and the best evaluation's parameters to .../best, with best.json. --ship_to=FOLDER
-then writes the best in bfloat16 with a card and SHA256SUMS (load it with
---config.feature.checkpoint=FOLDER or --config.draft.checkpoint=FOLDER). On a multi-host slice,
-start it on every host with --distributed (each host reads the same shards and places its rows
-of each batch).
+--config.answers.drafter picks the drafter: 'feature' (the feature head of config.feature.head),
+'draft' (the model of config.draft.model) or 'parallel' (a parallel draft of that shape, K
+tokens from one call). Reads WORKDIR/regenerated/train (the shards there when it starts) and
+measures tau at each evaluation on WORKDIR/regenerated/held_out; checkpoints go to
+WORKDIR/feature_head_answers, WORKDIR/draft_answers or WORKDIR/parallel_answers (resumed from
+the newest; Ctrl-C saves first) and the best evaluation's parameters to .../best, with
+best.json. --ship_to=FOLDER then writes the best in bfloat16 with a card and SHA256SUMS (load
+it with --config.feature.checkpoint=FOLDER, --config.draft.checkpoint=FOLDER or
+--config.draft.parallel_checkpoint=FOLDER). On a multi-host slice, start it on every host with
+--distributed (each host reads the same shards and places its rows of each batch).
 """
 
 import os
