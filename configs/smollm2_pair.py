@@ -23,6 +23,8 @@ Arguments:
 
 import os
 
+import ml_collections
+
 from specsamp.experiments import config_files
 from specsamp.training import shipped
 
@@ -138,14 +140,9 @@ def get_config(arg=None):
   # special token of SmolLM2's GitHub metadata that no chat or code prompt contains (code_pair's
   # id 1 is '<|im_start|>' here, which every chat prompt does).
   config.draft.train.distill.mask_token = 7
-  # The parallel draft on SmolLM2's answers (--config.answers.drafter=parallel): the draft's
-  # shape, its embedding started as the distilled draft's is, the same placeholder.
-  config.answers.parallel_train = code_pair._train(
-    steps=600, batch_size=16, seq_len=256, learning_rate=2e-3, distill_mode="parallel"
-  )
-  config.answers.parallel_train.eval_every = 100
-  config.answers.parallel_train.eval_batches = 8
-  config.answers.parallel_train.checkpoint_every = 100
-  config.answers.parallel_train.init_embedding = "teacher_pca"
-  config.answers.parallel_train.distill.mask_token = 7
+  # The parallel draft on SmolLM2's answers (--config.answers.drafter=parallel): the answers
+  # draft's optimisation, its KL at each draft position, the job's placeholder.
+  config.answers.parallel_train = ml_collections.ConfigDict(config.answers.train.to_dict())
+  config.answers.parallel_train.distill.mode = "parallel"
+  config.answers.parallel_train.distill.mask_token = config.draft.train.distill.mask_token
   return config

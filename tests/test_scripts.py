@@ -818,14 +818,19 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   assert f"**{head_best['tau']:.3f}**" in card and "answer tokens" in card
   from specsamp.experiments.jobs import sample_job
 
-  config = _test_pair_config()
-  config.speculative.drafter = "feature"
-  config.feature.checkpoint = folder
-  config.sampling.temperature = 0.0
-  logs = []
-  report = sample_job.run(config, workdir, log=logs.append)
+  def greedy_run(drafter: str, section: str, field: str, folder: str):
+    """The main job with ``drafter`` loaded from ``folder``: greedy equals autoregressive."""
+    config = _test_pair_config()
+    config.speculative.drafter = drafter
+    config[section][field] = folder
+    config.sampling.temperature = 0.0
+    logs = []
+    report = sample_job.run(config, workdir, log=logs.append)
+    assert report.tokens["speculative"] == report.tokens["autoregressive"]
+    return config, logs
+
+  config, logs = greedy_run("feature", "feature", "checkpoint", folder)
   assert any(f"feature head: loaded from {folder}" in line for line in logs), logs
-  assert report.tokens["speculative"] == report.tokens["autoregressive"]
   flip_a_byte(largest_file(os.path.join(folder, "checkpoint")))
   with pytest.raises(ValueError, match="is corrupt"):
     sample_job.run(config, workdir, log=logs.append)
@@ -838,11 +843,5 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   )
   assert par.returncode == 0, par.stderr[-3000:]
   assert "parallel draft (answers)" in par.stdout and "tau(K=4)" in par.stdout
-  config = _test_pair_config()
-  config.speculative.drafter = "parallel"
-  config.draft.parallel_checkpoint = folder
-  config.sampling.temperature = 0.0
-  logs = []
-  report = sample_job.run(config, workdir, log=logs.append)
+  _, logs = greedy_run("parallel", "draft", "parallel_checkpoint", folder)
   assert any(f"parallel draft: loaded 1 layers x 64 from {folder}" in line for line in logs), logs
-  assert report.tokens["speculative"] == report.tokens["autoregressive"]
