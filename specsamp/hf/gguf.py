@@ -41,6 +41,7 @@ refused by name.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -130,6 +131,7 @@ def resolve(name_or_path: str) -> str:
   return os.path.join(spec.submodule_search_locations[0], filename)
 
 
+@functools.cache
 def _plain_array_reader() -> type:
   """gguf's GGUFReader over a plain ndarray view of its memory map. The reader slices its
   ``np.memmap`` once or more per metadata value, and a memmap slice runs numpy's Python-level

@@ -71,12 +71,18 @@ def accepted_run(correct_BT: np.ndarray, valid_BT: np.ndarray, K: int) -> np.nda
   run = np.zeros((B, T + 1), np.int64)
   for t in range(T - 1, -1, -1):  # Run length of correct predictions from t on.
     run[:, t] = np.where(correct_BT[:, t], run[:, t + 1] + 1, 0)
-  accepted = np.minimum(run[:, :T], K)
+  return np.where(_answer_windows(valid_BT, K), np.minimum(run[:, :T], K), -1)
+
+
+def _answer_windows(valid_BT: np.ndarray, K: int) -> np.ndarray:
+  """[B, T] whether ``valid`` holds at t..t+K-1: the chains drafted after position t that tau
+  counts (the K tokens they propose are all answer tokens)."""
+  valid_BT = np.asarray(valid_BT, bool)
+  B, T = valid_BT.shape
   window = np.zeros((B, T), bool)
   if T >= K:
-    valid = np.lib.stride_tricks.sliding_window_view(valid_BT, K, axis=1).all(-1)
-    window[:, : T - K + 1] = valid
-  return np.where(window, accepted, -1)
+    window[:, : T - K + 1] = np.lib.stride_tricks.sliding_window_view(valid_BT, K, axis=1).all(-1)
+  return window
 
 
 def accepted_parallel(correct_KBT: np.ndarray, valid_BT: np.ndarray, K: int) -> np.ndarray:
@@ -92,12 +98,7 @@ def accepted_parallel(correct_KBT: np.ndarray, valid_BT: np.ndarray, K: int) -> 
   along_KBT = np.zeros((K, B, T), bool)  # [k - 1, b, t]: the k-th draft after x_<=t is right.
   for k in range(K):
     along_KBT[k, :, : T - k] = correct_KBT[k, :, k:]
-  accepted = np.cumprod(along_KBT, axis=0).sum(0)
-  window = np.zeros((B, T), bool)
-  if T >= K:
-    valid = np.lib.stride_tricks.sliding_window_view(np.asarray(valid_BT, bool), K, axis=1)
-    window[:, : T - K + 1] = valid.all(-1)
-  return np.where(window, accepted, -1)
+  return np.where(_answer_windows(valid_BT, K), np.cumprod(along_KBT, axis=0).sum(0), -1)
 
 
 def tau(accepted: np.ndarray, K: int) -> tuple[float, np.ndarray]:

@@ -93,6 +93,7 @@ def read_best(directory: str) -> dict[str, Any] | None:
 
 
 DRAFTERS = ("draft", "feature", "parallel")
+KINDS = {"draft": "draft", "feature": "feature head", "parallel": "parallel draft"}
 
 
 def drafter_sections(
@@ -160,17 +161,16 @@ def _drafter_setup(
       model_cfg, train_cfg, prepared.mesh, teacher=target, seed=config.seed + 3
     )
 
-    def accepted(params, tokens, weights):  # Teacher-forced argmax runs (``accepted_run``).
-      return answers.accepted_run(trainer.greedy_correct(params, tokens), weights[:, 1:] > 0, K)
+    # Teacher-forced argmax runs: a draft's after each prefix, a parallel draft's from the K
+    # segments' queries.
+    count = answers.accepted_parallel if drafter == "parallel" else answers.accepted_run
 
-    def accepted_parallel(params, tokens, weights):  # The same from the K segments' queries.
-      correct = trainer.greedy_correct(params, tokens)
-      return answers.accepted_parallel(correct, weights[:, 1:] > 0, K)
+    def accepted(params, tokens, weights):
+      return count(trainer.greedy_correct(params, tokens), weights[:, 1:] > 0, K)
 
     if drafter == "parallel":
       meta["parallel"] = {"mask_token": mask_token, "tokens": train_cfg.distill_parallel_tokens}
-      return "parallel draft (answers)", trainer, dict(meta, data=data_meta), accepted_parallel
-    return "draft (answers)", trainer, dict(meta, data=data_meta), accepted
+    return f"{KINDS[drafter]} (answers)", trainer, dict(meta, data=data_meta), accepted
   # The feature head of config.feature.head, its reduced vocabulary the answers' most frequent
   # tokens (what it drafts), trained by its own KL to the target's distribution.
   head_cfg = FeatureHeadConfig.from_config(config.feature.head)
@@ -196,7 +196,7 @@ def _drafter_setup(
   def accepted_unrolled(params, tokens, weights):  # Runs over the K unrolled steps.
     return answers.accepted_unrolled(trainer.greedy_correct(params, tokens, K), weights, K)
 
-  return "feature head (answers)", trainer, meta, accepted_unrolled
+  return f"{KINDS[drafter]} (answers)", trainer, meta, accepted_unrolled
 
 
 def train_on_answers(
@@ -326,7 +326,7 @@ def card(
     f"| {point['step']} | {point['tokens_seen']:,} | {point['tau']:.3f} |"
     for point in best.get("curve", [])
   )
-  kind = "feature head" if drafter == "feature" else "draft"
+  kind = KINDS[drafter]
   last_step = max([point["step"] for point in best.get("curve", [])] or [best["step"]])
   hardware = f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})"
   held_prompts = sum(shard["prompts"] for shard in held["shards"])

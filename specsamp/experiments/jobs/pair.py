@@ -180,13 +180,21 @@ def load_corpus(
 
 
 def _load_checkpoint(
-  name: str, path: str, tokenizer: Tokenizer, mesh, resume: str, log: Callable[[str], None]
+  name: str,
+  path: str,
+  tokenizer: Tokenizer,
+  mesh,
+  resume: str,
+  log: Callable[[str], None],
+  target: Any = None,
 ):
   """A model from a checkpoint given in the config (a shipped folder is verified first),
-  checked against the tokenizer."""
+  checked against the tokenizer and, for a draft, against its ``target``'s vocabulary."""
   model, _ = checkpoint.load_model(
     shipped.resolve(path), mesh, tokenizer=tokenizer, role=name, resume=resume
   )
+  if target is not None:
+    model_protocol.check_same_vocabulary(target, model)
   log(f"{name}: loaded {model.config.num_layers} layers x {model.config.d_model} from {path}")
   return model
 
@@ -455,9 +463,8 @@ def prepare(
   prepared = {}
   if drafts and config.draft.get("checkpoint"):
     prepared["checkpoint"] = _load_checkpoint(
-      "draft", config.draft.checkpoint, tokenizer, mesh, config.resume_from, log
+      "draft", config.draft.checkpoint, tokenizer, mesh, config.resume_from, log, target
     )
-    model_protocol.check_same_vocabulary(target, prepared["checkpoint"])
   elif drafts:
     for mode in draft_modes or [config.draft.train.distill.mode]:
       if mode == "parallel" and config.draft.get("parallel_checkpoint"):
@@ -468,8 +475,8 @@ def prepare(
           mesh,
           config.resume_from,
           log,
+          target,
         )
-        model_protocol.check_same_vocabulary(target, prepared[mode])
         continue
       section = ml_collections.ConfigDict(config.draft.to_dict())
       section.train.distill.mode = mode
