@@ -145,3 +145,51 @@ def test_timed_calls_only_see_input_shapes_the_warm_up_compiled():
   assert all(index != timing.WARMUP_INDEX for index, _ in calls[first_timed:])
   assert timing.input_shape(inputs[0]) == timing.input_shape(inputs[2])
   assert timing.input_shape(inputs[0]) != timing.input_shape(inputs[1])
+
+
+def test_a_warm_sampler_is_not_warmed_up_again():
+  """``warm`` names samplers already called on these shapes (the automatic draft length's
+  probes): only the others get warm-up calls, and a warm one reports no compile time."""
+  import jax.numpy as jnp
+
+  calls = []
+
+  def sampler(name):
+    def sample(prompts, index):
+      calls.append((name, index))
+      return jnp.ones((1, 3), jnp.int32)
+
+    return sample
+
+  inputs = [jnp.zeros((1, 8), jnp.int32)] * 3
+  timed = timing.time_interleaved(
+    {"probed": sampler("probed"), "new": sampler("new")},
+    inputs,
+    count=lambda out: (3, 3),
+    warm={"probed"},
+  )
+  assert [name for name, index in calls if index == timing.WARMUP_INDEX] == ["new"]
+  assert [index for name, index in calls if name == "probed"] == [0, 1, 2]
+  assert timed["probed"].compile_s == 0.0 and len(timed["new"].seconds) == 3
+
+
+def test_a_timed_chain_is_as_long_as_its_calls_allow(monkeypatch, tiny_model):
+  """``time_calls`` times chains of about CHAIN_SECONDS, clipped to 2..32 calls (a real model on
+  a CPU: a chain of 32 made each measured cost take 17 s), or of ``num_calls`` when given."""
+  lengths = []
+  chain = timing._chain
+
+  def counted(graphdef, state, tokens_BT, cache, start, num_calls):
+    lengths.append(int(num_calls))
+    return chain(graphdef, state, tokens_BT, cache, start, num_calls)
+
+  monkeypatch.setattr(timing, "_chain", counted)
+  monkeypatch.setattr(timing, "CHAIN_SECONDS", 1e9)  # Every call is fast beside it.
+  fast = timing.time_calls(tiny_model, 1, 1, 16)
+  assert lengths[:2] == [1, 1] and set(lengths[2:]) == {32}  # Compile, time one, then chains.
+  lengths.clear()
+  monkeypatch.setattr(timing, "CHAIN_SECONDS", 0.0)  # Every call is slow beside it.
+  assert timing.time_calls(tiny_model, 1, 1, 16) > 0 and set(lengths[2:]) == {2}
+  lengths.clear()
+  assert timing.time_calls(tiny_model, 1, 1, 16, num_calls=5) > 0 and set(lengths) == {5}
+  assert fast > 0

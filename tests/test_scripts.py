@@ -556,6 +556,38 @@ def test_the_main_job_samples_with_drafters_that_need_no_draft_model(
 
 
 @pytest.mark.slow
+def test_when_no_k_pays_the_job_times_the_autoregressive_loop_once(
+  trained_workdir, tmp_path, monkeypatch
+):
+  """The automatic draft length chose K=0: the speculative job is the autoregressive loop, so it
+  is timed once (not twice, timing the noise), and the loops the probes ran on the prompts'
+  one shape get no warm-up call again."""
+  from specsamp.experiments.benchmarks import timing
+  from specsamp.experiments.jobs import sample_job
+  from specsamp.sampling import draft_length
+
+  calls = []
+  interleaved = timing.time_interleaved
+
+  def spy(samplers, inputs, *args, **kwargs):
+    calls.append((list(samplers), set(kwargs.get("warm", ()))))
+    return interleaved(samplers, inputs, *args, **kwargs)
+
+  monkeypatch.setattr(timing, "time_interleaved", spy)
+  monkeypatch.setattr(draft_length, "choose", lambda predicted: 0)
+  config = _test_pair_config()
+  config.speculative.drafter = "lookup:2"
+  config.speculative.draft_length = "auto"
+  report = sample_job.run(config, trained_workdir[0], log=lambda line: None)
+  probe, timed = calls
+  assert probe == (["autoregressive", 2, 4], set())  # The probes: K_max = 4 and half of it.
+  assert timed == (["autoregressive"], {"autoregressive"})
+  assert report.speculative.seconds == report.autoregressive.seconds
+  assert report.tokens["speculative"] == report.tokens["autoregressive"]
+  assert report.speedup == 1.0 and "timed once" in sample_job.format_report(report)
+
+
+@pytest.mark.slow
 def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call(
   trained_workdir, tmp_path
 ):

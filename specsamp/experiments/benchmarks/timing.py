@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import jax
@@ -125,9 +125,10 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> 
   return statistics.median(times)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_calls"))
+@functools.partial(jax.jit, static_argnames=("graphdef",))
 def _chain(graphdef, state, tokens_BT, cache, start, num_calls):
-  """``num_calls`` calls of the model, each fed the argmax of the previous call's logits."""
+  """``num_calls`` calls of the model (a traced count: one program for every chain length),
+  each fed the argmax of the previous call's logits."""
   model = model_protocol.merge_model(graphdef, state)
   positions_BT = start + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)[None]
   positions_BT = jnp.broadcast_to(positions_BT, tokens_BT.shape)
@@ -140,17 +141,32 @@ def _chain(graphdef, state, tokens_BT, cache, start, num_calls):
   return jax.lax.fori_loop(0, num_calls, body, (tokens_BT, cache))[0]
 
 
+CHAIN_SECONDS = 0.25
+"""About how long a chain of timed calls lasts when ``time_calls`` chooses its length."""
+
+
 def time_calls(
-  model, batch_size: int, num_tokens: int, cache_length: int, num_calls: int = 32, repeats: int = 5
+  model,
+  batch_size: int,
+  num_tokens: int,
+  cache_length: int,
+  num_calls: int | None = None,
+  repeats: int = 5,
 ) -> float:
   """Median seconds per model call processing ``num_tokens`` per row, with a cache of
-  ``cache_length`` slots half full."""
+  ``cache_length`` slots half full, timed as ``repeats`` chains of ``num_calls`` dependent
+  calls. ``num_calls`` None: as many as last about ``CHAIN_SECONDS`` by one timed call, 2 to 32
+  (the default pair's 7 ms target step: 32, as always; SmolLM2's 90 ms step on a 2-core CPU: 3,
+  where 32 made every measured cost take 17 s)."""
   graphdef, state = model_protocol.split_model(model)
   cache = model.init_cache(batch_size, cache_length)
   tokens_BT = jnp.ones((batch_size, num_tokens), jnp.int32)
   start = max(cache_length // 2 - num_tokens, 0)
-  run = lambda: _chain(graphdef, state, tokens_BT, cache, start, num_calls)
-  return median_seconds(run, repeats) / num_calls
+  run = lambda calls: _chain(graphdef, state, tokens_BT, cache, start, calls)
+  if num_calls is None:
+    one = median_seconds(lambda: run(1), repeats=1)  # Its warm-up call compiles the chain.
+    num_calls = int(np.clip(round(CHAIN_SECONDS / max(one, 1e-9)), 2, 32))
+  return median_seconds(lambda: run(num_calls), repeats) / num_calls
 
 
 @jax.jit
@@ -228,6 +244,7 @@ def time_interleaved(
   calls: int | None = None,
   count: Callable[[Any], tuple[int, int]] = generated_tokens,
   first_index: int = 0,
+  warm: Collection[str] = (),
 ) -> dict[str, Timed]:
   """The one timed loop: every sampler ``(input, index) -> output`` called on
   ``inputs[i % len(inputs)]`` with index i, for i < calls (default: each input once), the
@@ -236,8 +253,10 @@ def time_interleaved(
   (index ``WARMUP_INDEX``) come first, one per distinct input shape the timed calls will see
   (``input_shape``): a jitted sampler compiles once per shape, and prompts of several padded
   lengths (chat prompts of 40-789 tokens at batch 1) would otherwise compile inside timed
-  calls, and charge it to whichever setting ran first. Call i passes index
-  ``first_index + i``."""
+  calls, and charge it to whichever setting ran first. ``warm`` names samplers already called
+  on every shape of ``inputs`` (by an earlier measurement, e.g. the automatic draft length's
+  probes): their warm-up is skipped (a warm-up call of a real model's loop costs as much as a
+  timed one) and their ``compile_s`` is 0. Call i passes index ``first_index + i``."""
   calls = len(inputs) if calls is None else calls
   if calls < 1:
     raise ValueError(f"calls must be >= 1, got {calls}.")
@@ -247,7 +266,7 @@ def time_interleaved(
   warmup = {}
   for name, sample in samplers.items():
     start = time.perf_counter()
-    for value in shapes.values():
+    for value in () if name in warm else shapes.values():
       jax.block_until_ready(sample(value, WARMUP_INDEX))
     warmup[name] = (time.perf_counter() - start, len(shapes))
   runs = {name: ([], [], [], []) for name in samplers}
