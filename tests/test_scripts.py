@@ -875,5 +875,14 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   )
   assert par.returncode == 0, par.stderr[-3000:]
   assert "parallel draft (answers)" in par.stdout and "tau(K=4)" in par.stdout
-  _, logs = greedy_run("parallel", "draft", "parallel_checkpoint", folder)
+  config, logs = greedy_run("parallel", "draft", "parallel_checkpoint", folder)
   assert any(f"parallel draft: loaded 1 layers x 64 from {folder}" in line for line in logs), logs
+  # Refused before sampling: another placeholder than it was trained with, or a chain draft.
+  trained_with = config.draft.train.distill.mask_token
+  config.draft.train.distill.mask_token = trained_with + 1
+  with pytest.raises(ValueError, match=f"trained with placeholder token {trained_with}, but"):
+    sample_job.run(config, workdir, log=logs.append)
+  config.draft.train.distill.mask_token = trained_with
+  config.draft.parallel_checkpoint = os.path.join(workdir, "draft_answers", "best")
+  with pytest.raises(ValueError, match="not a parallel draft"):
+    sample_job.run(config, workdir, log=logs.append)

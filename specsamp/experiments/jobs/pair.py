@@ -28,6 +28,7 @@ another config is refused with a clear message, never overwritten.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -187,16 +188,39 @@ def _load_checkpoint(
   resume: str,
   log: Callable[[str], None],
   target: Any = None,
+  check: Callable[[dict[str, Any]], None] | None = None,
 ):
   """A model from a checkpoint given in the config (a shipped folder is verified first),
-  checked against the tokenizer and, for a draft, against its ``target``'s vocabulary."""
-  model, _ = checkpoint.load_model(
+  checked against the tokenizer, for a draft against its ``target``'s vocabulary, and by
+  ``check`` on its metadata."""
+  model, meta = checkpoint.load_model(
     shipped.resolve(path), mesh, tokenizer=tokenizer, role=name, resume=resume
   )
   if target is not None:
     model_protocol.check_same_vocabulary(target, model)
+  if check is not None:
+    check(meta)
   log(f"{name}: loaded {model.config.num_layers} layers x {model.config.d_model} from {path}")
   return model
+
+
+def check_placeholder(meta: dict[str, Any], path: str, mask_token: int) -> None:
+  """A parallel draft drafts each position after placeholders of the token it was trained
+  with (its metadata's ``parallel.mask_token``): any other token in those slots is input it
+  never saw, so its proposals would be poor (still exact: verification uses the q it gives)."""
+  trained = meta.get("parallel")
+  if trained is None:
+    raise ValueError(
+      f"--config.draft.parallel_checkpoint={path}: not a parallel draft (its metadata has no "
+      "'parallel' entry); train one with scripts/train_drafter.py "
+      "--config.answers.drafter=parallel."
+    )
+  if trained["mask_token"] != mask_token:
+    raise ValueError(
+      f"--config.draft.parallel_checkpoint={path} was trained with placeholder token "
+      f"{trained['mask_token']}, but the job drafts with draft.train.distill.mask_token="
+      f"{mask_token}: set --config.draft.train.distill.mask_token={trained['mask_token']}."
+    )
 
 
 def _parameters(config: TransformerConfig) -> int:
@@ -476,6 +500,11 @@ def prepare(
           config.resume_from,
           log,
           target,
+          check=functools.partial(
+            check_placeholder,
+            path=config.draft.parallel_checkpoint,
+            mask_token=config.draft.train.distill.mask_token,
+          ),
         )
         continue
       section = ml_collections.ConfigDict(config.draft.to_dict())
