@@ -196,6 +196,10 @@ def get_config(arg=None):
     steps=400, batch_size=16, seq_len=256, learning_rate=2e-3, distill_mode="parallel"
   )
   config.answers.parallel_train.eval_every = 50
+  # 'parallel_head': the feature head above as a parallel head (DFlash / PARD style: K drafts
+  # from one call, placeholders after the first), optimised by answers.head_train;
+  # --config.speculative.drafter=parallel_head loads it with --config.feature.parallel_checkpoint.
+  config.answers.parallel_head_directory = "parallel_head_answers"
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.

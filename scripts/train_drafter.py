@@ -8,15 +8,17 @@ r"""Trains a pair's drafter on the target's regenerated answers, keeping the bes
       --config.answers.train.steps=4000 --config.mesh.data=4 --config.mesh.fsdp=2
 
 --config.answers.drafter picks the drafter: 'feature' (the feature head of config.feature.head),
-'draft' (the model of config.draft.model) or 'parallel' (a parallel draft of that shape, K
-tokens from one call). Reads WORKDIR/regenerated/train (the shards there when it starts) and
-measures tau at each evaluation on WORKDIR/regenerated/held_out; checkpoints go to
-WORKDIR/feature_head_answers, WORKDIR/draft_answers or WORKDIR/parallel_answers (resumed from
+'draft' (the model of config.draft.model), 'parallel' (a parallel draft of that shape, K
+tokens from one call) or 'parallel_head' (the feature head as a parallel head). Reads
+WORKDIR/regenerated/train (the shards there when it starts) and measures tau at each evaluation
+on WORKDIR/regenerated/held_out; checkpoints go to WORKDIR/feature_head_answers,
+WORKDIR/draft_answers, WORKDIR/parallel_answers or WORKDIR/parallel_head_answers (resumed from
 the newest; Ctrl-C saves first) and the best evaluation's parameters to .../best, with
 best.json. --ship_to=FOLDER then writes the best in bfloat16 with a card and SHA256SUMS (load
-it with --config.feature.checkpoint=FOLDER, --config.draft.checkpoint=FOLDER or
---config.draft.parallel_checkpoint=FOLDER). On a multi-host slice, start it on every host with
---distributed (each host reads the same shards and places its rows of each batch).
+it with --config.feature.checkpoint=FOLDER, --config.draft.checkpoint=FOLDER,
+--config.draft.parallel_checkpoint=FOLDER or --config.feature.parallel_checkpoint=FOLDER). On a
+multi-host slice, start it on every host with --distributed (each host reads the same shards and
+places its rows of each batch).
 """
 
 import os
@@ -48,9 +50,9 @@ def main(argv):
   drafter, directory, _ = answer_training.drafter_sections(config)
   if _SHIP_ONLY.value and not _SHIP_TO.value:
     raise ValueError("--ship_only ships the best so far: give --ship_to=FOLDER.")
-  # The target, once: training reads it, and shipping a feature head reads the head with it.
+  # The target, once: training reads it, and shipping a head reads the head with it.
   prepared = None
-  if not _SHIP_ONLY.value or drafter == "feature":
+  if not _SHIP_ONLY.value or drafter in answer_training.HEADS:
     prepared = pair_lib.prepare(config, workdir, drafts=False)
   if _SHIP_ONLY.value:
     best = answer_training.read_best(os.path.join(workdir, directory)) or {}
@@ -72,7 +74,7 @@ def main(argv):
       os.path.join(workdir, directory, answer_training.BEST),
       _SHIP_TO.value,
       answer_training.card(config, workdir, best, drafter),
-      target=prepared.target if drafter == "feature" else None,
+      target=prepared.target if drafter in answer_training.HEADS else None,
     )
     print(f"shipped to {_SHIP_TO.value}", flush=True)
 

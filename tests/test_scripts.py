@@ -886,3 +886,15 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   config.draft.parallel_checkpoint = os.path.join(workdir, "draft_answers", "best")
   with pytest.raises(ValueError, match="not a parallel draft"):
     sample_job.run(config, workdir, log=logs.append)
+
+  # The feature head as a parallel head on the same answers, shipped with its target, drafting
+  # K tokens from one call in the main job: greedy speculative equals autoregressive.
+  folder = str(tmp_path / "shipped_parallel_head")
+  par = run_script(
+    "train_drafter.py", *train_args, "--config.answers.drafter=parallel_head", f"--ship_to={folder}"
+  )
+  assert par.returncode == 0, par.stderr[-3000:]
+  assert "parallel feature head (answers)" in par.stdout and "tau(K=4)" in par.stdout
+  assert "parallel feature head" in open(os.path.join(folder, "CARD.md")).read()
+  _, logs = greedy_run("parallel_head", "feature", "parallel_checkpoint", folder)
+  assert any(f"parallel feature head: loaded from {folder}" in line for line in logs), logs

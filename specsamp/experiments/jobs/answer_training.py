@@ -92,8 +92,15 @@ def read_best(directory: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
-DRAFTERS = ("draft", "feature", "parallel")
-KINDS = {"draft": "draft", "feature": "feature head", "parallel": "parallel draft"}
+DRAFTERS = ("draft", "feature", "parallel", "parallel_head")
+KINDS = {
+  "draft": "draft",
+  "feature": "feature head",
+  "parallel": "parallel draft",
+  "parallel_head": "parallel feature head",
+}
+HEADS = ("feature", "parallel_head")
+"""The drafters that are feature heads: read with (and shipped with) their target."""
 
 
 def drafter_sections(
@@ -110,6 +117,8 @@ def drafter_sections(
     raise ValueError(f"answers.drafter must be one of {DRAFTERS}, got {drafter!r}.")
   if drafter == "feature":
     return drafter, section.head_directory, section.head_train
+  if drafter == "parallel_head":
+    return drafter, section.parallel_head_directory, section.head_train
   if drafter == "parallel":
     return drafter, section.parallel_directory, section.parallel_train
   return drafter, section.directory, section.train
@@ -172,8 +181,12 @@ def _drafter_setup(
       meta["parallel"] = {"mask_token": mask_token, "tokens": train_cfg.distill_parallel_tokens}
     return f"{KINDS[drafter]} (answers)", trainer, dict(meta, data=data_meta), accepted
   # The feature head of config.feature.head, its reduced vocabulary the answers' most frequent
-  # tokens (what it drafts), trained by its own KL to the target's distribution.
-  head_cfg = FeatureHeadConfig.from_config(config.feature.head)
+  # tokens (what it drafts), trained by its own KL to the target's distribution; as a parallel
+  # head, each unrolled step after the first is fed the placeholder instead of the token before
+  # (``FeatureHead.unrolled(parallel=True)``), as it drafts.
+  head_cfg = dataclasses.replace(
+    FeatureHeadConfig.from_config(config.feature.head), parallel=drafter == "parallel_head"
+  )
   train_cfg = feature_train.FeatureTrainConfig.from_config(optimisation)
   if train_cfg.ttt_steps < K:
     raise ValueError(
