@@ -834,15 +834,21 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   assert meta["step"] == best["step"] and model.config.num_layers == 1
   assert [point["step"] for point in best["curve"]] == [2, 4]  # The learning curve.
 
+  def trained_and_shipped(drafter: str, kind: str) -> str:
+    """``drafter`` trained on the answers and shipped (its card names ``kind``): the folder."""
+    folder = str(tmp_path / f"shipped_{drafter}")
+    run = run_script(
+      "train_drafter.py", *train_args, f"--config.answers.drafter={drafter}", f"--ship_to={folder}"
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"{kind} (answers)" in run.stdout and "tau(K=4)" in run.stdout
+    assert f"shipped to {folder}" in run.stdout
+    assert f"# A {kind} trained" in open(os.path.join(folder, "CARD.md")).read()
+    return folder
+
   # The feature head on the same answers, shipped, then loaded by the main job from the folder
   # (verified first): greedy speculative equals autoregressive; a corrupted copy is refused.
-  folder = str(tmp_path / "shipped_head")
-  head = run_script(
-    "train_drafter.py", *train_args, "--config.answers.drafter=feature", f"--ship_to={folder}"
-  )
-  assert head.returncode == 0, head.stderr[-3000:]
-  assert "feature head (answers)" in head.stdout and "tau(K=4)" in head.stdout
-  assert f"shipped to {folder}" in head.stdout
+  folder = trained_and_shipped("feature", "feature head")
   bare = run_script("train_drafter.py", *train_args, "--ship_only")
   assert bare.returncode != 0 and "give --ship_to" in bare.stdout + bare.stderr
   card = open(os.path.join(folder, "CARD.md")).read()
@@ -869,12 +875,7 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
 
   # The parallel draft on the same answers, shipped, then drafting K tokens from one call in
   # the main job, loaded from the folder: greedy speculative equals autoregressive.
-  folder = str(tmp_path / "shipped_parallel")
-  par = run_script(
-    "train_drafter.py", *train_args, "--config.answers.drafter=parallel", f"--ship_to={folder}"
-  )
-  assert par.returncode == 0, par.stderr[-3000:]
-  assert "parallel draft (answers)" in par.stdout and "tau(K=4)" in par.stdout
+  folder = trained_and_shipped("parallel", "parallel draft")
   config, logs = greedy_run("parallel", "draft", "parallel_checkpoint", folder)
   assert any(f"parallel draft: loaded 1 layers x 64 from {folder}" in line for line in logs), logs
   # Refused before sampling: another placeholder than it was trained with, or a chain draft.
@@ -889,12 +890,6 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
 
   # The feature head as a parallel head on the same answers, shipped with its target, drafting
   # K tokens from one call in the main job: greedy speculative equals autoregressive.
-  folder = str(tmp_path / "shipped_parallel_head")
-  par = run_script(
-    "train_drafter.py", *train_args, "--config.answers.drafter=parallel_head", f"--ship_to={folder}"
-  )
-  assert par.returncode == 0, par.stderr[-3000:]
-  assert "parallel feature head (answers)" in par.stdout and "tau(K=4)" in par.stdout
-  assert "parallel feature head" in open(os.path.join(folder, "CARD.md")).read()
+  folder = trained_and_shipped("parallel_head", "parallel feature head")
   _, logs = greedy_run("parallel_head", "feature", "parallel_checkpoint", folder)
   assert any(f"parallel feature head: loaded from {folder}" in line for line in logs), logs
