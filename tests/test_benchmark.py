@@ -174,22 +174,39 @@ def test_a_warm_sampler_is_not_warmed_up_again():
 
 
 def test_a_timed_chain_is_as_long_as_its_calls_allow(monkeypatch, tiny_model):
-  """``time_calls`` times chains of about CHAIN_SECONDS, clipped to 2..32 calls (a real model on
-  a CPU: a chain of 32 made each measured cost take 17 s), or of ``num_calls`` when given."""
+  """``time_calls`` times chains that fit in CHAIN_SECONDS, 1 to 32 calls (a real model on a
+  CPU: a chain of 32 made each measured cost take 17 s), or of ``num_calls`` when given; a
+  one-call chain is the program that timed the first call, not warmed up again."""
   lengths = []
   chain = timing._chain
 
   def counted(graphdef, state, tokens_BT, cache, start, num_calls):
-    lengths.append(int(num_calls))
+    lengths.append(num_calls)
     return chain(graphdef, state, tokens_BT, cache, start, num_calls)
 
   monkeypatch.setattr(timing, "_chain", counted)
   monkeypatch.setattr(timing, "CHAIN_SECONDS", 1e9)  # Every call is fast beside it.
-  fast = timing.time_calls(tiny_model, 1, 1, 16)
-  assert lengths[:2] == [1, 1] and set(lengths[2:]) == {32}  # Compile, time one, then chains.
+  assert timing.time_calls(tiny_model, 1, 1, 16) > 0
+  assert lengths == [1, 1] + [32] * 6  # Compile and time one; warm up and time 5 chains.
   lengths.clear()
   monkeypatch.setattr(timing, "CHAIN_SECONDS", 0.0)  # Every call is slow beside it.
-  assert timing.time_calls(tiny_model, 1, 1, 16) > 0 and set(lengths[2:]) == {2}
+  assert timing.time_calls(tiny_model, 1, 1, 16) > 0 and lengths == [1] * 7
   lengths.clear()
-  assert timing.time_calls(tiny_model, 1, 1, 16, num_calls=5) > 0 and set(lengths) == {5}
-  assert fast > 0
+  assert timing.time_calls(tiny_model, 1, 1, 16, num_calls=5) > 0 and lengths == [5] * 6
+
+
+def test_the_samplers_the_probes_warmed_are_named_only_when_every_batch_has_their_shape():
+  """``sample_job._probed``: the probes ran the autoregressive loop and K in {2, 4} on the first
+  batch; the speculative loop is warm only at a probed K, and nothing is when a batch has
+  another shape or no probe ran (a timed call must never compile)."""
+  from specsamp.experiments.jobs.sample_job import _probed
+
+  probes = [{"num_draft_tokens": 2}, {"num_draft_tokens": 4}]
+  same = [(np.zeros((1, 8), np.int32), np.ones(1, np.int32))] * 3
+  both = {"autoregressive", "speculative"}
+  assert _probed({"num_draft_tokens": 4, "probes": probes}, same) == both
+  assert _probed({"num_draft_tokens": 3, "probes": probes}, same) == {"autoregressive"}
+  assert _probed({"num_draft_tokens": 0, "probes": probes}, same) == {"autoregressive"}
+  other = [*same, (np.zeros((1, 9), np.int32), np.ones(1, np.int32))]
+  assert _probed({"num_draft_tokens": 4, "probes": probes}, other) == set()
+  assert _probed(None, same) == set()

@@ -125,10 +125,11 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> 
   return statistics.median(times)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_calls"))
 def _chain(graphdef, state, tokens_BT, cache, start, num_calls):
-  """``num_calls`` calls of the model (a traced count: one program for every chain length),
-  each fed the argmax of the previous call's logits."""
+  """``num_calls`` calls of the model, each fed the argmax of the previous call's logits. The
+  count is static: a loop of known trip count (a traced one is a while loop, which on a GPU
+  reads its predicate back to the host every iteration)."""
   model = model_protocol.merge_model(graphdef, state)
   positions_BT = start + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)[None]
   positions_BT = jnp.broadcast_to(positions_BT, tokens_BT.shape)
@@ -142,7 +143,7 @@ def _chain(graphdef, state, tokens_BT, cache, start, num_calls):
 
 
 CHAIN_SECONDS = 0.25
-"""About how long a chain of timed calls lasts when ``time_calls`` chooses its length."""
+"""About how long a chain of timed calls lasts at most when ``time_calls`` chooses its length."""
 
 
 def time_calls(
@@ -155,18 +156,21 @@ def time_calls(
 ) -> float:
   """Median seconds per model call processing ``num_tokens`` per row, with a cache of
   ``cache_length`` slots half full, timed as ``repeats`` chains of ``num_calls`` dependent
-  calls. ``num_calls`` None: as many as last about ``CHAIN_SECONDS`` by one timed call, 2 to 32
-  (the default pair's 7 ms target step: 32, as always; SmolLM2's 90 ms step on a 2-core CPU: 3,
-  where 32 made every measured cost take 17 s)."""
+  calls. ``num_calls`` None: as many as fit in ``CHAIN_SECONDS`` by one timed call, 1 to 32
+  (the default pair's 7 ms target step: 32, as always; SmolLM2's 90 ms step on a 2-core CPU: 2,
+  where 32 made every measured cost take 17 s; a step over CHAIN_SECONDS / 2 is timed alone, its
+  one-call chain compiled once)."""
   graphdef, state = model_protocol.split_model(model)
   cache = model.init_cache(batch_size, cache_length)
   tokens_BT = jnp.ones((batch_size, num_tokens), jnp.int32)
   start = max(cache_length // 2 - num_tokens, 0)
   run = lambda calls: _chain(graphdef, state, tokens_BT, cache, start, calls)
+  warm = False
   if num_calls is None:
     one = median_seconds(lambda: run(1), repeats=1)  # Its warm-up call compiles the chain.
-    num_calls = int(np.clip(round(CHAIN_SECONDS / max(one, 1e-9)), 2, 32))
-  return median_seconds(lambda: run(num_calls), repeats) / num_calls
+    num_calls = int(np.clip(CHAIN_SECONDS // max(one, 1e-9), 1, 32))
+    warm = num_calls == 1
+  return median_seconds(lambda: run(num_calls), repeats, warmup=0 if warm else 1) / num_calls
 
 
 @jax.jit

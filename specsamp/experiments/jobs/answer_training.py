@@ -184,9 +184,13 @@ def _drafter_setup(
   # tokens (what it drafts), trained by its own KL to the target's distribution; as a parallel
   # head, each unrolled step after the first is fed the placeholder instead of the token before
   # (``FeatureHead.unrolled(parallel=True)``), as it drafts.
-  head_cfg = dataclasses.replace(
-    FeatureHeadConfig.from_config(config.feature.head), parallel=drafter == "parallel_head"
-  )
+  head_cfg = FeatureHeadConfig.from_config(config.feature.head)
+  if head_cfg.parallel:
+    raise ValueError(
+      "--config.feature.head.parallel=True: train a parallel head with "
+      "--config.answers.drafter=parallel_head (it sets it)."
+    )
+  head_cfg = dataclasses.replace(head_cfg, parallel=drafter == "parallel_head")
   train_cfg = feature_train.FeatureTrainConfig.from_config(optimisation)
   if train_cfg.ttt_steps < K:
     raise ValueError(

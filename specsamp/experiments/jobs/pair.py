@@ -204,22 +204,27 @@ def _load_checkpoint(
   return model
 
 
-def check_placeholder(meta: dict[str, Any], path: str, mask_token: int) -> None:
+def check_placeholder(
+  meta: dict[str, Any], path: str, mask_token: int, log: Callable[[str], None] = print
+) -> None:
   """A parallel draft drafts each position after placeholders of the token it was trained
-  with (its metadata's ``parallel.mask_token``): any other token in those slots is input it
-  never saw, so its proposals would be poor (still exact: verification uses the q it gives)."""
-  trained = meta.get("parallel")
+  with (its metadata's ``parallel.mask_token``, which scripts/train_drafter.py records): any
+  other token in those slots is input it never saw, so its proposals would be poor (still
+  exact: verification uses the q it gives). A checkpoint that records none (a workdir's
+  ``draft_parallel``, or a draft that is not parallel) cannot be checked: a warning."""
+  trained = (meta.get("parallel") or {}).get("mask_token")
   if trained is None:
-    raise ValueError(
-      f"--config.draft.parallel_checkpoint={path}: not a parallel draft (its metadata has no "
-      "'parallel' entry); train one with scripts/train_drafter.py "
-      "--config.answers.drafter=parallel."
+    log(
+      f"warning: --config.draft.parallel_checkpoint={path} records no placeholder token (no "
+      "'parallel' entry in its metadata): it cannot be checked against "
+      f"draft.train.distill.mask_token={mask_token}; a draft not trained with placeholders "
+      "drafts poorly (still exactly)."
     )
-  if trained["mask_token"] != mask_token:
+  elif trained != mask_token:
     raise ValueError(
       f"--config.draft.parallel_checkpoint={path} was trained with placeholder token "
-      f"{trained['mask_token']}, but the job drafts with draft.train.distill.mask_token="
-      f"{mask_token}: set --config.draft.train.distill.mask_token={trained['mask_token']}."
+      f"{trained}, but the job drafts with draft.train.distill.mask_token={mask_token}: set "
+      f"--config.draft.train.distill.mask_token={trained}."
     )
 
 
@@ -504,6 +509,7 @@ def prepare(
             check_placeholder,
             path=config.draft.parallel_checkpoint,
             mask_token=config.draft.train.distill.mask_token,
+            log=log,
           ),
         )
         continue

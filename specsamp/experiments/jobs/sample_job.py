@@ -308,6 +308,7 @@ def run(
   ar = timed["autoregressive"]
   # K = 0 (the automatic length chose autoregressive sampling): the speculative job is the
   # autoregressive loop itself, timed once; timing it twice would only time the noise.
+  # (A shallow copy: both reports share the timed calls' lists, which nothing changes after.)
   sps = timed.get("speculative") or dataclasses.replace(ar, name="speculative")
   tokens = {"autoregressive": _generated(ar.outputs), "speculative": _generated(sps.outputs)}
   scored = (num_draft_tokens if tree is None else tree.num_nodes) + 1
