@@ -725,6 +725,8 @@ def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
   for r in records.values():
     assert r["ms_per_token"] > 0 and r["tokens_per_s"] > 0 and r["speedup"] > 0
     assert 1.0 <= r["tokens_per_call"] <= 3.0  # At most D=2 drafts and the bonus token.
+    if r["proposal"] == "autoregressive":
+      assert r["tokens_per_call"] == 1.0  # One token per target call, by construction.
     assert r["target_step_ms"] > 0
     if r["proposal"] != "autoregressive":
       assert 0.0 <= r["alpha"] <= 1.0 and r["score_ms"] > 0 and r["draft_step_ms"] > 0

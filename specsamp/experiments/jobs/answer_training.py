@@ -92,13 +92,16 @@ def read_best(directory: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
-DRAFTERS = ("draft", "feature", "parallel", "parallel_head")
-KINDS = {
-  "draft": "draft",
-  "feature": "feature head",
-  "parallel": "parallel draft",
-  "parallel_head": "parallel feature head",
+# Each drafter trained on answers: its name in logs and cards, and the ``config.answers`` fields
+# naming its run directory and its optimisation section.
+_DRAFTERS = {
+  "draft": ("draft", "directory", "train"),
+  "feature": ("feature head", "head_directory", "head_train"),
+  "parallel": ("parallel draft", "parallel_directory", "parallel_train"),
+  "parallel_head": ("parallel feature head", "parallel_head_directory", "head_train"),
 }
+DRAFTERS = tuple(_DRAFTERS)
+KINDS = {drafter: kind for drafter, (kind, _, _) in _DRAFTERS.items()}
 HEADS = ("feature", "parallel_head")
 """The drafters that are feature heads: read with (and shipped with) their target."""
 
@@ -106,22 +109,15 @@ HEADS = ("feature", "parallel_head")
 def drafter_sections(
   config: ml_collections.ConfigDict, drafter: str | None = None
 ) -> tuple[str, str, ml_collections.ConfigDict]:
-  """(the drafter, its run directory in the workdir, its optimisation section): 'draft' trains
-  in ``answers.directory`` with ``answers.train``, 'feature' in ``answers.head_directory`` with
-  ``answers.head_train``, 'parallel' (a parallel draft of ``config.draft.model``) in
-  ``answers.parallel_directory`` with ``answers.parallel_train``; ``drafter`` defaults to
+  """(the drafter, its run directory in the workdir, its optimisation section), named by the
+  ``config.answers`` fields of ``_DRAFTERS``; ``drafter`` defaults to
   ``config.answers.drafter``."""
   section = config.answers
   drafter = drafter or section.get("drafter", "draft")
   if drafter not in DRAFTERS:
     raise ValueError(f"answers.drafter must be one of {DRAFTERS}, got {drafter!r}.")
-  if drafter == "feature":
-    return drafter, section.head_directory, section.head_train
-  if drafter == "parallel_head":
-    return drafter, section.parallel_head_directory, section.head_train
-  if drafter == "parallel":
-    return drafter, section.parallel_directory, section.parallel_train
-  return drafter, section.directory, section.train
+  _, directory, optimisation = _DRAFTERS[drafter]
+  return drafter, section[directory], section[optimisation]
 
 
 def _drafter_setup(
@@ -145,7 +141,7 @@ def _drafter_setup(
   if drafter in ("draft", "parallel"):
     train_cfg = train.TrainConfig.from_config(optimisation)
     modes = ("none", "token") if drafter == "draft" else ("parallel",)
-    field = "train" if drafter == "draft" else "parallel_train"
+    field = _DRAFTERS[drafter][2]
     if train_cfg.distill_mode not in modes:
       raise ValueError(
         f"answers.{field}.distill.mode must be one of {modes} on regenerated answers, got "
