@@ -112,18 +112,19 @@ def deselect_extended(config, items):
   return kept
 
 
-# The longest test files (seconds of one worker, full suite on 2 cores, 2026-11-26). With
-# ``--dist loadfile`` a worker takes the next file when it is free, in collection order: files
-# collected last and long leave the other worker idle at the end (one worker idled for minutes
-# in a 20-minute run), so the longest go first.
+# The longest test files (seconds of test time, README test command on 2 cores, 2026-11-27).
+# With ``--dist loadfile`` a worker takes the next file when it is free, in collection order:
+# files collected last and long leave the other worker idle at the end (one worker idled for
+# minutes in a 20-minute run), so the longest go first.
 LONGEST_FIRST = (
-  "test_certify_trees.py",  # 233 s
-  "test_scripts.py",  # 513 s in many tests
-  "test_smollm2.py",  # 217 s
-  "test_certify.py",  # 160 s
-  "test_feature_drafter.py",  # 159 s
-  "test_keras_hub.py",  # 121 s
-  "test_gguf.py",  # 110 s
+  "test_scripts.py",  # 279 s in many tests
+  "test_parallel_drafter.py",  # 72 s
+  "test_feature_drafter.py",  # 56 s
+  "test_speculative.py",  # 51 s
+  "test_sharding.py",  # 41 s
+  "test_gguf.py",  # 39 s
+  "test_certify.py",  # 39 s
+  "test_certify_trees.py",  # 38 s
 )
 
 

@@ -10,27 +10,28 @@ import sys
 import numpy as np
 import pytest
 from conftest import flip_a_byte, largest_file, script_env, xla_flags
+from warm_python import WarmPython
 
 from specsamp.sampling import tree as tree_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WARM = WarmPython()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_python():
+  yield
+  WARM.close()
 
 
 def run_script(script, *args, devices=None):
-  """Runs scripts/``script`` as a user would. On one simulated CPU device unless ``devices``
-  says otherwise or a flag sets a mesh (then 8): the default mesh takes every device, and
-  8 of them made the training script 43% slower (33.2 s against 23.1 s, 2026-11-26)."""
+  """Runs scripts/``script`` as a user would, in a process of its own forked from a warm
+  interpreter (tests/warm_python.py). On one simulated CPU device unless ``devices`` says
+  otherwise or a flag sets a mesh (then 8): the default mesh takes every device, and 8 of them
+  made the training script 43% slower (33.2 s against 23.1 s, 2026-11-26)."""
   if devices is None:
     devices = 8 if any(arg.startswith(("--config.mesh.", "--mesh_")) for arg in args) else 1
-  env = script_env(devices)
-  return subprocess.run(
-    [sys.executable, os.path.join(ROOT, "scripts", script), *args],
-    cwd=ROOT,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
+  return WARM.run([os.path.join(ROOT, "scripts", script), *args], script_env(devices), ROOT, 300)
 
 
 @pytest.fixture(scope="module")
