@@ -123,6 +123,34 @@ def test_sample_script_loads_the_cached_pair_and_reports(trained_workdir, tmp_pa
 
 
 @pytest.mark.slow
+def test_the_parallel_bound_script_reports_each_k(trained_workdir, tmp_path):
+  """scripts/parallel_bound.py on the cached target: the target-marginal parallel drafter's
+  tokens per call, within (1, K + 1], and the same numbers in its JSON."""
+  output = tmp_path / "bound.json"
+  result = run_script(
+    "parallel_bound.py",
+    "--config=configs/code_pair.py:test",
+    f"--workdir={trained_workdir[0]}",
+    "--ks=1,3",
+    "--windows=2",
+    "--cuts=8,16",
+    "--paths=8",
+    "--chains=8",
+    f"--output={output}",
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "target: training" not in result.stdout and "4 contexts of 8, 16 tokens" in result.stdout
+  reported = [float(x) for x in re.findall(r"K=\d: ([\d.]+) tokens per target call", result.stdout)]
+  results = json.load(open(output))["results"]
+  assert [r["num_draft_tokens"] for r in results] == [1, 3] and [
+    r["contexts"] for r in results
+  ] == [4, 4]
+  np.testing.assert_allclose(reported, [r["tokens_per_call"] for r in results], atol=0.005)
+  assert reported[0] == pytest.approx(2.0, abs=0.005)  # One draft from m_1 = p is always accepted.
+  assert 1.0 < reported[1] <= 4.0
+
+
+@pytest.mark.slow
 def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
   from specsamp.training.tokenizer import Tokenizer
