@@ -19,15 +19,14 @@ CONTEXT = (3, 6, 1, 3)
 def _exact_tokens_per_call(logits_PVV: np.ndarray, context, sampling, num_draft_tokens: int):
   """Enumerated over every draft chain: the marginal drafter's expected tokens per call."""
   vocab = logits_PVV.shape[1]
-
-  def p(previous, current):
-    return np.asarray(
-      warping.probabilities(logits_PVV[previous, current][None], sampling)[0], np.float64
-    )
+  # The warped law after every (previous, current) pair, in one call.
+  table = np.asarray(
+    warping.probabilities(logits_PVV.reshape(-1, vocab), sampling), np.float64
+  ).reshape(logits_PVV.shape)
 
   def law(prefix):  # p(. | context, prefix)
     tokens = (*context, *prefix)
-    return p(tokens[-2], tokens[-1])
+    return table[tokens[-2], tokens[-1]]
 
   # m_k: the mean of p(. | context, y_<k) over the target's own y_<k.
   marginals = []
