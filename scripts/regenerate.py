@@ -78,10 +78,16 @@ def main(argv):
   )
   shards = manifest["shards"]
   answers = sum(s["answer_tokens"] for s in shards)
+  repeated = regenerate.repetition(shards)
   print(
     f"{out}: {len(shards)} shards, {sum(s['prompts'] for s in shards):,} answers, "
     f"{answers:,} answer tokens ({manifest['prompts']:,} prompts in the {plan.split} split, "
-    f"{manifest['skipped']} longer than {plan.max_prompt_tokens} tokens skipped)",
+    f"{manifest['skipped']} longer than {plan.max_prompt_tokens} tokens skipped)"
+    + (
+      f"; {repeated:.0%} of their {regenerate.REPEAT_NGRAM}-grams repeated"
+      if repeated is not None
+      else ""
+    ),
     flush=True,
   )
 

@@ -151,6 +151,14 @@ def test_shards_hold_the_targets_answers_and_a_stopped_run_resumes(target, tmp_p
     answer = np.asarray(reference.generated(row))
     np.testing.assert_array_equal(sequence[lengths[row] :], answer)
     assert finished[row] == (answer[-1] == 2)
+  # Each shard counts its answers' repeated 4-grams (checked by brute force below).
+  for shard in full["shards"]:
+    with np.load(os.path.join(out, shard["file"])) as f:
+      pieces = np.split(f["tokens"], f["offsets"][1:-1])
+      answers_ = [piece[n:] for piece, n in zip(pieces, f["prompt_lengths"])]
+    counts = [regenerate.repeated_ngrams(a) for a in answers_]
+    assert shard["repeated_ngrams"] == sum(c[0] for c in counts)
+    assert shard["ngrams"] == sum(max(len(a) - 3, 0) for a in answers_)
   # Another plan in the same directory is refused; nothing there changes.
   before = open(os.path.join(out, regenerate.MANIFEST)).read()
   with pytest.raises(ValueError, match="another run's shards"):
@@ -158,6 +166,45 @@ def test_shards_hold_the_targets_answers_and_a_stopped_run_resumes(target, tmp_p
       target, tokenizer, made, out, regenerate.Plan(max_new_tokens=7), target_id="t"
     )
   assert open(os.path.join(out, regenerate.MANIFEST)).read() == before
+
+
+def _repeated_by_brute_force(answer, n):
+  grams = [answer[i - n : i] for i in range(n, len(answer) + 1)]
+  return sum(any(np.array_equal(g, h) for h in grams[:j]) for j, g in enumerate(grams))
+
+
+def test_repeated_ngrams_count_a_loop_and_not_fresh_text():
+  loop = np.array([7, 8, 9] * 10)
+  assert regenerate.repeated_ngrams(loop) == (24, 27)  # 3 distinct 4-grams of 27.
+  assert regenerate.repeated_ngrams(np.arange(10)) == (0, 7)
+  assert regenerate.repeated_ngrams(np.arange(3)) == (0, 0)
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    answer = rng.integers(0, 3, rng.integers(0, 40))
+    repeated, counted = regenerate.repeated_ngrams(answer)
+    assert repeated == _repeated_by_brute_force(answer, 4)
+    assert counted == max(len(answer) - 3, 0)
+  shards = [{"repeated_ngrams": 24, "ngrams": 27}, {"repeated_ngrams": 0, "ngrams": 7}]
+  assert regenerate.repetition(shards) == pytest.approx(24 / 34)
+  assert regenerate.repetition([{"file": "an older manifest's shard"}]) is None
+
+
+def test_a_looping_target_is_warned_about(target, tmp_path, monkeypatch):
+  """A target whose answers loop (here: every answer token the same) warns, once per shard."""
+
+  def looping(target, rows, plan, setting, eos_id, pad_id, key):
+    return [np.concatenate([r, np.full(12, 5, np.int32)]) for r in rows], [False] * len(rows)
+
+  monkeypatch.setattr(regenerate, "_answer_batch", looping)
+  plan = regenerate.Plan(settings=("greedy",), batch_size=4, max_prompt_tokens=32, shard_prompts=5)
+  logs = []
+  manifest = regenerate.regenerate(
+    target, word_tokenizer(), prompts(8), str(tmp_path), plan, target_id="t", log=logs.append
+  )
+  warnings = [line for line in logs if "warning" in line]
+  assert len(warnings) == len(manifest["shards"]) >= 1
+  assert "repeat 89% of their 4-grams" in warnings[0]  # 8 of the 9 4-grams of 12 equal tokens.
+  assert regenerate.repetition(manifest["shards"]) == pytest.approx(8 / 9)
 
 
 def test_too_long_prompts_are_skipped_and_counted_and_bad_plans_refused(target, tmp_path):

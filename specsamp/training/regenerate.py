@@ -11,7 +11,9 @@ model, whose tokenizer has no chat template, continues the messages' text instea
                           back to back), ``offsets`` [n + 1], ``prompt_lengths`` [n], ``finished``
                           [n] (the answer ended with EOS, not at ``max_new_tokens``), ``ids`` [n]
   OUT/manifest.json       what was asked (target, tokenizer, settings, sizes) and each shard
-                          done: its setting, prompts, tokens, answer tokens, seconds
+                          done: its setting, prompts, tokens, answer tokens, seconds, and how
+                          many of its answers' 4-grams repeat one earlier in the same answer
+                          (``repeated_ngrams``: a looping target warns)
 
 A shard is written whole before the manifest names it (both by rename), so a run stopped at any
 point resumes where it stopped and never reads half a shard; a directory made for another target,
@@ -112,6 +114,31 @@ def _write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
       json.dump(manifest, f, indent=1)
 
   _write_atomic(os.path.join(out_dir, MANIFEST), write)
+
+
+REPEAT_NGRAM = 4
+REPEAT_WARNING = 0.5
+"""A shard whose answers repeat more than this fraction of their 4-grams is degenerate text (a
+weak or greedy target in a loop): a drafter learns the loop, and tau on such answers says how
+well it does that, not how well it drafts."""
+
+
+def repeated_ngrams(answer: np.ndarray, n: int = REPEAT_NGRAM) -> tuple[int, int]:
+  """(repeated, counted): of the answer's n-grams (one ending at each token from the n-th on),
+  how many occurred earlier in the same answer. A loop repeats nearly all of them, prose and
+  code a few."""
+  seen, repeated = set(), 0
+  grams = [tuple(answer[i - n : i].tolist()) for i in range(n, len(answer) + 1)]
+  for gram in grams:
+    repeated += gram in seen
+    seen.add(gram)
+  return repeated, len(grams)
+
+
+def repetition(shards: list[dict[str, Any]]) -> float | None:
+  """The pooled fraction of repeated 4-grams of the manifest's shards (None if none counted)."""
+  counted = sum(s.get("ngrams", 0) for s in shards)
+  return sum(s.get("repeated_ngrams", 0) for s in shards) / counted if counted else None
 
 
 def _answer_batch(
@@ -259,6 +286,8 @@ def regenerate(
     _write_atomic(os.path.join(out_dir, name), write)
     seconds = time.perf_counter() - start
     answer_tokens = int(offsets[-1] - prompt_lengths.sum())
+    counts = [repeated_ngrams(s[n:]) for s, n in zip(sequences, prompt_lengths)]
+    repeated, ngrams = sum(c[0] for c in counts), sum(c[1] for c in counts)
     manifest["shards"].append(
       {
         "file": name,
@@ -267,17 +296,28 @@ def regenerate(
         "tokens": int(offsets[-1]),
         "answer_tokens": answer_tokens,
         "finished": int(np.sum(finished)),
+        "repeated_ngrams": repeated,
+        "ngrams": ngrams,
         "seconds": round(seconds, 1),
       }
     )
     manifest["shards"].sort(key=lambda s: s["file"])
     _write_manifest(out_dir, manifest)
     new += 1
+    share = repeated / ngrams if ngrams else 0.0
     log(
       f"regenerate: {name} ({setting}) {len(sequences)} answers, {answer_tokens:,} answer "
-      f"tokens in {seconds:.0f} s ({answer_tokens / max(seconds, 1e-9):,.0f}/s); "
-      f"{len(manifest['shards'])}/{total} shards"
+      f"tokens in {seconds:.0f} s ({answer_tokens / max(seconds, 1e-9):,.0f}/s), "
+      f"{share:.0%} of their {REPEAT_NGRAM}-grams repeated; {len(manifest['shards'])}/{total} "
+      "shards"
     )
+    if share > REPEAT_WARNING:
+      log(
+        f"regenerate: warning: {name}'s answers repeat {share:.0%} of their {REPEAT_NGRAM}-grams "
+        "(the target loops): a drafter trained on them learns the loop, and tau measured on "
+        "such answers says little about drafting real text. A stronger target, or a T > 0 "
+        "setting, gives text worth training on."
+      )
   return manifest
 
 
