@@ -4,6 +4,7 @@ r"""How many tokens per target call a parallel drafter could reach: the target's
   python scripts/parallel_bound.py --config=configs/code_pair.py --ks=2,4,8 \
       --config.sampling.temperature=0.8 --config.sampling.top_p=0.95
   python scripts/parallel_bound.py --config=configs/smollm2_pair.py:smollm2 --ks=4
+  python scripts/parallel_bound.py --config=configs/code_pair.py --ks=4,8 --trees=1x2x2,1x2x2x2
 
 A parallel drafter fixes q_1 .. q_K before it draws, so q_k cannot see the drafts before it.
 Trained with the target as teacher it tends to the target's marginal of each position; this
@@ -11,6 +12,8 @@ measures that drafter's tokens per target call at the config's sampling setting,
 cut from the pair's validation files (the module docstring of
 specsamp/experiments/benchmarks/parallel_bound.py has the math). A sequential drafter that
 matches the target reaches K + 1; the gap is what parallel drafting loses by construction.
+--trees measures the same drafter on trees of i.i.d. siblings (recursive rejection), which
+hedge over the drafts a chain commits to.
 Loads (or trains, on the first run) the pair's target only.
 """
 
@@ -25,7 +28,13 @@ from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.sampling import warping
 
 _PAIR = cli.define_pair_flags()
-_KS = flags.DEFINE_list("ks", ["2", "4", "8"], "Draft tokens per call.")
+_KS = flags.DEFINE_list("ks", ["2", "4", "8"], "Draft tokens per call (chains).")
+_TREES = flags.DEFINE_list(
+  "trees",
+  [],
+  "Trees as children per depth, e.g. 1x2x2x1: i.i.d. siblings from each depth's marginal, "
+  "recursive rejection.",
+)
 _WINDOWS = flags.DEFINE_integer("windows", 16, "Validation windows contexts are cut from.")
 _CUTS = flags.DEFINE_list("cuts", ["32", "64", "96", "128"], "Context lengths cut from each.")
 _PATHS = flags.DEFINE_integer("paths", 64, "Target continuations the marginals average over.")
@@ -68,6 +77,29 @@ def main(argv):
       f"K={k}: {result['tokens_per_call']:.2f} tokens per target call (se "
       f"{result['standard_error']:.2f}; a drafter that matches the target sequentially: {k + 1}); "
       f"P(draft token k accepted), k=1..{k}: {accepted}",
+      flush=True,
+    )
+  for spec in _TREES.value:
+    try:
+      widths = tuple(int(w) for w in spec.split("x"))
+    except ValueError:
+      raise ValueError(f"--trees: {spec!r} is not children per depth like 1x2x2x1.") from None
+    result = parallel_bound.over_contexts(
+      pair.target,
+      contexts,
+      len(widths),
+      sampling,
+      widths=widths,
+      paths=_PATHS.value,
+      chains=_CHAINS.value,
+      seed=config.seed,
+    )
+    results.append(result)
+    nodes = int(np.cumprod(widths).sum())
+    reached = " ".join(f"{a:.2f}" for a in result["accepted"])
+    print(
+      f"tree {spec} ({nodes} nodes): {result['tokens_per_call']:.2f} tokens per target call (se "
+      f"{result['standard_error']:.2f}); P(depth d reached), d=1..{len(widths)}: {reached}",
       flush=True,
     )
   if _OUTPUT.value:

@@ -63,6 +63,47 @@ def test_tokens_per_call_are_the_enumerated_marginal_drafters(temperature, top_p
   np.testing.assert_allclose(got["marginals"].sum(axis=1), 1.0, rtol=1e-5)
 
 
+def test_a_tree_of_iid_siblings_is_the_enumerated_recursive_rejection():
+  """Widths (1, 3): depth 2 tries three i.i.d. draws from m_2 against the residuals of
+  recursive rejection; enumerated exactly: P(accept) = sum_j prod_{i<j} (1 - a_i) a_j, with
+  a_j = sum_x min(m_2, r_j) and r_{j+1} = norm(max(0, r_j - m_2))."""
+  target = certify.make_setup("trigram", "1").target
+  sampling = warping.SamplingConfig(1.0)
+  logits = np.asarray(target.logits_PVV)
+  table = np.asarray(
+    warping.probabilities(logits.reshape(-1, logits.shape[1]), sampling), np.float64
+  ).reshape(logits.shape)
+  p1 = table[CONTEXT[-2], CONTEXT[-1]]
+  m2 = sum(p1[x] * table[CONTEXT[-1], x] for x in range(len(p1)))
+  exact = 2.0
+  for x1, weight in enumerate(p1):
+    r, missed = table[CONTEXT[-1], x1], 1.0
+    for _ in range(3):
+      accept = np.minimum(m2, r).sum()
+      exact += weight * missed * accept
+      missed *= 1 - accept
+      excess = np.maximum(r - m2, 0)
+      r = excess / excess.sum() if excess.sum() > 0 else excess
+  got = parallel_bound.marginal_tree(
+    target, CONTEXT, (1, 3), sampling, jax.random.key(2), paths=8192, chains=8192
+  )
+  # The coins are drawn: standard error below 0.5 / sqrt(8192) = 0.0055.
+  assert abs(got["tokens_per_call"] - exact) < 0.03, (got["tokens_per_call"], exact)
+  assert got["nodes"] == 4
+  chain = parallel_bound.marginal_drafter(
+    target, CONTEXT, 2, sampling, jax.random.key(2), paths=8192, chains=8192
+  )
+  assert exact > chain["tokens_per_call"] + 0.05  # Three siblings hedge over one.
+  # Widths of 1 are the chain, whose coins marginal_drafter integrates out.
+  one = parallel_bound.marginal_tree(
+    target, CONTEXT, (1, 1, 1), sampling, jax.random.key(3), paths=8192, chains=8192
+  )
+  three = parallel_bound.marginal_drafter(
+    target, CONTEXT, 3, sampling, jax.random.key(3), paths=8192, chains=8192
+  )
+  assert abs(one["tokens_per_call"] - three["tokens_per_call"]) < 0.04
+
+
 def test_a_deterministic_target_and_one_draft_are_always_accepted():
   """Greedy: m_k is the one-hot of the target's greedy path, so every draft is accepted; and
   K = 1 drafts from m_1 = p itself."""
@@ -91,3 +132,7 @@ def test_bad_arguments_are_clear_errors():
     parallel_bound.marginal_drafter(target, (), 2, sampling, jax.random.key(0))
   with pytest.raises(ValueError, match="paths and chains"):
     parallel_bound.marginal_drafter(target, CONTEXT, 2, sampling, jax.random.key(0), paths=0)
+  with pytest.raises(ValueError, match="widths must be"):
+    parallel_bound.marginal_tree(target, CONTEXT, (1, 0), sampling, jax.random.key(0))
+  with pytest.raises(ValueError, match="must have num_draft_tokens=3 depths"):
+    parallel_bound.over_contexts(target, [CONTEXT], 3, sampling, widths=(1, 2))

@@ -132,6 +132,7 @@ def test_the_parallel_bound_script_reports_each_k(trained_workdir, tmp_path):
     "--config=configs/code_pair.py:test",
     f"--workdir={trained_workdir[0]}",
     "--ks=1,3",
+    "--trees=1x2",
     "--windows=2",
     "--cuts=8,16",
     "--paths=8",
@@ -140,14 +141,15 @@ def test_the_parallel_bound_script_reports_each_k(trained_workdir, tmp_path):
   )
   assert result.returncode == 0, result.stderr[-3000:]
   assert "target: training" not in result.stdout and "4 contexts of 8, 16 tokens" in result.stdout
-  reported = [float(x) for x in re.findall(r"K=\d: ([\d.]+) tokens per target call", result.stdout)]
+  reported = [
+    float(x) for x in re.findall(r"(?:K=\d|tree 1x2 \(3 nodes\)): ([\d.]+) tokens", result.stdout)
+  ]
   results = json.load(open(output))["results"]
-  assert [r["num_draft_tokens"] for r in results] == [1, 3] and [
-    r["contexts"] for r in results
-  ] == [4, 4]
+  assert [r["widths"] for r in results] == [[1], [1, 1, 1], [1, 2]], result.stdout
+  assert [r["contexts"] for r in results] == [4, 4, 4]
   np.testing.assert_allclose(reported, [r["tokens_per_call"] for r in results], atol=0.005)
   assert reported[0] == pytest.approx(2.0, abs=0.005)  # One draft from m_1 = p is always accepted.
-  assert 1.0 < reported[1] <= 4.0
+  assert 1.0 < reported[1] <= 4.0 and 2.0 <= reported[2] <= 3.0
 
 
 @pytest.mark.slow
