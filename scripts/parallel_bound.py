@@ -60,34 +60,20 @@ def main(argv):
     f"{', '.join(map(str, cuts))} tokens, {_PATHS.value} target paths, {_CHAINS.value} chains",
     flush=True,
   )
-  results = []
-  for k in ks:
-    result = parallel_bound.over_contexts(
-      pair.target,
-      contexts,
-      k,
-      sampling,
-      paths=_PATHS.value,
-      chains=_CHAINS.value,
-      seed=config.seed,
-    )
-    results.append(result)
-    accepted = " ".join(f"{a:.2f}" for a in result["accepted"])
-    print(
-      f"K={k}: {result['tokens_per_call']:.2f} tokens per target call (se "
-      f"{result['standard_error']:.2f}; a drafter that matches the target sequentially: {k + 1}); "
-      f"P(draft token k accepted), k=1..{k}: {accepted}",
-      flush=True,
-    )
+  # (label, depth, widths): chains (widths None: coins integrated out), then trees.
+  shapes = [(f"K={k}", k, None) for k in ks]
   for spec in _TREES.value:
     try:
       widths = tuple(int(w) for w in spec.split("x"))
     except ValueError:
       raise ValueError(f"--trees: {spec!r} is not children per depth like 1x2x2x1.") from None
+    shapes.append((f"tree {spec} ({int(np.cumprod(widths).sum())} nodes)", len(widths), widths))
+  results = []
+  for label, depth, widths in shapes:
     result = parallel_bound.over_contexts(
       pair.target,
       contexts,
-      len(widths),
+      depth,
       sampling,
       widths=widths,
       paths=_PATHS.value,
@@ -95,11 +81,11 @@ def main(argv):
       seed=config.seed,
     )
     results.append(result)
-    nodes = int(np.cumprod(widths).sum())
     reached = " ".join(f"{a:.2f}" for a in result["accepted"])
     print(
-      f"tree {spec} ({nodes} nodes): {result['tokens_per_call']:.2f} tokens per target call (se "
-      f"{result['standard_error']:.2f}); P(depth d reached), d=1..{len(widths)}: {reached}",
+      f"{label}: {result['tokens_per_call']:.2f} tokens per target call (se "
+      f"{result['standard_error']:.2f}; a drafter that matches the target sequentially: "
+      f"{depth + 1}); P(depth d reached), d=1..{depth}: {reached}",
       flush=True,
     )
   if _OUTPUT.value:
