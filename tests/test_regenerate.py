@@ -187,6 +187,13 @@ def test_repeated_ngrams_count_a_loop_and_not_fresh_text():
   shards = [{"repeated_ngrams": 24, "ngrams": 27}, {"repeated_ngrams": 0, "ngrams": 7}]
   assert regenerate.repetition(shards) == pytest.approx(24 / 34)
   assert regenerate.repetition([{"file": "an older manifest's shard"}]) is None
+  assert "these repeat 71% of their 4-grams" in regenerate.repetition_warning(shards, "these")
+  loops = [{"repeated_ngrams": 9, "ngrams": 10}]
+  assert "these answers repeat 90% of their 4-grams" in regenerate.repetition_warning(
+    loops, "these answers"
+  )
+  assert regenerate.repetition_warning([{"repeated_ngrams": 5, "ngrams": 10}], "x") is None
+  assert regenerate.repetition_warning([{"file": "older"}], "x") is None
 
 
 def test_a_looping_target_is_warned_about(target, tmp_path, monkeypatch):

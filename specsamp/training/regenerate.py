@@ -141,6 +141,20 @@ def repetition(shards: list[dict[str, Any]]) -> float | None:
   return sum(s.get("repeated_ngrams", 0) for s in shards) / counted if counted else None
 
 
+def repetition_warning(shards: list[dict[str, Any]], what: str) -> str | None:
+  """A warning when the shards' answers repeat more than ``REPEAT_WARNING`` of their 4-grams
+  (None otherwise, and for a manifest written before they were counted)."""
+  share = repetition(shards)
+  if share is None or share <= REPEAT_WARNING:
+    return None
+  return (
+    f"warning: {what} repeat {share:.0%} of their {REPEAT_NGRAM}-grams (the target loops): a "
+    "drafter trained on them learns the loop, and tau measured on such answers says little "
+    "about drafting real text. A stronger target, or a T > 0 setting, gives text worth "
+    "training on."
+  )
+
+
 def _answer_batch(
   target: Any, rows: list[np.ndarray], plan: Plan, setting: str, eos_id: int, pad_id: int, key
 ) -> tuple[list[np.ndarray], list[bool]]:
@@ -288,19 +302,18 @@ def regenerate(
     answer_tokens = int(offsets[-1] - prompt_lengths.sum())
     counts = [repeated_ngrams(s[n:]) for s, n in zip(sequences, prompt_lengths)]
     repeated, ngrams = sum(c[0] for c in counts), sum(c[1] for c in counts)
-    manifest["shards"].append(
-      {
-        "file": name,
-        "setting": setting,
-        "prompts": len(sequences),
-        "tokens": int(offsets[-1]),
-        "answer_tokens": answer_tokens,
-        "finished": int(np.sum(finished)),
-        "repeated_ngrams": repeated,
-        "ngrams": ngrams,
-        "seconds": round(seconds, 1),
-      }
-    )
+    entry = {
+      "file": name,
+      "setting": setting,
+      "prompts": len(sequences),
+      "tokens": int(offsets[-1]),
+      "answer_tokens": answer_tokens,
+      "finished": int(np.sum(finished)),
+      "repeated_ngrams": repeated,
+      "ngrams": ngrams,
+      "seconds": round(seconds, 1),
+    }
+    manifest["shards"].append(entry)
     manifest["shards"].sort(key=lambda s: s["file"])
     _write_manifest(out_dir, manifest)
     new += 1
@@ -311,13 +324,9 @@ def regenerate(
       f"{share:.0%} of their {REPEAT_NGRAM}-grams repeated; {len(manifest['shards'])}/{total} "
       "shards"
     )
-    if share > REPEAT_WARNING:
-      log(
-        f"regenerate: warning: {name}'s answers repeat {share:.0%} of their {REPEAT_NGRAM}-grams "
-        "(the target loops): a drafter trained on them learns the loop, and tau measured on "
-        "such answers says little about drafting real text. A stronger target, or a T > 0 "
-        "setting, gives text worth training on."
-      )
+    warning = repetition_warning([entry], f"{name}'s answers")
+    if warning:
+      log(f"regenerate: {warning}")
   return manifest
 
 

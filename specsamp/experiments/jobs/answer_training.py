@@ -257,6 +257,13 @@ def train_on_answers(
     f"in {batches.sequences.size:,} ({len(batches.sequences):,} rows of "
     f"{train_cfg.seq_len + 1}); tau on {len(evaluation)} held-out batches"
   )
+  for shards, what in (
+    (manifest["shards"], "the training answers"),
+    (regenerate.read_manifest(held_dir)["shards"], "the held-out answers"),
+  ):
+    warning = regenerate.repetition_warning(shards, what)
+    if warning:
+      log(f"{name}: {warning}")
   directory = os.path.join(workdir, directory)
   store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints, log=log)
   if store.latest_step() is None and os.path.isdir(os.path.join(directory, BEST)):
