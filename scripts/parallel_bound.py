@@ -67,7 +67,7 @@ def main(argv):
       widths = tuple(int(w) for w in spec.split("x"))
     except ValueError:
       raise ValueError(f"--trees: {spec!r} is not children per depth like 1x2x2x1.") from None
-    shapes.append((f"tree {spec} ({int(np.cumprod(widths).sum())} nodes)", len(widths), widths))
+    shapes.append((f"tree {spec} ({parallel_bound.tree_nodes(widths)} nodes)", len(widths), widths))
   results = []
   for label, depth, widths in shapes:
     result = parallel_bound.over_contexts(

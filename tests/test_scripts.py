@@ -150,6 +150,28 @@ def test_the_parallel_bound_script_reports_each_k(trained_workdir, tmp_path):
   np.testing.assert_allclose(reported, [r["tokens_per_call"] for r in results], atol=0.005)
   assert reported[0] == pytest.approx(2.0, abs=0.005)  # One draft from m_1 = p is always accepted.
   assert 1.0 < reported[1] <= 4.0 and 2.0 <= reported[2] <= 3.0
+  # The script's wiring (contexts cut from the validation windows, the config's sampling and
+  # seed): the library on the same target and contexts, in this process, gives the same tree.
+  from specsamp.experiments.benchmarks import parallel_bound
+  from specsamp.experiments.jobs import pair as pair_lib
+  from specsamp.sampling import warping
+
+  config = _test_pair_config()
+  pair = pair_lib.prepare(config, trained_workdir[0], drafts=False, log=lambda _: None)
+  windows = np.asarray(pair_lib.validation_windows(config, pair, 2, 16))
+  again = parallel_bound.over_contexts(
+    pair.target,
+    [row[:cut].tolist() for row in windows for cut in (8, 16)],
+    2,
+    warping.SamplingConfig(
+      config.sampling.temperature, top_k=config.sampling.top_k, top_p=config.sampling.top_p
+    ),
+    widths=(1, 2),
+    paths=8,
+    chains=8,
+    seed=config.seed,
+  )
+  assert again["tokens_per_call"] == pytest.approx(results[2]["tokens_per_call"], abs=1e-5)
 
 
 @pytest.mark.slow

@@ -8,7 +8,9 @@ request's working directory, environment, ``sys.argv`` and ``sys.path[0]``, stdi
 a script exits (``SystemExit``, atexit handlers, buffers flushed). XLA reads ``XLA_FLAGS`` (the
 simulated device count, the compile flags) when the child first starts a backend, so those can
 differ per request. What JAX reads at import (every ``JAX_*`` variable) cannot: a request whose
-``JAX_*`` or ``PYTHONPATH`` differ from the server's runs as a plain subprocess.
+``JAX_*`` or ``PYTHONPATH`` differ from the server's first restarts the server with them. A
+server that cannot start (it failed to import what it preloads) leaves the run to a plain
+subprocess.
 """
 
 from __future__ import annotations

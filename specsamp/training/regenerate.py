@@ -317,7 +317,7 @@ def regenerate(
     manifest["shards"].sort(key=lambda s: s["file"])
     _write_manifest(out_dir, manifest)
     new += 1
-    share = repeated / ngrams if ngrams else 0.0
+    share = repetition([entry]) or 0.0
     log(
       f"regenerate: {name} ({setting}) {len(sequences)} answers, {answer_tokens:,} answer "
       f"tokens in {seconds:.0f} s ({answer_tokens / max(seconds, 1e-9):,.0f}/s), "

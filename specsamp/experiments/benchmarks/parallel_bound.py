@@ -32,7 +32,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specsamp.sampling import model_protocol, warping
+from specsamp.sampling import model_protocol, verification, warping
+
+
+def tree_nodes(widths: Sequence[int]) -> int:
+  """The drafts a tree of ``widths`` children per depth scores in one call."""
+  return int(np.cumprod(widths).sum())
+
+
+def _check(context: Sequence[int], paths: int, chains: int) -> None:
+  if not len(context):
+    raise ValueError("The context must hold at least one token.")
+  if paths < 1 or chains < 1:
+    raise ValueError(f"paths and chains must be >= 1, got {paths} and {chains}.")
 
 
 def _prefill_and_marginals(model, context_T, path_key, depth, sampling, paths, rows):
@@ -133,9 +145,7 @@ def _marginal_tree(
       take_M = trying_M & (u_M * m_V[x_M] < r_MV[jnp.arange(chains), x_M])
       token_M = jnp.where(take_M, x_M, token_M)
       accepted_M = accepted_M | take_M
-      excess_MV = jnp.maximum(r_MV - m_V[None], 0.0)
-      mass_M = excess_MV.sum(axis=1, keepdims=True)
-      residual_MV = jnp.where(mass_M > 0, excess_MV / jnp.where(mass_M > 0, mass_M, 1.0), 0.0)
+      residual_MV = verification.residual(r_MV, jnp.broadcast_to(m_V, r_MV.shape))
       r_MV = jnp.where((trying_M & ~take_M)[:, None], residual_MV, r_MV)
     alive_M = alive_M & accepted_M
     reached.append(alive_M.mean())
@@ -163,10 +173,7 @@ def marginal_tree(
   widths = tuple(int(w) for w in widths)
   if not widths or min(widths) < 1:
     raise ValueError(f"widths must be one or more counts >= 1, got {widths}.")
-  if not len(context):
-    raise ValueError("The context must hold at least one token.")
-  if paths < 1 or chains < 1:
-    raise ValueError(f"paths and chains must be >= 1, got {paths} and {chains}.")
+  _check(context, paths, chains)
   reached = np.asarray(
     _marginal_tree(
       *model_protocol.split_model(model),
@@ -182,7 +189,7 @@ def marginal_tree(
   return {
     "accepted": reached,
     "tokens_per_call": 1.0 + float(reached.sum()),
-    "nodes": int(np.cumprod(widths).sum()),
+    "nodes": tree_nodes(widths),
   }
 
 
@@ -203,10 +210,7 @@ def marginal_drafter(
   ``init_cache``); ``context`` is a nonempty token sequence."""
   if num_draft_tokens < 1:
     raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}.")
-  if not len(context):
-    raise ValueError("The context must hold at least one token.")
-  if paths < 1 or chains < 1:
-    raise ValueError(f"paths and chains must be >= 1, got {paths} and {chains}.")
+  _check(context, paths, chains)
   reached_K, m_KV = _marginal_drafter(
     *model_protocol.split_model(model),
     jnp.asarray(context, jnp.int32),

@@ -48,9 +48,10 @@ def measure_tau(
   return answers.tau(np.concatenate([r.ravel() for r in runs]), K)
 
 
-def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, Any]:
-  """The training manifest, once both shard directories are checked: made by the same target
-  and this tokenizer, each of its split, with shards; the held-out answers greedy only."""
+def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, dict[str, Any]]:
+  """The manifests by split ('train', 'held_out'), once both shard directories are checked:
+  made by the same target and this tokenizer, each of its split, with shards; the held-out
+  answers greedy only."""
   manifests = {}
   for split, directory, command in (
     ("train", train_dir, "scripts/regenerate.py"),
@@ -81,7 +82,7 @@ def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, An
       f"{held_dir} holds {sorted(settings)} answers; tau needs greedy ones only "
       "(scripts/regenerate.py --split=held_out --settings=greedy)."
     )
-  return manifests["train"]
+  return manifests
 
 
 def read_best(directory: str) -> dict[str, Any] | None:
@@ -235,7 +236,8 @@ def train_on_answers(
   K = section.tau_draft_tokens
   if prepared is None:
     prepared = pair_lib.prepare(config, workdir, drafts=False, mesh=mesh, log=log)
-  manifest = check_answers(train_dir, held_dir, prepared.tokenizer)
+  manifests = check_answers(train_dir, held_dir, prepared.tokenizer)
+  manifest = manifests["train"]
   shards = regenerate.read_shards(train_dir)
   stream, answer = answers.stream(shards)
   name, trainer, meta, accepted = _drafter_setup(
@@ -257,11 +259,8 @@ def train_on_answers(
     f"in {batches.sequences.size:,} ({len(batches.sequences):,} rows of "
     f"{train_cfg.seq_len + 1}); tau on {len(evaluation)} held-out batches"
   )
-  for shards, what in (
-    (manifest["shards"], "the training answers"),
-    (regenerate.read_manifest(held_dir)["shards"], "the held-out answers"),
-  ):
-    warning = regenerate.repetition_warning(shards, what)
+  for split, what in (("train", "the training answers"), ("held_out", "the held-out answers")):
+    warning = regenerate.repetition_warning(manifests[split]["shards"], what)
     if warning:
       log(f"{name}: {warning}")
   directory = os.path.join(workdir, directory)
