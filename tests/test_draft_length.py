@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from specsamp.sampling import draft_length
@@ -38,7 +39,9 @@ def test_a_cost_cannot_be_fitted_to_less_than_two_lengths(probes, message):
 def test_predictions_follow_the_formula_and_the_choice_takes_the_best():
   cost = draft_length.IterationCost(fixed_s=0.003, per_draft_token_s=0.0005)
   ar_s = 64 * 0.0025  # 64 autoregressive steps of 2.5 ms.
-  predicted = draft_length.predict_speedups([0.8], 64, ar_s, cost, range(0, 7))
+  # A row measured at K = 6 with i.i.d. acceptance 0.8: its histogram is the formula's law.
+  iid = 1000 * draft_length.iteration_tokens(0.8, 6)
+  predicted = draft_length.predict_speedups([iid], 64, ar_s, cost, range(0, 7))
   assert predicted[0] == 1.0 and set(predicted) == set(range(7))
   for k in range(1, 7):
     iterations = draft_length.slowest_row_iterations([0.8], k, 64)
@@ -46,8 +49,34 @@ def test_predictions_follow_the_formula_and_the_choice_takes_the_best():
   chosen = draft_length.choose(predicted)
   assert predicted[chosen] == max(predicted.values()) and chosen > 0
   # A draft that is never accepted never pays: autoregressive.
-  useless = draft_length.predict_speedups([0.0], 64, ar_s, cost, range(1, 7))
+  useless = draft_length.predict_speedups([[50, 0, 0, 0, 0, 0, 0]], 64, ar_s, cost, range(1, 7))
   assert draft_length.choose(useless) == 0
+  # K beyond the measured histogram cannot be predicted from it.
+  with pytest.raises(ValueError, match="measured range"):
+    draft_length.predict_speedups([iid], 64, ar_s, cost, [7])
+
+
+def test_a_histogram_truncates_to_a_shorter_draft():
+  # i.i.d. acceptance: truncating the law at K_max gives the law at K, for every K.
+  for k in range(0, 7):
+    law = draft_length.truncated(draft_length.iteration_tokens(0.7, 6), k)
+    assert np.allclose(law, draft_length.iteration_tokens(0.7, k)), k
+  # Runs of easy tokens: every iteration accepts none or all 4 drafts (alpha 0.5 over the
+  # drafts). The formula at alpha 0.5 gives K=2 1.75 tokens per iteration; truncation gives
+  # 0.5 * 1 + 0.5 * 3 = 2, as a loop at K = 2 would append.
+  runs = draft_length.truncated([5, 0, 0, 0, 5], 2)
+  assert runs.tolist() == [0.5, 0.0, 0.5]
+  assert math.isclose(float(runs @ np.arange(1, 4)), 2.0)
+  assert math.isclose(draft_length.expected_tokens_per_call(0.5, 2), 1.75)
+  # One row: the iterations to 64 tokens are 64 over the tokens per iteration, plus the last
+  # iteration's overshoot.
+  one = draft_length.iterations_until_done([runs], 64)
+  assert 64 / 2 <= one < 64 / 2 + 1
+  for bad, message in [([0, 0, 0], "with iterations"), ([1, -1, 2], "with iterations")]:
+    with pytest.raises(ValueError, match=message):
+      draft_length.truncated(bad, 1)
+  with pytest.raises(ValueError, match="measured range"):
+    draft_length.truncated([1, 2, 3], 3)
 
 
 def test_the_probed_lengths():

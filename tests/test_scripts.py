@@ -515,7 +515,7 @@ def test_help_lists_every_config_field_and_the_shared_flags():
   out = " ".join(result.stdout.split())  # absl wraps long lines.
   for needle in (
     "--config.sampling.top_p=1.0 Nucleus mass, in (0, 1].",
-    "--config.speculative.num_draft_tokens=4 K, draft tokens per target call",
+    "--config.speculative.num_draft_tokens=8 K, draft tokens per target call",
     "--config.sampling.seed=0",
     "--config.resume_from='latest'",
     "--prompt:",

@@ -136,7 +136,7 @@ class Bench:
     )
 
   def choose_draft_length(
-    self, draft: str, batch: Any, largest: int, probe_calls: int = 3, **kwargs
+    self, draft: str, batch: Any, largest: int, probe_calls: int = 5, **kwargs
   ) -> dict[str, Any]:
     """The automatic draft length for ``draft`` at ``batch``'s size (``draft_length.py``);
     ``kwargs`` are the sampling arguments (``max_new_tokens`` among them).
@@ -147,7 +147,8 @@ class Bench:
     no timed call uses). Fitted: seconds per loop iteration = a + b K
     (``draft_length.IterationCost``) from the probes' seconds and iterations per call.
     Predicted for every K in 1..largest: the measured autoregressive call over the slowest
-    row's expected iterations at its own alpha (pooled over the probes) times a + b K.
+    row's expected iterations times a + b K, each row's tokens per iteration at K read from
+    its accepted counts at the largest K (``draft_length.truncated``).
 
     Returns:
       {'num_draft_tokens': K (0: autoregressive), 'alpha', 'row_alphas', 'probe_tokens',
@@ -181,8 +182,11 @@ class Bench:
       cost = draft_length.IterationCost.fit(probes)
     else:  # K = 1 only: nothing to fit, the one probe is the cost.
       cost = draft_length.IterationCost(probes[0].seconds / probes[0].iterations, 0.0)
+    # Each row's accepted counts at the largest K, over its probe calls: what every K <= it
+    # predicts from (draft_length.truncated).
+    row_histograms = sum(np.asarray(o.accepted_histogram) for o in timed[largest].outputs)
     predicted = draft_length.predict_speedups(
-      row_alphas, max_new_tokens, ar_s, cost, range(1, largest + 1)
+      row_histograms, max_new_tokens, ar_s, cost, range(1, largest + 1)
     )
     return {
       "num_draft_tokens": draft_length.choose(predicted),
