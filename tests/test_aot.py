@@ -71,9 +71,19 @@ def test_two_psums_per_layer_per_decode_step(report):
   _, report, _ = report
   layers = 4
   assert report["collectives_per_target_step"] == {"all-reduce": 2 * layers + 1}
-  target, draft, scoring = report["steps"]
+  target, draft, scoring, parallel = report["steps"]
   assert target["paper_ms"] == 14.1 and draft["paper_ms"] == 1.8
   assert scoring["gflops_per_chip"] > target["gflops_per_chip"]  # K + 1 = 5 tokens, not 1.
+  # The parallel pass (width 2K = 8) reads the draft's weights once, as a step does, and
+  # multiplies 8 tokens by them: its cost in draft steps is the larger of the two ratios.
+  assert parallel["call"] == "draft parallel 8"
+  # (The embedding table is gathered, 8 rows of it, so it is left out.)
+  ratios = {k: v for k, v in parallel["per_weight_ratio"].items() if "embedder" not in k}
+  assert set(ratios) == set(draft["per_weight_ratio"]) - {"m.embedder.table_VD.value"}
+  assert all(v == pytest.approx(1.0, rel=0.01) for v in ratios.values()), ratios
+  assert parallel["gflops_per_chip"] > draft["gflops_per_chip"]
+  assert 1.0 <= parallel["hbm_gb"] / draft["hbm_gb"] <= 1.1  # 8 tokens' cache entries more.
+  assert 1.0 <= report["parallel_pass_draft_steps"] <= 8
 
 
 def test_an_unknown_topology_is_a_clear_error():

@@ -623,6 +623,10 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
         num_draft_tokens + 1,
         None,
       ),
+      # A parallel draft of the draft's shape proposes K drafts from one call of width 2K
+      # (parallel_drafter.window); lowered here with logits at every position, which the
+      # drafter itself reads at the last K only: an upper bound on its cost.
+      (f"draft parallel {2 * num_draft_tokens}", draft_cfg, draft, 2 * num_draft_tokens, None),
     ):
       if isinstance(model, model_protocol.PaddedVocabulary):
         model = model.model
@@ -659,6 +663,20 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
       for m in row["materialised"]:
         log(f"    materialised: {m['opcode']} {m['shape']} {m['mb']:.1f} MB x {m['times']:g}")
     report["steps"] = steps
+    # What one parallel pass costs in draft steps on this slice, by the roofline of the HLO
+    # byte count and XLA's FLOPs (issue 39's goal: <= 1.5 at K = 4).
+    roofline = {
+      row["call"]: max(row["hbm_ms"], row["gflops_per_chip"] * 1e9 / spec.hardware.peak_flops * 1e3)
+      for row in steps
+    }
+    report["parallel_pass_draft_steps"] = (
+      roofline[f"draft parallel {2 * num_draft_tokens}"] / roofline["draft step"]
+    )
+    log(
+      f"  a parallel draft pass of K={num_draft_tokens} (width {2 * num_draft_tokens}): "
+      f"{report['parallel_pass_draft_steps']:.3f} draft steps by the roofline (HBM bytes "
+      "from the HLO, FLOPs from XLA)"
+    )
   return report
 
 
@@ -738,5 +756,7 @@ def format_report(report: dict) -> str:
     f"cache {report['cache_length']} slots, K = {report['num_draft_tokens']}\n\n{programs}\n\n"
     f"collectives per target decode step: {report['collectives_per_target_step']}"
     + (f"; largest batch that fits: {report['largest_batch']}" if "largest_batch" in report else "")
-    + f"\n\n{steps}"
+    + f"\n\n{steps}\n\na parallel draft pass of K = {report['num_draft_tokens']} (width "
+    f"{2 * report['num_draft_tokens']}) costs {report['parallel_pass_draft_steps']:.3f} draft "
+    "steps by the roofline"
   )
