@@ -125,6 +125,15 @@ def get_config(arg=None):
   # (e.g. scripts/train_drafter.py --config.answers.drafter=parallel --ship_to=FOLDER).
   config.draft.parallel_checkpoint = ""
   config.draft.model = _model(num_layers=1, d_model=256, num_heads=4, vocab_size=vocab)
+  # A sequential head over the parallel draft (--config.speculative.drafter=parallel_seq,
+  # models/sequential_head.py): a GRU over the drafts lets q_k see x~_<k; trained on the frozen
+  # parallel draft on the first run, KL to the target at num_draft_tokens positions.
+  config.draft.sequential_head = ml_collections.ConfigDict()
+  config.draft.sequential_head.steps = 300  # Optimizer steps.
+  config.draft.sequential_head.batch_size = 16  # Sequences per step.
+  config.draft.sequential_head.seq_len = 128  # Tokens per sequence.
+  config.draft.sequential_head.learning_rate = 6e-3  # Peak AdamW learning rate.
+  config.draft.sequential_head.num_draft_tokens = 4  # Draft positions trained.
   # 360 steps at 6e-3 (3-3.5 min on 2 cores): K=8 0.92 alpha, 6.1 tokens per target call and
   # 2.35-2.50x at T=1; 80 steps at 3e-3 (the first default): alpha 0.81, K=4 at most, 1.6-1.7x
   # (docs/benchmarks.md, "A better-trained draft and a longer K").
@@ -281,6 +290,9 @@ def get_config(arg=None):
     config.draft.train = _train(
       steps=8, batch_size=8, seq_len=32, learning_rate=3e-3, distill_mode="token"
     )
+    config.draft.sequential_head.steps = 4
+    config.draft.sequential_head.batch_size = 4
+    config.draft.sequential_head.seq_len = 32
     config.feature.head.feature_layers = ()  # EAGLE-3's choice, collapsed: 0 and 1 of 2.
     _target_widths(config.feature.head)
     config.feature.train = _train(

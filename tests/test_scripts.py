@@ -644,8 +644,9 @@ def test_when_no_k_pays_the_job_times_the_autoregressive_loop_once(
 def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call(
   trained_workdir, tmp_path
 ):
-  """--config.speculative.drafter=parallel / parallel_head: the first run trains the parallel
-  draft (draft_parallel/) or the parallel feature head (feature_head_parallel/), the next
+  """--config.speculative.drafter=parallel / parallel_seq / parallel_head: the first run trains
+  the parallel draft (draft_parallel/), its sequential head (sequential_head/, over the parallel
+  draft the previous round left) or the parallel feature head (feature_head_parallel/), the next
   loads it (the pair the job prepares); one draft call per iteration; greedy output equals
   the autoregressive loop's."""
   from specsamp.experiments.jobs import drafter_specs, sample_job
@@ -656,6 +657,7 @@ def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call
   shutil.copytree(workdir, copy)
   for name, stage, needle in (
     ("parallel", "draft_parallel", "parallel distillation): "),
+    ("parallel_seq", "sequential_head", "sequential head: "),
     ("parallel_head", "feature_head_parallel", "parallel feature head: "),
   ):
     config = _test_pair_config()
@@ -674,6 +676,7 @@ def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call
       draft_modes=spec.draft_modes,
       feature_head=spec.needs_feature_head,
       parallel_head=spec.needs_parallel_head,
+      sequential_head=spec.needs_sequential_head,
       log=logs.append,
     )
     assert not any(needle + "training" in line for line in logs), (name, logs)
@@ -695,6 +698,8 @@ def test_drafter_names_parse_to_one_drafter_each_and_bad_ones_are_refused():
   parallel = drafter_specs.parse("parallel")
   assert parallel.needs_draft and parallel.draft_modes == ["parallel"]
   assert drafter_specs.parse("parallel_head").needs_parallel_head
+  sequential = drafter_specs.parse("parallel_seq")
+  assert sequential.needs_sequential_head and sequential.draft_modes == ["parallel"]
   for bad in ("self", "self:0", "lookup:0", "lookup:x", "draft:2", "parallel:4", "eagle"):
     with pytest.raises(ValueError, match="Unknown drafter"):
       drafter_specs.parse(bad)

@@ -68,7 +68,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import struct
+from flax import nnx, struct
 
 from specsamp.sampling import memory, model_protocol, proposals
 from specsamp.sampling.autoregressive import prefill
@@ -134,22 +134,34 @@ class Drafter:
   feature_layers: tuple[int, ...] = ()
 
   def split(self) -> tuple[Any, Any]:
-    """(static, dynamic): the hashable structure, and the arrays to pass into jit."""
-    model = getattr(self, "model", None)
+    """(static, dynamic): the hashable structure, and the arrays to pass into jit. The arrays
+    are the ``model`` field's and those of any other field holding an ``nnx.Module`` (a
+    parallel draft's sequential head)."""
+    names = [
+      f.name
+      for f in dataclasses.fields(self)
+      if f.name == "model" or isinstance(getattr(self, f.name), nnx.Module)
+    ]
     settings = tuple(
-      (f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "model"
+      (f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in names
     )
-    model_static, model_dynamic = (
-      (None, None) if model is None else model_protocol.split_model(model)
-    )
-    return (type(self), settings, model_static), model_dynamic
+    statics, dynamics = {}, {}
+    for name in names:
+      value = getattr(self, name)
+      statics[name], dynamics[name] = (
+        (None, None) if value is None else model_protocol.split_model(value)
+      )
+    return (type(self), settings, tuple(statics.items())), dynamics
 
   @staticmethod
   def merge(static: Any, dynamic: Any) -> Drafter:
-    cls, settings, model_static = static
+    cls, settings, statics = static
     fields = dict(settings)
-    if model_static is not None:
-      fields["model"] = model_protocol.merge_model(model_static, dynamic)
+    for name, value_static in statics:
+      if value_static is not None:
+        fields[name] = model_protocol.merge_model(value_static, dynamic[name])
+      else:
+        fields[name] = None
     return cls(**fields)
 
   def check(self, target: Any) -> None:

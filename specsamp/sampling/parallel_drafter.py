@@ -145,6 +145,10 @@ class ParallelDrafter(ModelDrafter):
   """
 
   mask_token_id: int = 0
+  # A sequential head (``models/sequential_head.py``): q_k for k >= 2 also sees the drafts
+  # x~_1..x~_{k-1} through a small recurrence run after the pass (one head step per draft
+  # token, no model call). None: the K draws are independent.
+  head: Any = None
 
   def check(self, target: Any) -> None:
     super().check(target)
@@ -163,6 +167,19 @@ class ParallelDrafter(ModelDrafter):
     logits_B2KV, cache = self.model(tokens_B2K, positions_B2K, cache)
     return logits_B2KV[:, num_draft_tokens:], cache
 
+  def hidden_states(self, cache, tokens_BW, lengths_B, num_draft_tokens: int):
+    """(logits_BKV, cache, h_BKD): ``distributions`` and the last layer's hidden states at
+    the K draft positions (before the final norm), which the sequential head reads."""
+    tokens_B2K, positions_B2K = window(tokens_BW, lengths_B, num_draft_tokens, self.mask_token_id)
+    out = self.model(
+      tokens_B2K,
+      positions_B2K,
+      cache,
+      capture_layers=(self.model.config.num_layers,),
+      logits_from=num_draft_tokens,
+    )
+    return out.logits, out.cache, out.features[:, num_draft_tokens:]
+
   def propose(
     self,
     cache,
@@ -174,6 +191,10 @@ class ParallelDrafter(ModelDrafter):
     sampling: SamplingConfig,
     vocab_size: int,
   ):
+    if self.head is not None:
+      return self._propose_sequential(
+        cache, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size
+      )
     logits_BKV, cache = self.distributions(cache, tokens_BW, lengths_B, num_draft_tokens)
     proposal = chain_from(
       key,
@@ -183,6 +204,39 @@ class ParallelDrafter(ModelDrafter):
       vocab_size,
       self.proposal,
       confidence_threshold=self.confidence_threshold,
+    )
+    return proposal, cache
+
+  def _propose_sequential(
+    self, cache, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size
+  ):
+    """The chain with the sequential head: x~_1 ~ q_1 from the pass; then for k >= 2 the head
+    steps its recurrence on x~_{k-1} (drawn) and reads q_k from h_k and r_{k-1}
+    (``models/sequential_head.py``). Every q_k is computed before x~_k is drawn and is the
+    one reported."""
+    from specsamp.models.sequential_head import output_logits
+
+    logits_BKV, cache, h_BKD = self.hidden_states(cache, tokens_BW, lengths_B, num_draft_tokens)
+
+    def step(t, token_B, r_BD):
+      embedded_BD = self.model.embedder.encode(token_B[:, None])[:, 0].astype(h_BKD.dtype)
+      r_BD = self.head.recur(r_BD, embedded_BD)
+      return output_logits(self.model, self.head.correct(h_BKD[:, t], r_BD)), r_BD
+
+    tokens_BG, probs_BGV, count_B, _, nan_B, _ = proposals.grow_chain(
+      key,
+      logits_BKV[:, 0],
+      step,
+      jnp.zeros(h_BKD[:, 0].shape, h_BKD.dtype),
+      num_draft_tokens,
+      limit_B,
+      sampling,
+      vocab_size,
+      self.proposal,
+      confidence_threshold=self.confidence_threshold,
+    )
+    proposal = Proposal(
+      tokens=tokens_BG, probs=probs_BGV, num_proposed=count_B, model_calls=jnp.int32(1), nan=nan_B
     )
     return proposal, cache
 
@@ -213,7 +267,13 @@ class ParallelDrafter(ModelDrafter):
     return proposal, cache
 
   def check_tree(self, tree: TreeShape) -> None:
-    """Any tree: no tree call reaches the model (``propose_tree``)."""
+    """Any tree: no tree call reaches the model (``propose_tree``). Not with a sequential
+    head: its q_k depends on the path, which ``tree_from`` does not carry yet."""
+    if self.head is not None:
+      raise ValueError(
+        "A parallel draft with a sequential head drafts chains only (its q_k depends on the "
+        "drafts before k, per path); drop --config.speculative.tree."
+      )
     self.check_tree_options(tree)
 
   def accept_path(self, cache, source_BD, start_B):

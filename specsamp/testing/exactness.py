@@ -20,6 +20,7 @@ so a G-test means the same thing everywhere.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import math
@@ -204,6 +205,8 @@ BUGS = {
   "drawn from, instead of the one-hot q  (proposal modes)",
   "parallel_wrong_q": "a parallel drafter reports each draft token with the q of the position "
   "before it instead of the q it was drawn from  (parallel drafting)",
+  "sequential_head_pass_q": "a parallel draft with a sequential head reports the pass's q_k "
+  "for tokens drawn from the head's corrected q_k  (parallel drafting)",
 }
 TREE_BUGS = ("sibling_against_p", "siblings_full_q")
 
@@ -268,6 +271,17 @@ def planted(bug: str | None) -> Iterator[None]:
       return proposal.replace(probs=jnp.roll(proposal.probs, 1, axis=1)), state
 
     patch(parallel_drafter.ParallelDrafter, "propose", propose_parallel)
+  elif bug == "sequential_head_pass_q":
+    from specsamp.sampling import parallel_drafter
+
+    original_sequential = parallel_drafter.ParallelDrafter._propose_sequential
+
+    def propose_sequential(self, cache, *args):
+      proposal, state = original_sequential(self, cache, *args)
+      plain, _ = dataclasses.replace(self, head=None).propose(cache, *args)
+      return proposal.replace(probs=plain.probs), state
+
+    patch(parallel_drafter.ParallelDrafter, "_propose_sequential", propose_sequential)
   elif bug == "siblings_full_q":
     original_draw = proposals.draw_depth
 

@@ -51,6 +51,27 @@ def layout(seq_len: int, num_draft_tokens: int) -> tuple[np.ndarray, np.ndarray]
 def parallel_logits(model, tokens_BL: jax.Array, num_draft_tokens: int, mask_token_id: int):
   """[B, K, L, V]: the logits of every query (m, j) of the layout in one tree call."""
   batch, length = tokens_BL.shape
+  logits_BTV = parallel_call(model, tokens_BL, num_draft_tokens, mask_token_id).logits
+  return logits_BTV.reshape(batch, num_draft_tokens, length, -1)
+
+
+def parallel_hidden(model, tokens_BL: jax.Array, num_draft_tokens: int, mask_token_id: int):
+  """[B, K, L, D]: the last layer's hidden state (before the final norm) of every query
+  (m, j) of the layout, from the same tree call (a sequential head reads them)."""
+  batch, length = tokens_BL.shape
+  out = parallel_call(model, tokens_BL, num_draft_tokens, mask_token_id, (model.config.num_layers,))
+  return out.features.reshape(batch, num_draft_tokens, length, -1)
+
+
+def parallel_call(
+  model,
+  tokens_BL: jax.Array,
+  num_draft_tokens: int,
+  mask_token_id: int,
+  capture_layers: tuple[int, ...] = (),
+):
+  """The model's output over the layout's K L tokens (``layout``) as one tree call."""
+  batch, length = tokens_BL.shape
   mask_TT, positions_T = layout(length, num_draft_tokens)
   placeholders = jnp.full((batch, (num_draft_tokens - 1) * length), mask_token_id, tokens_BL.dtype)
   tokens_BT = jnp.concatenate([tokens_BL, placeholders], axis=1)
@@ -61,8 +82,10 @@ def parallel_logits(model, tokens_BL: jax.Array, num_draft_tokens: int, mask_tok
     mask_TM=jnp.asarray(mask_TT),
   )
   positions_BT = jnp.broadcast_to(jnp.asarray(positions_T), (batch, total))
-  logits_BTV, _ = model(tokens_BT, positions_BT, model.init_cache(batch, total), tree=call)
-  return logits_BTV.reshape(batch, num_draft_tokens, length, -1)
+  cache = model.init_cache(batch, total)
+  if capture_layers:
+    return model(tokens_BT, positions_BT, cache, tree=call, capture_layers=capture_layers)
+  return model(tokens_BT, positions_BT, cache, tree=call)
 
 
 def position_weights(num_draft_tokens: int, gamma: float) -> np.ndarray:

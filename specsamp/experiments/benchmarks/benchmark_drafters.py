@@ -24,6 +24,7 @@ Drafters (names in ``config.drafters``):
   model_greedy     the trained draft proposing its most likely tokens, with one-hot q
   parallel         the pair's parallel draft (PARD style): K drafts from one call, real q
   parallel_greedy  the same proposing each position's most likely token, one-hot q
+  parallel_seq     the parallel draft with a sequential head (q_k sees the drafts before k)
   parallel_head    the feature head drafting K tokens from one call (placeholders), trained once
   parallel_head_greedy  the same, most likely tokens with one-hot q
 
@@ -101,6 +102,8 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     spec = drafter_specs.DrafterSpec("feature")
   elif name in ("parallel", "parallel_greedy"):
     spec = drafter_specs.DrafterSpec("parallel")
+  elif name in ("parallel_seq", "parallel_seq_greedy"):
+    spec = drafter_specs.DrafterSpec("parallel_seq")
   elif name in ("parallel_head", "parallel_head_greedy"):
     spec = drafter_specs.DrafterSpec("parallel_head")
   if spec is not None:
@@ -114,7 +117,8 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     return drafters.ModelDrafter(pair.draft, confidence_threshold=config.confidence_threshold)
   raise ValueError(
     f"Unknown drafter {name!r}: use model, model_greedy, model_confident, lookup, feature, "
-    "feature_greedy, parallel, parallel_greedy, parallel_head, parallel_head_greedy or selfL "
+    "feature_greedy, parallel, parallel_greedy, parallel_seq, parallel_seq_greedy, parallel_head, "
+    "parallel_head_greedy or selfL "
     "(L = layers of the target, e.g. self2)."
   )
 
@@ -210,6 +214,7 @@ def run(
     drafts=bool(modes),
     feature_head=feature,
     parallel_head=any(name.startswith("parallel_head") for name in names),
+    sequential_head=any(name.startswith("parallel_seq") for name in names),
     log=log,
   )
   built = {name: make_drafter(name, pair, config) for name in names}

@@ -3,6 +3,9 @@
   draft        the pair's draft model (trained, or distilled from the target, on the first run)
   parallel     the pair's parallel draft (PARD style: K drafts from one call; distilled from
                the target with placeholders on the first run, ``distill.mode='parallel'``)
+  parallel_seq the parallel draft with a sequential head (Hydra style): one call, then a small
+               recurrence over the drafts lets q_k see x~_<k (trained on the frozen parallel
+               draft on the first run, ``models/sequential_head.py``)
   parallel_head  the pair's feature head drafting K tokens from one call (DFlash / PARD style:
                placeholders after the caught-up pairs; trained on the first run)
   feature      the pair's feature head on the target's features (EAGLE style, trained on the
@@ -24,7 +27,16 @@ from typing import Any
 
 from specsamp.sampling import drafters
 
-NAMES = ("draft", "parallel", "feature", "parallel_head", "lookup", "lookup:N", "self:L")
+NAMES = (
+  "draft",
+  "parallel",
+  "parallel_seq",
+  "feature",
+  "parallel_head",
+  "lookup",
+  "lookup:N",
+  "self:L",
+)
 LOOKUP_NGRAM = 3  # prompt lookup's longest n-gram when the name gives none.
 
 
@@ -38,12 +50,16 @@ class DrafterSpec:
 
   @property
   def needs_draft(self) -> bool:
-    return self.kind in ("draft", "parallel")
+    return self.kind in ("draft", "parallel", "parallel_seq")
 
   @property
   def draft_modes(self) -> list[str] | None:
     """The draft distillation modes the pair must prepare (None: the config's own)."""
-    return ["parallel"] if self.kind == "parallel" else None
+    return ["parallel"] if self.kind in ("parallel", "parallel_seq") else None
+
+  @property
+  def needs_sequential_head(self) -> bool:
+    return self.kind == "parallel_seq"
 
   @property
   def needs_feature_head(self) -> bool:
@@ -57,7 +73,7 @@ class DrafterSpec:
 def parse(name: str) -> DrafterSpec:
   """A drafter name (module docstring) -> its spec; a clear error for anything else."""
   kind, colon, number = str(name).strip().partition(":")
-  if kind in ("draft", "parallel", "feature", "parallel_head") and not colon:
+  if kind in ("draft", "parallel", "parallel_seq", "feature", "parallel_head") and not colon:
     return DrafterSpec(kind)
   if kind == "lookup" and (not colon or number.isdigit()):
     ngram = int(number) if colon else LOOKUP_NGRAM
@@ -66,7 +82,8 @@ def parse(name: str) -> DrafterSpec:
   if kind == "self" and colon and number.isdigit() and int(number) >= 1:
     return DrafterSpec("self", int(number))
   raise ValueError(
-    f"Unknown drafter {name!r}: use 'draft', 'parallel', 'feature', 'parallel_head', 'lookup' or "
+    f"Unknown drafter {name!r}: use 'draft', 'parallel', 'parallel_seq', 'feature', "
+    "'parallel_head', 'lookup' or "
     "'lookup:N' "
     "(N >= 1, the longest n-gram), or 'self:L' (L >= 1, the target's first L layers)."
   )
@@ -79,10 +96,13 @@ def make(
   needs its placeholder id (the config's ``draft.train.distill.mask_token``)."""
   if spec.kind == "draft":
     return drafters.ModelDrafter(pair.draft, proposal=proposal)
-  if spec.kind == "parallel":
+  if spec.kind in ("parallel", "parallel_seq"):
     from specsamp.sampling.parallel_drafter import ParallelDrafter
 
-    return ParallelDrafter(pair.drafts["parallel"], mask_token_id=mask_token_id, proposal=proposal)
+    head = pair.sequential_head if spec.kind == "parallel_seq" else None
+    return ParallelDrafter(
+      pair.drafts["parallel"], mask_token_id=mask_token_id, proposal=proposal, head=head
+    )
   if spec.kind in ("feature", "parallel_head"):
     from specsamp.sampling.feature_drafter import FeatureDrafter
 

@@ -68,6 +68,8 @@ class Pair:
   mesh: jax.sharding.Mesh
   feature_head: Any = None  # A FeatureDraftModel (the head and the target), when prepared.
   parallel_head: Any = None  # The same with a parallel head (one call drafts K), when prepared.
+  # A sequential head over the parallel draft (models/sequential_head.py), when prepared.
+  sequential_head: Any = None
 
   @property
   def draft(self) -> Any:
@@ -438,6 +440,7 @@ def prepare(
   drafts: bool = True,
   feature_head: bool = False,
   parallel_head: bool = False,
+  sequential_head: bool = False,
   log: Callable[[str], None] = print,
   mesh: jax.sharding.Mesh | None = None,
 ) -> Pair:
@@ -452,6 +455,8 @@ def prepare(
       lookup, self-speculative, the feature head; ``Pair.drafts`` is then empty).
     feature_head: also prepare the config's ``feature`` head (trained on the first run).
     parallel_head: also prepare the same head as a parallel head (``head.parallel``).
+    sequential_head: also prepare a sequential head over the parallel draft (which
+      ``draft_modes`` must then include), trained on the frozen draft on the first run.
     log: where progress goes.
     mesh: where the models go; default the config's ``mesh`` section over every device.
   """
@@ -556,6 +561,18 @@ def prepare(
       resume=config.resume_from,
       log=log,
     )
+  sequential = None
+  if sequential_head:
+    if "parallel" not in prepared:
+      raise ValueError("A sequential head needs the parallel draft: prepare draft mode 'parallel'.")
+    sequential = _sequential_head(
+      config,
+      prepared["parallel"],
+      target,
+      get_corpus,
+      os.path.join(workdir, "sequential_head"),
+      log,
+    )
   return Pair(
     tokenizer=tokenizer,
     target=target,
@@ -564,7 +581,60 @@ def prepare(
     mesh=mesh,
     feature_head=heads.get(False),
     parallel_head=heads.get(True),
+    sequential_head=sequential,
   )
+
+
+def _sequential_head(config, draft, target, get_corpus, directory: str, log) -> Any:
+  """The sequential head over ``draft`` (``models/sequential_head.py``): loaded from
+  ``directory`` when it holds a finished run for this draft shape and section, else trained
+  on the frozen draft (``training/sequential_head.py``) and saved there."""
+  from flax import nnx
+
+  from specsamp.models.sequential_head import SequentialHead
+  from specsamp.training import sequential_head as head_training
+
+  section = config.draft.sequential_head
+  meta = {
+    "d_model": int(draft.config.d_model),
+    "num_draft_tokens": int(section.num_draft_tokens),
+    "mask_token": int(config.draft.train.distill.mask_token),
+    "steps": int(section.steps),
+  }
+  store = checkpoint.Checkpoints(directory, max_to_keep=1, resume=config.resume_from, log=log)
+  head = SequentialHead(meta["d_model"], rngs=nnx.Rngs(config.seed + 3))
+  if store.latest_step() == meta["steps"]:
+    checkpoint.check_meta(store.read_meta(), meta, directory)
+    params = nnx.state(head, nnx.Param)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    items, _ = store.restore({"params": abstract})
+    nnx.update(head, items["params"])
+    log(f"sequential head: loaded {meta['steps']} steps from {directory}")
+    return head
+  corpus = get_corpus()
+  batches = data.Batches.pack(
+    corpus.train_stream, section.seq_len, section.batch_size, config.seed + 3
+  )
+  log(
+    f"sequential head: training over the frozen parallel draft for {section.steps} steps of "
+    f"{section.batch_size} x {section.seq_len} tokens, K = {section.num_draft_tokens}, into "
+    f"{directory}"
+  )
+  head = head_training.train(
+    draft,
+    target,
+    batches,
+    steps=meta["steps"],
+    learning_rate=section.learning_rate,
+    num_draft_tokens=meta["num_draft_tokens"],
+    mask_token_id=meta["mask_token"],
+    gamma=config.draft.train.distill.gamma,
+    seed=config.seed + 3,
+    log=log,
+  )
+  store.save(meta["steps"], {"params": nnx.state(head, nnx.Param)}, meta)
+  store.wait()
+  return head
 
 
 def validation_windows(

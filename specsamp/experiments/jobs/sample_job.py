@@ -246,6 +246,7 @@ def run(
     draft_modes=drafter.draft_modes,
     feature_head=drafter.needs_feature_head,
     parallel_head=drafter.needs_parallel_head,
+    sequential_head=drafter.needs_sequential_head,
     log=log,
   )
   tokenizer = pair.tokenizer

@@ -1,0 +1,179 @@
+"""The sequential head over a parallel draft's pass (specsamp/models/sequential_head.py): an
+untrained head is the parallel draft, the reported q_k is the corrected one computed from the
+drafts before k, training's teacher forcing is the drafting recurrence, samples follow the
+target exactly, a misreported q is rejected, greedy equals autoregressive, training lowers the
+KL, and trees are refused."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import assert_follows, exact_pair, sampled_counts, tiny_config
+from flax import nnx
+
+from specsamp.models import transformer
+from specsamp.models.sequential_head import SequentialHead, output_logits, teacher_forced_logits
+from specsamp.sampling import generate, speculative_generate, warping
+from specsamp.sampling.parallel_drafter import ParallelDrafter
+from specsamp.testing import exactness
+from specsamp.training import data, parallel
+from specsamp.training import sequential_head as head_training
+
+MASK = 7  # The exact pair's last token stands in for the placeholder (test_parallel_drafter).
+EXACT_PROMPT = np.array([3, 6, 3])
+
+
+def _perturbed_head(d_model: int, seed: int = 0, scale: float = 0.5) -> SequentialHead:
+  """A head whose correction is not zero (an untrained one proposes the pass's own q)."""
+  head = SequentialHead(d_model, rngs=nnx.Rngs(seed))
+  shape = head.down.kernel[...].shape
+  head.down.kernel[...] = scale * jax.random.normal(jax.random.key(seed + 1), shape)
+  return head
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+  return exact_pair()
+
+
+def _propose(drafter, sequence, n, K, seed=0):
+  state, _ = drafter.init(jnp.asarray(sequence[:, :n]), jnp.asarray([n]), 32, K)
+  return drafter.propose(
+    state,
+    jnp.asarray(sequence),
+    jnp.asarray([n]),
+    jax.random.key(seed),
+    K,
+    jnp.asarray([K]),
+    warping.SamplingConfig(1.0),
+    drafter.model.vocab_size,
+  )
+
+
+def test_an_untrained_head_proposes_exactly_the_parallel_drafts_q(small_pair):
+  _, draft = small_pair
+  sequence = np.asarray([[3, 6, 3, 1, 2, 5, 0, 0]])
+  plain, _ = _propose(ParallelDrafter(draft, mask_token_id=MASK), sequence, 5, 3)
+  head = SequentialHead(draft.config.d_model, rngs=nnx.Rngs(0))
+  with_head, _ = _propose(ParallelDrafter(draft, mask_token_id=MASK, head=head), sequence, 5, 3)
+  np.testing.assert_array_equal(with_head.tokens, plain.tokens)
+  np.testing.assert_allclose(with_head.probs, plain.probs, atol=1e-6)
+  assert int(with_head.model_calls) == 1
+
+
+def test_the_reported_q_is_the_corrected_one_computed_from_the_drafts_before_it(small_pair):
+  """Each reported q_k equals softmax(out(h_k + correction(h_k, r_{k-1}))) with r run over the
+  tokens the proposal drew before k (q_1: the pass's own), and differs from the pass's q_k."""
+  _, draft = small_pair
+  K, n = 3, 5
+  sequence = np.asarray([[3, 6, 3, 1, 2, 5, 0, 0]])
+  head = _perturbed_head(draft.config.d_model)
+  drafter = ParallelDrafter(draft, mask_token_id=MASK, head=head)
+  proposal, _ = _propose(drafter, sequence, n, K, seed=3)
+  state, _ = drafter.init(jnp.asarray(sequence[:, :n]), jnp.asarray([n]), 32, K)
+  pass_logits, _, h_BKD = drafter.hidden_states(state, jnp.asarray(sequence), jnp.asarray([n]), K)
+  r = jnp.zeros((1, draft.config.d_model))
+  expected = [jax.nn.softmax(pass_logits[:, 0], -1)]
+  for k in range(1, K):
+    embedded = draft.embedder.encode(proposal.tokens[:, k - 1 : k])[:, 0]
+    r = head.recur(r, embedded)
+    expected.append(jax.nn.softmax(output_logits(draft, head.correct(h_BKD[:, k], r)), -1))
+  np.testing.assert_allclose(proposal.probs, jnp.stack(expected, 1), atol=1e-5)
+  uncorrected = jax.nn.softmax(pass_logits, -1)
+  assert float(jnp.abs(proposal.probs[:, 1:] - uncorrected[:, 1:]).max()) > 1e-3
+
+
+def test_teacher_forcing_is_the_drafting_recurrence(small_pair):
+  """Training's query (m, j) runs the recurrence over x_{j-m+1}..x_j, the drafts a call after
+  x_{j-m} would have drawn under teacher forcing."""
+  _, draft = small_pair
+  head = _perturbed_head(draft.config.d_model, seed=2)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, MASK, (2, 10)))
+  h = parallel.parallel_hidden(draft, tokens, 3, MASK)
+  logits = teacher_forced_logits(head, draft, h, tokens)
+  for m, j in ((1, 4), (2, 6), (2, 9)):
+    r = jnp.zeros((2, draft.config.d_model))
+    for x in range(j - m + 1, j + 1):
+      r = head.recur(r, draft.embedder.encode(tokens[:, x : x + 1])[:, 0])
+    direct = output_logits(draft, head.correct(h[:, m, j], r))
+    np.testing.assert_allclose(logits[:, m, j], direct, atol=1e-4)
+  np.testing.assert_allclose(logits[:, 0], output_logits(draft, h[:, 0]), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "verifier, sampling",
+  [("token", warping.SamplingConfig(1.0)), ("block", warping.SamplingConfig(0.7, top_p=0.9))],
+)
+def test_samples_follow_the_exact_target_distribution(small_pair, verifier, sampling):
+  target, draft = small_pair
+  drafter = ParallelDrafter(draft, mask_token_id=MASK, head=_perturbed_head(draft.config.d_model))
+  counts, stats = sampled_counts(
+    target,
+    drafter,
+    EXACT_PROMPT,
+    num_draft_tokens=3,
+    temperature=sampling.temperature,
+    top_p=sampling.top_p,
+    verifier=verifier,
+  )
+  assert 0.05 < stats["acceptance_rate"] < 0.98, stats
+  assert_follows(counts, target, EXACT_PROMPT, sampling)
+
+
+@pytest.mark.slow
+def test_reporting_the_pass_q_for_corrected_draws_is_rejected(small_pair):
+  target, draft = small_pair
+  drafter = ParallelDrafter(
+    draft, mask_token_id=MASK, head=_perturbed_head(draft.config.d_model, scale=2.0)
+  )
+  with exactness.planted("sequential_head_pass_q"):
+    counts, _ = sampled_counts(target, drafter, EXACT_PROMPT, num_draft_tokens=3)
+  probs = exactness.exact_distribution(target, tuple(EXACT_PROMPT), warping.SamplingConfig(1.0), 3)
+  assert exactness.g_test(counts, probs, 1e-3)["rejected"]
+
+
+def test_greedy_speculative_equals_greedy_autoregressive():
+  target = transformer.create(tiny_config(), seed=0)
+  draft = exactness.noisy_copy(target, 0.1, seed=4)
+  drafter = ParallelDrafter(
+    draft, mask_token_id=263, head=_perturbed_head(draft.config.d_model, scale=0.05)
+  )
+  prompts = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0]])
+  lengths = np.array([7, 3])
+  ar = generate(target, prompts, lengths, jax.random.key(0), max_new_tokens=13, temperature=0)
+  out = speculative_generate(
+    target, drafter, prompts, lengths, jax.random.key(1), max_new_tokens=13,
+    num_draft_tokens=3, temperature=0,
+  )  # fmt: skip
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+  assert out.summary()["tokens_per_target_call"] > 1.0
+
+
+def test_training_lowers_the_kl_past_the_first_position(small_pair):
+  target, draft = small_pair
+  stream = np.random.default_rng(0).integers(0, MASK, 4000).astype(np.int32)
+  batches = data.Batches.pack(stream, 16, 4)
+  lines = []
+  head_training.train(
+    draft, target, batches, steps=30, learning_rate=1e-2, num_draft_tokens=3,
+    mask_token_id=MASK, log=lines.append,
+  )  # fmt: skip
+  first = [float(v) for v in lines[0].split("kl by position ")[1].split()[:3]]
+  last = [float(v) for v in lines[-1].split("kl by position ")[1].split()[:3]]
+  assert len(lines) >= 2
+  assert last[1] < first[1] and last[2] < first[2], (first, last)
+  assert abs(last[0] - first[0]) < 1e-3 * max(first[0], 1.0) + 0.05  # q_1 is the pass's own.
+
+
+def test_a_tree_is_refused(small_pair):
+  target, draft = small_pair
+  drafter = ParallelDrafter(draft, mask_token_id=MASK, head=_perturbed_head(draft.config.d_model))
+  with pytest.raises(ValueError, match="chains only"):
+    speculative_generate(
+      target, drafter, EXACT_PROMPT[None], np.array([3]), jax.random.key(0),
+      max_new_tokens=4, num_draft_tokens=2, tree="tree:2,1",
+    )  # fmt: skip
+  assert dataclasses.replace(drafter, head=None).head is None
