@@ -25,12 +25,8 @@ MASK = 7  # The exact pair's last token stands in for the placeholder (test_para
 EXACT_PROMPT = np.array([3, 6, 3])
 
 
-def _perturbed_head(d_model: int, seed: int = 0, scale: float = 0.5) -> SequentialHead:
-  """A head whose correction is not zero (an untrained one proposes the pass's own q)."""
-  head = SequentialHead(d_model, rngs=nnx.Rngs(seed))
-  shape = head.down.kernel[...].shape
-  head.down.kernel[...] = scale * jax.random.normal(jax.random.key(seed + 1), shape)
-  return head
+def _perturbed_head(d_model: int, seed: int = 0, scale: float = 0.5):
+  return exactness.perturbed_sequential_head(d_model, seed, scale)
 
 
 @pytest.fixture(scope="module")

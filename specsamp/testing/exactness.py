@@ -164,6 +164,18 @@ def noisy_copy(model: nnx.Module, scale: float, seed: int) -> nnx.Module:
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, noisy))
 
 
+def perturbed_sequential_head(d_model: int, seed: int = 0, scale: float = 0.5) -> nnx.Module:
+  """A sequential head (``models/sequential_head.py``) whose correction is not zero (an
+  untrained head proposes the parallel draft's own q_k): Gaussian ``down`` weights of
+  ``scale``, so its q_k depend on the drafts before k, as a trained head's do."""
+  from specsamp.models.sequential_head import SequentialHead
+
+  head = SequentialHead(d_model, rngs=nnx.Rngs(seed))
+  shape = head.down.kernel[...].shape
+  head.down.kernel[...] = scale * jax.random.normal(jax.random.key(seed + 1), shape)
+  return head
+
+
 def _like(x: jax.Array, y: jax.Array) -> jax.Array:
   """``y`` placed as ``x`` is: on x's devices when x is sharded over several; left
   uncommitted when x lives on one device, so it can join any mesh (as x can)."""

@@ -93,7 +93,7 @@ DYNAMIC_TREE = "dynamic:3,2,2"  # EAGLE-2: 3 nodes at depth 1, then the 2 best o
 PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 TREE_BUG = "tree:3,1,1"  # Where the tree bugs show: three distinct siblings, then chains.
 # Parallel drafting (parallel_drafter.py): every q_k from one call, before any draft is drawn.
-PARALLEL_DRAFTERS = ("parallel", "parallel_greedy", "parallel_head")
+PARALLEL_DRAFTERS = ("parallel", "parallel_greedy", "parallel_seq", "parallel_head")
 PARALLEL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 PARALLEL_MASK = VOCAB - 1  # The placeholder: a real row of the 8-token tables stands in.
 SCOPES = ("full", "quick", "trees", "proposals", "parallel")
@@ -136,7 +136,7 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (252 cases: 150 single-chain, 44 tree, 26 proposal-mode, 22 parallel, 10 bugs):
+  'full' (255 cases: 150 single-chain, 44 tree, 26 proposal-mode, 24 parallel, 11 bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
@@ -146,7 +146,7 @@ def all_cases(scope: str = "full") -> list[Case]:
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
       warpings in rotation: 6 cases.
-  'quick' (25 cases, what the test suite runs: 8 single-chain, 6 tree, 2 parallel, 9 bugs):
+  'quick' (26 cases, what the test suite runs: 8 single-chain, 6 tree, 2 parallel, 10 bugs):
     each verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
     self-speculative and the reduced-vocabulary feature head on the transformer, the quick
     tree cases (``tree_cases``) and proposal cases (``proposal_cases``: the shared-head
@@ -157,7 +157,8 @@ def all_cases(scope: str = "full") -> list[Case]:
     The tree bug 'sibling_against_p' is left to the full certificate:
     tests/test_tree_verification.py rejects the same fault by exact enumeration.
   'trees': the full certificate's tree cases and tree bugs only.
-  'parallel': the full certificate's parallel-drafter cases and the bug 'parallel_wrong_q'.
+  'parallel': the full certificate's parallel-drafter cases and the bugs 'parallel_wrong_q' and
+  'sequential_head_pass_q'.
   'proposals': the full certificate's proposal-mode cases (``proposal_cases``, dynamic trees
   included) and the bug 'chosen_real_q' (chain and dynamic tree) only.
   The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
@@ -170,7 +171,8 @@ def all_cases(scope: str = "full") -> list[Case]:
   if scope == "proposals":
     return proposal_cases("full") + [c for c in bug_cases() if c.bug == "chosen_real_q"]
   if scope == "parallel":
-    return parallel_cases("full") + [c for c in bug_cases() if c.bug == "parallel_wrong_q"]
+    parallel_bugs = ("parallel_wrong_q", "sequential_head_pass_q")
+    return parallel_cases("full") + [c for c in bug_cases() if c.bug in parallel_bugs]
   warpings = list(CHAIN_WARPINGS)
   table_drafters = [d for d in DRAFTERS if d not in TRANSFORMER_DRAFTERS]
   if scope == "full":
@@ -219,8 +221,9 @@ def parallel_cases(scope: str = "full") -> list[Case]:
   """The parallel drafter (one call, K placeholders' q). 'full': on the trigram, chain (token
   and block verification) and a small tree (token and traversal) x warping (T=1; T=0.7 with
   top-k and top-p) x batch (1, ragged 16), sampled (16); greedy proposals, a chain and a
-  dynamic tree (2); on the transformer a chain and a tree (2), and the parallel feature head's
-  chain and tree (2). 'quick': a block-verified chain on ragged rows with the warping, and a
+  dynamic tree (2); on the transformer a chain and a tree (2), the sequential head's chains
+  (token on ragged rows at T=1, block at the warping: 2), and the parallel feature head's chain
+  and tree (2). 'quick': a block-verified chain on ragged rows with the warping, and a
   token-verified tree at T=1."""
   if scope == "quick":
     return [
@@ -240,6 +243,8 @@ def parallel_cases(scope: str = "full") -> list[Case]:
     Case(
       "transformer", "traversal", "parallel", "fixed", "T=0.7,p=0.9", "1", "1", tree=PROPOSAL_TREE
     ),
+    Case("transformer", "token", "parallel_seq", "heuristic", "T=1", "ragged16", "1"),
+    Case("transformer", "block", "parallel_seq", "fixed", "T=0.7,k=4,p=0.9", "1", "1"),
     Case("transformer", "block", "parallel_head", "fixed", "T=0.7,k=4,p=0.9", "1", "1"),
     Case(
       "transformer", "token", "parallel_head", "fixed", "T=1", "ragged16", "1", tree=PROPOSAL_TREE
@@ -368,6 +373,9 @@ def bug_cases() -> list[Case]:
       "trigram", "token", "model_greedy", "fixed", "T=1", "1", "1", "chosen_real_q", DYNAMIC_TREE
     ),
     Case("trigram", "token", "parallel", "fixed", "T=1", "1", "1", bug="parallel_wrong_q"),
+    Case(
+      "transformer", "token", "parallel_seq", "fixed", "T=1", "1", "1", "sequential_head_pass_q"
+    ),
   ]
 
 
@@ -504,7 +512,10 @@ class Setup:
       from specsamp.sampling.parallel_drafter import ParallelDrafter
 
       proposal = "greedy" if name.endswith("greedy") else "sampled"
-      return ParallelDrafter(self.draft, mask_token_id=PARALLEL_MASK, proposal=proposal)
+      head = None
+      if name == "parallel_seq":  # A sequential head over the pass (transformer only).
+        head = exactness.perturbed_sequential_head(self.draft.config.d_model, seed=12)
+      return ParallelDrafter(self.draft, mask_token_id=PARALLEL_MASK, proposal=proposal, head=head)
     if name in PROPOSAL_DRAFTERS:
       drafter = feature_drafter_for(self.target, "vocab" in name, self.mesh)
       return dataclasses.replace(drafter, proposal="greedy" if "greedy" in name else "sampled")
