@@ -72,14 +72,20 @@ def chain_from(
   proposal: str,
   active_B=None,
   confidence_threshold: float = 0.0,
+  step=None,
+  carry=None,
 ) -> Proposal:
   """A chain drawn from q_1..q_K computed in one call (``proposals.grow_chain`` with no model
-  step: token k is drawn from q_k whatever came before it); one draft call."""
+  step: token k is drawn from q_k whatever came before it); one draft call. ``step`` (with
+  its first ``carry``) replaces that: ``step(t, x~_t, carry) -> (logits of q_{t+1}, carry)``,
+  as the sequential head corrects q_{t+1} with the token drawn before it."""
+  if step is None:
+    step = lambda t, token_B, carry: (logits_BKV[:, t], carry)  # noqa: E731
   tokens_BG, probs_BGV, count_B, _, nan_B, _ = proposals.grow_chain(
     key,
     logits_BKV[:, 0],
-    lambda t, token_B, carry: (logits_BKV[:, t], carry),
-    None,
+    step,
+    carry,
     logits_BKV.shape[1],
     limit_B,
     sampling,
@@ -191,11 +197,13 @@ class ParallelDrafter(ModelDrafter):
     sampling: SamplingConfig,
     vocab_size: int,
   ):
-    if self.head is not None:
-      return self._propose_sequential(
-        cache, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size
+    if self.head is None:
+      logits_BKV, cache = self.distributions(cache, tokens_BW, lengths_B, num_draft_tokens)
+      step = carry = None
+    else:
+      logits_BKV, cache, step, carry = self._sequential(
+        cache, tokens_BW, lengths_B, num_draft_tokens
       )
-    logits_BKV, cache = self.distributions(cache, tokens_BW, lengths_B, num_draft_tokens)
     proposal = chain_from(
       key,
       logits_BKV,
@@ -204,16 +212,16 @@ class ParallelDrafter(ModelDrafter):
       vocab_size,
       self.proposal,
       confidence_threshold=self.confidence_threshold,
+      step=step,
+      carry=carry,
     )
     return proposal, cache
 
-  def _propose_sequential(
-    self, cache, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size
-  ):
-    """The chain with the sequential head: x~_1 ~ q_1 from the pass; then for k >= 2 the head
-    steps its recurrence on x~_{k-1} (drawn) and reads q_k from h_k and r_{k-1}
-    (``models/sequential_head.py``). Every q_k is computed before x~_k is drawn and is the
-    one reported."""
+  def _sequential(self, cache, tokens_BW, lengths_B, num_draft_tokens: int):
+    """(logits_BKV, cache, step, carry) for a chain with the sequential head: x~_1 ~ q_1 from
+    the pass; then for k >= 2 ``step`` runs the head's recurrence on x~_{k-1} (drawn) and reads
+    q_k from h_k and r_{k-1} (``models/sequential_head.py``). Every q_k is computed before
+    x~_k is drawn and is the one reported."""
     from specsamp.models.sequential_head import output_logits
 
     logits_BKV, cache, h_BKD = self.hidden_states(cache, tokens_BW, lengths_B, num_draft_tokens)
@@ -223,22 +231,7 @@ class ParallelDrafter(ModelDrafter):
       r_BD = self.head.recur(r_BD, embedded_BD)
       return output_logits(self.model, self.head.correct(h_BKD[:, t], r_BD)), r_BD
 
-    tokens_BG, probs_BGV, count_B, _, nan_B, _ = proposals.grow_chain(
-      key,
-      logits_BKV[:, 0],
-      step,
-      jnp.zeros(h_BKD[:, 0].shape, h_BKD.dtype),
-      num_draft_tokens,
-      limit_B,
-      sampling,
-      vocab_size,
-      self.proposal,
-      confidence_threshold=self.confidence_threshold,
-    )
-    proposal = Proposal(
-      tokens=tokens_BG, probs=probs_BGV, num_proposed=count_B, model_calls=jnp.int32(1), nan=nan_B
-    )
-    return proposal, cache
+    return logits_BKV, cache, step, jnp.zeros(h_BKD[:, 0].shape, h_BKD.dtype)
 
   def propose_tree(
     self,

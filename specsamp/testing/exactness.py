@@ -286,14 +286,16 @@ def planted(bug: str | None) -> Iterator[None]:
   elif bug == "sequential_head_pass_q":
     from specsamp.sampling import parallel_drafter
 
-    original_sequential = parallel_drafter.ParallelDrafter._propose_sequential
+    original_propose = parallel_drafter.ParallelDrafter.propose
 
     def propose_sequential(self, cache, *args):
-      proposal, state = original_sequential(self, cache, *args)
-      plain, _ = dataclasses.replace(self, head=None).propose(cache, *args)
+      proposal, state = original_propose(self, cache, *args)
+      if self.head is None:
+        return proposal, state
+      plain, _ = original_propose(dataclasses.replace(self, head=None), cache, *args)
       return proposal.replace(probs=plain.probs), state
 
-    patch(parallel_drafter.ParallelDrafter, "_propose_sequential", propose_sequential)
+    patch(parallel_drafter.ParallelDrafter, "propose", propose_sequential)
   elif bug == "siblings_full_q":
     original_draw = proposals.draw_depth
 
