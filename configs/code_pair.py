@@ -249,7 +249,9 @@ def get_config(arg=None):
   # 'draft': the draft model above; 'feature': the feature head (config.feature), trained on
   # the target's own hidden features on the first run; 'lookup' or 'lookup:N': prompt lookup
   # (n-grams N..1, default 3; no model); 'self:L': the target's first L layers (no second
-  # model). Neither of the last two trains or loads a draft (jobs/drafter_specs.py).
+  # model). Neither of the last two trains or loads a draft. 'parallel': a parallel draft (K
+  # drafts from one call); 'parallel_seq': the same with a sequential head (q_k sees the drafts
+  # before k); 'parallel_head': the feature head drafting from one call (jobs/drafter_specs.py).
   config.speculative.drafter = "draft"
   config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
   # 'sampled': every draft token drawn from the drafter's real warped q; 'greedy': its most
