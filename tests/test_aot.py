@@ -83,7 +83,12 @@ def test_two_psums_per_layer_per_decode_step(report):
   assert all(v == pytest.approx(1.0, rel=0.01) for v in ratios.values()), ratios
   assert parallel["gflops_per_chip"] > draft["gflops_per_chip"]
   assert 1.0 <= parallel["hbm_gb"] / draft["hbm_gb"] <= 1.1  # 8 tokens' cache entries more.
-  assert 1.0 <= report["parallel_pass_draft_steps"] <= 8
+  # The report's cost in draft steps is the roofline's ratio of the two rows, and on this
+  # memory-bound pair it is under issue 39's 1.5.
+  peak = aot.SLICES[report["topology"]].hardware.peak_flops
+  roofline = lambda row: max(row["hbm_ms"], row["gflops_per_chip"] * 1e9 / peak * 1e3)  # noqa: E731
+  assert report["parallel_pass_draft_steps"] == pytest.approx(roofline(parallel) / roofline(draft))
+  assert 1.0 <= report["parallel_pass_draft_steps"] < 1.5
 
 
 def test_an_unknown_topology_is_a_clear_error():

@@ -26,21 +26,29 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specsamp.models.layers import make_param
+
 
 class SequentialHead(nnx.Module):
-  """The GRU over drafted tokens and the correction of h_k (module docstring)."""
+  """The GRU over drafted tokens and the correction of h_k (module docstring). Its
+  parameters are small and replicated (logical axes None, ``layers.make_param``)."""
 
-  def __init__(self, d_model: int, *, rngs: nnx.Rngs):
-    self.d_model = d_model
-    self.gru_x = nnx.Linear(d_model, 3 * d_model, rngs=rngs)
-    self.gru_r = nnx.Linear(d_model, 3 * d_model, use_bias=False, rngs=rngs)
-    self.up = nnx.Linear(2 * d_model, d_model, rngs=rngs)
-    self.down = nnx.Linear(d_model, d_model, kernel_init=nnx.initializers.zeros, rngs=rngs)
+  def __init__(self, d_model: int, *, rngs: nnx.Rngs, dtype=jnp.float32):
+    self.d_model = d = d_model
+    init, zeros = nnx.initializers.lecun_normal(), nnx.initializers.zeros
+    self.gru_x_DG = make_param(rngs, init, (d, 3 * d), (None, None), dtype)
+    self.gru_bias_G = make_param(rngs, zeros, (3 * d,), (None,), dtype)
+    self.gru_r_DG = make_param(rngs, init, (d, 3 * d), (None, None), dtype)
+    self.up_ED = make_param(rngs, init, (2 * d, d), (None, None), dtype)
+    self.up_bias_D = make_param(rngs, zeros, (d,), (None,), dtype)
+    self.down_DD = make_param(rngs, zeros, (d, d), (None, None), dtype)  # zero: no correction
+    self.down_bias_D = make_param(rngs, zeros, (d,), (None,), dtype)
 
   def recur(self, r_BD: jax.Array, embedded_BD: jax.Array) -> jax.Array:
     """r_k from r_{k-1} and embed(x~_k): one GRU step."""
-    reset_x, update_x, new_x = jnp.split(self.gru_x(embedded_BD), 3, axis=-1)
-    reset_r, update_r, new_r = jnp.split(self.gru_r(r_BD), 3, axis=-1)
+    gates_x = embedded_BD @ self.gru_x_DG[...] + self.gru_bias_G[...]
+    reset_x, update_x, new_x = jnp.split(gates_x, 3, axis=-1)
+    reset_r, update_r, new_r = jnp.split(r_BD @ self.gru_r_DG[...], 3, axis=-1)
     reset = jax.nn.sigmoid(reset_x + reset_r)
     update = jax.nn.sigmoid(update_x + update_r)
     candidate = jnp.tanh(new_x + reset * new_r)
@@ -48,7 +56,8 @@ class SequentialHead(nnx.Module):
 
   def correct(self, h_BD: jax.Array, r_BD: jax.Array) -> jax.Array:
     """h_k + down(gelu(up([h_k; r_{k-1}]))): the hidden state q_k is read from."""
-    return h_BD + self.down(jax.nn.gelu(self.up(jnp.concatenate([h_BD, r_BD], axis=-1))))
+    hidden = jnp.concatenate([h_BD, r_BD], axis=-1) @ self.up_ED[...] + self.up_bias_D[...]
+    return h_BD + jax.nn.gelu(hidden) @ self.down_DD[...] + self.down_bias_D[...]
 
 
 def output_logits(draft, x: jax.Array) -> jax.Array:
@@ -57,6 +66,13 @@ def output_logits(draft, x: jax.Array) -> jax.Array:
   x_BTD = draft.final_norm(x if x.ndim == 3 else x[:, None])
   logits = draft.embedder.decode(x_BTD) if draft.config.tie_embeddings else draft.head(x_BTD)
   return logits.astype(jnp.float32) if x.ndim == 3 else logits[:, 0].astype(jnp.float32)
+
+
+def draft_step(head: SequentialHead, draft, h_BD: jax.Array, r_BD: jax.Array, token_B: jax.Array):
+  """(logits of q_k [B, V], r_{k-1}): one drafting step after x~_{k-1} = ``token_B`` was
+  drawn, from the pass's h_k and r_{k-2} (module docstring)."""
+  r_BD = head.recur(r_BD, draft.embedder.encode(token_B[:, None])[:, 0].astype(h_BD.dtype))
+  return output_logits(draft, head.correct(h_BD, r_BD)), r_BD
 
 
 def teacher_forced_logits(head: SequentialHead, draft, h_BKLD: jax.Array, tokens_BL: jax.Array):

@@ -158,10 +158,9 @@ class Drafter:
     cls, settings, statics = static
     fields = dict(settings)
     for name, value_static in statics:
-      if value_static is not None:
-        fields[name] = model_protocol.merge_model(value_static, dynamic[name])
-      else:
-        fields[name] = None
+      fields[name] = (
+        None if value_static is None else model_protocol.merge_model(value_static, dynamic[name])
+      )
     return cls(**fields)
 
   def check(self, target: Any) -> None:

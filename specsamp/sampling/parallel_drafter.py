@@ -222,14 +222,12 @@ class ParallelDrafter(ModelDrafter):
     the pass; then for k >= 2 ``step`` runs the head's recurrence on x~_{k-1} (drawn) and reads
     q_k from h_k and r_{k-1} (``models/sequential_head.py``). Every q_k is computed before
     x~_k is drawn and is the one reported."""
-    from specsamp.models.sequential_head import output_logits
+    from specsamp.models.sequential_head import draft_step
 
     logits_BKV, cache, h_BKD = self.hidden_states(cache, tokens_BW, lengths_B, num_draft_tokens)
 
     def step(t, token_B, r_BD):
-      embedded_BD = self.model.embedder.encode(token_B[:, None])[:, 0].astype(h_BKD.dtype)
-      r_BD = self.head.recur(r_BD, embedded_BD)
-      return output_logits(self.model, self.head.correct(h_BKD[:, t], r_BD)), r_BD
+      return draft_step(self.head, self.model, h_BKD[:, t], r_BD, token_B)
 
     return logits_BKV, cache, step, jnp.zeros(h_BKD[:, 0].shape, h_BKD.dtype)
 

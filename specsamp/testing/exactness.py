@@ -171,8 +171,8 @@ def perturbed_sequential_head(d_model: int, seed: int = 0, scale: float = 0.5) -
   from specsamp.models.sequential_head import SequentialHead
 
   head = SequentialHead(d_model, rngs=nnx.Rngs(seed))
-  shape = head.down.kernel[...].shape
-  head.down.kernel[...] = scale * jax.random.normal(jax.random.key(seed + 1), shape)
+  shape = head.down_DD[...].shape
+  head.down_DD[...] = scale * jax.random.normal(jax.random.key(seed + 1), shape)
   return head
 
 

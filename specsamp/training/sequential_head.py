@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -71,7 +72,7 @@ def train(
   step = make_step(num_draft_tokens, mask_token_id, gamma, temperature)
   start = time.perf_counter()
   for i in range(steps):
-    tokens_BL = jax.numpy.asarray(batches.at(i)[:, :-1])
+    tokens_BL = jnp.asarray(batches.at(i)[:, :-1])
     loss, kl_K = step(head, optimizer, draft, target, tokens_BL)
     if (i + 1) % max(steps // 10, 1) == 0 or i == 0:
       kls = " ".join(f"{float(k):.3f}" for k in kl_K)

@@ -571,6 +571,7 @@ def prepare(
       target,
       get_corpus,
       os.path.join(workdir, "sequential_head"),
+      mesh,
       log,
     )
   return Pair(
@@ -585,12 +586,10 @@ def prepare(
   )
 
 
-def _sequential_head(config, draft, target, get_corpus, directory: str, log) -> Any:
+def _sequential_head(config, draft, target, get_corpus, directory: str, mesh, log) -> Any:
   """The sequential head over ``draft`` (``models/sequential_head.py``): loaded from
   ``directory`` when it holds a finished run for this draft shape and section, else trained
   on the frozen draft (``training/sequential_head.py``) and saved there."""
-  from flax import nnx
-
   from specsamp.models.sequential_head import SequentialHead
   from specsamp.training import sequential_head as head_training
 
@@ -602,15 +601,14 @@ def _sequential_head(config, draft, target, get_corpus, directory: str, log) -> 
     "steps": int(section.steps),
   }
   store = checkpoint.Checkpoints(directory, max_to_keep=1, resume=config.resume_from, log=log)
-  head = SequentialHead(meta["d_model"], rngs=nnx.Rngs(config.seed + 3))
   if store.latest_step() == meta["steps"]:
     checkpoint.check_meta(store.read_meta(), meta, directory)
-    params = nnx.state(head, nnx.Param)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-    items, _ = store.restore({"params": abstract})
-    nnx.update(head, items["params"])
+    abstract = sharding.abstract_model(
+      lambda rngs: SequentialHead(meta["d_model"], rngs=rngs), mesh
+    )
+    restored, _ = store.restore({"params": abstract.arrays()})
     log(f"sequential head: loaded {meta['steps']} steps from {directory}")
-    return head
+    return abstract.merge(restored["params"])
   corpus = get_corpus()
   batches = data.Batches.pack(
     corpus.train_stream, section.seq_len, section.batch_size, config.seed + 3
@@ -632,7 +630,7 @@ def _sequential_head(config, draft, target, get_corpus, directory: str, log) -> 
     seed=config.seed + 3,
     log=log,
   )
-  store.save(meta["steps"], {"params": nnx.state(head, nnx.Param)}, meta)
+  store.save(meta["steps"], {"params": train.params_of(head)}, meta)
   store.wait()
   return head
 
