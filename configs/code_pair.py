@@ -134,6 +134,7 @@ def get_config(arg=None):
   config.draft.sequential_head.seq_len = 128  # Tokens per sequence.
   config.draft.sequential_head.learning_rate = 6e-3  # Peak AdamW learning rate.
   config.draft.sequential_head.num_draft_tokens = 4  # Draft positions trained.
+  config.draft.sequential_head.checkpoint_every = 50  # A stopped run resumes from here.
   # 360 steps at 6e-3 (3-3.5 min on 2 cores): K=8 0.92 alpha, 6.1 tokens per target call and
   # 2.35-2.50x at T=1; 80 steps at 3e-3 (the first default): alpha 0.81, K=4 at most, 1.6-1.7x
   # (docs/benchmarks.md, "A better-trained draft and a longer K").
@@ -212,6 +213,11 @@ def get_config(arg=None):
   # from one call, placeholders after the first), optimised by answers.head_train;
   # --config.speculative.drafter=parallel_head loads it with --config.feature.parallel_checkpoint.
   config.answers.parallel_head_directory = "parallel_head_answers"
+  # A head's teacher-forced target pass, stored once per row under this workdir folder
+  # (specsamp/training/target_store.py: its features and last-layer output on every packed row)
+  # and read at every epoch instead of run at every step; '' runs the target at every step
+  # (needed on several hosts).
+  config.answers.target_outputs_dir = "target_outputs"
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
@@ -295,6 +301,7 @@ def get_config(arg=None):
     config.draft.sequential_head.steps = 4
     config.draft.sequential_head.batch_size = 4
     config.draft.sequential_head.seq_len = 32
+    config.draft.sequential_head.checkpoint_every = 2
     config.feature.head.feature_layers = ()  # EAGLE-3's choice, collapsed: 0 and 1 of 2.
     _target_widths(config.feature.head)
     config.feature.train = _train(

@@ -895,7 +895,8 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   assert [point["step"] for point in best["curve"]] == [2, 4]  # The learning curve.
 
   def trained_and_shipped(drafter: str, kind: str) -> str:
-    """``drafter`` trained on the answers and shipped (its card names ``kind``): the folder."""
+    """``drafter`` trained on the answers and shipped (its card names ``kind``): the folder. A
+    head reads the target's outputs stored once per row, built by the first head and reused."""
     folder = str(tmp_path / f"shipped_{drafter}")
     run = run_script(
       "train_drafter.py", *train_args, f"--config.answers.drafter={drafter}", f"--ship_to={folder}"
@@ -904,6 +905,8 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
     assert f"{kind} (answers)" in run.stdout and "tau(K=4)" in run.stdout
     assert f"shipped to {folder}" in run.stdout
     assert f"# A {kind} trained" in open(os.path.join(folder, "CARD.md")).read()
+    built = "target outputs:" in run.stdout and "tokens to compute" in run.stdout
+    assert built == (drafter == "feature"), run.stdout  # The parallel head reuses the store.
     return folder
 
   # The feature head on the same answers, shipped, then loaded by the main job from the folder

@@ -18,7 +18,7 @@ from specsamp.models.sequential_head import SequentialHead, output_logits, teach
 from specsamp.sampling import generate, speculative_generate, warping
 from specsamp.sampling.parallel_drafter import ParallelDrafter
 from specsamp.testing import exactness
-from specsamp.training import data, parallel
+from specsamp.training import checkpoint, data, parallel
 from specsamp.training import sequential_head as head_training
 
 MASK = 7  # The exact pair's last token stands in for the placeholder (test_parallel_drafter).
@@ -173,3 +173,29 @@ def test_a_tree_is_refused(small_pair):
       max_new_tokens=4, num_draft_tokens=2, tree="tree:2,1",
     )  # fmt: skip
   assert dataclasses.replace(drafter, head=None).head is None
+
+
+def test_a_stopped_training_run_resumes_to_the_unbroken_runs_head(small_pair, tmp_path):
+  target, draft = small_pair
+  stream = np.random.default_rng(1).integers(0, MASK, 2000).astype(np.int32)
+  batches = data.Batches.pack(stream, 16, 4)
+  settings = dict(steps=6, learning_rate=1e-2, num_draft_tokens=3, mask_token_id=MASK)
+  unbroken = head_training.train(draft, target, batches, **settings, log=lambda _: None)
+  store = checkpoint.Checkpoints(str(tmp_path), max_to_keep=1)
+  meta, lines = {"steps": 6}, []
+  head_training.train(
+    draft, target, batches, **settings, checkpoints=store, meta=meta, checkpoint_every=2,
+    stop_after=3, log=lines.append,
+  )  # fmt: skip
+  assert store.latest_step() == 3  # Saved at step 2 and where it stopped.
+  resumed = head_training.train(
+    draft, target, batches, **settings, checkpoints=checkpoint.Checkpoints(str(tmp_path)),
+    meta=meta, log=lines.append,
+  )  # fmt: skip
+  assert any("resuming from step 3" in line for line in lines), lines
+  for a, b in zip(jax.tree.leaves(nnx.state(unbroken)), jax.tree.leaves(nnx.state(resumed))):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  with pytest.raises(checkpoint.CheckpointError, match="different steps"):
+    head_training.train(
+      draft, target, batches, **dict(settings, steps=8), checkpoints=store, meta={"steps": 8},
+    )  # fmt: skip

@@ -388,10 +388,7 @@ class FeatureDraftModel(nnx.Module):
   def logits(self, h_BTD: jax.Array) -> jax.Array:
     if self.head.config.draft_vocab_size:
       return self.head.own_logits(h_BTD, self.vocab_size)
-    target = self.target
-    x_BTD = target.final_norm(h_BTD)
-    logits = target.embedder.decode(x_BTD) if target.config.tie_embeddings else target.head(x_BTD)
-    return softcap(logits.astype(jnp.float32), target.config.final_logit_softcap)
+    return self.target.output(h_BTD)
 
   def compact_cache(self, cache: KVCache, source_BD: jax.Array, start_B: jax.Array) -> KVCache:
     return kv_cache.compact(cache, source_BD, start_B)

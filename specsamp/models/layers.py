@@ -81,9 +81,10 @@ class Embedder(nnx.Module):
       x_BTD = x_BTD * jnp.asarray(self.config.d_model**0.5, x_BTD.dtype)
     return sharding.constrain(x_BTD, ("act_batch", "act_length", "act_embed"))
 
-  def decode(self, x_BTD: jax.Array) -> jax.Array:
-    table = self.table_VD[...].astype(x_BTD.dtype)
-    return jnp.einsum("BTD,VD->BTV", x_BTD, table)
+  def decode(self, x_BTD: jax.Array, vocab_ids: jax.Array | None = None) -> jax.Array:
+    """Logits over the vocabulary, or over the ids ``vocab_ids`` only (in their order)."""
+    table = self.table_VD[...] if vocab_ids is None else self.table_VD[...][vocab_ids]
+    return jnp.einsum("BTD,VD->BTV", x_BTD, table.astype(x_BTD.dtype))
 
 
 class OutputHead(nnx.Module):
@@ -98,8 +99,10 @@ class OutputHead(nnx.Module):
       config.weight_dtype,
     )
 
-  def __call__(self, x_BTD: jax.Array) -> jax.Array:
-    return jnp.einsum("BTD,DV->BTV", x_BTD, self.w_DV[...].astype(x_BTD.dtype))
+  def __call__(self, x_BTD: jax.Array, vocab_ids: jax.Array | None = None) -> jax.Array:
+    """Logits over the vocabulary, or over the ids ``vocab_ids`` only (in their order)."""
+    w_DV = self.w_DV[...] if vocab_ids is None else self.w_DV[...][:, vocab_ids]
+    return jnp.einsum("BTD,DV->BTV", x_BTD, w_DV.astype(x_BTD.dtype))
 
 
 def activation_fn(config: TransformerConfig):

@@ -61,11 +61,10 @@ class SequentialHead(nnx.Module):
 
 
 def output_logits(draft, x: jax.Array) -> jax.Array:
-  """The parallel draft's own final norm and output head (or tied embedding) on hidden
+  """The parallel draft's own final norm, output head (or tied embedding) and softcap on hidden
   states [B, D] or [B, T, D]: float32 logits of the same leading shape."""
-  x_BTD = draft.final_norm(x if x.ndim == 3 else x[:, None])
-  logits = draft.embedder.decode(x_BTD) if draft.config.tie_embeddings else draft.head(x_BTD)
-  return logits.astype(jnp.float32) if x.ndim == 3 else logits[:, 0].astype(jnp.float32)
+  logits = draft.output(x if x.ndim == 3 else x[:, None])
+  return logits if x.ndim == 3 else logits[:, 0]
 
 
 def draft_step(head: SequentialHead, draft, h_BD: jax.Array, r_BD: jax.Array, token_B: jax.Array):

@@ -306,12 +306,8 @@ class Transformer(nnx.Module):
     if logits_at is not None:  # One token per row through the final norm and the head.
       index_B11 = jnp.asarray(logits_at, jnp.int32)[:, None, None]
       x_BTD = jnp.take_along_axis(x_BTD, index_B11, axis=1)
-    x_BTD = self.final_norm(x_BTD)
     with jax.named_scope("logits"):
-      logits_BTV = (
-        self.embedder.decode(x_BTD) if self.config.tie_embeddings else self.head(x_BTD)
-      ).astype(jnp.float32)
-      logits_BTV = softcap(logits_BTV, self.config.final_logit_softcap)
+      logits_BTV = self.output(x_BTD)
       logits_BTV = sharding.constrain(logits_BTV, ("act_batch", "act_length", "act_vocab"))
     if tree is None:
       lengths_B = positions_BT[:, -1] + 1
@@ -320,6 +316,17 @@ class Transformer(nnx.Module):
     new_cache = KVCache(keys=keys, values=values, lengths=lengths_B)
     features_BTF = jnp.concatenate(captured[:-1], -1) if capture_layers else None
     return ModelOutput(logits_BTV, new_cache if had_cache else None, features_BTF)
+
+  def output(self, x_BTD: jax.Array, vocab_ids: jax.Array | None = None) -> jax.Array:
+    """The final norm, the output head (or tied embedding) and the logit softcap on hidden
+    states leaving the last layer: float32 logits [B, T, V], or [B, T, len(vocab_ids)] over
+    those ids only (a reduced draft vocabulary's teacher costs its columns, not V)."""
+    x_BTD = self.final_norm(x_BTD)
+    if self.config.tie_embeddings:
+      logits_BTV = self.embedder.decode(x_BTD, vocab_ids)
+    else:
+      logits_BTV = self.head(x_BTD, vocab_ids)
+    return softcap(logits_BTV.astype(jnp.float32), self.config.final_logit_softcap)
 
   def compact_cache(self, cache: KVCache, source_BD: jax.Array, start_B: jax.Array) -> KVCache:
     """After a tree call: copies slots ``source_BD[b, j]`` to ``start_B[b] + j`` (the accepted

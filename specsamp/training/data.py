@@ -136,18 +136,37 @@ class Batches:
   Every epoch visits the sequences in a fresh permutation seeded by (seed,
   epoch); ``at(step)`` is a pure function of the step. With ``weights`` (each token's weight
   as a label: regenerated answers weigh 1, their prompts 0, ``answers.py``), a batch is the
-  pair (tokens, weights).
+  pair (tokens, weights); with ``stored`` too (the target's outputs on each row,
+  ``target_store``), the triple (tokens, weights, stored).
   """
 
   sequences: np.ndarray  # [num_sequences, seq_len + 1] int32
   batch_size: int
   seed: int = 0
   weights: np.ndarray | None = None  # [num_sequences, seq_len + 1] float32, or None (all 1)
+  stored: np.ndarray | None = None  # [num_sequences, seq_len + 1, F]: needs weights
+
+  def __post_init__(self):
+    if self.stored is not None and (
+      self.weights is None or self.stored.shape[:2] != self.sequences.shape
+    ):
+      raise ValueError(
+        f"Stored target outputs {getattr(self.stored, 'shape', None)} need weights and one "
+        f"entry per token of the {self.sequences.shape} rows."
+      )
 
   def _rows(self, rows):
     if self.weights is None:
       return self.sequences[rows]
-    return self.sequences[rows], self.weights[rows]
+    if self.stored is None:
+      return self.sequences[rows], self.weights[rows]
+    if isinstance(rows, np.ndarray):  # A memory map reads sorted rows fastest.
+      order = np.argsort(rows, kind="stable")
+      stored = np.empty((len(rows), *self.stored.shape[1:]), self.stored.dtype)
+      stored[order] = self.stored[rows[order]]
+    else:
+      stored = np.asarray(self.stored[rows])
+    return self.sequences[rows], self.weights[rows], stored
 
   @classmethod
   def pack(cls, stream: np.ndarray, seq_len: int, batch_size: int, seed: int = 0) -> Batches:

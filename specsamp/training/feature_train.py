@@ -74,16 +74,37 @@ def _join(floats: dict, rest: dict) -> dict:
   )
 
 
+def target_outputs(
+  model: FeatureDraftModel, tokens_BT: jax.Array, stored_BTS: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+  """(the teacher's logits [B, L, V_h] over the head's vocabulary: the draft vocabulary when
+  reduced, the target's features [B, L, F]) on ``tokens``: from one pass of the target, or
+  from its stored outputs on those rows (``target_store``: the features, then the last
+  layer's output, which the target's final norm and head turn into the teacher)."""
+  head, target = model.head, model.target
+  layers = head.config.feature_layers
+  ids = head.draft_to_target[...] if head.config.draft_vocab_size else None
+  if stored_BTS is None:
+    scored = target(tokens_BT, capture_layers=layers)
+    teacher_BTV = scored.logits if ids is None else scored.logits[..., ids]
+    features_BTF = scored.features
+  else:
+    split = len(layers) * target.config.d_model
+    dtype = target.config.activation_dtype
+    features_BTF = stored_BTS[..., :split].astype(dtype)
+    teacher_BTV = target.output(stored_BTS[..., split:].astype(dtype), ids)
+  return jax.lax.stop_gradient(teacher_BTV), jax.lax.stop_gradient(features_BTF)
+
+
 def _unrolled_hidden(
-  model: FeatureDraftModel, tokens_BT: jax.Array, steps: int
+  model: FeatureDraftModel, tokens_BT: jax.Array, steps: int, stored_BTS: jax.Array | None = None
 ) -> tuple[jax.Array, list[jax.Array]]:
-  """(the target's logits [B, L, V], the head's hidden states of its ``steps`` unrolled steps)
-  over ``tokens``: row p of step k drafts after x_<=p+1+k, fed the true tokens."""
+  """(the teacher's logits [B, L, V_h] over the head's vocabulary, the head's hidden states of
+  its ``steps`` unrolled steps) over ``tokens``: row p of step k drafts after x_<=p+1+k, fed
+  the true tokens."""
   head, target = model.head, model.target
   length = tokens_BT.shape[1]
-  scored = target(tokens_BT, capture_layers=head.config.feature_layers)
-  teacher_BTV = jax.lax.stop_gradient(scored.logits)
-  features_BTF = jax.lax.stop_gradient(scored.features)
+  teacher_BTV, features_BTF = target_outputs(model, tokens_BT, stored_BTS)
   padded_BT = jnp.pad(tokens_BT, ((0, 0), (0, steps + 1)))
   embedded = jnp.stack(
     [target.embedder.encode(padded_BT[:, 1 + k : 1 + k + length]) for k in range(steps)]
@@ -118,17 +139,16 @@ def ttt_loss(
   decay: float,
   temperature: float,
   weights_BT: jax.Array | None = None,
+  stored_BTS: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The weighted training-time-test KL (module docstring) and per-step metrics; with per-token
-  ``weights`` (``step_weights``), each step's KL is their weighted mean."""
-  head = model.head
+  ``weights`` (``step_weights``), each step's KL is their weighted mean; with the target's
+  ``stored`` outputs on the rows (``target_store``), the target does not run."""
   length = tokens_BT.shape[1]
-  teacher_BTV, hidden = _unrolled_hidden(model, tokens_BT, steps)
+  teacher_BTV, hidden = _unrolled_hidden(model, tokens_BT, steps, stored_BTS)
   total, metrics = 0.0, {}
   for k, h_BTD in enumerate(hidden):
     teacher_k = jnp.pad(teacher_BTV[:, 1 + k :], ((0, 0), (0, 1 + k), (0, 0)))
-    if head.config.draft_vocab_size:
-      teacher_k = teacher_k[..., head.draft_to_target[...]]
     student_k = _step_logits(model, h_BTD)
     teacher_logp = jax.nn.log_softmax(teacher_k / temperature, axis=-1)
     student_logp = jax.nn.log_softmax(student_k.astype(jnp.float32) / temperature, axis=-1)
@@ -142,13 +162,15 @@ def ttt_loss(
   return total, metrics
 
 
-def greedy_steps_correct(model: FeatureDraftModel, tokens_BT: jax.Array, steps: int) -> jax.Array:
+def greedy_steps_correct(
+  model: FeatureDraftModel, tokens_BT: jax.Array, steps: int, stored_BTS: jax.Array | None = None
+) -> jax.Array:
   """[steps, B, L]: whether step k's argmax at row p (drafting after x_<=p+1+k, the true tokens
   fed) is the next true token x_{p+2+k} (False past the row). On greedy answers, where that
   token is the target's argmax, a K-token greedy chain the head drafts after x_<=p+1 accepts
   the run of True over k = 0.. (``answers.accepted_unrolled``)."""
   length = tokens_BT.shape[1]
-  _, hidden = _unrolled_hidden(model, tokens_BT, steps)
+  _, hidden = _unrolled_hidden(model, tokens_BT, steps, stored_BTS)
   head = model.head
   padded_BT = jnp.pad(tokens_BT, ((0, 0), (0, steps + 2)))
   correct = []
@@ -254,11 +276,17 @@ class FeatureTrainer:
     head = nnx.merge(self.graphdef, params)
     return FeatureDraftModel(head, nnx.merge(self._target[0], target_state))
 
-  def _loss(self, floats, rest, batch_BT, weights_BT, target_state):
+  def _loss(self, floats, rest, batch_BT, weights_BT, target_state, stored_BTS):
     config = self.config
     model = self._model(_join(floats, rest), target_state)
     loss, metrics = ttt_loss(
-      model, batch_BT, config.ttt_steps, config.ttt_decay, config.distill_temperature, weights_BT
+      model,
+      batch_BT,
+      config.ttt_steps,
+      config.ttt_decay,
+      config.distill_temperature,
+      weights_BT,
+      stored_BTS,
     )
     return loss, metrics
 
@@ -272,10 +300,10 @@ class FeatureTrainer:
       step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(floats)
     )
 
-  def _step_fn(self, state: TrainState, batch_BT, weights_BT, target_state):
+  def _step_fn(self, state: TrainState, batch_BT, weights_BT, target_state, stored_BTS):
     floats, rest = _split(state.params, self._float_keys)
     (loss, metrics), grads = jax.value_and_grad(self._loss, has_aux=True)(
-      floats, rest, batch_BT, weights_BT, target_state
+      floats, rest, batch_BT, weights_BT, target_state, stored_BTS
     )
     updates, opt_state = self.optimizer.update(grads, state.opt_state, floats)
     params = _join(optax.apply_updates(floats, updates), rest)
@@ -289,12 +317,12 @@ class FeatureTrainer:
     )
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), logged
 
-  def _eval_fn(self, params, batch_BT, weights_BT, target_state):
+  def _eval_fn(self, params, batch_BT, weights_BT, target_state, stored_BTS):
     floats, rest = _split(params, self._float_keys)
-    return self._loss(floats, rest, batch_BT, weights_BT, target_state)[0]
+    return self._loss(floats, rest, batch_BT, weights_BT, target_state, stored_BTS)[0]
 
-  def _greedy_correct_fn(self, params, batch_BT, target_state, steps):
-    return greedy_steps_correct(self._model(params, target_state), batch_BT, steps)
+  def _greedy_correct_fn(self, params, batch_BT, target_state, steps, stored_BTS):
+    return greedy_steps_correct(self._model(params, target_state), batch_BT, steps, stored_BTS)
 
   # --- host API (what ``train.fit`` calls) ----------------------------------------------------
   def init_state(self) -> TrainState:
@@ -307,25 +335,54 @@ class FeatureTrainer:
       batch.shape, self._batch_sharding, lambda index: batch[index]
     )
 
-  def _place_both(self, batch) -> tuple[jax.Array, jax.Array | None]:
+  def place_stored(self, stored: np.ndarray | None) -> jax.Array | None:
+    """The target's stored outputs on a batch's rows, sharded as the batch is."""
+    if stored is None:
+      return None
+    stored = np.asarray(stored)
+    return jax.make_array_from_callback(
+      stored.shape,
+      NamedSharding(self.mesh, PartitionSpec(*self._batch_sharding.spec, None)),
+      lambda index: stored[index],
+    )
+
+  def _place_all(self, batch) -> tuple[Any, ...]:
+    """(tokens, weights or None) of a batch, placed, then the target's state and the stored
+    outputs (or None: the step runs the target): the jitted functions' arguments."""
     tokens, weights = train.split_batch(batch)
-    return self.place(tokens), None if weights is None else self.place(weights, np.float32)
+    return (
+      self.place(tokens),
+      None if weights is None else self.place(weights, np.float32),
+      self._target[1],
+      self.place_stored(train.stored_of(batch)),
+    )
 
   def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-    """One optimizer step on a batch: tokens [B, L + 1], or (tokens, weights) (``data``)."""
+    """One optimizer step on a batch: tokens [B, L + 1], or (tokens, weights), or (tokens,
+    weights, stored target outputs) (``data``)."""
     with sharding.use_mesh(self.mesh):
-      return self._step(state, *self._place_both(batch), self._target[1])
+      return self._step(state, *self._place_all(batch))
 
   def evaluate(self, params, batches) -> float:
     """The mean training-time-test loss over ``batches`` (``train.mean_over_batches``)."""
     with sharding.use_mesh(self.mesh):
-      losses = [float(self._eval(params, *self._place_both(b), self._target[1])) for b in batches]
+      losses = [float(self._eval(params, *self._place_all(b))) for b in batches]
     return train.mean_over_batches(losses, batches)
 
-  def greedy_correct(self, params, batch: np.ndarray, steps: int) -> np.ndarray:
-    """[steps, B, L] ``greedy_steps_correct`` of the head ``params`` on ``batch``."""
+  def greedy_correct(self, params, batch, steps: int) -> np.ndarray:
+    """[steps, B, L] ``greedy_steps_correct`` of the head ``params`` on ``batch``: tokens, or a
+    ``data.Batches`` batch (its stored target outputs used when it has them)."""
+    tokens = train.split_batch(batch)[0]
     with sharding.use_mesh(self.mesh):
-      return np.asarray(self._greedy_correct(params, self.place(batch), self._target[1], steps))
+      return np.asarray(
+        self._greedy_correct(
+          params,
+          self.place(tokens),
+          self._target[1],
+          steps,
+          self.place_stored(train.stored_of(batch)),
+        )
+      )
 
   def head(self, params) -> FeatureHead:
     return nnx.merge(self.graphdef, params)

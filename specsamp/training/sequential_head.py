@@ -21,27 +21,36 @@ import optax
 from flax import nnx
 
 from specsamp.models.sequential_head import SequentialHead, teacher_forced_logits
-from specsamp.training import parallel
+from specsamp.training import checkpoint, parallel
 
 
-def make_step(num_draft_tokens: int, mask_token_id: int, gamma: float, temperature: float):
-  """One jitted optimizer step: (head, optimizer, draft, target, tokens_BL) -> (loss, kl_K)."""
+def make_step(
+  num_draft_tokens: int,
+  mask_token_id: int,
+  gamma: float,
+  temperature: float,
+  optimizer: optax.GradientTransformation,
+  graphdef: Any,
+):
+  """One jitted optimizer step: (params, opt_state, draft, target, tokens_BL) -> (params,
+  opt_state, loss, kl_K), the head's parameters and optimizer state explicit pytrees."""
   weights_K = parallel.position_weights(num_draft_tokens, gamma)
 
   @nnx.jit
-  def step(head, optimizer, draft, target, tokens_BL):
+  def step(params, opt_state, draft, target, tokens_BL):
     h_BKLD = jax.lax.stop_gradient(
       parallel.parallel_hidden(draft, tokens_BL, num_draft_tokens, mask_token_id)
     )
     teacher_BLV = jax.lax.stop_gradient(target(tokens_BL)[0])
 
-    def loss_fn(head):
+    def loss_fn(params):
+      head = nnx.merge(graphdef, params)
       student_BKLV = teacher_forced_logits(head, draft, h_BKLD, tokens_BL)
       return parallel.parallel_kl(student_BKLV, teacher_BLV, weights_K, temperature)
 
-    (loss, kl_K), grads = nnx.value_and_grad(loss_fn, has_aux=True)(head)
-    optimizer.update(head, grads)
-    return loss, kl_K
+    (loss, kl_K), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, kl_K
 
   return step
 
@@ -58,26 +67,53 @@ def train(
   gamma: float = 4.0,
   temperature: float = 1.0,
   seed: int = 0,
+  checkpoints: checkpoint.Checkpoints | None = None,
+  meta: dict[str, Any] | None = None,
+  checkpoint_every: int = 50,
+  stop_after: int | None = None,
   log: Callable[[str], None] = print,
 ) -> SequentialHead:
   """A head trained ``steps`` steps on ``batches`` (``data.Batches``: packed token rows, the
-  first ``seq_len`` of each used) over the frozen parallel ``draft``, the ``target`` teaching."""
+  first ``seq_len`` of each used) over the frozen parallel ``draft``, the ``target`` teaching.
+
+  With ``checkpoints``, the parameters and optimizer state are saved every
+  ``checkpoint_every`` steps and at the end (with ``meta``), and a run finds the newest step
+  there and resumes from it: a stopped run (``stop_after`` steps in this call, a lost machine)
+  loses at most ``checkpoint_every`` steps. The batches are a pure function of the step, so a
+  resumed run trains on what an unbroken one would have."""
   head = SequentialHead(draft.config.d_model, rngs=nnx.Rngs(seed))
+  graphdef, params = nnx.split(head, nnx.Param)
+  params = nnx.to_pure_dict(params)  # A plain dict: what optax and orbax see.
   schedule = optax.warmup_cosine_decay_schedule(
     0.0, learning_rate, max(steps // 20, 1), steps, learning_rate * 0.1
   )
-  optimizer = nnx.Optimizer(
-    head, optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule)), wrt=nnx.Param
-  )
-  step = make_step(num_draft_tokens, mask_token_id, gamma, temperature)
+  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
+  opt_state = optimizer.init(params)
+  start_step = 0
+  if checkpoints is not None and checkpoints.latest_step() is not None:
+    checkpoint.check_meta(checkpoints.read_meta(), meta or {}, checkpoints.directory)
+    abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+      {"params": params, "opt_state": opt_state},
+    )
+    restored, saved = checkpoints.restore(abstract)
+    params, opt_state, start_step = restored["params"], restored["opt_state"], saved["step"]
+    if start_step < steps:
+      log(f"sequential head: resuming from step {start_step} in {checkpoints.directory}")
+  end = steps if stop_after is None else min(steps, start_step + stop_after)
+  step = make_step(num_draft_tokens, mask_token_id, gamma, temperature, optimizer, graphdef)
   start = time.perf_counter()
-  for i in range(steps):
+  for i in range(start_step, end):
     tokens_BL = jnp.asarray(batches.at(i)[:, :-1])
-    loss, kl_K = step(head, optimizer, draft, target, tokens_BL)
-    if (i + 1) % max(steps // 10, 1) == 0 or i == 0:
+    params, opt_state, loss, kl_K = step(params, opt_state, draft, target, tokens_BL)
+    if (i + 1) % max(steps // 10, 1) == 0 or i == start_step:
       kls = " ".join(f"{float(k):.3f}" for k in kl_K)
       log(
         f"sequential head step {i + 1:5d}/{steps}  loss {float(loss):.4f}  kl by position "
         f"{kls}  {time.perf_counter() - start:.0f} s"
       )
-  return head
+    if checkpoints is not None and ((i + 1) % checkpoint_every == 0 or i + 1 == end):
+      checkpoints.save(i + 1, {"params": params, "opt_state": opt_state}, meta or {})
+  if checkpoints is not None:
+    checkpoints.wait()
+  return nnx.merge(graphdef, params)

@@ -205,7 +205,13 @@ def distillation_kl(
 
 def split_batch(batch: Any) -> tuple[np.ndarray, np.ndarray | None]:
   """(tokens, weights or None) of a ``data.Batches`` batch."""
-  return batch if isinstance(batch, tuple) else (batch, None)
+  return batch[:2] if isinstance(batch, tuple) else (batch, None)
+
+
+def stored_of(batch: Any) -> np.ndarray | None:
+  """The target's stored outputs on a ``data.Batches`` batch's rows (``target_store``), or
+  None when the batch has none."""
+  return batch[2] if isinstance(batch, tuple) and len(batch) > 2 else None
 
 
 def mean_over_batches(losses: Sequence[float], batches: Sequence[Any]) -> float:

@@ -30,21 +30,31 @@ import numpy as np
 
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.models.feature_head import FeatureHeadConfig
-from specsamp.training import answers, checkpoint, feature_train, regenerate, shipped, train
+from specsamp.training import (
+  answers,
+  checkpoint,
+  data,
+  feature_train,
+  regenerate,
+  shipped,
+  target_store,
+  train,
+)
 
 BEST = "best"
 BEST_JSON = "best.json"
 
 
-Accepted = Callable[[Any, np.ndarray, np.ndarray], np.ndarray]
+Accepted = Callable[[Any, tuple[np.ndarray, ...]], np.ndarray]
 
 
 def measure_tau(
-  accepted: Accepted, params: Any, held_out: Sequence[tuple[np.ndarray, np.ndarray]], K: int
+  accepted: Accepted, params: Any, held_out: Sequence[tuple[np.ndarray, ...]], K: int
 ) -> tuple[float, np.ndarray]:
-  """tau and acc [K] of the drafter ``params`` on held-out greedy answer batches, from
-  ``accepted(params, tokens, weights)``: each position's accepted count (``_drafter_setup``)."""
-  runs = [accepted(params, tokens, weights) for tokens, weights in held_out]
+  """tau and acc [K] of the drafter ``params`` on held-out greedy answer batches ((tokens,
+  weights), or with the target's stored outputs too), from ``accepted(params, batch)``: each
+  position's accepted count (``_drafter_setup``)."""
+  runs = [accepted(params, batch) for batch in held_out]
   return answers.tau(np.concatenate([r.ravel() for r in runs]), K)
 
 
@@ -171,7 +181,8 @@ def _drafter_setup(
     # segments' queries.
     count = answers.accepted_parallel if drafter == "parallel" else answers.accepted_run
 
-    def accepted(params, tokens, weights):
+    def accepted(params, batch):
+      tokens, weights = train.split_batch(batch)
       return count(trainer.greedy_correct(params, tokens), weights[:, 1:] > 0, K)
 
     if drafter == "parallel":
@@ -207,8 +218,9 @@ def _drafter_setup(
     head_cfg, target, train_cfg, prepared.mesh, mapping, seed=config.seed + 3
   )
 
-  def accepted_unrolled(params, tokens, weights):  # Runs over the K unrolled steps.
-    return answers.accepted_unrolled(trainer.greedy_correct(params, tokens, K), weights, K)
+  def accepted_unrolled(params, batch):  # Runs over the K unrolled steps.
+    weights = train.split_batch(batch)[1]
+    return answers.accepted_unrolled(trainer.greedy_correct(params, batch, K), weights, K)
 
   return f"{KINDS[drafter]} (answers)", trainer, meta, accepted_unrolled
 
@@ -253,6 +265,11 @@ def train_on_answers(
     answers.accepted_run(np.zeros_like(held.weights[:, 1:]), held.weights[:, 1:], K) >= 0
   ).any():
     raise ValueError(f"No held-out answer has {K} tokens: tau at K={K} has nothing to measure.")
+  if drafter in HEADS and section.get("target_outputs_dir"):
+    batches, held = _with_stored_outputs(
+      prepared.target, trainer, batches, held, workdir, section, manifest["target"], log
+    )
+    evaluation = held.spread(train_cfg.eval_batches or held.steps_per_epoch)
   weights = batches.weights
   log(
     f"{name}: {len(manifest['shards'])} shards, {int(weights.sum()):,} answer tokens "
@@ -321,6 +338,35 @@ def train_on_answers(
     best["seconds_total"] = elapsed()
     write_best()
   return best
+
+
+def _with_stored_outputs(
+  target: Any,
+  trainer: feature_train.FeatureTrainer,
+  batches: data.Batches,
+  held: data.Batches,
+  workdir: str,
+  section: ml_collections.ConfigDict,
+  target_id: str,
+  log: Callable[[str], None],
+) -> tuple[data.Batches, data.Batches]:
+  """The training and held-out batches with the target's outputs on their rows, built once in
+  ``WORKDIR/answers.target_outputs_dir/{train,held_out}`` (``target_store``): a head's steps
+  and evaluations then read them instead of running the target."""
+  if jax.process_count() > 1:
+    raise ValueError(
+      "answers.target_outputs_dir stores the target's outputs on one host's disk; on "
+      f"{jax.process_count()} processes set it to '' (each step then runs the target)."
+    )
+  layers = trainer.head_config.feature_layers
+  stored = []
+  for split, rows in (("train", batches), ("held_out", held)):
+    directory = os.path.join(workdir, section.target_outputs_dir, split)
+    outputs = target_store.build(
+      target, rows.sequences, layers, directory, target_id=target_id, log=log
+    )
+    stored.append(dataclasses.replace(rows, stored=outputs))
+  return stored[0], stored[1]
 
 
 # --- Shipping the best drafter. ----------------------------------------------------------------

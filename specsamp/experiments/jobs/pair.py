@@ -589,7 +589,8 @@ def prepare(
 def _sequential_head(config, draft, target, get_corpus, directory: str, mesh, log) -> Any:
   """The sequential head over ``draft`` (``models/sequential_head.py``): loaded from
   ``directory`` when it holds a finished run for this draft shape and section, else trained
-  on the frozen draft (``training/sequential_head.py``) and saved there."""
+  on the frozen draft (``training/sequential_head.py``), checkpointed there every
+  ``checkpoint_every`` steps, and resumed from its newest step when a run was stopped."""
   from specsamp.models.sequential_head import SequentialHead
   from specsamp.training import sequential_head as head_training
 
@@ -599,6 +600,9 @@ def _sequential_head(config, draft, target, get_corpus, directory: str, mesh, lo
     "num_draft_tokens": int(section.num_draft_tokens),
     "mask_token": int(config.draft.train.distill.mask_token),
     "steps": int(section.steps),
+    "batch_size": int(section.batch_size),
+    "seq_len": int(section.seq_len),
+    "learning_rate": float(section.learning_rate),
   }
   store = checkpoint.Checkpoints(directory, max_to_keep=1, resume=config.resume_from, log=log)
   if store.latest_step() == meta["steps"]:
@@ -628,10 +632,11 @@ def _sequential_head(config, draft, target, get_corpus, directory: str, mesh, lo
     mask_token_id=meta["mask_token"],
     gamma=config.draft.train.distill.gamma,
     seed=config.seed + 3,
+    checkpoints=store,
+    meta=meta,
+    checkpoint_every=section.get("checkpoint_every", 50),
     log=log,
   )
-  store.save(meta["steps"], {"params": train.params_of(head)}, meta)
-  store.wait()
   return head
 
 

@@ -1,0 +1,145 @@
+r"""The target's outputs on packed training rows, computed once and read at every epoch.
+
+A feature head trains on the target's features at its ``feature_layers`` and on the target's
+distribution as its teacher (``feature_train``). Computed online, every training step pays one
+teacher-forced pass of the target, so every epoch over the same answers pays it again. Stored,
+the pass runs once per row: each row gets its features and the hidden state leaving the
+target's last layer, from which the step recomputes the teacher's logits through the final
+norm and the output head, restricted to the head's draft vocabulary (``Transformer.output``).
+That costs a matrix product over those columns instead of the whole target.
+
+  DIRECTORY/outputs.bin    [rows, seq_len + 1, (len(layers) + 1) * d_model] in the activation
+                           dtype, row-major: the features, then the last layer's output
+  DIRECTORY/meta.json      target, layers, dtype, shape, and a sha256 of the rows' tokens
+  DIRECTORY/progress.json  rows written so far (renamed into place after each chunk)
+
+The rows are written in chunks and flushed before ``progress.json`` names them, so a stopped
+build resumes at the first unwritten chunk. A store made for other rows (new shards pack
+differently), another target or other layers is rebuilt: it is derived from the shards, which
+are never touched. On CPU the stored float32 values are the online pass's (tested), so a head
+trains the same either way; a bfloat16 target stores bfloat16.
+
+What it costs: (len(layers) + 1) * d_model values per token, 9.2 KB for SmolLM2-135M in
+float32 (1M tokens: 9.2 GB on disk, read through a memory map).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+OUTPUTS, META, PROGRESS = "outputs.bin", "meta.json", "progress.json"
+
+
+def width(layers: tuple[int, ...], d_model: int) -> int:
+  """Values stored per token: the features at ``layers``, then the last layer's output."""
+  return (len(layers) + 1) * d_model
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype:
+  return np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(dtype)
+
+
+def _write_json(path: str, value: dict[str, Any]) -> None:
+  with open(path + ".partial", "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=1)
+  os.replace(path + ".partial", path)
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _capture_fn(target: Any, layers: tuple[int, ...]):
+  """A jitted [B, L] tokens -> [B, L, width] of the target's features and last-layer output.
+  Only the first token's logits are formed (``logits_at``): the store needs none."""
+  graphdef, state = nnx.split(target)
+  last = target.config.num_layers
+
+  @jax.jit
+  def capture(state, tokens_BL):
+    model = nnx.merge(graphdef, state)
+    out = model(
+      tokens_BL,
+      capture_layers=(*layers, last),
+      logits_at=jnp.zeros(tokens_BL.shape[0], jnp.int32),
+    )
+    return out.features
+
+  return lambda tokens_BL: capture(state, tokens_BL)
+
+
+def build(
+  target: Any,
+  sequences: np.ndarray,
+  layers: tuple[int, ...],
+  directory: str,
+  *,
+  target_id: str,
+  chunk_rows: int = 8,
+  log: Callable[[str], None] = print,
+) -> np.ndarray:
+  """The target's outputs on every row of ``sequences`` ([N, L] tokens), built (or completed)
+  in ``directory``; returns them read-only as a memory map [N, L, width]."""
+  layers = tuple(int(layer) for layer in layers)
+  sequences = np.ascontiguousarray(sequences, np.int32)
+  dtype = _numpy_dtype(target.config.activation_dtype)
+  shape = [int(n) for n in sequences.shape] + [width(layers, target.config.d_model)]
+  meta = {
+    "target": target_id,
+    "layers": list(layers),
+    "dtype": dtype.name,
+    "shape": shape,
+    "rows_sha256": hashlib.sha256(sequences.tobytes()).hexdigest(),
+  }
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, OUTPUTS)
+  progress = _read_json(os.path.join(directory, PROGRESS))
+  if _read_json(os.path.join(directory, META)) != meta or progress is None:
+    if os.path.exists(path):
+      log(f"target outputs: {directory} was built for other rows, target or layers; rebuilding")
+    for name in (PROGRESS, META, OUTPUTS):
+      if os.path.exists(os.path.join(directory, name)):
+        os.remove(os.path.join(directory, name))
+    _write_json(os.path.join(directory, META), meta)
+    np.memmap(path, dtype, "w+", shape=tuple(shape)).flush()
+    progress = {"rows": 0}
+    _write_json(os.path.join(directory, PROGRESS), progress)
+  done, total = int(progress["rows"]), shape[0]
+  if done < total:
+    outputs = np.memmap(path, dtype, "r+", shape=tuple(shape))
+    capture = _capture_fn(target, layers)
+    start, first = time.perf_counter(), done
+    log(
+      f"target outputs: {total - done:,} of {total:,} rows of {shape[1]} tokens to compute "
+      f"({np.prod(shape) * dtype.itemsize / 2**30:.2f} GiB in {directory})"
+    )
+    for row in range(done, total, chunk_rows):
+      stop = min(row + chunk_rows, total)
+      tokens = sequences[row:stop]
+      if len(tokens) < chunk_rows:  # One compiled shape: pad the last chunk with its first row.
+        tokens = np.concatenate([tokens, np.repeat(tokens[:1], chunk_rows - len(tokens), 0)])
+      outputs[row:stop] = np.asarray(capture(jnp.asarray(tokens)))[: stop - row]
+      outputs.flush()
+      _write_json(os.path.join(directory, PROGRESS), {"rows": stop})
+      if (stop - first) % (chunk_rows * 16) == 0 or stop == total:
+        seconds = time.perf_counter() - start
+        log(
+          f"target outputs: {stop:,}/{total:,} rows, "
+          f"{(stop - first) * shape[1] / seconds:.0f} tokens/s"
+        )
+    del outputs
+  return np.memmap(path, dtype, "r", shape=tuple(shape))
