@@ -101,9 +101,7 @@ def test_a_heads_loss_and_greedy_counts_are_the_same_from_the_store(
   config = feature_train.FeatureTrainConfig(
     steps=2, batch_size=4, seq_len=16, learning_rate=1e-3, warmup_steps=1, ttt_steps=3
   )
-  mapping = (
-    feature_train.frequent_tokens(rows, 64, draft_vocab_size) if draft_vocab_size else None
-  )
+  mapping = feature_train.frequent_tokens(rows, 64, draft_vocab_size) if draft_vocab_size else None
   trainer = feature_train.FeatureTrainer(
     feature_head.FeatureHeadConfig(feature_layers=LAYERS, draft_vocab_size=draft_vocab_size),
     target,
