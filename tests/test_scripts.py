@@ -912,6 +912,14 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   # The feature head on the same answers, shipped, then loaded by the main job from the folder
   # (verified first): greedy speculative equals autoregressive; a corrupted copy is refused.
   folder = trained_and_shipped("feature", "feature head")
+  # The head's step timed with the target run at every step and read from the store.
+  timed = run_script(
+    "benchmark_head_step.py", *train_args, "--repeats=1", f"--output={tmp_path / 'step.json'}"
+  )
+  assert timed.returncode == 0, timed.stderr[-3000:]
+  step = json.load(open(tmp_path / "step.json"))
+  assert step["online_seconds"] > 0 and step["stored_seconds"] > 0 and step["store_rows"] > 0
+  assert "stored / online" in timed.stdout
   bare = run_script("train_drafter.py", *train_args, "--ship_only")
   assert bare.returncode != 0 and "give --ship_to" in bare.stdout + bare.stderr
   card = open(os.path.join(folder, "CARD.md")).read()

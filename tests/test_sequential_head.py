@@ -2,9 +2,8 @@
 untrained head is the parallel draft, the reported q_k is the corrected one computed from the
 drafts before k, training's teacher forcing is the drafting recurrence, samples follow the
 target exactly, a misreported q is rejected, greedy equals autoregressive, training lowers the
-KL, and trees are refused."""
-
-import dataclasses
+KL, a stopped training run resumes, and each tree node's q is corrected along its own path
+(exact in static and dynamic trees)."""
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +15,7 @@ from flax import nnx
 from specsamp.models import transformer
 from specsamp.models.sequential_head import SequentialHead, output_logits, teacher_forced_logits
 from specsamp.sampling import generate, speculative_generate, warping
+from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.parallel_drafter import ParallelDrafter
 from specsamp.testing import exactness
 from specsamp.training import checkpoint, data, parallel
@@ -164,15 +164,54 @@ def test_training_lowers_the_kl_past_the_first_position(small_pair):
   assert abs(last[0] - first[0]) < 1e-3 * max(first[0], 1.0) + 0.05  # q_1 is the pass's own.
 
 
-def test_a_tree_is_refused(small_pair):
+def test_each_tree_node_reports_the_q_corrected_along_its_own_path(small_pair):
+  """In a tree, node j's children are drawn from q_{d+1} corrected by the recurrence run over
+  the tokens on the path to j (siblings' subtrees differ); the q the tree reports for each node
+  is that of its parent, recomputed here by hand; depth 1 keeps the pass's q_1."""
+  _, draft = small_pair
+  n, sequence = 5, np.asarray([[3, 6, 3, 1, 2, 5, 0, 0]])
+  head = _perturbed_head(draft.config.d_model, scale=1.0)
+  drafter = ParallelDrafter(draft, mask_token_id=MASK, head=head)
+  shape = tree_lib.parse("tree:2,2,1")
+  state, _ = drafter.init(jnp.asarray(sequence[:, :n]), jnp.asarray([n]), 32, shape.max_depth)
+  proposal, _ = drafter.propose_tree(
+    state, jnp.asarray(sequence), jnp.asarray([n]), jax.random.key(5), shape,
+    jnp.asarray([shape.max_depth]), warping.SamplingConfig(1.0), draft.vocab_size,
+  )  # fmt: skip
+  assert int(proposal.model_calls) == 1
+  pass_logits, _, h_BKD = drafter.hidden_states(
+    state, jnp.asarray(sequence), jnp.asarray([n]), shape.max_depth
+  )
+  carry = {-1: jnp.zeros((1, draft.config.d_model))}
+  for j in range(shape.num_nodes):  # Parents come before their children.
+    parent, depth = shape.parents[j], shape.depths[j]
+    if parent == -1:
+      expected = jax.nn.softmax(pass_logits[:, 0], -1)
+    else:
+      expected = jax.nn.softmax(
+        output_logits(draft, head.correct(h_BKD[:, depth - 1], carry[parent])), -1
+      )
+    # Siblings are drawn without replacement: the earlier ones' tokens leave the residual.
+    for earlier in (i for i in range(j) if shape.parents[i] == parent):
+      expected = expected.at[:, proposal.tokens[0, earlier]].set(0.0)
+    expected = expected / expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(proposal.probs[:, j], expected, atol=1e-5)
+    embedded = draft.embedder.encode(proposal.tokens[:, j : j + 1])[:, 0]
+    carry[j] = head.recur(carry[parent], embedded)
+  # The first children of the two depth-1 siblings (different tokens): different q.
+  firsts = [min(c for c in range(shape.num_nodes) if shape.parents[c] == j) for j in (0, 1)]
+  assert float(jnp.abs(proposal.probs[:, firsts[0]] - proposal.probs[:, firsts[1]]).max()) > 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree, proposal", [("tree:2,1", "sampled"), ("dynamic:2x2", "greedy")])
+def test_trees_follow_the_exact_target_distribution(small_pair, tree, proposal):
   target, draft = small_pair
-  drafter = ParallelDrafter(draft, mask_token_id=MASK, head=_perturbed_head(draft.config.d_model))
-  with pytest.raises(ValueError, match="chains only"):
-    speculative_generate(
-      target, drafter, EXACT_PROMPT[None], np.array([3]), jax.random.key(0),
-      max_new_tokens=4, num_draft_tokens=2, tree="tree:2,1",
-    )  # fmt: skip
-  assert dataclasses.replace(drafter, head=None).head is None
+  head = _perturbed_head(draft.config.d_model)
+  drafter = ParallelDrafter(draft, mask_token_id=MASK, head=head, proposal=proposal)
+  counts, stats = sampled_counts(target, drafter, EXACT_PROMPT, num_draft_tokens=2, tree=tree)
+  assert 0.05 < stats["acceptance_rate"] < 0.98, stats
+  assert_follows(counts, target, EXACT_PROMPT, warping.SamplingConfig(1.0))
 
 
 def test_a_stopped_training_run_resumes_to_the_unbroken_runs_head(small_pair, tmp_path):

@@ -28,7 +28,11 @@ tokens would have to be reported with q_k(. | x~_<k); reporting the placeholder 
 would be the planted bug ``parallel_wrong_q`` (each token verified with another position's q).
 
 Trees: a node at depth d has its children drawn from q_{d+1}, whatever its own token (no
-model call per depth: ``expand`` hands back the precomputed q). Greedy proposals (the most
+model call per depth: ``expand`` hands back the precomputed q). With the sequential head, a
+node's children are drawn from q_{d+1} corrected by the head's recurrence along the path to
+that node (each node's carry is its parent's stepped on its token), so siblings' subtrees see
+different q, as a draft model's would; each q is computed before the children are drawn from
+it, and it is the q the tree reports. Greedy proposals (the most
 likely token of each q_k, one-hot q) and dynamic trees work as for any model drafter.
 """
 
@@ -109,14 +113,30 @@ def tree_from(
   vocab_size: int,
   proposal: str,
   confidence_threshold: float = 0.0,
+  step=None,
+  carry=None,
 ) -> TreeProposal:
   """A tree drawn from q_1..q_D computed in one call: every node at depth d draws its children
-  from q_{d+1} (``proposals.grow_tree`` with an ``expand`` that calls no model)."""
+  from q_{d+1} (``proposals.grow_tree`` with an ``expand`` that calls no model). ``step``
+  (``chain_from``'s, on [B * n] rows) makes q_{d+1} a node's own: each node's carry is its
+  parent's stepped on the node's token, so its children's q sees the path to it."""
   batch, vocab = logits_BKV.shape[0], logits_BKV.shape[-1]
+  # Each tree slot's carry (0: the root, 1 + j: node j), filled depth by depth.
+  carries = {"BSD": None if carry is None else jnp.repeat(carry[:, None], tree.num_nodes + 1, 1)}
 
   def expand(nodes, drawn_Bn, call, positions_Bn, parents_Bn):
     depth = tree.depths[nodes[0]]
-    return jnp.broadcast_to(logits_BKV[:, depth][:, None], (batch, len(nodes), vocab))
+    width = len(nodes)
+    if step is None:
+      return jnp.broadcast_to(logits_BKV[:, depth][:, None], (batch, width, vocab))
+    # Row b's parent of each node (per row in a dynamic tree), its carry, one step on the node.
+    parent_BnD = jnp.take_along_axis(carries["BSD"], (parents_Bn + 1)[:, :, None], axis=1)
+    logits, carry_BnD = step(
+      depth, drawn_Bn.reshape(-1), parent_BnD.reshape(batch * width, -1), width
+    )
+    slots = jnp.asarray([1 + j for j in nodes], jnp.int32)
+    carries["BSD"] = carries["BSD"].at[:, slots].set(carry_BnD.reshape(batch, width, -1))
+    return logits.reshape(batch, width, -1)
 
   tokens_BN, probs_BNV, drafted_BN, nan_B, _, parents_BN = proposals.grow_tree(
     key,
@@ -226,8 +246,10 @@ class ParallelDrafter(ModelDrafter):
 
     logits_BKV, cache, h_BKD = self.hidden_states(cache, tokens_BW, lengths_B, num_draft_tokens)
 
-    def step(t, token_B, r_BD):
-      return draft_step(self.head, self.model, h_BKD[:, t], r_BD, token_B)
+    def step(t, token_B, r_BD, width=1):
+      """q_{t+1} after x~_t = ``token_B``; ``width`` nodes per row (a tree's depth t, the
+      rows' nodes back to back) share the row's h_{t+1}."""
+      return draft_step(self.head, self.model, jnp.repeat(h_BKD[:, t], width, 0), r_BD, token_B)
 
     return logits_BKV, cache, step, jnp.zeros(h_BKD[:, 0].shape, h_BKD.dtype)
 
@@ -242,8 +264,16 @@ class ParallelDrafter(ModelDrafter):
     sampling: SamplingConfig,
     vocab_size: int,
   ) -> tuple[TreeProposal, Any]:
-    """Every node at depth d draws its children from q_{d+1} (no call per depth)."""
-    logits_BKV, cache = self.distributions(cache, tokens_BW, lengths_B, tree.max_depth)
+    """Every node at depth d draws its children from q_{d+1} (no call per depth); with the
+    sequential head, from q_{d+1} corrected along the node's own path (one head step per
+    node, batched per depth)."""
+    if self.head is None:
+      logits_BKV, cache = self.distributions(cache, tokens_BW, lengths_B, tree.max_depth)
+      step = carry = None
+    else:
+      logits_BKV, cache, step, carry = self._sequential(
+        cache, tokens_BW, lengths_B, tree.max_depth
+      )
     proposal = tree_from(
       key,
       tree,
@@ -254,17 +284,13 @@ class ParallelDrafter(ModelDrafter):
       vocab_size,
       self.proposal,
       confidence_threshold=self.confidence_threshold,
+      step=step,
+      carry=carry,
     )
     return proposal, cache
 
   def check_tree(self, tree: TreeShape) -> None:
-    """Any tree: no tree call reaches the model (``propose_tree``). Not with a sequential
-    head: its q_k depends on the path, which ``tree_from`` does not carry yet."""
-    if self.head is not None:
-      raise ValueError(
-        "A parallel draft with a sequential head drafts chains only (its q_k depends on the "
-        "drafts before k, per path); drop --config.speculative.tree."
-      )
+    """Any tree: no tree call reaches the model (``propose_tree``)."""
     self.check_tree_options(tree)
 
   def accept_path(self, cache, source_BD, start_B):

@@ -222,9 +222,10 @@ def parallel_cases(scope: str = "full") -> list[Case]:
   and block verification) and a small tree (token and traversal) x warping (T=1; T=0.7 with
   top-k and top-p) x batch (1, ragged 16), sampled (16); greedy proposals, a chain and a
   dynamic tree (2); on the transformer a chain and a tree (2), the sequential head's chains
-  (token on ragged rows at T=1, block at the warping: 2), and the parallel feature head's chain
-  and tree (2). 'quick': a block-verified chain on ragged rows with the warping, and a
-  token-verified tree at T=1."""
+  (token on ragged rows at T=1, block at the warping: 2) and trees (token on ragged rows at T=1,
+  traversal at T=0.7 / top-p 0.9: 2), and the parallel feature head's chain and tree (2).
+  'quick': a block-verified chain on ragged rows with the warping, and a token-verified tree at
+  T=1."""
   if scope == "quick":
     return [
       Case("trigram", "block", "parallel", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"),
@@ -245,6 +246,19 @@ def parallel_cases(scope: str = "full") -> list[Case]:
     ),
     Case("transformer", "token", "parallel_seq", "heuristic", "T=1", "ragged16", "1"),
     Case("transformer", "block", "parallel_seq", "fixed", "T=0.7,k=4,p=0.9", "1", "1"),
+    Case(
+      "transformer", "token", "parallel_seq", "fixed", "T=1", "ragged16", "1", tree=PROPOSAL_TREE
+    ),
+    Case(
+      "transformer",
+      "traversal",
+      "parallel_seq",
+      "fixed",
+      "T=0.7,p=0.9",
+      "1",
+      "1",
+      tree=PROPOSAL_TREE,
+    ),  # fmt: skip
     Case("transformer", "block", "parallel_head", "fixed", "T=0.7,k=4,p=0.9", "1", "1"),
     Case(
       "transformer", "token", "parallel_head", "fixed", "T=1", "ragged16", "1", tree=PROPOSAL_TREE
