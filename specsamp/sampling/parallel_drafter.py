@@ -271,9 +271,7 @@ class ParallelDrafter(ModelDrafter):
       logits_BKV, cache = self.distributions(cache, tokens_BW, lengths_B, tree.max_depth)
       step = carry = None
     else:
-      logits_BKV, cache, step, carry = self._sequential(
-        cache, tokens_BW, lengths_B, tree.max_depth
-      )
+      logits_BKV, cache, step, carry = self._sequential(cache, tokens_BW, lengths_B, tree.max_depth)
     proposal = tree_from(
       key,
       tree,
