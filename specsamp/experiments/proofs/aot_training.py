@@ -150,10 +150,13 @@ def _training_step(target_cfg: TransformerConfig, plan: Plan, devices, hardware)
   batch = jax.ShapeDtypeStruct(
     (plan.batch_size, plan.seq_len + 1), jnp.int32, sharding=trainer._batch_sharding
   )
-  # The step on regenerated answers: tokens and their answer weights (``answers.batches``).
+  # The step on regenerated answers: tokens and their answer weights (``answers.batches``),
+  # the target run in the step (a slice's hosts store nothing: ``target_store``).
   weights = jax.ShapeDtypeStruct(batch.shape, jnp.float32, sharding=trainer._batch_sharding)
   with sharding.use_mesh(mesh):
-    lowered = trainer._step.lower(trainer.abstract_state, batch, weights, nnx.split(target)[1])
+    lowered = trainer._step.lower(
+      trainer.abstract_state, batch, weights, nnx.split(target)[1], None
+    )
   program = aot.compile_program("head training step", lowered)
   head_params = _parameters(
     lambda rngs: feature_head.FeatureHead(trainer.head_config, target_cfg, rngs=rngs)
