@@ -98,11 +98,13 @@ def get_config(arg=None):
   # (specsamp/shipped/smollm2_head, --config.feature.checkpoint) came from this run.
   config.answers.drafter = "feature"
   config.answers.head_train = code_pair._train(
-    steps=400, batch_size=8, seq_len=256, learning_rate=3e-3, distill_mode="token"
+    steps=480, batch_size=8, seq_len=256, learning_rate=3e-3, distill_mode="token"
   )
-  config.answers.head_train.eval_every = 50
-  config.answers.head_train.eval_batches = 4
-  config.answers.head_train.checkpoint_every = 50
+  config.answers.head_train.warmup_steps = 20
+  config.answers.head_train.log_every = 20
+  config.answers.head_train.eval_every = 60
+  config.answers.head_train.eval_batches = 6
+  config.answers.head_train.checkpoint_every = 60
   config.answers.head_train.ttt_steps = 4
   config.answers.head_train.ttt_decay = 0.8
 
