@@ -4,7 +4,6 @@ interleaved, medians (scripts/benchmark_head_step.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
 import time
@@ -16,7 +15,7 @@ import ml_collections
 
 from specsamp.experiments.jobs import answer_training
 from specsamp.experiments.jobs import pair as pair_lib
-from specsamp.training import answers, regenerate, target_store
+from specsamp.training import answers, regenerate
 
 
 def compare(
@@ -46,16 +45,11 @@ def compare(
   cfg = trainer.config
   online = answers.batches(shards, cfg.seq_len, cfg.batch_size)
   start = time.perf_counter()
-  stored_rows = target_store.build(
-    prepared.target,
-    online.sequences,
-    trainer.head_config.feature_layers,
-    os.path.join(workdir, section.target_outputs_dir, split),
-    target_id=manifest["target"],
-    log=log,
+  stored = answer_training.with_stored_outputs(
+    prepared.target, trainer, online, workdir, section, split, manifest["target"], log
   )
   build_seconds = time.perf_counter() - start
-  stored = dataclasses.replace(online, stored=stored_rows)
+  stored_rows = stored.stored
   batches = {"online": online.at(0), "stored": stored.at(0)}
   state = trainer.init_state()
   seconds: dict[str, list[float]] = {"online": [], "stored": []}

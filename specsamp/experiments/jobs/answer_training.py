@@ -257,19 +257,21 @@ def train_on_answers(
   )
   train_cfg = trainer.config
   batches = answers.batches(shards, train_cfg.seq_len, train_cfg.batch_size, config.seed)
-  # tau and the held-out loss over ``eval_batches`` batches of held-out rows spread evenly over
-  # the file (it is ordered by prompt length); 0: every row.
   held = answers.batches(regenerate.read_shards(held_dir), train_cfg.seq_len, train_cfg.batch_size)
-  evaluation = held.spread(train_cfg.eval_batches or held.steps_per_epoch)
   if not (
     answers.accepted_run(np.zeros_like(held.weights[:, 1:]), held.weights[:, 1:], K) >= 0
   ).any():
     raise ValueError(f"No held-out answer has {K} tokens: tau at K={K} has nothing to measure.")
   if drafter in HEADS and section.get("target_outputs_dir"):
-    batches, held = _with_stored_outputs(
-      prepared.target, trainer, batches, held, workdir, section, manifest["target"], log
+    batches, held = (
+      with_stored_outputs(
+        prepared.target, trainer, rows, workdir, section, split, manifest["target"], log
+      )
+      for split, rows in (("train", batches), ("held_out", held))
     )
-    evaluation = held.spread(train_cfg.eval_batches or held.steps_per_epoch)
+  # tau and the held-out loss over ``eval_batches`` batches of held-out rows spread evenly over
+  # the file (it is ordered by prompt length); 0: every row.
+  evaluation = held.spread(train_cfg.eval_batches or held.steps_per_epoch)
   weights = batches.weights
   log(
     f"{name}: {len(manifest['shards'])} shards, {int(weights.sum()):,} answer tokens "
@@ -340,33 +342,33 @@ def train_on_answers(
   return best
 
 
-def _with_stored_outputs(
+def with_stored_outputs(
   target: Any,
   trainer: feature_train.FeatureTrainer,
-  batches: data.Batches,
-  held: data.Batches,
+  rows: data.Batches,
   workdir: str,
   section: ml_collections.ConfigDict,
+  split: str,
   target_id: str,
-  log: Callable[[str], None],
-) -> tuple[data.Batches, data.Batches]:
-  """The training and held-out batches with the target's outputs on their rows, built once in
-  ``WORKDIR/answers.target_outputs_dir/{train,held_out}`` (``target_store``): a head's steps
-  and evaluations then read them instead of running the target."""
+  log: Callable[[str], None] = print,
+) -> data.Batches:
+  """``rows`` (a split's batches) with the target's outputs on each row, built once in
+  ``WORKDIR/answers.target_outputs_dir/split`` (``target_store``): a head's steps and
+  evaluations then read them instead of running the target."""
   if jax.process_count() > 1:
     raise ValueError(
       "answers.target_outputs_dir stores the target's outputs on one host's disk; on "
       f"{jax.process_count()} processes set it to '' (each step then runs the target)."
     )
-  layers = trainer.head_config.feature_layers
-  stored = []
-  for split, rows in (("train", batches), ("held_out", held)):
-    directory = os.path.join(workdir, section.target_outputs_dir, split)
-    outputs = target_store.build(
-      target, rows.sequences, layers, directory, target_id=target_id, log=log
-    )
-    stored.append(dataclasses.replace(rows, stored=outputs))
-  return stored[0], stored[1]
+  outputs = target_store.build(
+    target,
+    rows.sequences,
+    trainer.head_config.feature_layers,
+    os.path.join(workdir, section.target_outputs_dir, split),
+    target_id=target_id,
+    log=log,
+  )
+  return dataclasses.replace(rows, stored=outputs)
 
 
 # --- Shipping the best drafter. ----------------------------------------------------------------
