@@ -34,11 +34,16 @@ def main(argv):
   )
   ks = [int(k) for k in _KS.value]
   result = parallel_pass.time_pass(drafter, ks, batch_size=_BATCH.value, calls=_CALLS.value)
-  print(f"draft step (1 token per row, batch {_BATCH.value}): {result['step_ms']:.3f} ms")
+  print(
+    f"draft step (1 token per row, batch {_BATCH.value}): {result['step_ms']:.3f} ms, "
+    f"{result['step_gflop']:.4f} GFLOP, {result['step_mb']:.2f} MB accessed"
+  )
   for k in ks:
     cost = result["calls"][k]
     print(
-      f"parallel call, K={k} (width {2 * k}): {cost['ms']:.3f} ms = {cost['draft_steps']:.2f} steps"
+      f"parallel call, K={k} (width {2 * k}): {cost['ms']:.3f} ms = {cost['draft_steps']:.2f} steps; "
+      f"{cost['gflop']:.4f} GFLOP = {cost['gflop'] / result['step_gflop']:.1f}x the step's, "
+      f"{cost['mb']:.2f} MB = {cost['mb'] / result['step_mb']:.2f}x"
     )
 
 

@@ -243,6 +243,12 @@ def test_the_pass_benchmark_times_a_step_and_each_parallel_call(small_pair):
   assert result["step_ms"] > 0 and set(result["calls"]) == {2, 4}
   for cost in result["calls"].values():
     assert cost["ms"] > 0 and cost["draft_steps"] == pytest.approx(cost["ms"] / result["step_ms"])
+  # A width-2K call does more arithmetic than a 1-token step, and more at K=4 than at K=2;
+  # it reads the same weights, so its bytes grow far less than its FLOPs.
+  calls = result["calls"]
+  assert result["step_gflop"] > 0 and result["step_mb"] > 0
+  assert result["step_gflop"] < calls[2]["gflop"] < calls[4]["gflop"]
+  assert calls[4]["mb"] / result["step_mb"] < calls[4]["gflop"] / result["step_gflop"]
 
 
 # --- Form (b): a parallel feature head (DFlash / PARD style) on the target's features. --------

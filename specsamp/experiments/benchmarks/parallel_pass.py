@@ -5,7 +5,8 @@ A draft step is one call on 1 token per row at position n - 1; a parallel call i
 ``ParallelDrafter``'s call of width 2K (``parallel_drafter.window``: K + 1 committed tokens, K - 1
 placeholders), only its last K positions through the head when the model can. Each is jitted
 with its cache donated, warmed up, then timed interleaved with the others (``calls`` rounds);
-medians.
+medians. Each call's arithmetic and bytes come from XLA's cost analysis of the compiled call:
+where the pass costs more steps than its bytes would (this CPU), the extra FLOPs say why.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def time_pass(
   calls: int = 200,
   seed: int = 0,
 ) -> dict[str, Any]:
-  """{'step_ms': median draft step, 'calls': {K: {'ms', 'draft_steps'}}} at ``position``."""
+  """{'step_ms', 'step_gflop', 'step_mb', 'calls': {K: {'ms', 'draft_steps', 'gflop', 'mb'}}}
+  at ``position``: median times, and XLA's FLOPs and bytes accessed per call."""
   model = drafter.model
   vocab = model.vocab_size
   tokens = jnp.asarray(
@@ -51,6 +53,10 @@ def time_pass(
 
   functions = {"step": step, **{k: parallel(k) for k in num_draft_tokens}}
   jitted = {name: jax.jit(f, donate_argnums=0) for name, f in functions.items()}
+  counts = {
+    name: _cost(f.lower(model.init_cache(batch_size, cache_length), tokens).compile())
+    for name, f in jitted.items()
+  }
   caches = {}
   for name, f in jitted.items():  # Compile and warm up.
     caches[name] = f(model.init_cache(batch_size, cache_length), tokens)[1]
@@ -64,11 +70,22 @@ def time_pass(
   step_s = float(np.median(seconds["step"]))
   return {
     "step_ms": 1e3 * step_s,
+    "step_gflop": counts["step"][0],
+    "step_mb": counts["step"][1],
     "calls": {
       k: {
         "ms": 1e3 * float(np.median(seconds[k])),
         "draft_steps": float(np.median(seconds[k])) / step_s,
+        "gflop": counts[k][0],
+        "mb": counts[k][1],
       }
       for k in num_draft_tokens
     },
   }
+
+
+def _cost(compiled) -> tuple[float, float]:
+  """(GFLOP, MB accessed) of one compiled call, from XLA's cost analysis."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get("flops", 0.0)) / 1e9, float(cost.get("bytes accessed", 0.0)) / 1e6
