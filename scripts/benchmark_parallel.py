@@ -41,7 +41,8 @@ def main(argv):
   for k in ks:
     cost = result["calls"][k]
     print(
-      f"parallel call, K={k} (width {2 * k}): {cost['ms']:.3f} ms = {cost['draft_steps']:.2f} steps; "
+      f"parallel call, K={k} (width {2 * k}): {cost['ms']:.3f} ms = "
+      f"{cost['draft_steps']:.2f} steps; "
       f"{cost['gflop']:.4f} GFLOP = {cost['gflop'] / result['step_gflop']:.1f}x the step's, "
       f"{cost['mb']:.2f} MB = {cost['mb'] / result['step_mb']:.2f}x"
     )
