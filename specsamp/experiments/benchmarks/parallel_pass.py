@@ -3,10 +3,11 @@ proposes K = 4 costs <= 1.5 steps): scripts/benchmark_parallel.py.
 
 A draft step is one call on 1 token per row at position n - 1; a parallel call is the
 ``ParallelDrafter``'s call of width 2K (``parallel_drafter.window``: K + 1 committed tokens, K - 1
-placeholders), only its last K positions through the head when the model can. Each is jitted
-with its cache donated, warmed up, then timed interleaved with the others (``calls`` rounds);
-medians. Each call's arithmetic and bytes come from XLA's cost analysis of the compiled call:
-where the pass costs more steps than its bytes would (this CPU), the extra FLOPs say why.
+placeholders), only its last K positions through the head when the model can. Each is compiled
+once with its cache donated, warmed up, then timed interleaved with the others (``calls``
+rounds); medians. The same executables give each call's arithmetic and bytes (XLA's cost
+analysis): where the pass costs more steps than its bytes would (this CPU), the extra FLOPs
+say why.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp.experiments.proofs import hlo_ops
 from specsamp.sampling.parallel_drafter import ParallelDrafter
 
 
@@ -52,17 +54,19 @@ def time_pass(
     return call
 
   functions = {"step": step, **{k: parallel(k) for k in num_draft_tokens}}
-  jitted = {name: jax.jit(f, donate_argnums=0) for name, f in functions.items()}
-  counts = {
-    name: _cost(f.lower(model.init_cache(batch_size, cache_length), tokens).compile())
-    for name, f in jitted.items()
+  compiled = {
+    name: jax.jit(f, donate_argnums=0)
+    .lower(model.init_cache(batch_size, cache_length), tokens)
+    .compile()
+    for name, f in functions.items()
   }
+  counts = {name: hlo_ops.xla_cost(f) for name, f in compiled.items()}
   caches = {}
-  for name, f in jitted.items():  # Compile and warm up.
+  for name, f in compiled.items():  # Warm up.
     caches[name] = f(model.init_cache(batch_size, cache_length), tokens)[1]
-  seconds = {name: [] for name in jitted}
+  seconds = {name: [] for name in compiled}
   for _ in range(calls):
-    for name, f in jitted.items():
+    for name, f in compiled.items():
       start = time.perf_counter()
       out = jax.block_until_ready(f(caches[name], tokens))
       seconds[name].append(time.perf_counter() - start)
@@ -70,22 +74,15 @@ def time_pass(
   step_s = float(np.median(seconds["step"]))
   return {
     "step_ms": 1e3 * step_s,
-    "step_gflop": counts["step"][0],
-    "step_mb": counts["step"][1],
+    "step_gflop": counts["step"][0] / 1e9,
+    "step_mb": counts["step"][1] / 1e6,
     "calls": {
       k: {
         "ms": 1e3 * float(np.median(seconds[k])),
         "draft_steps": float(np.median(seconds[k])) / step_s,
-        "gflop": counts[k][0],
-        "mb": counts[k][1],
+        "gflop": counts[k][0] / 1e9,
+        "mb": counts[k][1] / 1e6,
       }
       for k in num_draft_tokens
     },
   }
-
-
-def _cost(compiled) -> tuple[float, float]:
-  """(GFLOP, MB accessed) of one compiled call, from XLA's cost analysis."""
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return float(cost.get("flops", 0.0)) / 1e9, float(cost.get("bytes accessed", 0.0)) / 1e6

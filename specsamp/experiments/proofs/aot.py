@@ -209,8 +209,7 @@ def compile_program(name: str, lowered: Any, trips: Callable[[str], int] | None 
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops, bytes_accessed = hlo_ops.xla_cost(compiled)
   hlo = compiled.as_text()
   return Program(
     name=name,
@@ -219,8 +218,8 @@ def compile_program(name: str, lowered: Any, trips: Callable[[str], int] | None 
     temp_bytes=int(memory.temp_size_in_bytes),
     output_bytes=int(memory.output_size_in_bytes),
     alias_bytes=int(memory.alias_size_in_bytes),
-    flops=float(cost.get("flops", 0.0)),
-    bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+    flops=flops,
+    bytes_accessed=bytes_accessed,
     collectives=count_collectives(hlo, trips),
     hlo=hlo,
   )

@@ -29,6 +29,14 @@ PHASES = ("draft", "score", "verify", "append", "statistics")
 """The speculative loop's named scopes (``speculative.py``); anything else is 'loop'."""
 
 
+def xla_cost(compiled) -> tuple[float, float]:
+  """(FLOPs, bytes accessed) of a compiled program, from XLA's cost analysis (some backends
+  return it as a one-element list)."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
 def computations(hlo: str) -> dict[str, list[str]]:
   """Instruction lines of each computation of an HLO module's text."""
   found: dict[str, list[str]] = {}
