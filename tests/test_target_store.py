@@ -77,6 +77,34 @@ def test_a_stopped_build_resumes_and_a_stale_store_is_rebuilt(target, tmp_path):
   )
 
 
+def test_new_rows_after_the_stored_ones_extend_the_store(target, tmp_path):
+  rows, logs = _rows(6, count=7), []
+  fresh = np.array(
+    target_store.build(target, rows, LAYERS, str(tmp_path / "fresh"), target_id="t", chunk_rows=2)
+  )
+  directory = str(tmp_path / "grown")
+  target_store.build(target, rows[:3], LAYERS, directory, target_id="t", chunk_rows=2)
+  before = os.stat(os.path.join(directory, target_store.OUTPUTS)).st_ino
+  grown = target_store.build(
+    target, rows, LAYERS, directory, target_id="t", chunk_rows=2, log=logs.append
+  )
+  assert "holds the first 3 rows; extending" in logs[0] and "4 of 7 rows" in logs[1]
+  assert os.stat(os.path.join(directory, target_store.OUTPUTS)).st_ino == before  # Not rewritten.
+  np.testing.assert_allclose(grown, fresh, rtol=1e-6, atol=1e-6)
+  meta = json.loads((tmp_path / "grown" / target_store.META).read_text())
+  assert meta["shape"][0] == 7
+  # The same rows again: nothing to compute. Fewer rows, or other first rows: rebuilt.
+  logs.clear()
+  target_store.build(target, rows, LAYERS, directory, target_id="t", chunk_rows=2, log=logs.append)
+  assert logs == []
+  for other in (rows[:5], np.concatenate([rows[1:], rows[:1]])):
+    logs.clear()
+    target_store.build(
+      target, other, LAYERS, directory, target_id="t", chunk_rows=2, log=logs.append
+    )
+    assert "rebuilding" in logs[0]
+
+
 def test_batches_carry_the_stored_rows_in_their_order(target, tmp_path):
   rows = _rows(3, count=8)
   stored = target_store.build(target, rows, LAYERS, str(tmp_path), target_id="t")

@@ -14,8 +14,10 @@ That costs a matrix product over those columns instead of the whole target.
   DIRECTORY/progress.json  rows written so far (renamed into place after each chunk)
 
 The rows are written in chunks and flushed before ``progress.json`` names them, so a stopped
-build resumes at the first unwritten chunk. A store made for other rows (new shards pack
-differently), another target or other layers is rebuilt: it is derived from the shards, which
+build resumes at the first unwritten chunk. New shards only extend a store: ``answers.stream``
+packs the shards in order, so the rows of the old ones come first, unchanged, and a store whose
+rows are exactly the first of the new ones keeps them and computes only the rest. A store made
+for other rows, another target or other layers is rebuilt: it is derived from the shards, which
 are never touched. On CPU the stored float32 values are the online pass's (tested), so a head
 trains the same either way; a bfloat16 target stores bfloat16.
 
@@ -63,6 +65,21 @@ def _read_json(path: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
+def _extends(stored: dict[str, Any] | None, meta: dict[str, Any], sequences: np.ndarray) -> bool:
+  """Whether a store made with ``stored`` holds the first rows of ``sequences`` (``meta``'s
+  rows): the same target, layers, dtype and row length, fewer rows, and those rows' tokens
+  exactly the first of these (more shards pack into the same rows, then new ones after them)."""
+  if stored is None or stored == meta:
+    return False
+  same = ("target", "layers", "dtype")
+  if any(stored.get(key) != meta[key] for key in same) or stored["shape"][1:] != meta["shape"][1:]:
+    return False
+  old_rows = int(stored["shape"][0])
+  if not 0 < old_rows < meta["shape"][0]:
+    return False
+  return hashlib.sha256(sequences[:old_rows].tobytes()).hexdigest() == stored["rows_sha256"]
+
+
 def _capture_fn(target: Any, layers: tuple[int, ...]):
   """A jitted [B, L] tokens -> [B, L, width] of the target's features and last-layer output.
   Only the first token's logits are formed (``logits_at``): the store needs none."""
@@ -108,7 +125,16 @@ def build(
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, OUTPUTS)
   progress = _read_json(os.path.join(directory, PROGRESS))
-  if _read_json(os.path.join(directory, META)) != meta or progress is None:
+  stored_meta = _read_json(os.path.join(directory, META))
+  if progress is not None and _extends(stored_meta, meta, sequences):
+    # New shards appended rows after the stored ones: keep those, compute only the new rows.
+    old_rows = stored_meta["shape"][0]
+    log(f"target outputs: {directory} holds the first {old_rows:,} rows; extending it")
+    with open(path, "r+b") as f:
+      f.truncate(int(np.prod(shape)) * dtype.itemsize)
+    _write_json(os.path.join(directory, META), meta)
+    stored_meta = meta
+  if stored_meta != meta or progress is None:
     if os.path.exists(path):
       log(f"target outputs: {directory} was built for other rows, target or layers; rebuilding")
     for name in (PROGRESS, META, OUTPUTS):
