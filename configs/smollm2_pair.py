@@ -98,7 +98,7 @@ def get_config(arg=None):
   # (specsamp/shipped/smollm2_head, --config.feature.checkpoint) came from this run.
   config.answers.drafter = "feature"
   config.answers.head_train = code_pair._train(
-    steps=480, batch_size=8, seq_len=256, learning_rate=3e-3, distill_mode="token"
+    steps=720, batch_size=8, seq_len=256, learning_rate=3e-3, distill_mode="token"
   )
   config.answers.head_train.warmup_steps = 20
   config.answers.head_train.log_every = 20
