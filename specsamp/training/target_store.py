@@ -109,8 +109,9 @@ def build(
   chunk_rows: int = 8,
   log: Callable[[str], None] = print,
 ) -> np.ndarray:
-  """The target's outputs on every row of ``sequences`` ([N, L] tokens), built (or completed)
-  in ``directory``; returns them read-only as a memory map [N, L, width]."""
+  """The target's outputs on every row of ``sequences`` ([N, L] tokens), built (or completed,
+  or extended by appended rows) in ``directory``; returns them read-only as a memory map
+  [N, L, width]."""
   layers = tuple(int(layer) for layer in layers)
   sequences = np.ascontiguousarray(sequences, np.int32)
   dtype = _numpy_dtype(target.config.activation_dtype)
