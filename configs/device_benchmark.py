@@ -7,12 +7,13 @@ Launch (on a machine with one GPU; writes $OUT/results.json and prints a table l
       --config.sections=gate,bandwidth,shaped --out=/tmp/device
 
 Arguments:
-  (none)  the device run: the correctness gate, the copy bandwidth, Llama-3.1-8B / Llama-3.2-1B
-          shapes in bfloat16 (random weights) at synthetic acceptance 0.6 and 0.8, K = 2, 4, 6,
-          batch 1 and 8, transformers' assisted generation on the same weights, the default
-          pair and the large pair trained there and sampled at T=0, T=1 and T=0.8 / top-p
-          0.95, and transformers on the trained pair. Sized for one 8-minute call on an H100
-          or H200 (every section has its own time budget).
+  (none)  the device run: the correctness gate, the copy bandwidth and the 8B's decode
+          products against it, Llama-3.1-8B / Llama-3.2-1B shapes in bfloat16 (random
+          weights) at synthetic acceptance 0.8, K = 4 and 2, batch 1 and 8, the default pair
+          trained there and sampled at T=0, T=1 and T=0.8 / top-p 0.95, and transformers on
+          the trained pair. Sized for one 8-minute call on an H100 or H200 (every section has
+          its own time budget). Scanned vs unrolled layers, transformers on the 8B/1B weights
+          and the large pair each run in a call of their own (commands below).
   tiny    the same sections at tiny sizes (shapes shrunk, the test pair), for the test suite
           and a CPU: about a minute on 2 cores.
 """
@@ -40,16 +41,33 @@ def get_config(arg=None):
     raise ValueError(f"configs/device_benchmark.py: unknown variant {arg!r}; use {VARIANTS}.")
   tiny = variant == "tiny"
   config = ml_collections.ConfigDict()
-  # Sections, in order: environment, gate, bandwidth, shaped, shaped_peer, pairs, pair_peer.
-  config.sections = "environment,gate,bandwidth,shaped,shaped_peer,pairs,pair_peer"
+  # Sections, in order: environment, gate, bandwidth, layers, shaped, shaped_peer, pairs,
+  # pair_peer. 'layers' (scanned vs unrolled: equal on an H200) and 'shaped_peer' (the 8B export
+  # alone outlasts its budget) run only when named, each in a call of its own:
+  #   bash scripts/device_benchmark.sh -- --config.sections=environment,layers
+  #   bash scripts/device_benchmark.sh -- --config.sections=environment,shaped_peer \
+  #     --config.budgets.shaped_peer=400
+  config.sections = "environment,gate,bandwidth,shaped,pairs,pair_peer"
   config.workdir = "/tmp/specsamp_device"  # Trained pairs and exported HF models go here.
   config.stop_on_gate_failure = True  # Time nothing when the gate fails.
   # Seconds each section may take (0: no limit); a section past its budget stops, keeping the
-  # rows it finished. They sum to 7.9 minutes, inside one 8-minute call: on an H200
-  # compiling the gate's loops and the 8B/1B sweep's 18 programs takes much of it.
+  # rows it finished (a compile in progress finishes first). From the H200 runs of 2026-11-26
+  # and -27: the gate took 57 s, the sweep's four default rows 190 s, the default pair's
+  # training 50 s before its sampling. The default sections' budgets sum to 7.5 minutes; the
+  # two processes' start-up adds about half a minute.
   config.budgets = ml_collections.ConfigDict(
-    dict(environment=10, gate=80, bandwidth=10, shaped=200, shaped_peer=75, pairs=75, pair_peer=25)
+    dict(
+      environment=10,
+      gate=80,
+      bandwidth=30,
+      layers=150,
+      shaped=200,
+      shaped_peer=75,
+      pairs=105,
+      pair_peer=25,
+    )
   )
+  config.unroll_margin = 0.05  # 'layers' unrolls a model only when its step is 5% faster.
 
   if tiny:  # A CPU compiles more slowly than it runs tiny models: no section is cut.
     config.budgets = ml_collections.ConfigDict(dict.fromkeys(config.budgets, 0))
@@ -69,8 +87,10 @@ def get_config(arg=None):
   config.shaped.tiny = tiny  # Shrink both to shaped_pair.TINY_SHAPES (architecture kept).
   config.shaped.dtype = "float32" if tiny else "bfloat16"  # Weights and activations.
   # Swept in this order, the goals' setting (batch 1, K=4, alpha 0.8) first.
-  config.shaped.alphas = "0.8,0.6"  # Synthetic acceptance rates.
-  config.shaped.num_draft_tokens = "4" if tiny else "4,2,6"  # K.
+  # The default fits its budget on an H200 (four rows in 190 s); alpha 0.6 and K=6 ran there
+  # on 2026-11-26 and can be named: --config.shaped.alphas=0.8,0.6 --config.budgets.shaped=400.
+  config.shaped.alphas = "0.8,0.6" if tiny else "0.8"  # Synthetic acceptance rates.
+  config.shaped.num_draft_tokens = "4" if tiny else "4,2"  # K.
   config.shaped.batch_sizes = "1" if tiny else "1,8"  # Rows per call.
   config.shaped.prompt_tokens = 16 if tiny else 128  # Random prompt ids per row.
   config.shaped.max_new_tokens = 16 if tiny else 128  # Tokens generated per row.

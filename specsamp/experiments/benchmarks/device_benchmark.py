@@ -8,13 +8,15 @@ so a run cut short keeps all it measured:
   gate          correctness before any timing (``proofs/device_gate.py``): greedy speculative
                 equals greedy autoregressive for a chain, a tree and the feature head, and
                 one exact-enumeration G-test case; a failure stops the run (by default)
-  bandwidth     the device's copy bandwidth (bytes read + written per second)
+  bandwidth     the device's copy bandwidth (bytes read + written per second), and each of
+                the 8B target's decode products timed alone against it
   layers        the 8B and 1B decode steps with their layers scanned and unrolled: the sweep
-                runs each model the faster way
+                runs a model unrolled only when that is clearly faster (not run by default)
   shaped        Llama-3.1-8B / Llama-3.2-1B shapes, random bfloat16 weights, synthetic
                 acceptance, K and batch swept (``shaped_pair.sweep``): speedup, prediction
                 from the step costs measured here, efficiency, the step against its floor
   shaped_peer   transformers' assisted generation on the same weights (exported), batch 1
+                (not run by default: it has not finished inside 75 s on an H200)
   pairs         the default pair and the large pair trained here, each sampled by the sample
                 job at T=0, T=1 and T=0.8 / top-p 0.95 (the README's main command)
   pair_peer     transformers' assisted generation on the trained default pair
@@ -128,10 +130,29 @@ def gate(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dic
 
 
 def bandwidth(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  """The copy bandwidth, then each of the 8B target's decode products alone (batch 1, both
+  weight layouts, ``shaped_pair.time_decode_matmuls``): whether the products read their weights
+  at the copy rate, and how much of the step they explain."""
   copy = timing.measure_copy_bandwidth(int(config.bandwidth_bytes))
   context["copy_bandwidth"] = copy
   log(f"copy bandwidth {copy / 1e9:.1f} GB/s (read + written)")
-  return {"copy_bytes_per_s": copy, "probe_bytes": int(config.bandwidth_bytes)}
+  result = {"copy_bytes_per_s": copy, "probe_bytes": int(config.bandwidth_bytes)}
+  context["results"]["bandwidth"] = result  # Kept if the products are cut by the budget.
+  s = config.shaped
+  target = shaped_pair.model_config(s.target_hf_config, s.dtype, s.tiny)
+  matmuls = shaped_pair.time_decode_matmuls(
+    target, 1, s.dtype, copy, stack_bytes=int(config.bandwidth_bytes) // 4
+  )
+  for name, row in matmuls["products"].items():
+    log(
+      f"  {name} [{row['d_in']} x {row['d_out']}] x{row['count']}: "
+      f"in-major {row['in_major_s'] * 1e6:.1f} us ({row['in_major_of_copy_bandwidth']:.2f} of "
+      f"copy), out-major {row['out_major_s'] * 1e6:.1f} us "
+      f"({row['out_major_of_copy_bandwidth']:.2f}){'  [model: out-major]' * row['out_major']}"
+    )
+  log(f"the target's products alone: {matmuls['step_s'] * 1e3:.3f} ms a step")
+  result["decode_matmuls"] = matmuls
+  return result
 
 
 def _one_device_mesh() -> jax.sharding.Mesh:
@@ -164,9 +185,21 @@ def layers(config: ml_collections.ConfigDict, context: dict, log: Callable) -> d
     seconds = shaped_pair.time_layer_modes(
       {"target": target, "draft": draft}, 1, cache_slots, log=log
     )
-  faster = {name: min(modes, key=modes.get) for name, modes in seconds.items()}
+  faster = choose_layer_modes(seconds, float(config.unroll_margin))
   context["layer_modes"] = faster
   return {"seconds": seconds, "chosen": faster, "batch_size": 1, "cache_slots": cache_slots}
+
+
+def choose_layer_modes(seconds: dict[str, dict[str, float]], margin: float) -> dict[str, str]:
+  """'unrolled' for a model whose unrolled step is faster than its scanned one by more than
+  ``margin`` (a fraction), else 'scan'. Unrolled layers compile far more slowly inside the
+  sampling loops: on an H200 the sweep chose unrolled layers for a 0.2% faster 8B step and then
+  compiled past its 200 s budget before its first row, where scanned layers finish four rows in
+  190 s (docs/benchmarks.md, "On a GPU")."""
+  return {
+    name: "unrolled" if modes["unrolled"] < (1 - margin) * modes["scan"] else "scan"
+    for name, modes in seconds.items()
+  }
 
 
 def _fastest_models(config: ml_collections.ConfigDict, context: dict) -> tuple[Any, Any, Any]:
@@ -424,6 +457,17 @@ def format_summary(results: dict[str, Any]) -> str:
     lines.append(line)
   if "bandwidth" in results:
     lines.append(f"copy bandwidth: {results['bandwidth']['copy_bytes_per_s'] / 1e12:.2f} TB/s")
+    matmuls = results["bandwidth"].get("decode_matmuls")
+    if matmuls:
+      rates = [
+        row[f"{'out' if row['out_major'] else 'in'}_major_of_copy_bandwidth"]
+        for row in matmuls["products"].values()
+      ]
+      lines.append(
+        f"the target's decode products alone (batch 1, its layouts): "
+        f"{matmuls['step_s'] * 1e3:.3f} ms a step, each at {min(rates):.2f}-{max(rates):.2f} "
+        f"of the copy bandwidth"
+      )
   shaped_rows = results.get("shaped", {}).get("rows", [])
   if shaped_rows:
     s = results["shaped"]

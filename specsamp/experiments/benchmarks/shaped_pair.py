@@ -22,10 +22,12 @@ size, for the CPU run of the same code (``--tiny``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -86,6 +88,68 @@ def time_layer_modes(
       f"unrolled {seconds[name]['unrolled'] * 1e3:.3f} ms"
     )
   return seconds
+
+
+def decode_matmuls(config: TransformerConfig) -> dict[str, tuple[int, int, int, bool]]:
+  """The weight products of one decode step: {name: (d_in, d_out, count, out_major)}, count
+  the products per step and out_major whether the model stores the weight [d_out, d_in]
+  (a tied output head reads the [V, D] embedding table; every other weight is [d_in, ...])."""
+  d, h, layers = config.d_model, config.resolved_head_dim, config.num_layers
+  mlp_in = 2 if config.gated_mlp else 1
+  return {
+    "q": (d, config.num_heads * h, layers, False),
+    "k_v": (d, config.num_kv_heads * h, 2 * layers, False),
+    "o": (config.num_heads * h, d, layers, False),
+    "mlp_in": (d, config.ffn_dim, mlp_in * layers, False),
+    "mlp_out": (config.ffn_dim, d, layers, False),
+    "head": (d, config.vocab_size, 1, config.tie_embeddings),
+  }
+
+
+@functools.partial(jax.jit, static_argnames=("out_major",))
+def _products(x_BI, stack, out_major):
+  """x times each weight of ``stack`` in turn, sliced in a loop as the layers' scan slices
+  them, summed (each product must be computed)."""
+  spec = "BI,OI->BO" if out_major else "BI,IO->BO"
+
+  def body(i, acc_BO):
+    return acc_BO + jnp.einsum(spec, x_BI, stack[i], preferred_element_type=jnp.float32)
+
+  zeros = jnp.zeros((x_BI.shape[0], stack.shape[1] if out_major else stack.shape[2]))
+  return jax.lax.fori_loop(0, stack.shape[0], body, zeros)
+
+
+def time_decode_matmuls(
+  config: TransformerConfig,
+  batch_size: int,
+  dtype: str,
+  copy_bandwidth: float,
+  stack_bytes: int = 512 * 2**20,
+  repeats: int = 5,
+) -> dict[str, Any]:
+  """Each decode product of ``config`` (``decode_matmuls``) timed alone at ``batch_size`` rows,
+  in both weight layouts: seconds per product and the weight bytes it reads per second,
+  against ``copy_bandwidth``. Each is timed over a stack of distinct copies of the weight (at
+  least ``stack_bytes``, at most 64 copies) so that no product finds its weight in a cache.
+  'step_s' sums the products of one step in the model's own layouts: what the step would take
+  if nothing but its weight products cost time."""
+  item = np.dtype(jnp.dtype(dtype)).itemsize
+  rows, step_s = {}, 0.0
+  for name, (d_in, d_out, count, out_major) in decode_matmuls(config).items():
+    copies = int(np.clip(-(-stack_bytes // (d_in * d_out * item)), 1, 64))
+    x_BI = jnp.ones((batch_size, d_in), dtype)
+    row = {"d_in": d_in, "d_out": d_out, "count": count, "out_major": out_major}
+    for layout in (False, True):
+      shape = (copies, d_out, d_in) if layout else (copies, d_in, d_out)
+      stack = jax.random.normal(jax.random.key(0), shape, jnp.float32).astype(dtype)
+      seconds = timing.median_seconds(lambda: _products(x_BI, stack, layout), repeats) / copies
+      key = "out_major" if layout else "in_major"
+      row[f"{key}_s"] = seconds
+      row[f"{key}_bytes_per_s"] = d_in * d_out * item / seconds
+      row[f"{key}_of_copy_bandwidth"] = row[f"{key}_bytes_per_s"] / copy_bandwidth
+    step_s += count * row["out_major_s" if out_major else "in_major_s"]
+    rows[name] = row
+  return {"batch_size": batch_size, "dtype": dtype, "products": rows, "step_s": step_s}
 
 
 def step_read_bytes(config: TransformerConfig, batch_size: int, live_length: int) -> float:
