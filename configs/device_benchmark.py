@@ -52,18 +52,18 @@ def get_config(arg=None):
   config.stop_on_gate_failure = True  # Time nothing when the gate fails.
   # Seconds each section may take (0: no limit); a section past its budget stops, keeping the
   # rows it finished (a compile in progress finishes first). From the H200 runs of 2026-11-26
-  # and -27: the gate took 57 s, the sweep's four default rows 190 s, the default pair's
-  # training 50 s before its sampling. The default sections' budgets sum to 7.5 minutes; the
-  # two processes' start-up adds about half a minute.
+  # and -27: the gate took 57 s, the sweep's four default rows 190 s (before it timed the
+  # draft passes too), the default pair's training 50 s before its sampling. The default
+  # sections' budgets sum to 7.6 minutes; the two processes' start-up adds about half a minute.
   config.budgets = ml_collections.ConfigDict(
     dict(
       environment=10,
       gate=80,
-      bandwidth=30,
+      bandwidth=25,
       layers=150,
-      shaped=200,
+      shaped=220,
       shaped_peer=75,
-      pairs=105,
+      pairs=95,
       pair_peer=25,
     )
   )

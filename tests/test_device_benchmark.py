@@ -54,6 +54,7 @@ def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
     assert row["speedup"] == pytest.approx(row["ar_ms_per_token"] / row["spec_ms_per_token"])
     assert row["efficiency"] == pytest.approx(row["speedup"] / row["predicted_speedup"])
     assert row["floor_ms"] > 0 and row["ar_step_over_floor"] > 0
+    assert row["draft_pass_ms"] == pytest.approx(row["pass_over_draft_step"] * row["draft_step_ms"])
   products = results["bandwidth"]["decode_matmuls"]["products"]
   assert set(products) == {"q", "k_v", "o", "mlp_in", "mlp_out", "head"}
   assert all(row["in_major_s"] > 0 and row["out_major_s"] > 0 for row in products.values())
@@ -63,7 +64,7 @@ def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
   assert "| B | K | alpha |" in table and "8B/1B alpha 0.8 K=4 batch 1:" in table
 
 
-def _results(speedup=2.1, efficiency=0.9, floor=1.2, peer_ratio=1.6) -> dict:
+def _results(speedup=2.1, efficiency=0.9, floor=1.2, peer_ratio=1.6, pass_ratio=None) -> dict:
   row = dict(
     batch_size=1,
     num_draft_tokens=4,
@@ -79,6 +80,8 @@ def _results(speedup=2.1, efficiency=0.9, floor=1.2, peer_ratio=1.6) -> dict:
     ar_step_over_floor=floor,
     ar_loop_over_floor=floor * 1.01,
   )
+  if pass_ratio is not None:  # Rows of runs before 2026-11-27 lack the draft pass.
+    row.update(pass_over_draft_step=pass_ratio, draft_pass_ms=pass_ratio * 0.6)
   side = lambda tps: {"tokens_per_s": tps}
   return {
     "status": {"shaped": {"status": "ok", "seconds": 1.0}},
@@ -114,6 +117,8 @@ def _results(speedup=2.1, efficiency=0.9, floor=1.2, peer_ratio=1.6) -> dict:
     (dict(efficiency=0.84), ["met", "NOT met", "met", "met"]),
     (dict(floor=2.12), ["met", "met", "NOT met", "met"]),
     (dict(peer_ratio=1.2), ["met", "met", "met", "NOT met"]),
+    (dict(pass_ratio=1.1), ["met", "met", "met", "met", "met"]),
+    (dict(pass_ratio=2.37), ["met", "met", "NOT met", "met", "met"]),
   ],
 )
 def test_the_goals_are_read_off_the_results(changes, verdicts):

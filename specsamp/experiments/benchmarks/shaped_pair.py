@@ -12,6 +12,7 @@ For every (batch, K, alpha), ``sweep`` measures, in one run on one device:
   * the step costs (a target step, a draft step, the target scoring K + 1 tokens) and the
     speedup they predict (``speedup.predicted_batch_speedup``: the loop pays its slowest row's
     iterations), and the efficiency = measured / predicted;
+  * a parallel drafter's pass (2K positions in one draft call) in draft steps;
   * the autoregressive step against its floor: the bytes a step must read (every weight once,
     the live KV cache; ``perf_model.call_cost``) over the copy bandwidth measured on the same
     device (``timing.measure_copy_bandwidth``).
@@ -215,6 +216,9 @@ def sweep(
     )
     for k in num_draft_tokens:
       score_s = timing.time_calls(target, batch_size, k + 1, cache_slots)
+      # A parallel drafter's pass (issue 39): the accepted tokens and K placeholders, at most
+      # 2K positions, in one draft call.
+      pass_s = timing.time_calls(draft, batch_size, 2 * k, cache_slots)
       # One compiled loop per K (alpha is traced); the autoregressive calls interleaved.
       timed = timing.time_interleaved(
         {
@@ -253,6 +257,8 @@ def sweep(
           "score_ms": score_s * 1e3,
           "draft_ratio": draft_step_s / target_step_s,
           "score_ratio": score_s / target_step_s,
+          "draft_pass_ms": pass_s * 1e3,
+          "pass_over_draft_step": pass_s / draft_step_s,
           "floor_ms": floor_s * 1e3,
           "ar_step_over_floor": target_step_s / floor_s,
           "ar_loop_over_floor": ar.ms_per_token * 1e-3 / floor_s,
@@ -264,6 +270,7 @@ def sweep(
           f"  B={batch_size} K={k} alpha={alpha}: autoregressive {ar.ms_per_token:.3f} ms/token, "
           f"speculative {spec.ms_per_token:.3f} ms/token: {measured:.2f}x (predicted "
           f"{predicted:.2f}x, efficiency {measured / predicted:.2f}; "
-          f"{stats['tokens_per_target_call']:.2f} tokens/call)"
+          f"{stats['tokens_per_target_call']:.2f} tokens/call; a {2 * k}-wide draft pass "
+          f"{pass_s / draft_step_s:.2f} draft steps)"
         )
   return rows
