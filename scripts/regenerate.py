@@ -11,8 +11,9 @@ configs/prompts/chat.txt, or --prompts (JSONL: {"prompt": ...} or {"messages": [
 line); HumanEval is never among them. About 2% of the prompts, by a hash of their id, form the
 held-out split (--split=held_out), on which training measures tau. Shards go to --out (default
 WORKDIR/regenerated/SPLIT) with a manifest; a stopped run (Ctrl-C, a lost machine) resumes
-where it stopped when started again with the same flags. --max_shards stops after that many
-new shards.
+where it stopped when started again with the same flags (the batch size may change: a
+larger machine answers more at once). --max_shards stops after that many new shards,
+--max_seconds starts none after that many seconds.
 """
 
 import os
@@ -37,6 +38,9 @@ _MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", 384, "Longer prompts are
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Answer tokens at most.")
 _SHARD = flags.DEFINE_integer("shard_prompts", 128, "Prompts per shard.")
 _MAX_SHARDS = flags.DEFINE_integer("max_shards", None, "Stop after this many new shards.")
+_MAX_SECONDS = flags.DEFINE_float(
+  "max_seconds", None, "Start no new shard after this many seconds (a lent machine's time)."
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
 _MAX_PROMPTS = flags.DEFINE_integer(
   "max_prompts", 0, "Answer only the first this many prompts of the shuffled split (0: all)."
@@ -75,6 +79,7 @@ def main(argv):
     plan,
     target_id=f"{target_id}:{prepared.target.config.num_layers}x{prepared.target.config.d_model}",
     max_shards=_MAX_SHARDS.value,
+    max_seconds=_MAX_SECONDS.value,
   )
   shards = manifest["shards"]
   answers = sum(s["answer_tokens"] for s in shards)

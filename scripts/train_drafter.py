@@ -33,6 +33,11 @@ _PAIR = cli.define_pair_flags()
 _STOP_AFTER = flags.DEFINE_integer(
   "stop_after", None, "Stop (with a checkpoint) after this many steps in this run."
 )
+_MAX_SECONDS = flags.DEFINE_float(
+  "max_seconds",
+  None,
+  "Stop (with an evaluation and a checkpoint) after this many seconds of training.",
+)
 _SHIP_TO = flags.DEFINE_string(
   "ship_to", None, "Write the best drafter here (bfloat16, CARD.md, SHA256SUMS) when done."
 )
@@ -58,7 +63,11 @@ def main(argv):
     best = answer_training.read_best(os.path.join(workdir, directory)) or {}
   else:
     best = answer_training.train_on_answers(
-      config, workdir, stop_after=_STOP_AFTER.value, prepared=prepared
+      config,
+      workdir,
+      stop_after=_STOP_AFTER.value,
+      max_seconds=_MAX_SECONDS.value,
+      prepared=prepared,
     )
   if best.get("step") is None:
     print("no evaluation yet: nothing kept as best", flush=True)

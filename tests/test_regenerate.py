@@ -1,6 +1,7 @@
 """Regenerated training data: the prompt set (standard library instructions, chat lines, a
 user's JSONL) and the target's answers as resumable token shards (specsamp/training/)."""
 
+import dataclasses
 import json
 import os
 
@@ -166,6 +167,36 @@ def test_shards_hold_the_targets_answers_and_a_stopped_run_resumes(target, tmp_p
       target, tokenizer, made, out, regenerate.Plan(max_new_tokens=7), target_id="t"
     )
   assert open(os.path.join(out, regenerate.MANIFEST)).read() == before
+
+
+def test_a_run_resumes_with_another_batch_size_and_stops_on_its_time(target, tmp_path):
+  """A larger machine may answer more prompts at once: the batch size is not part of what a
+  resumed run must share. max_seconds starts no new shard once spent (0: none at all)."""
+  tokenizer = word_tokenizer()
+  plan = regenerate.Plan(
+    batch_size=2, max_prompt_tokens=32, max_new_tokens=4, shard_prompts=4, split="train"
+  )
+  made, out = prompts(14), str(tmp_path / "shards")
+  first = regenerate.regenerate(target, tokenizer, made, out, plan, target_id="t", max_shards=1)
+  none = regenerate.regenerate(
+    target,
+    tokenizer,
+    made,
+    out,
+    dataclasses.replace(plan, batch_size=4),
+    target_id="t",
+    max_seconds=0,
+  )
+  assert none["shards"] == first["shards"]  # Out of time before its first shard.
+  wider = dataclasses.replace(plan, batch_size=4)
+  full = regenerate.regenerate(target, tokenizer, made, out, wider, target_id="t")
+  assert full["shards"][0] == first["shards"][0] and len(full["shards"]) > 1
+  assert [s["batch_size"] for s in full["shards"]] == [2] + [4] * (len(full["shards"]) - 1)
+  assert full["plan"]["batch_size"] == 2  # The manifest keeps the plan that began it.
+  with pytest.raises(ValueError, match="another run's shards"):  # Other answers are refused.
+    regenerate.regenerate(
+      target, tokenizer, made, out, dataclasses.replace(plan, max_new_tokens=5), target_id="t"
+    )
 
 
 def _repeated_by_brute_force(answer, n):

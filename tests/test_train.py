@@ -92,6 +92,30 @@ def test_interrupted_run_resumes_exactly(trainer, uninterrupted, tmp_path):
   assert all(jax.tree.leaves(same)), same  # parameters AND optimizer state, bit for bit
 
 
+def test_a_run_out_of_time_evaluates_saves_and_resumes_exactly(trainer, uninterrupted, tmp_path):
+  """max_seconds: the step that ends past the time is evaluated and saved, and the run resumes
+  from it to the same end as an uninterrupted one."""
+  _, reference = uninterrupted
+  directory, evaluated = str(tmp_path / "timed"), []
+  lines = []
+  stopped = train.fit(
+    trainer,
+    BATCHES,
+    EVAL,
+    checkpoint.Checkpoints(directory, max_to_keep=5),
+    META,
+    log=lines.append,
+    max_seconds=0,
+    on_eval=lambda step, params: evaluated.append(step) or "",
+  )
+  assert int(stopped.step) == 1 and evaluated == [1]  # Not an eval_every step: evaluated anyway.
+  assert checkpoint.Checkpoints(directory).latest_step() == 1
+  assert any("0 s spent; stopping at step 1" in line for line in lines)
+  resumed = _fit(trainer, directory)
+  same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), resumed, reference)
+  assert all(jax.tree.leaves(same)), same
+
+
 def test_ctrl_c_saves_the_current_step(trainer, tmp_path):
   class Interrupting(data.Batches):
     def at(self, step):

@@ -187,6 +187,15 @@ def _answer_batch(
   return sequences, finished
 
 
+def _resumable(identity: dict[str, Any]) -> dict[str, Any]:
+  """What a resumed run must share with the one that began its directory: everything but the
+  batch size, which changes how many prompts are answered together (and, when sampling, which
+  random draws each gets), not which prompts, target or settings the shards hold. A run resumed
+  on a larger machine can answer more at once; each shard records its own."""
+  plan = {k: v for k, v in (identity.get("plan") or {}).items() if k != "batch_size"}
+  return dict(identity, plan=plan)
+
+
 def regenerate(
   target: Any,
   tokenizer: Any,
@@ -196,6 +205,7 @@ def regenerate(
   *,
   target_id: str,
   max_shards: int | None = None,
+  max_seconds: float | None = None,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
   """Writes (or completes) ``out_dir``'s shards (module docstring); returns the manifest.
@@ -209,8 +219,11 @@ def regenerate(
     plan: settings and sizes.
     target_id: what names the target (e.g. its checkpoint's source); a resumed run must match.
     max_shards: stop after this many new shards (None: all).
+    max_seconds: start no new shard after this many seconds (None: no limit); a shard begun
+      is finished, so a run on a lent machine ends inside its time with whole shards.
     log: progress lines.
   """
+  began = time.perf_counter()
   chosen = [p for p in prompts if instructions.held_out(p.id) == (plan.split == "held_out")]
   if not chosen:
     raise ValueError(
@@ -240,7 +253,7 @@ def regenerate(
     manifest = dict(identity, skipped=skipped, shards=[])
   else:
     theirs = {k: manifest.get(k) for k in identity}
-    if json.loads(json.dumps(identity)) != theirs:
+    if _resumable(json.loads(json.dumps(identity))) != _resumable(theirs):
       raise ValueError(
         f"{out_dir} holds another run's shards ({theirs}); this run asks for {identity}. Use "
         "another output directory; nothing there was changed."
@@ -253,6 +266,9 @@ def regenerate(
     if name in done:
       continue
     if max_shards is not None and new >= max_shards:
+      break
+    if max_seconds is not None and time.perf_counter() - began >= max_seconds:
+      log(f"regenerate: {max_seconds:g} s spent; stopping before {name} (resume to go on)")
       break
     start = time.perf_counter()
     setting = plan.settings[index % len(plan.settings)]
@@ -312,6 +328,7 @@ def regenerate(
       "repeated_ngrams": repeated,
       "ngrams": ngrams,
       "seconds": round(seconds, 1),
+      "batch_size": plan.batch_size,
     }
     manifest["shards"].append(entry)
     manifest["shards"].sort(key=lambda s: s["file"])

@@ -518,6 +518,7 @@ def fit(
   name: str = "train",
   log: Callable[[str], None] = print,
   stop_after: int | None = None,
+  max_seconds: float | None = None,
   on_eval: Callable[[int, Any], str] | None = None,
 ) -> TrainState:
   """Trains to ``config.steps``, resuming from the newest checkpoint in ``checkpoints``.
@@ -534,6 +535,8 @@ def fit(
     log: where progress lines go.
     stop_after: stop (with a checkpoint) after this many steps in this call,
       as if interrupted; None runs to the end.
+    max_seconds: stop (with an evaluation and a checkpoint) after the first step that ends
+      this many seconds into this call: a lent machine's time; None runs to the end.
     on_eval: called at each evaluation with (step, parameters); what it returns ends the
       evaluation's line (e.g. tau, and whether the run kept these parameters as its best).
 
@@ -574,6 +577,10 @@ def fit(
       state, metrics = trainer.train_step(state, batches.at(step))
       step += 1
       window_steps += 1
+      out_of_time = max_seconds is not None and time.perf_counter() - run_start >= max_seconds
+      if out_of_time and step < end:
+        log(f"{name}: {max_seconds:g} s spent; stopping at step {step} (resume to go on)")
+        end = step
       if step % config.log_every == 0 or step == end:
         loss = float(metrics["loss"])  # Waits for the step.
         if not math.isfinite(loss):
@@ -595,7 +602,7 @@ def fit(
           f"ETA {_format_duration(eta)}"
         )
         window_start, window_steps = now, 0
-      if step % config.eval_every == 0 or step == config.steps:
+      if step % config.eval_every == 0 or step == config.steps or out_of_time:
         loss = trainer.evaluate(state.params, eval_batches)
         perplexity = (
           f"  perplexity {math.exp(loss):.2f}"

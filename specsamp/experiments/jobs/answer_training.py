@@ -233,13 +233,15 @@ def train_on_answers(
   mesh: jax.sharding.Mesh | None = None,
   log: Callable[[str], None] = print,
   stop_after: int | None = None,
+  max_seconds: float | None = None,
   prepared: pair_lib.Pair | None = None,
 ) -> dict[str, Any]:
   """Trains (or resumes) ``drafter`` (default ``config.answers.drafter``): 'draft', the model
   of ``config.draft.model`` (optimised by ``answers.train``), or 'feature', the head of
   ``config.feature.head`` (``answers.head_train``), on the regenerated answers (module
   docstring); returns the best evaluation (best.json). ``prepared``: the pair's target and
-  tokenizer when the caller has them (``pair.prepare(config, workdir, drafts=False)``)."""
+  tokenizer when the caller has them (``pair.prepare(config, workdir, drafts=False)``).
+  ``stop_after`` and ``max_seconds`` stop the training early as ``train.fit`` does."""
   drafter, directory, _ = drafter_sections(config, drafter)
   workdir = os.path.abspath(workdir or pair_lib.default_workdir(config))
   section = config.answers
@@ -334,6 +336,7 @@ def train_on_answers(
       name=name,
       log=log,
       stop_after=stop_after,
+      max_seconds=max_seconds,
       on_eval=on_eval,
     )
   finally:
