@@ -41,6 +41,12 @@ _MAX_SHARDS = flags.DEFINE_integer("max_shards", None, "Stop after this many new
 _MAX_SECONDS = flags.DEFINE_float(
   "max_seconds", None, "Start no new shard after this many seconds (a lent machine's time)."
 )
+_WIDTH_STEP = flags.DEFINE_integer(
+  "width_step",
+  regenerate.WIDTH_STEP,
+  "Pad each batch's prompts to a multiple of this many tokens (each width compiles once; on a "
+  "GPU, --width_step=MAX_PROMPT_TOKENS compiles one).",
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
 _MAX_PROMPTS = flags.DEFINE_integer(
   "max_prompts", 0, "Answer only the first this many prompts of the shuffled split (0: all)."
@@ -80,6 +86,7 @@ def main(argv):
     target_id=f"{target_id}:{prepared.target.config.num_layers}x{prepared.target.config.d_model}",
     max_shards=_MAX_SHARDS.value,
     max_seconds=_MAX_SECONDS.value,
+    width_step=_WIDTH_STEP.value,
   )
   shards = manifest["shards"]
   answers = sum(s["answer_tokens"] for s in shards)

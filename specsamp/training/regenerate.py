@@ -156,11 +156,19 @@ def repetition_warning(shards: list[dict[str, Any]], what: str) -> str | None:
 
 
 def _answer_batch(
-  target: Any, rows: list[np.ndarray], plan: Plan, setting: str, eos_id: int, pad_id: int, key
+  target: Any,
+  rows: list[np.ndarray],
+  plan: Plan,
+  setting: str,
+  eos_id: int,
+  pad_id: int,
+  key,
+  width_step: int = WIDTH_STEP,
 ) -> tuple[list[np.ndarray], list[bool]]:
-  """The target's answers to up to ``batch_size`` prompts (rows padded to a fixed batch)."""
+  """The target's answers to up to ``batch_size`` prompts (rows padded to a fixed batch, and to
+  a multiple of ``width_step`` tokens)."""
   count = len(rows)
-  width = -(-max(len(r) for r in rows) // WIDTH_STEP) * WIDTH_STEP
+  width = -(-max(len(r) for r in rows) // width_step) * width_step
   tokens = np.full((plan.batch_size, width), pad_id, np.int32)
   lengths = np.ones(plan.batch_size, np.int32)
   for i in range(plan.batch_size):
@@ -206,6 +214,7 @@ def regenerate(
   target_id: str,
   max_shards: int | None = None,
   max_seconds: float | None = None,
+  width_step: int = WIDTH_STEP,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
   """Writes (or completes) ``out_dir``'s shards (module docstring); returns the manifest.
@@ -221,6 +230,9 @@ def regenerate(
     max_shards: stop after this many new shards (None: all).
     max_seconds: start no new shard after this many seconds (None: no limit); a shard begun
       is finished, so a run on a lent machine ends inside its time with whole shards.
+    width_step: batches pad their prompts to a multiple of this many tokens: each width is a
+      program to compile. A GPU compiles for longer than it decodes a shard: there,
+      ``plan.max_prompt_tokens`` makes one width for every batch.
     log: progress lines.
   """
   began = time.perf_counter()
@@ -290,6 +302,7 @@ def regenerate(
         tokenizer.eos_id,
         tokenizer.pad_id,
         jax.random.fold_in(key, b),
+        width_step,
       )
       sequences += answers
       finished += ends
