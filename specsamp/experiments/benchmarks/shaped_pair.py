@@ -110,11 +110,12 @@ def decode_matmuls(config: TransformerConfig) -> dict[str, tuple[int, int, int, 
 @functools.partial(jax.jit, static_argnames=("out_major",))
 def _products(x_BI, stack, out_major):
   """x times each weight of ``stack`` in turn, sliced in a loop as the layers' scan slices
-  them, summed (each product must be computed)."""
+  them, summed in float32 (each product must be computed); each product is the model's own
+  einsum, in the weights' dtype."""
   spec = "BI,OI->BO" if out_major else "BI,IO->BO"
 
   def body(i, acc_BO):
-    return acc_BO + jnp.einsum(spec, x_BI, stack[i], preferred_element_type=jnp.float32)
+    return acc_BO + jnp.einsum(spec, x_BI, stack[i]).astype(jnp.float32)
 
   zeros = jnp.zeros((x_BI.shape[0], stack.shape[1] if out_major else stack.shape[2]))
   return jax.lax.fori_loop(0, stack.shape[0], body, zeros)
