@@ -68,7 +68,7 @@ run)
   mkdir -p "$WORK" && tar -C "$WORK" -xJf "$CARRY/b/answers.tar.xz"
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
   timeout $((REGEN_S + 300)) python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" \
-    --batch_size=128 --width_step=384 --max_seconds="$REGEN_S" || echo "regenerate: exit $?"
+    --batch_size=128 --width_step=384 --passes=2 --max_seconds="$REGEN_S" || echo "regenerate: exit $?"
   tar -C "$WORK" -cJf "$OUT/answers.tar.xz" regenerated
   timeout $((TRAIN_S + 300)) python3 scripts/train_drafter.py --config=$CONFIG --workdir="$WORK" \
     --config.answers.head_directory=$HEAD_DIR --config.answers.target_outputs_dir= \

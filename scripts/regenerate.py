@@ -47,6 +47,12 @@ _WIDTH_STEP = flags.DEFINE_integer(
   "Pad each batch's prompts to a multiple of this many tokens (each width compiles once; on a "
   "GPU, --width_step=MAX_PROMPT_TOKENS compiles one).",
 )
+_PASSES = flags.DEFINE_integer(
+  "passes",
+  1,
+  "Times the prompts are answered, each pass with the next setting (2 with greedy and nucleus: "
+  "every prompt once each); a resumed run may ask for more.",
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
 _MAX_PROMPTS = flags.DEFINE_integer(
   "max_prompts", 0, "Answer only the first this many prompts of the shuffled split (0: all)."
@@ -75,6 +81,7 @@ def main(argv):
     split=_SPLIT.value,
     seed=_SEED.value,
     max_prompts=_MAX_PROMPTS.value,
+    passes=_PASSES.value,
   )
   target_id = config.target.get("gguf") or config.target.get("checkpoint") or "trained"
   manifest = regenerate.regenerate(

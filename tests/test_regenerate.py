@@ -207,6 +207,45 @@ def test_a_run_resumes_with_another_batch_size_and_stops_on_its_time(target, tmp
     )
 
 
+def test_a_second_pass_answers_every_prompt_with_the_other_setting(target, tmp_path):
+  """passes=2 extends a finished one-pass run: its shards stay, and the new ones answer the
+  same blocks of prompts, each with the setting its block did not have, so every prompt is
+  answered once greedily and once sampled. A manifest older than the field resumes."""
+  tokenizer = word_tokenizer()
+  plan = regenerate.Plan(batch_size=4, max_prompt_tokens=32, max_new_tokens=4, shard_prompts=4)
+  made, out = prompts(14), str(tmp_path / "shards")
+  one = regenerate.regenerate(target, tokenizer, made, out, plan, target_id="t")
+  blocks = len(one["shards"])
+  assert blocks > 1 and [s["setting"] for s in one["shards"]] == [
+    ("greedy", "nucleus")[i % 2] for i in range(blocks)
+  ]
+  manifest_path = os.path.join(out, regenerate.MANIFEST)
+  with open(manifest_path) as f:
+    older = json.load(f)
+  del older["plan"]["passes"]  # As a run before the field wrote it.
+  with open(manifest_path, "w") as f:
+    json.dump(older, f)
+  two = regenerate.regenerate(
+    target, tokenizer, made, out, dataclasses.replace(plan, passes=2), target_id="t"
+  )
+  assert two["shards"][:blocks] == one["shards"] and len(two["shards"]) == 2 * blocks
+  assert two["plan"]["passes"] == 2
+  answered = {}
+  for shard in two["shards"]:
+    with np.load(os.path.join(out, shard["file"])) as f:
+      for prompt_id in f["ids"]:
+        answered.setdefault(str(prompt_id), []).append(shard["setting"])
+  assert len(answered) == one["prompts"]
+  assert all(sorted(settings) == ["greedy", "nucleus"] for settings in answered.values())
+  again = regenerate.regenerate(target, tokenizer, made, out, plan, target_id="t")
+  assert again["shards"] == two["shards"]  # Fewer passes: nothing to do, nothing changed.
+  with pytest.raises(ValueError, match=r"greedily\s+twice"):
+    regenerate.Plan(passes=3)
+  with pytest.raises(ValueError, match="greedily"):
+    regenerate.Plan(settings=("greedy",), passes=2)
+  assert regenerate.Plan(settings=("nucleus",), passes=3).passes == 3  # New draws each pass.
+
+
 def _repeated_by_brute_force(answer, n):
   grams = [answer[i - n : i] for i in range(n, len(answer) + 1)]
   return sum(any(np.array_equal(g, h) for h in grams[:j]) for j, g in enumerate(grams))

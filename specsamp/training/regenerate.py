@@ -17,8 +17,11 @@ model, whose tokenizer has no chat template, continues the messages' text instea
 
 A shard is written whole before the manifest names it (both by rename), so a run stopped at any
 point resumes where it stopped and never reads half a shard; a directory made for another target,
-tokenizer or plan is refused. Shard i answers its prompts with setting ``i % len(settings)``: each
-prompt is answered once, the settings alternate.
+tokenizer or plan is refused. The prompts are cut into N blocks of ``shard_prompts``; shard i
+answers block ``i % N`` in pass ``p = i // N`` with setting ``(i % N + p) % len(settings)``. With
+one pass (the default) each prompt is answered once and the settings alternate; with two passes
+and two settings each prompt is answered once greedily and once sampled (a second pass extends a
+finished run: its first shards are the same whatever the number of passes).
 
 Prompts are shuffled once (``seed``), cut into shards, and each shard's prompts are sorted by
 length into batches, so a batch pads little; batch widths are rounded up to ``WIDTH_STEP`` tokens
@@ -60,6 +63,7 @@ class Plan:
   split: str = "train"  # 'train', or 'held_out' (instructions.held_out's prompts).
   seed: int = 0
   max_prompts: int = 0  # Answer only the first this many of the shuffled split (0: all).
+  passes: int = 1  # Times the prompts are answered, each pass with the next setting (module doc).
 
   def __post_init__(self):
     unknown = [s for s in self.settings if s not in SETTINGS]
@@ -71,6 +75,17 @@ class Plan:
       raise ValueError(f"Every size of the plan must be >= 1: {self}.")
     if self.split not in ("train", "held_out"):
       raise ValueError(f"split must be 'train' or 'held_out', got {self.split!r}.")
+    if self.passes < 1:
+      raise ValueError(f"passes must be >= 1, got {self.passes}.")
+    if "greedy" in self.settings and self.passes > len(self.settings):
+      raise ValueError(
+        f"passes={self.passes} with settings {self.settings} would answer a prompt greedily "
+        "twice, the same answer both times: at most one pass per setting when one is greedy."
+      )
+
+  def setting(self, shard: int, blocks: int) -> str:
+    """Shard ``shard``'s setting, for a split of ``blocks`` blocks of prompts (module doc)."""
+    return self.settings[(shard % blocks + shard // blocks) % len(self.settings)]
 
 
 def encode(
@@ -198,9 +213,11 @@ def _answer_batch(
 def _resumable(identity: dict[str, Any]) -> dict[str, Any]:
   """What a resumed run must share with the one that began its directory: everything but the
   batch size, which changes how many prompts are answered together (and, when sampling, which
-  random draws each gets), not which prompts, target or settings the shards hold. A run resumed
-  on a larger machine can answer more at once; each shard records its own."""
-  plan = {k: v for k, v in (identity.get("plan") or {}).items() if k != "batch_size"}
+  random draws each gets), not which prompts, target or settings the shards hold (a run resumed
+  on a larger machine can answer more at once; each shard records its own), and the number of
+  passes, which adds shards after the others and changes none of them."""
+  plan = identity.get("plan") or {}
+  plan = {k: v for k, v in plan.items() if k not in ("batch_size", "passes")}
   return dict(identity, plan=plan)
 
 
@@ -270,8 +287,11 @@ def regenerate(
         f"{out_dir} holds another run's shards ({theirs}); this run asks for {identity}. Use "
         "another output directory; nothing there was changed."
       )
+    # The most passes any run over this directory asked for (its shards are there).
+    manifest["plan"]["passes"] = max(manifest["plan"].get("passes", 1), plan.passes)
   done = {shard["file"] for shard in manifest["shards"]}
-  total = -(-len(rows) // plan.shard_prompts)
+  blocks = -(-len(rows) // plan.shard_prompts)
+  total = blocks * plan.passes
   new = 0
   for index in range(total):
     name = f"shard_{index:05d}.npz"
@@ -283,8 +303,8 @@ def regenerate(
       log(f"regenerate: {max_seconds:g} s spent; stopping before {name} (resume to go on)")
       break
     start = time.perf_counter()
-    setting = plan.settings[index % len(plan.settings)]
-    first = index * plan.shard_prompts
+    setting = plan.setting(index, blocks)
+    first = (index % blocks) * plan.shard_prompts
     shard_ids, shard_rows = (
       ids[first : first + plan.shard_prompts],
       rows[first:][: plan.shard_prompts],

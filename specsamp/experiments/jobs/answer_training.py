@@ -145,7 +145,8 @@ def _drafter_setup(
   _, _, optimisation = drafter_sections(config, drafter)
   data_meta = {
     "answers": section.train_dir,
-    "plan": manifest["plan"],
+    # More passes add answers as more shards do, and a run resumes on them (as before the field).
+    "plan": {k: v for k, v in manifest["plan"].items() if k != "passes"},
     "target": manifest["target"],
     "prompts_sha256": manifest["prompts_sha256"],
   }
