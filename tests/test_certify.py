@@ -56,6 +56,8 @@ def test_the_trigram_reads_the_token_before_from_its_cache():
 SUITE_REAL_CASES = (
   "trigram token model fixed T=1 batch=1 mesh=1",
   "trigram block model heuristic top-p=0.8 batch=ragged16 mesh=1",
+  # Copied tokens (point-mass q) and the head's drawn ones in one proposal, rows mixed.
+  "transformer block feature_lookup heuristic T=0.7,k=4,p=0.9 batch=ragged16 mesh=1",
 )
 
 
@@ -85,6 +87,7 @@ def test_quick_certificate_passes_and_rejects_every_planted_bug():
   assert {c.drafter for c in cases} == (set(certify.DRAFTERS) - {"feature"}) | {
     "model_greedy",
     "parallel",
+    "feature_lookup",
   }
   assert {c.schedule for c in cases} == set(certify.SCHEDULES)
   assert {c.warping for c in cases} == set(certify.CHAIN_WARPINGS)

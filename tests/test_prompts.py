@@ -44,6 +44,27 @@ def test_humaneval_has_its_164_prompts():
   assert texts[0].startswith("from typing import List") and "def has_close_elements" in texts[0]
 
 
+def test_instructions_are_the_held_out_split_in_regenerations_order(monkeypatch):
+  """The prompts tau is measured on: held-out instructions only, in the order a held-out
+  regeneration (plan seed 0) answers them (here of four modules' instructions, not the whole
+  standard library's, to keep it fast)."""
+  import argparse
+  import inspect
+  import tarfile
+  import typing
+
+  from specsamp.training import instructions
+
+  files = [module.__file__ for module in (argparse, inspect, tarfile, typing)]
+  every = instructions.stdlib_prompts(files)
+  monkeypatch.setattr(instructions, "default_prompts", lambda: every)
+  texts = prompts.texts_of("instructions")
+  chosen = [p for p in every if instructions.held_out(p.id)]
+  order = np.random.default_rng(0).permutation(len(chosen))
+  assert texts == [chosen[i].messages[-1]["content"] for i in order]
+  assert 0 < len(texts) < len(every) / 10
+
+
 def test_prompts_are_right_padded_with_their_lengths():
   encoded = prompts.encode(["ab", "abcd", "a"], _Tokenizer())
   assert encoded.tokens.shape == (3, 4) and encoded.lengths.tolist() == [2, 4, 1]

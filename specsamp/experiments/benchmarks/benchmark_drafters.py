@@ -21,6 +21,8 @@ Drafters (names in ``config.drafters``):
   feature          the feature head (EAGLE style) on the target's features, trained once
   feature_greedy   the same head proposing its most likely tokens, verified with one-hot q
                    (how vLLM and SGLang run EAGLE); ``proposals.py``
+  feature_lookup   prompt lookup (n-grams ``lookup_max_ngram``..2) where a row's context
+                   repeats, the feature head elsewhere (``lookup_feature_drafter.py``); chains
   model_greedy     the trained draft proposing its most likely tokens, with one-hot q
   parallel         the pair's parallel draft (PARD style): K drafts from one call, real q
   parallel_greedy  the same proposing each position's most likely token, one-hot q
@@ -100,6 +102,8 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     spec = drafter_specs.DrafterSpec("self", int(name[4:]))
   elif name in ("feature", "feature_greedy"):
     spec = drafter_specs.DrafterSpec("feature")
+  elif name in ("feature_lookup", "feature_lookup_greedy"):
+    spec = drafter_specs.DrafterSpec("feature_lookup", max(config.lookup_max_ngram, 2))
   elif name in ("parallel", "parallel_greedy"):
     spec = drafter_specs.DrafterSpec("parallel")
   elif name in ("parallel_seq", "parallel_seq_greedy"):
@@ -117,7 +121,8 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     return drafters.ModelDrafter(pair.draft, confidence_threshold=config.confidence_threshold)
   raise ValueError(
     f"Unknown drafter {name!r}: use model, model_greedy, model_confident, lookup, feature, "
-    "feature_greedy, parallel, parallel_greedy, parallel_seq, parallel_seq_greedy, parallel_head, "
+    "feature_greedy, feature_lookup, feature_lookup_greedy, parallel, parallel_greedy, "
+    "parallel_seq, parallel_seq_greedy, parallel_head, "
     "parallel_head_greedy or selfL "
     "(L = layers of the target, e.g. self2)."
   )
@@ -180,7 +185,7 @@ def trees_ok(name: str, drafter: drafters.Drafter, schedule: str, spec: str) -> 
   """Trees need a drafter that grows them (not prompt lookup), a fixed draft length, and a
   proposal mode that can fill them (a dynamic tree: greedy proposals, ``proposals.fits``)."""
   proposal = getattr(drafter, "proposal", "sampled")
-  if name == "lookup" or schedule != "fixed":
+  if name == "lookup" or name.startswith("feature_lookup") or schedule != "fixed":
     return False
   return spec.startswith(SEQUOIA) or proposals.fits(
     proposal, tree_lib.parse(calibration.unfitted(spec))

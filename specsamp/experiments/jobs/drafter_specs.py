@@ -10,6 +10,8 @@
                placeholders after the caught-up pairs; trained on the first run)
   feature      the pair's feature head on the target's features (EAGLE style, trained on the
                first run)
+  feature+lookup    prompt lookup where the row's last n-gram (n = N, default 3, down to 2)
+  feature+lookup:N  occurred before, the feature head elsewhere (``lookup_feature_drafter``)
   lookup       prompt lookup: the continuation of the row's last n-gram earlier in its own
   lookup:N     context, n = N (default 3) down to 1; no model, nothing to train
   self:L       self-speculative: the target's first L layers with its final norm and head;
@@ -33,6 +35,8 @@ NAMES = (
   "parallel_seq",
   "feature",
   "parallel_head",
+  "feature+lookup",
+  "feature+lookup:N",
   "lookup",
   "lookup:N",
   "self:L",
@@ -63,7 +67,7 @@ class DrafterSpec:
 
   @property
   def needs_feature_head(self) -> bool:
-    return self.kind == "feature"
+    return self.kind in ("feature", "feature_lookup")
 
   @property
   def needs_parallel_head(self) -> bool:
@@ -75,16 +79,15 @@ def parse(name: str) -> DrafterSpec:
   kind, colon, number = str(name).strip().partition(":")
   if kind in ("draft", "parallel", "parallel_seq", "feature", "parallel_head") and not colon:
     return DrafterSpec(kind)
-  if kind == "lookup" and (not colon or number.isdigit()):
+  if kind in ("lookup", "feature+lookup") and (not colon or number.isdigit()):
     ngram = int(number) if colon else LOOKUP_NGRAM
-    if ngram >= 1:
-      return DrafterSpec("lookup", ngram)
+    if ngram >= (1 if kind == "lookup" else 2):
+      return DrafterSpec("lookup" if kind == "lookup" else "feature_lookup", ngram)
   if kind == "self" and colon and number.isdigit() and int(number) >= 1:
     return DrafterSpec("self", int(number))
   raise ValueError(
     f"Unknown drafter {name!r}: use 'draft', 'parallel', 'parallel_seq', 'feature', "
-    "'parallel_head', 'lookup' or "
-    "'lookup:N' "
+    "'parallel_head', 'feature+lookup', 'feature+lookup:N' (N >= 2), 'lookup' or 'lookup:N' "
     "(N >= 1, the longest n-gram), or 'self:L' (L >= 1, the target's first L layers)."
   )
 
@@ -108,6 +111,10 @@ def make(
 
     head = pair.feature_head if spec.kind == "feature" else pair.parallel_head
     return FeatureDrafter(head, proposal=proposal)
+  if spec.kind == "feature_lookup":
+    from specsamp.sampling.lookup_feature_drafter import LookupFeatureDrafter
+
+    return LookupFeatureDrafter(pair.feature_head, proposal=proposal, max_ngram=spec.number)
   if spec.kind == "lookup":
     return drafters.PromptLookupDrafter(max_ngram=spec.number)
   return drafters.self_speculative(pair.target, spec.number, proposal=proposal)

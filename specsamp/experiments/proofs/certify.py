@@ -88,6 +88,11 @@ TREE_WARPINGS = ("T=1", "T=0.7,p=0.9", "top-k=3")
 # Proposal modes (proposals.py): the feature head's chains and trees, sampled from its real q
 # or greedy with one-hot q; the draft model's greedy proposals on the trigram.
 PROPOSAL_DRAFTERS = ("feature", "feature_greedy", "feature_vocab", "feature_vocab_greedy")
+# Prompt lookup where a row's last token or 2-gram occurred before, the head elsewhere
+# (lookup_feature_drafter.py): copied tokens (point-mass q) and drawn ones in one proposal. Its
+# n-grams start at 1 here, so that about half the short prompts' rows copy (the batch-1
+# prompt's last token occurred before) and the others draw from the head.
+LOOKUP_FEATURE_DRAFTERS = ("feature_lookup", "feature_lookup_greedy")
 PROPOSAL_TREE = "tree:2,2,1"
 DYNAMIC_TREE = "dynamic:3,2,2"  # EAGLE-2: 3 nodes at depth 1, then the 2 best of 6 per depth.
 PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
@@ -136,21 +141,23 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (255 cases: 150 single-chain, 44 tree, 26 proposal-mode, 24 parallel, 11 bugs):
+  'full' (262 cases: 150 single-chain, 44 tree, 31 proposal-mode, 26 parallel, 11 bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
       feature heads included) x schedule, warpings in rotation, batches alternating: 24 cases;
-    proposal modes (``proposal_cases``): 16 feature-head cases and 2 trigram ones, and
-      dynamic trees (``dynamic_cases``): 4 feature-head and 4 trigram cases;
+    proposal modes (``proposal_cases``): 16 feature-head cases and 2 trigram ones, 5 of lookup
+      where the context repeats with the head elsewhere, and dynamic trees
+      (``dynamic_cases``): 4 feature-head and 4 trigram cases;
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
       warpings in rotation: 6 cases.
-  'quick' (26 cases, what the test suite runs: 8 single-chain, 6 tree, 2 parallel, 10 bugs):
+  'quick' (27 cases, what the test suite runs: 9 single-chain, 6 tree, 2 parallel, 10 bugs):
     each verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
     self-speculative and the reduced-vocabulary feature head on the transformer, the quick
-    tree cases (``tree_cases``) and proposal cases (``proposal_cases``: the shared-head
-    feature tree, greedy proposals on the trigram, a dynamic tree on ragged rows), and the
+    tree cases (``tree_cases``) and proposal cases (``proposal_cases``: lookup with the head
+    elsewhere on ragged rows, the shared-head feature tree, greedy proposals on the trigram, a
+    dynamic tree on ragged rows), and the
     parallel drafter's quick cases (``parallel_cases``). The mesh is left to the full
     certificate: the suite checks that the 2x4 mesh samples the same tokens as one device for
     the same key (tests/test_speculative.py), so its exactness follows from one device's.
@@ -273,9 +280,16 @@ def proposal_cases(scope: str = "full") -> list[Case]:
   tree x proposal x warping (T=1; T=0.7 with top-k and top-p) x batch (1, ragged 16) on the
   transformer (16), and the draft model's greedy proposals on the trigram, chain and tree
   (2). 'quick': the head's sampled tree, and greedy proposals in a tree on ragged rows on the
-  trigram (the draft model's proposals go through the same ``proposals`` functions)."""
+  trigram (the draft model's proposals go through the same ``proposals`` functions). Lookup
+  where the context repeats and the head elsewhere (``feature_lookup``): 'full': a chain x
+  verifier x warping x batch, sampled (4 on the transformer), and greedy proposals (1);
+  'quick': a sampled chain on ragged rows with the warping, block-verified."""
+  lookup_quick = Case(
+    "transformer", "block", "feature_lookup", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"
+  )
   if scope == "quick":
     return [
+      lookup_quick,
       Case("transformer", "token", "feature", "fixed", "T=1", "1", "1", tree=PROPOSAL_TREE),
       Case(
         "trigram",
@@ -302,6 +316,14 @@ def proposal_cases(scope: str = "full") -> list[Case]:
     Case("trigram", "block", "model_greedy", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"),
     Case("trigram", "token", "model_greedy", "fixed", "top-p=0.8", "1", "1", tree=PROPOSAL_TREE),
   ]
+  for i, (warping_name, batch) in enumerate(itertools.product(PROPOSAL_WARPINGS, BATCHES)):
+    verifier, schedule = VERIFIERS[(i ^ i >> 1) & 1], SCHEDULES[i % 2]
+    cases.append(
+      Case("transformer", verifier, "feature_lookup", schedule, warping_name, batch, "1")
+    )
+  cases.append(
+    Case("transformer", "token", "feature_lookup_greedy", "fixed", "T=1", "ragged16", "1")
+  )
   return cases + dynamic_cases(scope)
 
 
@@ -530,10 +552,16 @@ class Setup:
       if name == "parallel_seq":  # A sequential head over the pass (transformer only).
         head = exactness.perturbed_sequential_head(self.draft.config.d_model, seed=12)
       return ParallelDrafter(self.draft, mask_token_id=PARALLEL_MASK, proposal=proposal, head=head)
+    if name in LOOKUP_FEATURE_DRAFTERS:
+      from specsamp.sampling.lookup_feature_drafter import LookupFeatureDrafter
+
+      head = feature_drafter_for(self.target, True, self.mesh).model
+      proposal = "greedy" if name.endswith("greedy") else "sampled"
+      return LookupFeatureDrafter(head, proposal=proposal, max_ngram=2, min_ngram=1)
     if name in PROPOSAL_DRAFTERS:
       drafter = feature_drafter_for(self.target, "vocab" in name, self.mesh)
       return dataclasses.replace(drafter, proposal="greedy" if "greedy" in name else "sampled")
-    known = DRAFTERS + PROPOSAL_DRAFTERS + PARALLEL_DRAFTERS
+    known = DRAFTERS + PROPOSAL_DRAFTERS + PARALLEL_DRAFTERS + LOOKUP_FEATURE_DRAFTERS
     raise ValueError(f"Unknown drafter {name!r}; known: {known}.")
 
   def context(self) -> contextlib.AbstractContextManager:

@@ -1,0 +1,128 @@
+"""Prompt lookup where the context repeats, the feature head elsewhere (drafter
+'feature+lookup'): each row's proposal is one drafter's, with the q it came from; greedy
+equals autoregressive; the job's names; the errors. The sampled law is the certificate's
+``feature_lookup`` cases (tests/test_certify.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp.experiments.jobs import drafter_specs
+from specsamp.models import feature_head, transformer
+from specsamp.models.config import TransformerConfig
+from specsamp.sampling import autoregressive, speculative
+from specsamp.sampling.drafters import PromptLookupDrafter
+from specsamp.sampling.feature_drafter import FeatureDrafter
+from specsamp.sampling.lookup_feature_drafter import LookupFeatureDrafter
+from specsamp.sampling.warping import SamplingConfig
+
+CONFIG = TransformerConfig(
+  vocab_size=64, num_layers=4, d_model=32, num_heads=4, num_kv_heads=2, ffn_dim=64
+)
+# Row 0 ends with the 2-gram (3, 4) it held before: it copies 5, 6, 7. Row 1 repeats only one
+# token (9), below min_ngram=2: the head drafts it.
+PROMPTS = jnp.asarray([[3, 4, 5, 6, 7, 3, 4], [9, 1, 9, 2, 8, 9, 0]], jnp.int32)
+LENGTHS = jnp.asarray([7, 6], jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def head_model():
+  target = transformer.create(CONFIG, seed=1)
+  head = feature_head.create(feature_head.FeatureHeadConfig(), CONFIG, seed=2)
+  return feature_head.FeatureDraftModel(head, target)
+
+
+def _propose(drafter, prompts, lengths, sampling, K=3):
+  """(proposal, state) of the first iteration after the prompt's prefill."""
+  target = drafter.model.target
+  cache = target.init_cache(prompts.shape[0], 16)
+  features = target(prompts, None, cache, capture_layers=drafter.feature_layers).features
+  state, _ = drafter.init(prompts, lengths, 16, K, features_BTF=features)
+  limit = jnp.full((prompts.shape[0],), K, jnp.int32)
+  return drafter.propose(
+    state, prompts, lengths, jax.random.key(3), K, limit, sampling, CONFIG.vocab_size
+  )
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_a_row_copies_where_its_context_repeats_and_the_head_drafts_elsewhere(
+  head_model, temperature
+):
+  sampling = SamplingConfig(temperature)
+  both, _ = _propose(LookupFeatureDrafter(head_model), PROMPTS, LENGTHS, sampling)
+  head, _ = _propose(FeatureDrafter(head_model), PROMPTS, LENGTHS, sampling)
+  np.testing.assert_array_equal(both.tokens[0], [5, 6, 7])  # Copied after the 2-gram (3, 4).
+  np.testing.assert_array_equal(both.num_proposed, [3, 3])
+  np.testing.assert_array_equal(both.tokens[1], head.tokens[1])  # Drawn by the head, same key.
+  if temperature == 0.0:
+    assert both.probs is None and head.probs is None  # Chosen tokens: point masses.
+  else:
+    np.testing.assert_array_equal(both.probs[0], jax.nn.one_hot(both.tokens[0], 64))
+    np.testing.assert_array_equal(both.probs[1], head.probs[1])
+  assert int(both.model_calls) == int(head.model_calls) > 0
+
+
+def test_when_every_row_copies_the_head_only_catches_up(head_model):
+  """No head step is made (model_calls 0); the head's cache holds the caught-up pairs, as the
+  head's own proposal leaves them up to the last known position."""
+  prompts, lengths = PROMPTS[:1], LENGTHS[:1]
+  both, state = _propose(LookupFeatureDrafter(head_model), prompts, lengths, SamplingConfig(1.0))
+  copied, _ = PromptLookupDrafter(max_ngram=3, min_ngram=2).propose(
+    (), prompts, lengths, None, 3, jnp.full((1,), 3), SamplingConfig(1.0), 64
+  )
+  np.testing.assert_array_equal(both.tokens, copied.tokens)
+  assert int(both.model_calls) == 0
+  _, head_state = _propose(FeatureDrafter(head_model), prompts, lengths, SamplingConfig(1.0))
+  caught_up = int(lengths[0]) - 1  # Pairs 0..n-2 hold the target's true features.
+  np.testing.assert_allclose(
+    state.cache.keys[:, :, :caught_up], head_state.cache.keys[:, :, :caught_up], atol=1e-6
+  )
+
+
+@pytest.mark.parametrize("num_draft_tokens", [2, 4])
+def test_greedy_speculative_equals_autoregressive(head_model, num_draft_tokens):
+  target = head_model.target
+  prompts = jnp.concatenate([PROMPTS, jnp.asarray([[5, 0, 0, 0, 0, 0, 0]], jnp.int32)])
+  lengths = jnp.concatenate([LENGTHS, jnp.asarray([1], jnp.int32)])
+  out = speculative.speculative_generate(
+    target,
+    LookupFeatureDrafter(head_model),
+    prompts,
+    lengths,
+    jax.random.key(0),
+    max_new_tokens=12,
+    num_draft_tokens=num_draft_tokens,
+    temperature=0.0,
+  )
+  expected = autoregressive.generate(
+    target, prompts, lengths, jax.random.key(0), max_new_tokens=12, temperature=0.0
+  )
+  np.testing.assert_array_equal(out.tokens, expected.tokens)
+  assert int(out.proposed.sum()) > 0
+
+
+def test_names_and_errors(head_model):
+  assert drafter_specs.parse("feature+lookup") == drafter_specs.DrafterSpec("feature_lookup", 3)
+  assert drafter_specs.parse("feature+lookup:4").number == 4
+  assert drafter_specs.parse("feature+lookup").needs_feature_head
+  for bad in ("feature+lookup:1", "feature+lookup:x", "lookup+feature"):
+    with pytest.raises(ValueError, match="Unknown drafter"):
+      drafter_specs.parse(bad)
+  drafter = LookupFeatureDrafter(head_model)
+  with pytest.raises(ValueError, match="proposes chains"):
+    speculative.speculative_generate(
+      head_model.target,
+      drafter,
+      PROMPTS,
+      LENGTHS,
+      jax.random.key(0),
+      max_new_tokens=4,
+      num_draft_tokens=2,
+      tree="tree:2,1",
+    )
+  parallel = feature_head.create(feature_head.FeatureHeadConfig(parallel=True), CONFIG, seed=2)
+  with pytest.raises(ValueError, match="parallel head"):
+    LookupFeatureDrafter(feature_head.FeatureDraftModel(parallel, head_model.target)).check(
+      head_model.target
+    )
