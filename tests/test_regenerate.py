@@ -323,6 +323,62 @@ def test_answer_batches_weigh_only_answer_tokens():
     np.testing.assert_array_equal(weight, answer[row])
 
 
+@pytest.mark.parametrize("min_ngram", [1, 2])
+def test_lookups_offline_runs_are_what_the_drafter_copies(min_ngram):
+  """answers.lookup_accepted against PromptLookupDrafter itself, proposing after every prefix
+  of packed rows (three tokens, so n-grams repeat; sequences back to back in a row, a lookup
+  never reaching into the one before), and the feature+lookup combination's shift."""
+  import jax.numpy as jnp
+
+  from specsamp.sampling.drafters import PromptLookupDrafter
+  from specsamp.sampling.warping import SamplingConfig
+
+  rng = np.random.default_rng(min_ngram)
+  K, L = 3, 24
+  tokens = rng.integers(0, 3, (3, L))
+  weights = np.ones((3, L), np.float32)
+  weights[:, [0, 1, 9, 10, 11]] = 0  # Prompts: a second sequence begins at 9.
+  weights[2, 15:] = 0  # A third at 15 in the last row.
+  accepted, matched = answers.lookup_accepted(tokens, weights, K, 3, min_ngram)
+  begins = {(b, t) for b in range(3) for t in (9, 15) if weights[b, t - 1] and not weights[b, t]}
+  contexts, truths, anchors = [], [], []
+  for b in range(3):
+    start = 0
+    for t in range(L - 1):
+      if (b, t) in begins:
+        start = t
+      contexts.append(np.pad(tokens[b, start : t + 1], (0, L - (t + 1 - start))))
+      truths.append(np.pad(tokens[b, t + 1 : t + 1 + K], (0, K), constant_values=-1)[:K])
+      anchors.append((b, t, t + 1 - start))
+  lengths = jnp.asarray([n for _, _, n in anchors], jnp.int32)
+  proposal, _ = PromptLookupDrafter(max_ngram=3, min_ngram=min_ngram).propose(
+    (),
+    jnp.asarray(np.stack(contexts)),
+    lengths,
+    None,
+    K,
+    jnp.full(len(anchors), K),
+    SamplingConfig(0.0),
+    3,
+  )
+  counted = 0
+  for i, (b, t, _) in enumerate(anchors):
+    count = int(proposal.num_proposed[i])
+    assert matched[b, t] == (count > 0)
+    same = np.asarray(proposal.tokens[i, :count]) == truths[i][:count]
+    run = count if same.all() else int(np.argmin(same))
+    if accepted[b, t] >= 0:
+      assert accepted[b, t] == run, (b, t)
+      counted += 1
+  assert counted > 20 and matched.any() and (accepted > 0).any()
+  head = np.arange(L)[None].repeat(3, 0)  # A head's accepted_unrolled: its p drafts after p+1.
+  both = answers.lookup_first(accepted, matched, head)
+  window = accepted >= 0
+  expected = np.where(matched, accepted, np.arange(-1, L - 2)[None])
+  np.testing.assert_array_equal(both[window], expected[window])
+  assert (both[~window] == -1).all()
+
+
 def test_tau_from_one_teacher_forced_pass_is_what_a_greedy_chain_accepts(target):
   """On the target's greedy text, the run of correct teacher-forced predictions from t is the
   number of tokens a K-token greedy chain drafted after x_<=t accepts: checked against the

@@ -36,6 +36,14 @@ from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig
 
 
+def copied_q(point_BKV: jax.Array, drawn_BKV: jax.Array) -> jax.Array:
+  """The q a copied draft is verified with: the point mass at it (``point_BKV``). The head's q
+  at the same position (``drawn_BKV``: what the row would have drawn from) is what it must NOT
+  be verified with (the certificate's planted bug ``copied_drawn_q`` returns it instead)."""
+  del drawn_BKV
+  return point_BKV
+
+
 @struct.dataclass
 class LookupFeatureDrafter(FeatureDrafter):
   """A feature head (``FeatureDrafter``'s fields) with prompt lookup first (module docstring).
@@ -98,7 +106,7 @@ class LookupFeatureDrafter(FeatureDrafter):
     probs = drawn.probs
     if probs is not None:  # Drawn tokens carry q; a copied row's q is the point mass.
       point_BKV = jax.nn.one_hot(copied.tokens, probs.shape[-1], dtype=probs.dtype)
-      probs = jnp.where(copy_B[:, None, None], point_BKV, probs)
+      probs = jnp.where(copy_B[:, None, None], copied_q(point_BKV, probs), probs)
     proposal = Proposal(
       tokens=jnp.where(copy_B[:, None], copied.tokens, drawn.tokens),
       probs=probs,

@@ -219,6 +219,8 @@ BUGS = {
   "before it instead of the q it was drawn from  (parallel drafting)",
   "sequential_head_pass_q": "a parallel draft with a sequential head reports the pass's q_k "
   "for tokens drawn from the head's corrected q_k  (parallel drafting)",
+  "copied_drawn_q": "lookup with the feature head elsewhere verifies a copied token with the "
+  "head's q instead of the point mass  (feature+lookup)",
 }
 TREE_BUGS = ("sibling_against_p", "siblings_full_q")
 
@@ -304,6 +306,10 @@ def planted(bug: str | None) -> Iterator[None]:
       return tokens_Bn, parent_q_BnV
 
     patch(proposals, "draw_depth", draw_depth)
+  elif bug == "copied_drawn_q":
+    from specsamp.sampling import lookup_feature_drafter
+
+    patch(lookup_feature_drafter, "copied_q", lambda point_BKV, drawn_BKV: drawn_BKV)
   elif bug == "chosen_real_q":
     # Chains, static trees and dynamic trees all report chosen tokens through chosen_q.
     patch(proposals, "chosen_q", lambda tokens, warped_q: warped_q)

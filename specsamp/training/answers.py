@@ -127,3 +127,56 @@ def accepted_unrolled(correct_KBT: np.ndarray, weights_BT: np.ndarray, K: int) -
   answer[:, :L] = np.asarray(weights_BT, np.float32) > 0
   window = np.lib.stride_tricks.sliding_window_view(answer[:, 2:], K, axis=1)[:, :L].all(-1)
   return np.where(window, accepted, -1)
+
+
+def lookup_accepted(
+  tokens_BL: np.ndarray, weights_BL: np.ndarray, K: int, max_ngram: int = 3, min_ngram: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+  """(accepted [B, L - 1], matched [B, L - 1]) of prompt lookup (``PromptLookupDrafter``) on
+  packed answer rows, in ``accepted_run``'s layout: at t, the K-token chain it copies after
+  x_<=t (the tokens that followed the most recent earlier occurrence of x_<=t's last n-gram,
+  n = ``max_ngram`` down to ``min_ngram``, as many as x_<=t holds, up to K) and the run of
+  them equal to x_{t+1}.., -1 where the K next tokens are not all answer tokens; ``matched``:
+  whether it found an occurrence (proposes anything). On greedy answers that run is what the
+  target accepts. The occurrence must lie in x_<=t's own sequence of the row (a packed row
+  holds several back to back: a new one begins where a prompt token follows an answer
+  token), as the sampler's row holds its own prompt and answer only."""
+  tokens_BL = np.asarray(tokens_BL)
+  answer_BL = np.asarray(weights_BL, np.float32) > 0
+  B, L = tokens_BL.shape
+  begins = ~answer_BL[:, 1:] & answer_BL[:, :-1]
+  segment_BL = np.concatenate([np.zeros((B, 1), int), np.cumsum(begins, axis=1)], axis=1)
+  source_BL = np.full((B, L), -1)  # Where the copied continuation after x_<=t begins.
+  for n in range(min_ngram, max_ngram + 1):  # Longer n-grams override shorter, as there.
+    if n > L:
+      break
+    windows = np.lib.stride_tricks.sliding_window_view(tokens_BL, n, axis=1)  # [B, M, n]
+    M = L - n + 1
+    earlier = np.arange(M)[:, None] < np.arange(M)[None, :]  # [j, s]: window j before s
+    for b in range(B):
+      same = (windows[b][:, None, :] == windows[b][None, :, :]).all(-1) & earlier
+      same &= segment_BL[b, :M][:, None] == segment_BL[b, n - 1 :][None, :]
+      found = same.any(0)
+      last = M - 1 - np.argmax(same[::-1], axis=0)  # The most recent j for each suffix s.
+      ends = np.arange(M) + n - 1  # Suffix s ends at t = s + n - 1.
+      source_BL[b, ends[found]] = last[found] + n
+  accepted = np.zeros((B, L - 1), int)
+  for b, t in zip(*np.nonzero(source_BL[:, : L - 1] >= 0)):
+    start = source_BL[b, t]
+    count = min(t + 1 - start, K, L - 1 - t)
+    same = tokens_BL[b, start : start + count] == tokens_BL[b, t + 1 : t + 1 + count]
+    accepted[b, t] = count if same.all() else int(np.argmin(same))
+  window = _answer_windows(answer_BL[:, 1:], K)
+  return np.where(window, accepted, -1), source_BL[:, : L - 1] >= 0
+
+
+def lookup_first(
+  lookup_BT: np.ndarray, matched_BT: np.ndarray, unrolled_BL: np.ndarray
+) -> np.ndarray:
+  """[B, T] accepted counts of drafter 'feature+lookup' (``lookup_feature_drafter``): prompt
+  lookup's (``lookup_accepted``) where it matched, the head's (``accepted_unrolled``, whose
+  position p drafts after x_<=p+1: shifted to t = p + 1) elsewhere; -1 outside the windows."""
+  head_BT = np.full(lookup_BT.shape, -1)
+  head_BT[:, 1:] = unrolled_BL[:, : lookup_BT.shape[1] - 1]
+  both = np.where(matched_BT, lookup_BT, head_BT)
+  return np.where(lookup_BT >= 0, both, -1)

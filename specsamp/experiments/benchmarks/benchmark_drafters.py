@@ -40,7 +40,8 @@ A dynamic tree 'dynamic:WxD@fit' ranks at the drafter's own rank temperature, fi
 run on held-out validation windows (``calibration.fit_drafter``); the record keeps it.
 
 Timing as in ``benchmark.py``: compile and warm-up excluded, median over
-``calls`` calls. Results go to ``output_dir``/results.json (resumable per
+``calls`` calls, each record's autoregressive calls interleaved with its own speculative ones
+(the speedup is their ratio). Results go to ``output_dir``/results.json (resumable per
 setting) and a Markdown table.
 """
 
@@ -63,7 +64,7 @@ from specsamp.experiments.benchmarks.benchmark import (
   parse_list,
 )
 from specsamp.experiments.benchmarks.harness import Bench
-from specsamp.experiments.benchmarks.timing import time_sampler
+from specsamp.experiments.benchmarks.timing import time_interleaved
 from specsamp.experiments.jobs import drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
@@ -243,7 +244,8 @@ def run(
   ):
     batches = prompts_lib.batches(tasks[task], batch_size)
     warp = dict(MODES[mode], max_new_tokens=config.max_new_tokens)
-    ar = None
+    autoregressive = bench.sample(None, num_draft_tokens=0, **warp)
+    warm_autoregressive: tuple[str, ...] = ()
     for name in names:
       for schedule in parse_list(config.schedules):
         for proposal, num_draft_tokens in settings:
@@ -283,26 +285,27 @@ def run(
             record["shaped_tree"] = tree_lib.parse(tree_spec).parents
             record["shaped_from"] = tree_spec.partition("@")[2]
             depth = tree_lib.parse(tree_spec).max_depth
-          if ar is None:
-            ar = time_sampler(
-              "autoregressive",
-              bench.sample(None, num_draft_tokens=0, **warp),
-              batches,
-              config.calls,
-            )
-          timed = time_sampler(
-            "speculative",
-            bench.sample(
-              name,
-              num_draft_tokens=depth,
-              schedule=schedule,
-              verifier=config.get("chain_verifier", "token") if proposal == CHAIN else "token",
-              tree=tree_spec,
-              **warp,
-            ),
+          # The record's own autoregressive calls, interleaved with its speculative ones: on a
+          # shared host a slow minute hits both (one autoregressive timing per setting read
+          # 32 to 76 ms a token from one setting to the next on SmolLM2, 2026-11-27).
+          pair_timed = time_interleaved(
+            {
+              "autoregressive": autoregressive,
+              "speculative": bench.sample(
+                name,
+                num_draft_tokens=depth,
+                schedule=schedule,
+                verifier=config.get("chain_verifier", "token") if proposal == CHAIN else "token",
+                tree=tree_spec,
+                **warp,
+              ),
+            },
             batches,
             config.calls,
+            warm=warm_autoregressive,
           )
+          ar, timed = pair_timed["autoregressive"], pair_timed["speculative"]
+          warm_autoregressive = ("autoregressive",)
           stats = speculative.summarize(timed.outputs)
           record.update(
             ms_per_token=timed.ms_per_token,

@@ -42,6 +42,7 @@ from specsamp.training import (
 )
 
 BEST = "best"
+LOOKUP_NGRAM = 3  # Drafter 'feature+lookup''s n-grams (drafter_specs.LOOKUP_NGRAM) down to 2.
 BEST_JSON = "best.json"
 
 
@@ -49,13 +50,23 @@ Accepted = Callable[[Any, tuple[np.ndarray, ...]], np.ndarray]
 
 
 def measure_tau(
-  accepted: Accepted, params: Any, held_out: Sequence[tuple[np.ndarray, ...]], K: int
-) -> tuple[float, np.ndarray]:
+  accepted: Accepted,
+  params: Any,
+  held_out: Sequence[tuple[np.ndarray, ...]],
+  K: int,
+  lookups: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+) -> tuple[float, np.ndarray, float | None]:
   """tau and acc [K] of the drafter ``params`` on held-out greedy answer batches ((tokens,
   weights), or with the target's stored outputs too), from ``accepted(params, batch)``: each
-  position's accepted count (``_drafter_setup``)."""
+  position's accepted count (``_drafter_setup``); and, given prompt lookup's counts on the
+  same batches (``answers.lookup_accepted``), the tau of drafter 'feature+lookup' with this
+  head (``answers.lookup_first``; None without them)."""
   runs = [accepted(params, batch) for batch in held_out]
-  return answers.tau(np.concatenate([r.ravel() for r in runs]), K)
+  tau, acc = answers.tau(np.concatenate([r.ravel() for r in runs]), K)
+  if lookups is None:
+    return tau, acc, None
+  both = [answers.lookup_first(*lookup, run) for lookup, run in zip(lookups, runs)]
+  return tau, acc, answers.tau(np.concatenate([b.ravel() for b in both]), K)[0]
 
 
 def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, dict[str, Any]]:
@@ -285,6 +296,14 @@ def train_on_answers(
     warning = regenerate.repetition_warning(manifests[split]["shards"], what)
     if warning:
       log(f"{name}: {warning}")
+  lookups = None
+  if drafter == "feature":  # What copying gets on the same answers, alone and with the head.
+    lookups = [answers.lookup_accepted(*batch[:2], K, LOOKUP_NGRAM, 2) for batch in evaluation]
+    alone, acc = answers.tau(np.concatenate([run.ravel() for run, _ in lookups]), K)
+    log(
+      f"{name}: prompt lookup alone (no training; {LOOKUP_NGRAM}- and 2-grams) on the same "
+      f"answers: tau(K={K}) {alone:.3f}  acc " + " ".join(f"{a:.2f}" for a in acc)
+    )
   directory = os.path.join(workdir, directory)
   store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints, log=log)
   if store.latest_step() is None and os.path.isdir(os.path.join(directory, BEST)):
@@ -307,12 +326,17 @@ def train_on_answers(
       os.replace(path + ".partial", path)
 
   def on_eval(step: int, params: Any) -> str:
-    tau, acc = measure_tau(accepted, params, evaluation, K)
+    tau, acc, with_lookup = measure_tau(accepted, params, evaluation, K, lookups)
     seconds = elapsed()
     tokens_seen = step * train_cfg.batch_size * train_cfg.seq_len
-    curve.append({"step": step, "tokens_seen": tokens_seen, "tau": tau, "seconds": seconds})
+    point = {"step": step, "tokens_seen": tokens_seen, "tau": tau, "seconds": seconds}
+    if with_lookup is not None:
+      point["tau_with_lookup"] = with_lookup
+    curve.append(point)
     best.update(curve=curve, seconds_total=seconds)
     line = f"tau(K={K}) {tau:.3f}  acc " + " ".join(f"{a:.2f}" for a in acc)
+    if with_lookup is not None:
+      line += f"  feature+lookup {with_lookup:.3f}"
     if tau > best["tau"]:
       best.update(
         step=step,
@@ -321,6 +345,8 @@ def train_on_answers(
         tokens_seen=tokens_seen,
         seconds=seconds,
       )
+      if with_lookup is not None:
+        best["tau_with_lookup"] = with_lookup
       best_store.save(step, {"params": params}, meta)
       best_store.wait()
       line += "  (best)"
@@ -393,6 +419,12 @@ def card(
   settings = sorted({shard["setting"] for shard in manifest["shards"]})
   regen_seconds = sum(shard["seconds"] for shard in manifest["shards"])
   acc = ", ".join(f"{a:.3f}" for a in best["acc"])
+  with_lookup = ""
+  if "tau_with_lookup" in best:
+    with_lookup = (
+      f" With prompt lookup where the context repeats (drafter 'feature+lookup'): "
+      f"**{best['tau_with_lookup']:.3f}**."
+    )
   curve = "\n".join(
     f"| {point['step']} | {point['tokens_seen']:,} | {point['tau']:.3f} |"
     for point in best.get("curve", [])
@@ -417,7 +449,7 @@ def card(
 - **Hardware**: {hardware}, {os.cpu_count()} CPU cores.
 - **tau(K={section.tau_draft_tokens})** on {held_prompts} held-out greedy answers
   ({held_tokens:,} answer tokens):
-  **{best["tau"]:.3f}** tokens per target call; acc_1..K {acc}.
+  **{best["tau"]:.3f}** tokens per target call; acc_1..K {acc}.{with_lookup}
 - **Stored**: bfloat16 parameters, an orbax checkpoint; SHA256SUMS covers every file and is
   checked before loading.
 

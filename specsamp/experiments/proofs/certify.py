@@ -141,7 +141,7 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (262 cases: 150 single-chain, 44 tree, 31 proposal-mode, 26 parallel, 11 bugs):
+  'full' (263 cases: 150 single-chain, 44 tree, 31 proposal-mode, 26 parallel, 12 bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
@@ -152,7 +152,7 @@ def all_cases(scope: str = "full") -> list[Case]:
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
       warpings in rotation: 6 cases.
-  'quick' (27 cases, what the test suite runs: 9 single-chain, 6 tree, 2 parallel, 10 bugs):
+  'quick' (28 cases, what the test suite runs: 9 single-chain, 6 tree, 2 parallel, 11 bugs):
     each verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
     self-speculative and the reduced-vocabulary feature head on the transformer, the quick
     tree cases (``tree_cases``) and proposal cases (``proposal_cases``: lookup with the head
@@ -167,7 +167,7 @@ def all_cases(scope: str = "full") -> list[Case]:
   'parallel': the full certificate's parallel-drafter cases and the bugs 'parallel_wrong_q' and
   'sequential_head_pass_q'.
   'proposals': the full certificate's proposal-mode cases (``proposal_cases``, dynamic trees
-  included) and the bug 'chosen_real_q' (chain and dynamic tree) only.
+  included) and the bugs 'chosen_real_q' (chain and dynamic tree) and 'copied_drawn_q' only.
   The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
   covering set above rather than the full product.
   """
@@ -176,7 +176,8 @@ def all_cases(scope: str = "full") -> list[Case]:
   if scope == "trees":  # The full certificate's tree cases and tree bugs only.
     return tree_cases("full") + [c for c in bug_cases() if c.tree]
   if scope == "proposals":
-    return proposal_cases("full") + [c for c in bug_cases() if c.bug == "chosen_real_q"]
+    bugs = ("chosen_real_q", "copied_drawn_q")
+    return proposal_cases("full") + [c for c in bug_cases() if c.bug in bugs]
   if scope == "parallel":
     parallel_bugs = ("parallel_wrong_q", "sequential_head_pass_q")
     return parallel_cases("full") + [c for c in bug_cases() if c.bug in parallel_bugs]
@@ -412,6 +413,7 @@ def bug_cases() -> list[Case]:
     Case(
       "transformer", "token", "parallel_seq", "fixed", "T=1", "1", "1", "sequential_head_pass_q"
     ),
+    Case("transformer", "token", "feature_lookup", "fixed", "T=1", "1", "1", "copied_drawn_q"),
   ]
 
 
