@@ -907,6 +907,9 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
     assert f"# A {kind} trained" in open(os.path.join(folder, "CARD.md")).read()
     built = "target outputs:" in run.stdout and "tokens to compute" in run.stdout
     assert built == (drafter == "feature"), run.stdout  # The parallel head reuses the store.
+    # A head is measured beside prompt lookup, alone and as feature+lookup.
+    beside = "prompt lookup alone" in run.stdout and "feature+lookup" in run.stdout
+    assert beside == (drafter == "feature"), run.stdout
     return folder
 
   # The feature head on the same answers, shipped, then loaded by the main job from the folder
@@ -925,6 +928,7 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   card = open(os.path.join(folder, "CARD.md")).read()
   head_best = json.load(open(os.path.join(workdir, "feature_head_answers", "best", "best.json")))
   assert f"**{head_best['tau']:.3f}**" in card and "answer tokens" in card
+  assert f"**{head_best['tau_with_lookup']:.3f}**" in card  # feature+lookup's tau.
   from specsamp.experiments.jobs import sample_job
 
   def greedy_run(drafter: str, section: str, field: str, folder: str):
@@ -938,6 +942,7 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
     assert report.tokens["speculative"] == report.tokens["autoregressive"]
     return config, logs
 
+  greedy_run("feature+lookup", "feature", "checkpoint", folder)
   config, logs = greedy_run("feature", "feature", "checkpoint", folder)
   assert any(f"feature head: loaded from {folder}" in line for line in logs), logs
   flip_a_byte(largest_file(os.path.join(folder, "checkpoint")))
