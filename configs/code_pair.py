@@ -258,7 +258,9 @@ def get_config(arg=None):
   # (n-grams N..1, default 3; no model); 'self:L': the target's first L layers (no second
   # model). Neither of the last two trains or loads a draft. 'parallel': a parallel draft (K
   # drafts from one call); 'parallel_seq': the same with a sequential head (q_k sees the drafts
-  # before k); 'parallel_head': the feature head drafting from one call (jobs/drafter_specs.py).
+  # before k); 'parallel_head': the feature head drafting from one call; 'feature+lookup' or
+  # 'feature+lookup:N': prompt lookup (n-grams N..2) where a row's context repeats, the feature
+  # head elsewhere (jobs/drafter_specs.py).
   config.speculative.drafter = "draft"
   config.speculative.verifier = "token"  # 'token' (Chen et al.) or 'block' (Sun et al.).
   # 'sampled': every draft token drawn from the drafter's real warped q; 'greedy': its most
