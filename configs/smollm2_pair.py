@@ -115,8 +115,9 @@ def get_config(arg=None):
   # Prompt lookup where a row's context repeats, the shipped head elsewhere: the most tokens per
   # target call of every drafter on this target, and nothing trains, so the first run samples
   # at once (docs/training_on_answers.md section 11: 1.98-2.30 tokens per call on HumanEval and
-  # held-out instructions, 1.04-1.26x on a 2-core CPU). 'lookup' and 'feature' run either part
-  # alone; 'draft' distills the draft above first (13-20 minutes here).
+  # held-out instructions; on a 2-core CPU 1.00-1.28x for the median prompt, 0.98-1.15x over
+  # 8). 'lookup' and 'feature' run either part alone; 'draft' distills the draft above first
+  # (13-20 minutes here).
   config.speculative.drafter = "feature+lookup"
 
   if variant == "chat":
