@@ -35,6 +35,10 @@ from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig
 
+MIN_NGRAM = 2
+"""The shortest n-gram that makes a row copy: a single repeated token is a poor reason to (on
+SmolLM2's held-out answers, 1-grams cost 0.07 tau; docs/training_on_answers.md section 11)."""
+
 
 def copied_q(point_BKV: jax.Array, drawn_BKV: jax.Array) -> jax.Array:
   """The q a copied draft is verified with: the point mass at it (``point_BKV``). The head's q
@@ -55,7 +59,7 @@ class LookupFeatureDrafter(FeatureDrafter):
   """
 
   max_ngram: int = 3
-  min_ngram: int = 2
+  min_ngram: int = MIN_NGRAM
 
   def lookup(self) -> PromptLookupDrafter:
     return PromptLookupDrafter(max_ngram=self.max_ngram, min_ngram=self.min_ngram)

@@ -101,8 +101,11 @@ def accepted_parallel(correct_KBT: np.ndarray, valid_BT: np.ndarray, K: int) -> 
   return np.where(_answer_windows(valid_BT, K), np.cumprod(along_KBT, axis=0).sum(0), -1)
 
 
-def tau(accepted: np.ndarray, K: int) -> tuple[float, np.ndarray]:
-  """(tau, acc [K]) from ``accepted_run``'s counts (-1 entries left out)."""
+def tau(accepted: np.ndarray | Sequence[np.ndarray], K: int) -> tuple[float, np.ndarray]:
+  """(tau, acc [K]) from ``accepted_run``'s counts (-1 entries left out): one array, or a
+  sequence of them (one per batch, of any shapes) pooled."""
+  if not isinstance(accepted, np.ndarray):
+    accepted = np.concatenate([np.asarray(a).ravel() for a in accepted])
   counts = np.asarray(accepted).ravel()
   counts = counts[counts >= 0]
   if not len(counts):

@@ -68,7 +68,7 @@ from specsamp.experiments.benchmarks.timing import time_interleaved
 from specsamp.experiments.jobs import drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.sampling import calibration, drafters, proposals, speculative
+from specsamp.sampling import calibration, drafters, lookup_feature_drafter, proposals, speculative
 from specsamp.sampling import tree as tree_lib
 
 TASKS = ("continue", "grounded")
@@ -104,7 +104,8 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
   elif name in ("feature", "feature_greedy"):
     spec = drafter_specs.DrafterSpec("feature")
   elif name in ("feature_lookup", "feature_lookup_greedy"):
-    spec = drafter_specs.DrafterSpec("feature_lookup", max(config.lookup_max_ngram, 2))
+    ngram = max(config.lookup_max_ngram, lookup_feature_drafter.MIN_NGRAM)
+    spec = drafter_specs.DrafterSpec("feature_lookup", ngram)
   elif name in ("parallel", "parallel_greedy"):
     spec = drafter_specs.DrafterSpec("parallel")
   elif name in ("parallel_seq", "parallel_seq_greedy"):

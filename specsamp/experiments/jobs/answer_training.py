@@ -28,8 +28,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from specsamp.experiments.jobs import drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.models.feature_head import FeatureHeadConfig
+from specsamp.sampling import lookup_feature_drafter
 from specsamp.training import (
   answers,
   checkpoint,
@@ -42,7 +44,6 @@ from specsamp.training import (
 )
 
 BEST = "best"
-LOOKUP_NGRAM = 3  # Drafter 'feature+lookup''s n-grams (drafter_specs.LOOKUP_NGRAM) down to 2.
 BEST_JSON = "best.json"
 
 
@@ -62,11 +63,11 @@ def measure_tau(
   same batches (``answers.lookup_accepted``), the tau of drafter 'feature+lookup' with this
   head (``answers.lookup_first``; None without them)."""
   runs = [accepted(params, batch) for batch in held_out]
-  tau, acc = answers.tau(np.concatenate([r.ravel() for r in runs]), K)
+  tau, acc = answers.tau(runs, K)
   if lookups is None:
     return tau, acc, None
   both = [answers.lookup_first(*lookup, run) for lookup, run in zip(lookups, runs)]
-  return tau, acc, answers.tau(np.concatenate([b.ravel() for b in both]), K)[0]
+  return tau, acc, answers.tau(both, K)[0]
 
 
 def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, dict[str, Any]]:
@@ -298,10 +299,11 @@ def train_on_answers(
       log(f"{name}: {warning}")
   lookups = None
   if drafter == "feature":  # What copying gets on the same answers, alone and with the head.
-    lookups = [answers.lookup_accepted(*batch[:2], K, LOOKUP_NGRAM, 2) for batch in evaluation]
-    alone, acc = answers.tau(np.concatenate([run.ravel() for run, _ in lookups]), K)
+    ngrams = (drafter_specs.LOOKUP_NGRAM, lookup_feature_drafter.MIN_NGRAM)
+    lookups = [answers.lookup_accepted(*batch[:2], K, *ngrams) for batch in evaluation]
+    alone, acc = answers.tau([run for run, _ in lookups], K)
     log(
-      f"{name}: prompt lookup alone (no training; {LOOKUP_NGRAM}- and 2-grams) on the same "
+      f"{name}: prompt lookup alone (no training; {ngrams[0]}- to {ngrams[1]}-grams) on the same "
       f"answers: tau(K={K}) {alone:.3f}  acc " + " ".join(f"{a:.2f}" for a in acc)
     )
   directory = os.path.join(workdir, directory)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from specsamp.sampling import drafters
+from specsamp.sampling import drafters, lookup_feature_drafter
 
 NAMES = (
   "draft",
@@ -81,7 +81,7 @@ def parse(name: str) -> DrafterSpec:
     return DrafterSpec(kind)
   if kind in ("lookup", "feature+lookup") and (not colon or number.isdigit()):
     ngram = int(number) if colon else LOOKUP_NGRAM
-    if ngram >= (1 if kind == "lookup" else 2):
+    if ngram >= (1 if kind == "lookup" else lookup_feature_drafter.MIN_NGRAM):
       return DrafterSpec("lookup" if kind == "lookup" else "feature_lookup", ngram)
   if kind == "self" and colon and number.isdigit() and int(number) >= 1:
     return DrafterSpec("self", int(number))
@@ -112,9 +112,9 @@ def make(
     head = pair.feature_head if spec.kind == "feature" else pair.parallel_head
     return FeatureDrafter(head, proposal=proposal)
   if spec.kind == "feature_lookup":
-    from specsamp.sampling.lookup_feature_drafter import LookupFeatureDrafter
-
-    return LookupFeatureDrafter(pair.feature_head, proposal=proposal, max_ngram=spec.number)
+    return lookup_feature_drafter.LookupFeatureDrafter(
+      pair.feature_head, proposal=proposal, max_ngram=spec.number
+    )
   if spec.kind == "lookup":
     return drafters.PromptLookupDrafter(max_ngram=spec.number)
   return drafters.self_speculative(pair.target, spec.number, proposal=proposal)
