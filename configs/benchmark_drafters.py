@@ -49,12 +49,17 @@ def get_config(arg=None):
   # selfL: the target's first L layers (the default target has 6).
   config.drafters = "model,model_confident,lookup,self2,self4"
   config.schedules = "fixed,heuristic"  # Draft length: K always, or HF's +2/-1 rule.
+  # The scoring call: 'full' (K + 1 positions) and/or 'narrow' (as wide as the longest
+  # proposal + 1; chains only).
+  config.scorings = "full"
   config.num_draft_tokens = "2,4,6"  # K (the most, for the heuristic schedule).
   # Proposals, ';'-separated: 'chain' (one chain at each K above) and tree shapes (their depth
   # is their K; fixed schedule, not prompt lookup; recursive rejection sampling).
   config.trees = "chain"
   config.chain_verifier = "token"  # A chain's verifier: 'token' (Chen et al.) or 'block'.
-  config.confidence_threshold = 0.4  # model_confident's stop (HF's default).
+  # The confidence stop of model_confident (HF's default), feature_confident and
+  # feature_lookup_confident.
+  config.confidence_threshold = 0.4
   config.lookup_max_ngram = 3  # Prompt lookup tries 3-, 2-, then 1-grams.
 
   # 'held_out' (num_prompts windows of prompt_tokens), 'text:TEXT', 'file:PATH' or 'humaneval':

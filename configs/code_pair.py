@@ -271,6 +271,13 @@ def get_config(arg=None):
   # independent chains of 4), 'tree:2,2,1,1' (children per node at each depth). K becomes the
   # tree's depth; the verifier is 'token' (recursive rejection sampling) or 'traversal'.
   config.speculative.tree = ""
+  # Stop a row's draft after a token its drafter's model gave less than this probability (0:
+  # never; not prompt lookup). Exact: the stop reads the drafter's output only.
+  config.speculative.confidence_threshold = 0.0
+  # Chains: score each iteration with the narrowest of 1..K + 1 tokens that holds every row's
+  # proposal (one compiled scoring call per width), so a short proposal (a lookup miss, a
+  # confidence stop) pays for a narrow call; False: always K + 1 (docs/how_it_works.md).
+  config.speculative.narrow_scoring = False
 
   if variant == "large":
     config.tokenizer.vocab_size = vocab = 2048

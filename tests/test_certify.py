@@ -58,6 +58,8 @@ SUITE_REAL_CASES = (
   "trigram block model heuristic top-p=0.8 batch=ragged16 mesh=1",
   # Copied tokens (point-mass q) and the head's drawn ones in one proposal, rows mixed.
   "transformer block feature_lookup heuristic T=0.7,k=4,p=0.9 batch=ragged16 mesh=1",
+  # Narrow scoring: rows stop at their draft's confidence, the call is as wide as the longest.
+  "trigram narrow block confidence_stop heuristic T=0.7,k=4,p=0.9 batch=ragged16 mesh=1",
 )
 
 

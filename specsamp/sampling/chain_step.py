@@ -41,6 +41,14 @@ class ChainStep:
   num_draft_tokens: int
   sampling: SamplingConfig
   verifier: str
+  narrow: bool = False
+
+  @property
+  def widths(self) -> tuple[int, ...]:
+    """The scoring calls' widths this step compiles: K + 1 only, or with ``narrow`` each of
+    1..K + 1 (``scoring_width``)."""
+    full = self.num_draft_tokens + 1
+    return tuple(range(1, full + 1)) if self.narrow else (full,)
 
   @property
   def ranks(self) -> int:
@@ -76,16 +84,18 @@ class ChainStep:
       proposed_B = jnp.minimum(proposal.num_proposed, inputs.limit)
     with jax.named_scope("score"):
       last_B = inputs.tokens[rows_B, lengths_B - 1]
-      scored = model_protocol.score(
+      width = scoring_width(proposed_B, self.widths)
+      target_logits_BG1V, target_cache, features = score_narrow(
         target,
         jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
         lengths_B[:, None] - 1 + jnp.arange(self.num_draft_tokens + 1),
         inputs.target_cache,
         drafter.feature_layers,
+        self.widths,
+        width,
       )
-      target_logits_BG1V, target_cache = scored
       # The scored positions' features: a feature head's next input (observe: a no-op else).
-      drafter_state = drafter.observe(drafter_state, scored.features, lengths_B - 1)
+      drafter_state = drafter.observe(drafter_state, features, lengths_B - 1)
     with jax.named_scope("verify"):
       verdict = self.verify_fn(synthetic_acceptance)(
         threefry.fold_in(key, 1),
@@ -104,4 +114,43 @@ class ChainStep:
       drafter_state=drafter_state,
       draft_calls=proposal.model_calls,
       nan=model_protocol.has_nan(target_logits_BG1V) | proposal.nan,
+      scored_tokens=jnp.asarray(self.widths, jnp.int32)[width],
     )
+
+
+def scoring_width(proposed_B: jax.Array, widths: tuple[int, ...]) -> jax.Array:
+  """The index into ``widths`` (ascending) of the narrowest scoring call that holds every
+  row's proposal and the position after it: 1 + max_b proposed_b tokens."""
+  needed = 1 + jnp.max(proposed_B)
+  return jnp.sum(jnp.asarray(widths, jnp.int32) < needed).astype(jnp.int32)
+
+
+def score_narrow(
+  target: Any,
+  tokens_BG1: jax.Array,
+  positions_BG1: jax.Array,
+  cache: Any,
+  capture_layers: tuple[int, ...],
+  widths: tuple[int, ...],
+  index: jax.Array,
+) -> tuple[jax.Array, Any, jax.Array | None]:
+  """The scoring call on the first ``widths[index]`` of the G + 1 tokens (``lax.switch``: one
+  compiled call per width, only the chosen one runs), its logits and features padded back to
+  G + 1 positions with zeros. A padded position lies past every row's proposal, so nothing
+  reads it: the verifier stops at a row's count, the loop appends at most count + 1 tokens,
+  and the cache entries it skipped lie past every row's new length."""
+  full = tokens_BG1.shape[1]
+
+  def call(width: int):
+    def scored(cache):
+      out = model_protocol.score(
+        target, tokens_BG1[:, :width], positions_BG1[:, :width], cache, capture_layers
+      )
+      pad = lambda x: None if x is None else jnp.pad(x, ((0, 0), (0, full - width), (0, 0)))
+      return pad(out.logits), out.cache, pad(out.features)
+
+    return scored
+
+  if len(widths) == 1:
+    return call(widths[0])(cache)
+  return jax.lax.switch(index, [call(w) for w in widths], cache)

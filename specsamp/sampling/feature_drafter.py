@@ -89,10 +89,15 @@ class FeatureDrafter(Drafter):
     model: a ``feature_head.FeatureDraftModel`` (the head and the target it reads).
     proposal: 'sampled' (every token drawn from the head's real warped q) or 'greedy' (its
       most likely tokens, verified with one-hot q, as EAGLE in vLLM): ``proposals.py``.
+    confidence_threshold: stop a row's chain (a static tree's branch) after a token whose
+      probability under the head's own (unwarped) softmax is below this (0: never stop
+      early), as ``ModelDrafter``'s. How many tokens a row proposes then depends on the head's
+      output alone, so it stays exact; with ``narrow_scoring`` the target scores fewer.
   """
 
   model: Any
   proposal: str = "sampled"
+  confidence_threshold: float = 0.0
   model_calls_per_prefill = 1
 
   @property
@@ -103,9 +108,16 @@ class FeatureDrafter(Drafter):
     check_feature_target(target)
     model_protocol.check_same_vocabulary(target, self.model)
     proposals.check_proposal(self.proposal)
+    if not 0.0 <= self.confidence_threshold < 1.0:
+      raise ValueError(f"confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")
 
   def check_tree(self, tree: TreeShape) -> None:
     proposals.check_proposal(self.proposal, tree)
+    if tree.dynamic and self.confidence_threshold > 0:
+      raise ValueError(
+        "A dynamic tree already spends its node budget where the head is confident; "
+        "confidence_threshold applies to static trees and chains."
+      )
 
   def state_bytes(self, batch_size: int, cache_length: int) -> int:
     return memory.cache_bytes(self.model, batch_size, cache_length)
@@ -221,7 +233,14 @@ class FeatureDrafter(Drafter):
   ):
     logits_BKV, cache, count_B = self._parallel_call(state, tokens_BW, lengths_B, num_draft_tokens)
     proposal = parallel_drafter.chain_from(
-      key, logits_BKV, limit_B, sampling, vocab_size, self.proposal, active_B=count_B > 0
+      key,
+      logits_BKV,
+      limit_B,
+      sampling,
+      vocab_size,
+      self.proposal,
+      active_B=count_B > 0,
+      confidence_threshold=self.confidence_threshold,
     )
     return proposal, state.replace(cache=cache)
 
@@ -262,6 +281,7 @@ class FeatureDrafter(Drafter):
       vocab_size,
       self.proposal,
       active_B=count_B > 0,  # A one-token row has no feature yet: it proposes nothing.
+      confidence_threshold=self.confidence_threshold,
     )
     proposal = Proposal(
       tokens=tokens_BG, probs=probs_BGV, num_proposed=proposed_B, model_calls=steps, nan=nan_B
@@ -312,6 +332,7 @@ class FeatureDrafter(Drafter):
       vocab_size,
       expand,
       proposal=self.proposal,
+      confidence_threshold=self.confidence_threshold,
     )
     proposal = TreeProposal(
       tokens=tokens_BN,
@@ -338,5 +359,6 @@ class FeatureDrafter(Drafter):
       sampling,
       vocab_size,
       self.proposal,
+      self.confidence_threshold,
     )
     return proposal, state.replace(cache=cache)

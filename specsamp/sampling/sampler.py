@@ -46,6 +46,7 @@ def as_speculative_output(output: autoregressive.GenerationOutput) -> Speculativ
     num_generated=output.num_generated,
     model_calls=output.model_calls,
     draft_calls=jnp.int32(0),
+    scored_tokens=(output.model_calls - 1).astype(jnp.int32),
     iterations=generated_B,
     accepted_histogram=generated_B[:, None],
     accepted_at_position=jnp.zeros((batch, 0), jnp.int32),
@@ -102,6 +103,7 @@ class Sampler:
     cache_length: int | None = None,
     tree: str | TreeShape | None = None,
     synthetic_acceptance: float | None = None,
+    narrow_scoring: bool = False,
   ) -> SpeculativeOutput:
     """``speculative_generate``'s sampling (its arguments mean the same) on kept caches;
     ``num_draft_tokens=0`` samples autoregressively. Bit-identical to a fresh call."""
@@ -128,6 +130,7 @@ class Sampler:
       tree=tree,
       synthetic_acceptance=synthetic_acceptance,
       check_memory=False,
+      narrow_scoring=narrow_scoring,
     )
     loop = speculative.SpeculativeLoop(
       target_static=self._target_split[0],
@@ -141,6 +144,7 @@ class Sampler:
       pad_id=int(self.pad_id),
       cache_length=int(cache_length),
       tree=tree,
+      narrow_scoring=bool(narrow_scoring),
     )
     batch = prompts.shape[0]
     key = ("speculative", batch, cache_length)

@@ -76,6 +76,7 @@ class _LoopState:
   drafter_state: Any
   draft_limit: jax.Array  # [B] k_b, the schedule's draft length for the next iteration.
   draft_calls: jax.Array
+  scored_tokens: jax.Array
   iterations: jax.Array
   accepted_histogram: jax.Array
   accepted_at_position: jax.Array
@@ -177,6 +178,8 @@ class SpeculativeLoop:
     tree: a tree proposal's shape (``tree.py``), or None for a single chain of K; with a
       tree, K is its depth and the verifier 'token' (recursive rejection sampling) or
       'traversal'.
+    narrow_scoring: score each iteration with the narrowest of 1..K + 1 tokens that holds
+      every row's proposal (``chain_step.score_narrow``; chains only), not always K + 1.
   """
 
   target_static: Any
@@ -190,6 +193,7 @@ class SpeculativeLoop:
   pad_id: int
   cache_length: int
   tree: TreeShape | None = None
+  narrow_scoring: bool = False
 
   @classmethod
   def for_models(
@@ -206,6 +210,7 @@ class SpeculativeLoop:
     pad_id: int,
     cache_length: int,
     tree: TreeShape | None = None,
+    narrow_scoring: bool = False,
   ) -> tuple[SpeculativeLoop, Any, Any]:
     """(loop, target arrays, drafter arrays): what ``speculative_generate`` calls, and what
     ``experiments.aot`` lowers for a TPU slice."""
@@ -223,6 +228,7 @@ class SpeculativeLoop:
       pad_id=int(pad_id),
       cache_length=int(cache_length),
       tree=tree,
+      narrow_scoring=bool(narrow_scoring),
     )
     return loop, target_dynamic, drafter_dynamic
 
@@ -231,7 +237,9 @@ class SpeculativeLoop:
     """This loop's step, chosen once: one chain of K (``chain_step``) or a tree
     (``tree_step``); the same call and result either way."""
     if self.tree is None:
-      return chain_step.ChainStep(self.num_draft_tokens, self.sampling, self.verifier)
+      return chain_step.ChainStep(
+        self.num_draft_tokens, self.sampling, self.verifier, self.narrow_scoring
+      )
     return tree_step.TreeStep(self.tree, self.sampling, self.verifier)
 
   @functools.partial(jax.jit, static_argnums=0)
@@ -326,6 +334,7 @@ class SpeculativeLoop:
       drafter_state=drafter_state,
       draft_limit=jnp.full((batch,), num_draft_tokens, jnp.int32),
       draft_calls=jnp.int32(drafter.model_calls_per_prefill),
+      scored_tokens=jnp.int32(0),
       iterations=zeros_B,
       accepted_histogram=jnp.zeros((batch, num_draft_tokens + 1), jnp.int32),
       accepted_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
@@ -392,6 +401,7 @@ class SpeculativeLoop:
           num_draft_tokens,
         ),
         draft_calls=state.draft_calls + result.draft_calls,
+        scored_tokens=state.scored_tokens + result.scored_tokens,
         nan_logits=state.nan_logits | (active_B & result.nan),
         **{name: getattr(state, name) + counted[name] for name in STATISTICS},
       )
@@ -404,6 +414,7 @@ class SpeculativeLoop:
         num_generated=state.lengths - prompt_lengths_B,
         model_calls=state.step + 1,
         draft_calls=state.draft_calls,
+        scored_tokens=state.scored_tokens,
         nan_logits=state.nan_logits,
         **{name: getattr(state, name) for name in STATISTICS},
       )
@@ -425,6 +436,7 @@ def check_request(
   synthetic_acceptance: float | None = None,
   tree: str | TreeShape | None = None,
   check_memory: bool = True,
+  narrow_scoring: bool = False,
 ) -> tuple[jax.Array, jax.Array, int, TreeShape | None, str]:
   """Validates one speculative request (``speculative_generate``'s arguments, the models
   already checked) with a one-line error for each bad input, and checks that its buffers fit.
@@ -434,6 +446,10 @@ def check_request(
     the parsed tree (or None), and the request's shape in words for error messages.
   """
   tree = tree_step.check_tree(tree, num_draft_tokens, verifier, target, drafter)
+  if narrow_scoring and tree is not None:
+    raise ValueError(
+      "narrow_scoring applies to chains: a tree's scoring call is as wide as its nodes."
+    )
   if schedule not in SCHEDULES:
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
   if (
@@ -519,6 +535,7 @@ def speculative_generate(
   check_nan: bool = True,
   synthetic_acceptance: float | None = None,
   tree: str | TreeShape | None = None,
+  narrow_scoring: bool = False,
 ) -> SpeculativeOutput:
   """Samples from ``target`` with drafts from ``draft``; the output is distributed as target's.
 
@@ -552,6 +569,11 @@ def speculative_generate(
       equal its depth. Verifiers: 'token' (recursive rejection sampling, SpecInfer) or
       'traversal' (Weng et al. 2025). Needs a target and drafter that take tree calls
       (``model_protocol``, parts (e) and (f)).
+    narrow_scoring: chains only: score each iteration with the narrowest of 1..K + 1 tokens
+      that holds every row's proposal (one compiled scoring call per width, only the chosen
+      one runs), so an iteration whose drafter proposed fewer than K tokens (a prompt-lookup
+      miss, a confidence stop, a short schedule) pays for a narrower call. Which width runs
+      depends on the proposals only, so it is as exact as K + 1 always.
 
   Returns:
     A ``SpeculativeOutput`` with tokens and statistics (``.summary()``).
@@ -572,6 +594,7 @@ def speculative_generate(
     cache_length=cache_length,
     synthetic_acceptance=synthetic_acceptance,
     tree=tree,
+    narrow_scoring=narrow_scoring,
   )
   loop, target_dynamic, drafter_dynamic = SpeculativeLoop.for_models(
     target,
@@ -585,6 +608,7 @@ def speculative_generate(
     pad_id=pad_id,
     cache_length=cache_length,
     tree=tree,
+    narrow_scoring=narrow_scoring,
   )
   arguments = (prompts, prompt_lengths, rng, jnp.float32(synthetic_acceptance or 0.0))
   return run_loop(lambda: loop(target_dynamic, drafter_dynamic, *arguments), shape, check_nan)

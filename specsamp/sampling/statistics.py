@@ -25,6 +25,8 @@ class SpeculativeOutput(GenerationOutput):
   Attributes (besides GenerationOutput's tokens, lengths, num_generated, and
   model_calls, which counts TARGET calls, prefill included):
     draft_calls: scalar, draft model calls (prefill included).
+    scored_tokens: scalar, positions per row the target's scoring calls ran on, over all
+      iterations (prefill not included): K + 1 each for a chain, fewer with narrow scoring.
     iterations: [B] draft-score-verify iterations in which the row was active.
     accepted_histogram: [B, K+1] count of iterations that appended 0..K draft tokens.
     accepted_at_position: [B, K] iterations in which draft token t was accepted and appended.
@@ -47,6 +49,7 @@ class SpeculativeOutput(GenerationOutput):
   """
 
   draft_calls: jax.Array
+  scored_tokens: jax.Array
   iterations: jax.Array
   accepted_histogram: jax.Array
   accepted_at_position: jax.Array
@@ -80,6 +83,9 @@ def summarize(outputs: list[SpeculativeOutput]) -> dict[str, Any]:
     "num_draft_tokens": num_draft_tokens,
     "target_calls": int(sum(int(o.target_calls) for o in outputs)),
     "draft_calls": int(sum(int(o.draft_calls) for o in outputs)),
+    # The scoring call's mean width (K + 1 without narrow scoring), prefill not counted.
+    "mean_scored_tokens": sum(int(o.scored_tokens) for o in outputs)
+    / max(sum(int(o.target_calls) - 1 for o in outputs), 1),
     "row_iterations": int(histogram.sum()),
     "accepted_histogram": histogram.tolist(),
     # P(draft token t accepted), t = 1..K, and P(accepted | t-1 accepted).

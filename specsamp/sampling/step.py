@@ -57,6 +57,8 @@ class StepResult:
     num_proposed: [B] draft tokens proposed in all (k_b for a chain, nodes for a tree).
     target_cache, drafter_state: after the step, not yet rolled back.
     draft_calls: scalar, draft model calls.
+    scored_tokens: scalar, the positions per row the scoring call ran on (K + 1 for a chain,
+      fewer with narrow scoring; the tree's nodes + 1).
     nan: [B] either model produced NaN for the row.
     rank_counts: ([B, R], [B, R]) accepted and reached nodes per sibling rank (a tree's,
       ``tree_step.rank_counts``); None for a chain (rank 0 only, counted from the verdict).
@@ -71,6 +73,7 @@ class StepResult:
   drafter_state: Any
   draft_calls: jax.Array
   nan: jax.Array
+  scored_tokens: jax.Array
   rank_counts: tuple[jax.Array, jax.Array] | None = None
 
 

@@ -193,6 +193,7 @@ class TreeStep:
       drafter_state=drafter_state,
       draft_calls=proposal.model_calls,
       nan=model_protocol.has_nan(target_logits_BTV) | proposal.nan,
+      scored_tokens=jnp.int32(tree.num_nodes + 1),
       rank_counts=rank_counts(tree, proposal, verdict),
     )
 

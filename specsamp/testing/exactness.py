@@ -221,6 +221,8 @@ BUGS = {
   "for tokens drawn from the head's corrected q_k  (parallel drafting)",
   "copied_drawn_q": "lookup with the feature head elsewhere verifies a copied token with the "
   "head's q instead of the point mass  (feature+lookup)",
+  "narrow_one_short": "narrow scoring one position short of the longest proposal, so a fully "
+  "accepted row's next token comes from a position never scored  (narrow scoring)",
 }
 TREE_BUGS = ("sibling_against_p", "siblings_full_q")
 
@@ -306,6 +308,13 @@ def planted(bug: str | None) -> Iterator[None]:
       return tokens_Bn, parent_q_BnV
 
     patch(proposals, "draw_depth", draw_depth)
+  elif bug == "narrow_one_short":
+    from specsamp.sampling import chain_step
+
+    def one_short(proposed_B, widths):
+      return jnp.sum(jnp.asarray(widths, jnp.int32) < jnp.max(proposed_B)).astype(jnp.int32)
+
+    patch(chain_step, "scoring_width", one_short)
   elif bug == "copied_drawn_q":
     from specsamp.sampling import lookup_feature_drafter
 

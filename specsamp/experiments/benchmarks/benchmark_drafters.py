@@ -23,6 +23,9 @@ Drafters (names in ``config.drafters``):
                    (how vLLM and SGLang run EAGLE); ``proposals.py``
   feature_lookup   prompt lookup (n-grams ``lookup_max_ngram``..2) where a row's context
                    repeats, the feature head elsewhere (``lookup_feature_drafter.py``); chains
+  feature_confident, feature_lookup_confident  the same two with the head's confidence stop
+                   (``confidence_threshold``): a row's chain ends after a token the head gave
+                   less than it
   model_greedy     the trained draft proposing its most likely tokens, with one-hot q
   parallel         the pair's parallel draft (PARD style): K drafts from one call, real q
   parallel_greedy  the same proposing each position's most likely token, one-hot q
@@ -38,6 +41,10 @@ per sibling rank that the same drafter and mode measured on the proposal before 
 most ranks (list a wide tree first); the record keeps the shape and the acceptance it used.
 A dynamic tree 'dynamic:WxD@fit' ranks at the drafter's own rank temperature, fitted in the
 run on held-out validation windows (``calibration.fit_drafter``); the record keeps it.
+
+Scoring (``config.scorings``, chains only): 'full' (K + 1 positions every iteration) and
+'narrow' (the narrowest of 1..K + 1 that holds every row's proposal, ``chain_step.score_narrow``);
+a narrow record's key ends in '/narrow', and every record keeps its mean scoring width.
 
 Timing as in ``benchmark.py``: compile and warm-up excluded, median over
 ``calls`` calls, each record's autoregressive calls interleaved with its own speculative ones
@@ -103,9 +110,11 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
     spec = drafter_specs.DrafterSpec("self", int(name[4:]))
   elif name in ("feature", "feature_greedy"):
     spec = drafter_specs.DrafterSpec("feature")
-  elif name in ("feature_lookup", "feature_lookup_greedy"):
+  elif name in ("feature_lookup", "feature_lookup_greedy", "feature_lookup_confident"):
     ngram = max(config.lookup_max_ngram, lookup_feature_drafter.MIN_NGRAM)
     spec = drafter_specs.DrafterSpec("feature_lookup", ngram)
+  elif name == "feature_confident":
+    spec = drafter_specs.DrafterSpec("feature")
   elif name in ("parallel", "parallel_greedy"):
     spec = drafter_specs.DrafterSpec("parallel")
   elif name in ("parallel_seq", "parallel_seq_greedy"):
@@ -118,12 +127,14 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
       pair,
       "greedy" if name.endswith("_greedy") else "sampled",
       mask_token_id=config.pair.draft.train.distill.get("mask_token", -1),
+      confidence_threshold=config.confidence_threshold if name.endswith("_confident") else 0.0,
     )
   if name == "model_confident":
     return drafters.ModelDrafter(pair.draft, confidence_threshold=config.confidence_threshold)
   raise ValueError(
     f"Unknown drafter {name!r}: use model, model_greedy, model_confident, lookup, feature, "
-    "feature_greedy, feature_lookup, feature_lookup_greedy, parallel, parallel_greedy, "
+    "feature_greedy, feature_confident, feature_lookup, feature_lookup_greedy, "
+    "feature_lookup_confident, parallel, parallel_greedy, "
     "parallel_seq, parallel_seq_greedy, parallel_head, "
     "parallel_head_greedy or selfL "
     "(L = layers of the target, e.g. self2)."
@@ -131,6 +142,7 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
 
 
 CHAIN = "chain"  # One chain of K draft tokens (config.trees).
+SCORINGS = ("full", "narrow")  # The scoring call's width (config.scorings; module docstring).
 
 
 SEQUOIA = "sequoia:"  # Shaped in the run from measured acceptance per rank (module docstring).
@@ -198,6 +210,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   check_choices("tasks", config.tasks, TASKS)
   check_choices("modes", config.modes, MODES)
   check_choices("schedules", config.schedules, speculative.SCHEDULES)
+  check_choices("scorings", config.get("scorings", "full"), SCORINGS)
   if min(parse_list(config.num_draft_tokens, int)) < 1 or config.calls < 1:
     raise ValueError("num_draft_tokens and calls must be >= 1.")
 
@@ -248,9 +261,13 @@ def run(
     autoregressive = bench.sample(None, num_draft_tokens=0, **warp)
     warm_autoregressive: tuple[str, ...] = ()
     for name in names:
-      for schedule in parse_list(config.schedules):
+      for schedule, scoring in itertools.product(
+        parse_list(config.schedules), parse_list(config.get("scorings", "full"))
+      ):
         for proposal, num_draft_tokens in settings:
           if proposal != CHAIN and not trees_ok(name, built[name], schedule, proposal):
+            continue
+          if proposal != CHAIN and scoring == "narrow":  # A tree scores all its nodes.
             continue
           record = {
             "task": task,
@@ -263,6 +280,8 @@ def run(
             record["batch_size"] = batch_size
           if proposal != CHAIN:  # Chain records keep the keys they had before trees.
             record["tree"] = proposal
+          if scoring == "narrow":  # Full-width records keep the keys they had before.
+            record["scoring"] = scoring
           record_key = "/".join(str(v) for v in record.values())
           if record_key in store.data["records"]:
             continue
@@ -298,6 +317,7 @@ def run(
                 schedule=schedule,
                 verifier=config.get("chain_verifier", "token") if proposal == CHAIN else "token",
                 tree=tree_spec,
+                **({"narrow_scoring": True} if scoring == "narrow" else {}),
                 **warp,
               ),
             },
@@ -323,6 +343,7 @@ def run(
             acceptance_rate=stats["acceptance_rate"],
             alpha=stats["alpha"],
             draft_calls_per_call=stats["draft_calls"] / max(stats["target_calls"], 1),
+            mean_scored_tokens=stats["mean_scored_tokens"],
             acceptance_at_position=stats["acceptance_at_position"],
             acceptance_at_rank=stats["acceptance_at_rank"],
             draft_cost=draft_cost(bench, name, batch_size),
@@ -330,7 +351,7 @@ def run(
           store.data["records"][record_key] = record
           store.save()
           log(
-            f"{task:>9} {mode:>7} B={batch_size} {name:>15} {schedule:>9} {proposal} "
+            f"{task:>9} {mode:>7} B={batch_size} {name:>15} {schedule:>9} {proposal} {scoring} "
             f"K={num_draft_tokens}: "
             f"{timed.ms_per_token:6.2f} ms/token (AR {ar.ms_per_token:6.2f}), speedup "
             f"{record['speedup']:4.2f}x (throughput {record['throughput_speedup']:4.2f}x), "
@@ -346,23 +367,27 @@ def run(
 
 
 def summary_table(records: dict[str, dict]) -> str:
-  """Per task and mode, each drafter's best setting: Markdown."""
+  """Per task and mode, each drafter's best setting: Markdown. A narrow-scored chain is its
+  own proposal ('chain narrow'); 'width' is the scoring call's mean width."""
   best: dict[tuple, dict] = {}
   for record in records.values():
+    proposal = record.get("tree", CHAIN)
+    if record.get("scoring", "full") != "full":
+      proposal += f" {record['scoring']}"
     group = (
       record["task"],
       record["mode"],
       record.get("batch_size", 1),
       record["drafter"],
       record["schedule"],
-      record.get("tree", CHAIN),
+      proposal,
     )
     if group not in best or record["speedup"] > best[group]["speedup"]:
       best[group] = record
   lines = [
     "| task | mode | batch | drafter | schedule | proposal | best K | speedup | throughput | "
-    "ms/token (AR) | tokens / call | draft length | acceptance | alpha | c |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "ms/token (AR) | tokens / call | draft length | width | acceptance | alpha | c |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for (task, mode, batch, name, schedule, proposal), r in sorted(best.items()):
     lines.append(
@@ -372,7 +397,8 @@ def summary_table(records: dict[str, dict]) -> str:
       + ("-" if "throughput_speedup" not in r else f"{r['throughput_speedup']:.2f}x")
       + f" | {r['ms_per_token']:.1f} ({r['ar_ms_per_token']:.1f}) | "
       f"{r['tokens_per_call']:.2f} | {r['mean_draft_length']:.2f} | "
-      f"{r['acceptance_rate']:.3f} | {r['alpha']:.3f} | "
+      + ("-" if "mean_scored_tokens" not in r else f"{r['mean_scored_tokens']:.2f}")
+      + f" | {r['acceptance_rate']:.3f} | {r['alpha']:.3f} | "
       + ("-" if r.get("draft_cost") is None else f"{r['draft_cost']:.3f}")
       + " |"
     )

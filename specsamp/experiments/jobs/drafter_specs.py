@@ -93,28 +93,40 @@ def parse(name: str) -> DrafterSpec:
 
 
 def make(
-  spec: DrafterSpec, pair: Any, proposal: str = "sampled", mask_token_id: int = -1
+  spec: DrafterSpec,
+  pair: Any,
+  proposal: str = "sampled",
+  mask_token_id: int = -1,
+  confidence_threshold: float = 0.0,
 ) -> drafters.Drafter:
   """The drafter ``spec`` names, on a prepared pair (``jobs.pair.Pair``); a parallel draft
-  needs its placeholder id (the config's ``draft.train.distill.mask_token``)."""
+  needs its placeholder id (the config's ``draft.train.distill.mask_token``). A drafter with a
+  model stops a row's draft after a token its model gave less than ``confidence_threshold``
+  (0: never); prompt lookup has no model to be confident with."""
+  stop = dict(confidence_threshold=float(confidence_threshold))
+  if spec.kind == "lookup":
+    if confidence_threshold:
+      raise ValueError(
+        f"--config.speculative.confidence_threshold={confidence_threshold}: prompt lookup "
+        "copies, it has no model probability to stop on; use 0."
+      )
+    return drafters.PromptLookupDrafter(max_ngram=spec.number)
   if spec.kind == "draft":
-    return drafters.ModelDrafter(pair.draft, proposal=proposal)
+    return drafters.ModelDrafter(pair.draft, proposal=proposal, **stop)
   if spec.kind in ("parallel", "parallel_seq"):
     from specsamp.sampling.parallel_drafter import ParallelDrafter
 
     head = pair.sequential_head if spec.kind == "parallel_seq" else None
     return ParallelDrafter(
-      pair.drafts["parallel"], mask_token_id=mask_token_id, proposal=proposal, head=head
+      pair.drafts["parallel"], mask_token_id=mask_token_id, proposal=proposal, head=head, **stop
     )
   if spec.kind in ("feature", "parallel_head"):
     from specsamp.sampling.feature_drafter import FeatureDrafter
 
     head = pair.feature_head if spec.kind == "feature" else pair.parallel_head
-    return FeatureDrafter(head, proposal=proposal)
+    return FeatureDrafter(head, proposal=proposal, **stop)
   if spec.kind == "feature_lookup":
     return lookup_feature_drafter.LookupFeatureDrafter(
-      pair.feature_head, proposal=proposal, max_ngram=spec.number
+      pair.feature_head, proposal=proposal, max_ngram=spec.number, **stop
     )
-  if spec.kind == "lookup":
-    return drafters.PromptLookupDrafter(max_ngram=spec.number)
-  return drafters.self_speculative(pair.target, spec.number, proposal=proposal)
+  return drafters.self_speculative(pair.target, spec.number, proposal=proposal, **stop)

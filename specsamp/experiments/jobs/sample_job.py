@@ -185,7 +185,24 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       + ("" if tree is None else " with a dynamic tree" if tree.dynamic else " with a tree"),
     ),
   ]
+  checks.append(
+    (
+      "speculative.confidence_threshold",
+      spec.get("confidence_threshold", 0.0),
+      isinstance(spec.get("confidence_threshold", 0.0), (int, float))
+      and 0.0 <= spec.get("confidence_threshold", 0.0) < 1.0,
+      "must be a number in [0, 1) (0: never stop a draft early)",
+    )
+  )
   if tree is not None:
+    checks.append(
+      (
+        "speculative.narrow_scoring",
+        spec.get("narrow_scoring", False),
+        not spec.get("narrow_scoring", False),
+        "applies to chains: a tree's scoring call is as wide as its nodes (set it False)",
+      )
+    )
     checks.append(
       (
         "speculative.tree",
@@ -255,6 +272,7 @@ def run(
     pair,
     config.speculative.get("proposal", "sampled"),
     mask_token_id=config.draft.train.distill.get("mask_token", -1),
+    confidence_threshold=config.speculative.get("confidence_threshold", 0.0),
   )
   prompts = prompts_lib.of_pair(
     pair, source, chat=bool(s.get("chat_template", False)), limit=s.get("max_prompts", 0)
@@ -275,6 +293,8 @@ def run(
   common = dict(
     max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p
   )
+  if config.speculative.get("narrow_scoring", False):  # Chains only (check_settings).
+    common["narrow_scoring"] = True
   # One harness, one kept-cache sampler for both loops (benchmarks/harness.py): models split
   # once, compiled loops and KV caches kept between calls; K = 0 is its autoregressive loop.
   batches = prompts_lib.batches(prompts, s.batch_size)

@@ -92,7 +92,7 @@ PROPOSAL_DRAFTERS = ("feature", "feature_greedy", "feature_vocab", "feature_voca
 # (lookup_feature_drafter.py): copied tokens (point-mass q) and drawn ones in one proposal. Its
 # n-grams start at 1 here, so that about half the short prompts' rows copy (the batch-1
 # prompt's last token occurred before) and the others draw from the head.
-LOOKUP_FEATURE_DRAFTERS = ("feature_lookup", "feature_lookup_greedy")
+LOOKUP_FEATURE_DRAFTERS = ("feature_lookup", "feature_lookup_greedy", "feature_lookup_confident")
 PROPOSAL_TREE = "tree:2,2,1"
 DYNAMIC_TREE = "dynamic:3,2,2"  # EAGLE-2: 3 nodes at depth 1, then the 2 best of 6 per depth.
 PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
@@ -101,7 +101,7 @@ TREE_BUG = "tree:3,1,1"  # Where the tree bugs show: three distinct siblings, th
 PARALLEL_DRAFTERS = ("parallel", "parallel_greedy", "parallel_seq", "parallel_head")
 PARALLEL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 PARALLEL_MASK = VOCAB - 1  # The placeholder: a real row of the 8-token tables stands in.
-SCOPES = ("full", "quick", "trees", "proposals", "parallel")
+SCOPES = ("full", "quick", "trees", "proposals", "parallel", "narrow")
 # Batch-1 prompt: its last token occurred before, so prompt lookup proposes from the start.
 PROMPT = (3, 6, 1, 3)
 RAGGED_ROWS = 16
@@ -121,6 +121,7 @@ class Case:
   mesh: str
   bug: str | None = None
   tree: str | None = None
+  narrow: bool = False  # Narrow scoring (chain_step.score_narrow).
 
   @property
   def name(self) -> str:
@@ -135,6 +136,8 @@ class Case:
     ]
     if self.tree:
       parts.insert(1, f"tree={self.tree}")
+    if self.narrow:
+      parts.insert(1, "narrow")
     return " ".join(parts) + (f" BUG={self.bug}" if self.bug else "")
 
 
@@ -178,6 +181,8 @@ def all_cases(scope: str = "full") -> list[Case]:
   if scope == "proposals":
     bugs = ("chosen_real_q", "copied_drawn_q")
     return proposal_cases("full") + [c for c in bug_cases() if c.bug in bugs]
+  if scope == "narrow":
+    return narrow_cases("full") + [c for c in bug_cases() if c.bug == "narrow_one_short"]
   if scope == "parallel":
     parallel_bugs = ("parallel_wrong_q", "sequential_head_pass_q")
     return parallel_cases("full") + [c for c in bug_cases() if c.bug in parallel_bugs]
@@ -222,7 +227,36 @@ def all_cases(scope: str = "full") -> list[Case]:
   bugs = bug_cases()
   if scope == "quick":  # The verifier's residual bug is enumerated exactly in the suite.
     bugs = [bug for bug in bugs if bug.bug != "sibling_against_p"]
-  return cases + tree_cases(scope) + proposal_cases(scope) + parallel_cases(scope) + bugs
+  return (
+    cases
+    + tree_cases(scope)
+    + proposal_cases(scope)
+    + parallel_cases(scope)
+    + narrow_cases(scope)
+    + bugs
+  )
+
+
+def narrow_cases(scope: str = "full") -> list[Case]:
+  """Narrow scoring (``chain_step.score_narrow``): each iteration scores the narrowest of
+  1..K + 1 positions that holds every row's proposal, so proposals that stop early choose the
+  call. 'full': prompt lookup (width 1 where no n-gram matches) on the trigram; the draft
+  model's confidence stop on the trigram on ragged rows with the warping, block-verified, with
+  HF's schedule; lookup with the confident head elsewhere on the transformer, token-verified
+  at T=1 on ragged rows and block-verified with the warping at batch 1 (4). 'quick': the
+  trigram's confidence stop."""
+  warped = "T=0.7,k=4,p=0.9"
+  stop = Case("trigram", "block", "confidence_stop", "heuristic", warped, "ragged16", "1")
+  stop = dataclasses.replace(stop, narrow=True)
+  if scope == "quick":
+    return [stop]
+  cases = [
+    Case("trigram", "token", "lookup", "fixed", "T=1", "1", "1"),
+    stop,
+    Case("transformer", "token", "feature_lookup_confident", "fixed", "T=1", "ragged16", "1"),
+    Case("transformer", "block", "feature_lookup_confident", "heuristic", warped, "1", "1"),
+  ]
+  return [dataclasses.replace(c, narrow=True) for c in cases]
 
 
 def parallel_cases(scope: str = "full") -> list[Case]:
@@ -414,6 +448,17 @@ def bug_cases() -> list[Case]:
       "transformer", "token", "parallel_seq", "fixed", "T=1", "1", "1", "sequential_head_pass_q"
     ),
     Case("transformer", "token", "feature_lookup", "fixed", "T=1", "1", "1", "copied_drawn_q"),
+    Case(
+      "trigram",
+      "token",
+      "confidence_stop",
+      "fixed",
+      "T=1",
+      "1",
+      "1",
+      "narrow_one_short",
+      narrow=True,
+    ),
   ]
 
 
@@ -559,7 +604,10 @@ class Setup:
 
       head = feature_drafter_for(self.target, True, self.mesh).model
       proposal = "greedy" if name.endswith("greedy") else "sampled"
-      return LookupFeatureDrafter(head, proposal=proposal, max_ngram=2, min_ngram=1)
+      stop = 0.3 if name.endswith("confident") else 0.0  # The head stops where unsure.
+      return LookupFeatureDrafter(
+        head, proposal=proposal, max_ngram=2, min_ngram=1, confidence_threshold=stop
+      )
     if name in PROPOSAL_DRAFTERS:
       drafter = feature_drafter_for(self.target, "vocab" in name, self.mesh)
       return dataclasses.replace(drafter, proposal="greedy" if "greedy" in name else "sampled")
@@ -632,6 +680,7 @@ def _sampler(
       verifier=case.verifier,
       schedule=case.schedule,
       check_nan=False,
+      narrow_scoring=case.narrow,
     )
     return out.tokens[rows_B[:, None], jnp.asarray(lengths_B)[:, None] + offsets[None, :]]
 
