@@ -210,3 +210,13 @@ def test_the_samplers_the_probes_warmed_are_named_only_when_every_batch_has_thei
   other = [*same, (np.zeros((1, 9), np.int32), np.ones(1, np.int32))]
   assert _probed({"num_draft_tokens": 4, "probes": probes}, other) == set()
   assert _probed(None, same) == set()
+
+
+def test_the_paired_speedup_cancels_a_slow_moment_that_hits_both_calls():
+  """A slow moment (3x) hit call 1 of both samplers and call 2 of the baseline only: the ratio
+  of the medians reads 6x, the median of the call-by-call ratios the true 2x."""
+  timed = lambda name, seconds: timing.Timed(name, seconds, [8] * 3, [8] * 3, 0.0, [])
+  baseline = timed("autoregressive", [1.0, 3.0, 3.0])
+  faster = timed("speculative", [0.5, 1.5, 0.5])
+  assert faster.paired_speedup(baseline) == pytest.approx(2.0)  # 2, 2, 6: the median.
+  assert baseline.ms_per_token / faster.ms_per_token == pytest.approx(6.0)

@@ -340,3 +340,44 @@ def test_a_pair_trains_its_head_on_target_samples_when_asked(target):
   wrapped = pair_lib._with_target_samples(lambda: corpus, target, samples, 3, log=lambda _: None)()
   assert wrapped.train_stream.shape == (4 * 9,)
   np.testing.assert_array_equal(wrapped.eval_stream, corpus.eval_stream)
+
+
+@pytest.mark.parametrize(
+  "sampling",
+  [
+    warping.SamplingConfig(1.0),
+    warping.SamplingConfig(0.8, top_k=5, top_p=0.9),
+    warping.SamplingConfig(0.0),
+  ],
+)
+def test_a_draft_vocabulary_is_warped_and_drawn_over_its_own_entries(sampling):
+  """``proposals.DraftVocabLogits``: the q placed in the target's vocabulary is the warp of the
+  target-vocabulary logits (-inf outside the draft's), the drawn token is a draft entry mapped
+  to its target id with the frequency q gives it, and the confidence is the same."""
+  from specsamp.sampling import proposals
+
+  ids = jnp.asarray([7, 3, 60, 12, 41, 0, 33, 25], jnp.int32)  # Distinct target ids, unordered.
+  small = 2.0 * jax.random.normal(jax.random.key(4), (2, 8))
+  logits = proposals.DraftVocabLogits(small, ids, 64)
+  full = logits.full()
+  assert full.shape == (2, 64) and np.all(np.isinf(np.delete(np.asarray(full), ids, axis=1)))
+  token, q = proposals.draw_token(jax.random.key(5), logits, sampling, "sampled")
+  full_token, full_q = proposals.draw_token(jax.random.key(5), full, sampling, "sampled")
+  if sampling.greedy:  # Chosen: the argmax, and no q (the point mass).
+    assert q is None and full_q is None
+    np.testing.assert_array_equal(token, full_token)
+  else:
+    np.testing.assert_allclose(q, full_q, rtol=1e-5, atol=1e-7)
+    draws = jax.vmap(lambda k: proposals.draw_token(k, logits, sampling, "sampled")[0])(
+      jax.random.split(jax.random.key(6), 20_000)
+    )
+    assert set(np.unique(np.asarray(draws))) <= set(np.asarray(ids).tolist())
+    for row in range(2):  # Frequencies within 5 standard errors of q.
+      counts = np.bincount(np.asarray(draws[:, row]), minlength=64) / 20_000
+      sd = np.sqrt(np.asarray(q[row]) * (1 - np.asarray(q[row])) / 20_000)
+      assert np.all(np.abs(counts - np.asarray(q[row])) <= 5 * sd + 1e-9)
+  np.testing.assert_allclose(
+    proposals.own_probability(logits, token),
+    jax.nn.softmax(full, axis=-1)[jnp.arange(2), token],
+    rtol=1e-6,
+  )

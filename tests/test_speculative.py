@@ -210,31 +210,38 @@ def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  "verifier, tree, block_size",
-  [  # A tree, with blocked cache reads; the chain's case is the extended command's.
-    pytest.param("block", None, 0, marks=pytest.mark.extended),
-    ("traversal", "tree:2,1,1", 4),
+  "verifier, tree, block_size, narrow",
+  [  # A tree, with blocked cache reads; the chains' cases are the extended command's.
+    pytest.param("block", None, 0, False, marks=pytest.mark.extended),
+    # Narrow scoring: a confidence stop makes the widths vary, each a sharded scoring call.
+    pytest.param("token", None, 0, True, marks=pytest.mark.extended),
+    ("traversal", "tree:2,1,1", 4, False),
   ],
 )
-def test_sharded_speculative_equals_one_device(verifier, tree, block_size):
+def test_sharded_speculative_equals_one_device(verifier, tree, block_size, narrow):
   config = tiny_config("llama", tensor_parallel="shard_map", attention_block_size=block_size)
   draft_config = config.replace(num_layers=1)
   mesh = sharding.make_mesh({"data": 2, "tensor": 4})
   kwargs = dict(
     max_new_tokens=10, num_draft_tokens=3, temperature=1.0, top_p=0.9, verifier=verifier, tree=tree
   )
+  if narrow:
+    kwargs["narrow_scoring"] = True
+  drafter = lambda model: drafters.ModelDrafter(model, confidence_threshold=0.3 if narrow else 0.0)
   expected = speculative_generate(
     transformer.create(config, seed=0),
-    transformer.create(draft_config, seed=1),
+    drafter(transformer.create(draft_config, seed=1)),
     PROMPTS,
     LENGTHS,
     jax.random.key(7),
     **kwargs,
   )
   target = transformer.create(config, mesh, seed=0)
-  draft = transformer.create(draft_config, mesh, seed=1)
+  draft = drafter(transformer.create(draft_config, mesh, seed=1))
   with sharding.use_mesh(mesh):
     out = speculative_generate(target, draft, PROMPTS, LENGTHS, jax.random.key(7), **kwargs)
+  if narrow:
+    assert int(out.scored_tokens) < 4 * (int(out.target_calls) - 1)  # Some call was narrow.
   np.testing.assert_array_equal(out.tokens, expected.tokens)
   np.testing.assert_array_equal(out.accepted_histogram, expected.accepted_histogram)
 

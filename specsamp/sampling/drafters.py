@@ -171,6 +171,13 @@ class Drafter:
     when ``init`` allocates its own: what a kept-cache sampler allocates once."""
     return None
 
+  def kept_state(self, state: Any) -> Any:
+    """What a kept-cache sampler keeps of a call's final state for its next call: the part
+    ``empty_state`` allocates, of the same structure (None: nothing), so that the next call
+    is the same compiled program as the first, not a second compilation."""
+    del state
+    return None
+
   def step_model(self) -> Any:
     """The decode-protocol model one draft step calls (what a draft step's cost is timed
     on), or None for a drafter that calls no model (prompt lookup)."""
@@ -291,6 +298,9 @@ class ModelDrafter(Drafter):
 
   def empty_state(self, batch_size: int, cache_length: int) -> Any:
     return self.model.init_cache(batch_size, cache_length)
+
+  def kept_state(self, state: Any) -> Any:
+    return state  # The draft model's cache, whole.
 
   def init(
     self,

@@ -125,18 +125,25 @@ class FeatureDrafter(Drafter):
   def step_model(self) -> Any:
     return self.model.as_step_model()
 
+  def empty_state(self, batch_size: int, cache_length: int) -> Any:
+    return self.model.init_cache(batch_size, cache_length)  # The head's cache; init adds the rest.
+
+  def kept_state(self, state: FeatureState) -> Any:
+    return state.cache
+
   def init(
     self,
     prompts_BT: jax.Array,
     prompt_lengths_B: jax.Array,
     cache_length: int,
     num_draft_tokens: int,
-    state: FeatureState | None = None,
+    state: KVCache | None = None,
     features_BTF: jax.Array | None = None,
   ) -> tuple[FeatureState, jax.Array]:
     """The head's cache over the prompt's pairs 0..n-3 and f_{n-2} pending; (state, nan_B).
 
-    ``features_BTF`` are the target's features at the prompt's positions (its prefill)."""
+    ``features_BTF`` are the target's features at the prompt's positions (its prefill);
+    ``state`` a head cache to refill (``empty_state``, or ``kept_state`` of an earlier call)."""
     if features_BTF is None:
       raise ValueError(
         "A feature drafter starts from the target's features at the prompt: init needs "
@@ -144,7 +151,7 @@ class FeatureDrafter(Drafter):
       )
     batch = prompts_BT.shape[0]
     rows_B = jnp.arange(batch)
-    cache = self.model.init_cache(batch, cache_length) if state is None else state.cache
+    cache = self.model.init_cache(batch, cache_length) if state is None else state
     h_BTD, cache = self.pairs_hidden(prompts_BT, features_BTF, cache)
     start_B = jnp.maximum(prompt_lengths_B - 2, 0)
     pending_BPF = jnp.zeros((batch, num_draft_tokens + 1, features_BTF.shape[-1]))
@@ -268,11 +275,11 @@ class FeatureDrafter(Drafter):
       cache, h_BD = carry
       positions_B1 = (lengths_B - 2 + t)[:, None]
       h_B1D, cache = model.hidden(token_B[:, None], h_BD[:, None], positions_B1, cache)
-      return model.logits(h_B1D)[:, 0], (cache, h_B1D[:, 0])
+      return model.draft_logits(h_B1D[:, 0]), (cache, h_B1D[:, 0])
 
     tokens_BG, probs_BGV, proposed_B, steps, nan_B, (cache, _) = proposals.grow_chain(
       key,
-      model.logits(h_BD[:, None])[:, 0],
+      model.draft_logits(h_BD),
       step,
       (cache, h_BD),
       num_draft_tokens,

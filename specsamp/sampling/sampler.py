@@ -155,12 +155,12 @@ class Sampler:
       )
       caches = self._fresh_caches(batch, cache_length)
     arguments = (prompts, prompt_lengths, rng, jnp.float32(synthetic_acceptance or 0.0))
-    output, caches = speculative.run_loop(
+    output, (target_cache, state) = speculative.run_loop(
       lambda: loop.reusing(self._target_split[1], self._drafter_split[1], caches, *arguments),
       shape,
       check_nan=False,
     )
-    return self._keep(key, output, caches)
+    return self._keep(key, output, (target_cache, self._drafter.kept_state(state)))
 
   def _fresh_caches(self, batch: int, cache_length: int) -> tuple[Any, Any]:
     target_cache = jax.jit(self.target.init_cache, static_argnums=(0, 1))(batch, cache_length)

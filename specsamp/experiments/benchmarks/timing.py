@@ -66,6 +66,14 @@ class Timed:
       s / max(n, 1) for s, n in zip(self.seconds, self.sequential_tokens)
     )
 
+  def paired_speedup(self, baseline: Timed) -> float:
+    """Median over calls i of baseline's ms/token in call i over this one's: each call pairs
+    with the baseline's call on the same input, made just before it by ``time_interleaved``,
+    so a slow moment of a shared host (that hits both) cancels in the ratio, where the ratio
+    of two medians over different calls keeps it."""
+    per_token = lambda t: [s / max(n, 1) for s, n in zip(t.seconds, t.sequential_tokens)]
+    return statistics.median(b / x for b, x in zip(per_token(baseline), per_token(self)))
+
   @property
   def tokens_per_s(self) -> float:
     """All rows' tokens over all calls' time: throughput."""

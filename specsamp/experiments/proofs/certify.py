@@ -144,7 +144,8 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (263 cases: 150 single-chain, 44 tree, 31 proposal-mode, 26 parallel, 12 bugs):
+  'full' (268 cases: 150 single-chain, 44 tree, 31 proposal-mode, 26 parallel, 4 narrow
+  scoring, 13 bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
@@ -154,14 +155,17 @@ def all_cases(scope: str = "full") -> list[Case]:
       (``dynamic_cases``): 4 feature-head and 4 trigram cases;
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
-      warpings in rotation: 6 cases.
-  'quick' (28 cases, what the test suite runs: 9 single-chain, 6 tree, 2 parallel, 11 bugs):
+      warpings in rotation: 6 cases;
+    narrow scoring (``narrow_cases``): 2 trigram and 2 transformer cases.
+  'quick' (30 cases, what the test suite runs: 9 single-chain, 6 tree, 2 parallel, 1 narrow
+  scoring, 12 bugs):
     each verifier x drafter once on the trigram (schedules, warpings and batches in rotation),
     self-speculative and the reduced-vocabulary feature head on the transformer, the quick
     tree cases (``tree_cases``) and proposal cases (``proposal_cases``: lookup with the head
     elsewhere on ragged rows, the shared-head feature tree, greedy proposals on the trigram, a
     dynamic tree on ragged rows), and the
-    parallel drafter's quick cases (``parallel_cases``). The mesh is left to the full
+    parallel drafter's quick cases (``parallel_cases``), the quick narrow-scoring case
+    (``narrow_cases``). The mesh is left to the full
     certificate: the suite checks that the 2x4 mesh samples the same tokens as one device for
     the same key (tests/test_speculative.py), so its exactness follows from one device's.
     The tree bug 'sibling_against_p' is left to the full certificate:
@@ -169,6 +173,7 @@ def all_cases(scope: str = "full") -> list[Case]:
   'trees': the full certificate's tree cases and tree bugs only.
   'parallel': the full certificate's parallel-drafter cases and the bugs 'parallel_wrong_q' and
   'sequential_head_pass_q'.
+  'narrow': the full certificate's narrow-scoring cases and the bug 'narrow_one_short'.
   'proposals': the full certificate's proposal-mode cases (``proposal_cases``, dynamic trees
   included) and the bugs 'chosen_real_q' (chain and dynamic tree) and 'copied_drawn_q' only.
   The transformer costs ~25x the trigram per sequence on a CPU, so its cases are the
