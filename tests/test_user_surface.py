@@ -32,19 +32,12 @@ import code_pair  # noqa: E402
       1.5,
       "--config.speculative.confidence_threshold=1.5: must be a number in [0, 1)",
     ),
-    (
-      "speculative.narrow_scoring",
-      True,
-      "--config.speculative.narrow_scoring=True: applies to chains: a tree's scoring call",
-    ),
   ],
 )
 def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):
   config = code_pair.get_config()
   section, name = path.split(".")
   config[section][name] = value
-  if name == "narrow_scoring":
-    config.speculative.tree = "tree:2,1"
   with pytest.raises(ValueError) as error:
     sample_job.check_settings(config)
   assert message in str(error.value) and "\n" not in str(error.value)

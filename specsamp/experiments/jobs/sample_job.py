@@ -197,14 +197,6 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
   if tree is not None:
     checks.append(
       (
-        "speculative.narrow_scoring",
-        spec.get("narrow_scoring", False),
-        not spec.get("narrow_scoring", False),
-        "applies to chains: a tree's scoring call is as wide as its nodes (set it False)",
-      )
-    )
-    checks.append(
-      (
         "speculative.tree",
         spec.tree,
         not _is_int(s.max_new_tokens) or tree.max_depth <= s.max_new_tokens,
@@ -293,8 +285,11 @@ def run(
   common = dict(
     max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p
   )
-  if config.speculative.get("narrow_scoring", False):  # Chains only (check_settings).
-    common["narrow_scoring"] = True
+  if config.speculative.get("narrow_scoring", False):
+    if tree is None:
+      common["narrow_scoring"] = True
+    else:  # A config's default (configs/smollm2_pair.py's) is no reason to refuse a tree.
+      log("narrow_scoring applies to chains: the tree's scoring call scores all its nodes")
   # One harness, one kept-cache sampler for both loops (benchmarks/harness.py): models split
   # once, compiled loops and KV caches kept between calls; K = 0 is its autoregressive loop.
   batches = prompts_lib.batches(prompts, s.batch_size)
