@@ -154,3 +154,22 @@ def test_errors(models):
     )
   with pytest.raises(ValueError, match="prompt lookup copies"):
     drafter_specs.make(drafter_specs.parse("lookup"), None, confidence_threshold=0.5)
+
+
+@pytest.mark.parametrize("name", ["lookup", "feature+lookup, confidence stop"])
+def test_narrow_scoring_draws_what_full_scoring_draws_for_the_same_key(models, name):
+  """The width changes no number the verifier reads, and no random draw: for the same key the
+  sampled tokens are the same (the certificate's feature+lookup case gave the same G with both
+  at 10^6 draws, 2026-11-28)."""
+  target = models[0]
+  drafter = _drafters(models)[name]
+  for seed in range(3):
+    kwargs = dict(max_new_tokens=12, num_draft_tokens=4, temperature=0.8, top_p=0.9)
+    full, narrow = (
+      speculative.speculative_generate(
+        target, drafter, PROMPTS, LENGTHS, jax.random.key(seed), narrow_scoring=n, **kwargs
+      )
+      for n in (False, True)
+    )
+    np.testing.assert_array_equal(narrow.tokens, full.tokens)
+    np.testing.assert_array_equal(narrow.accepted_histogram, full.accepted_histogram)
