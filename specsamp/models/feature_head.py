@@ -31,7 +31,6 @@ carries the target.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -390,17 +389,6 @@ class FeatureDraftModel(nnx.Module):
     if self.head.config.draft_vocab_size:
       return self.head.own_logits(h_BTD, self.vocab_size)
     return self.target.output(h_BTD)
-
-  def draft_logits(self, h_BD: jax.Array) -> Any:
-    """The logits a chain draws from at [B, D] hidden states: with a draft vocabulary, its
-    V_d logits and their target ids (``proposals.DraftVocabLogits``: warped and drawn over V_d,
-    not V), else the target's head's [B, V]."""
-    from specsamp.sampling.proposals import DraftVocabLogits
-
-    if self.head.config.draft_vocab_size:
-      small = self.head.small_logits(h_BD[:, None])[:, 0].astype(jnp.float32)
-      return DraftVocabLogits(small, self.head.draft_to_target[...], self.vocab_size)
-    return self.target.output(h_BD[:, None])[:, 0]
 
   def compact_cache(self, cache: KVCache, source_BD: jax.Array, start_B: jax.Array) -> KVCache:
     return kv_cache.compact(cache, source_BD, start_B)

@@ -69,6 +69,17 @@ class FeatureState:
   start: jax.Array
 
 
+def chain_logits(model: Any, h_BD: jax.Array) -> jax.Array | proposals.DraftVocabLogits:
+  """What a chain draws from at the head's [B, D] hidden states: with a draft vocabulary, its
+  V_d logits and their target ids (``proposals.DraftVocabLogits``: warped and drawn over V_d,
+  not V); else the target's head's [B, V] logits (``FeatureDraftModel.logits``)."""
+  head = model.head
+  if head.config.draft_vocab_size:
+    small_BW = head.small_logits(h_BD[:, None])[:, 0].astype(jnp.float32)
+    return proposals.DraftVocabLogits(small_BW, head.draft_to_target[...], model.vocab_size)
+  return model.logits(h_BD[:, None])[:, 0]
+
+
 def check_feature_target(target: Any) -> None:
   """Raises a clear error unless ``target`` returns its features (decode protocol, part (g))."""
   if not callable(target) or "capture_layers" not in inspect.signature(target).parameters:
@@ -275,11 +286,11 @@ class FeatureDrafter(Drafter):
       cache, h_BD = carry
       positions_B1 = (lengths_B - 2 + t)[:, None]
       h_B1D, cache = model.hidden(token_B[:, None], h_BD[:, None], positions_B1, cache)
-      return model.draft_logits(h_B1D[:, 0]), (cache, h_B1D[:, 0])
+      return chain_logits(model, h_B1D[:, 0]), (cache, h_B1D[:, 0])
 
     tokens_BG, probs_BGV, proposed_B, steps, nan_B, (cache, _) = proposals.grow_chain(
       key,
-      model.draft_logits(h_BD),
+      chain_logits(model, h_BD),
       step,
       (cache, h_BD),
       num_draft_tokens,

@@ -142,11 +142,6 @@ class DraftVocabLogits:
   ids: jax.Array
   vocab_size: int = struct.field(pytree_node=False)
 
-  def full(self) -> jax.Array:
-    """[B, V] float32 logits over the target's vocabulary: -inf outside the draft's."""
-    full = jnp.full((*self.small.shape[:-1], self.vocab_size), -jnp.inf, jnp.float32)
-    return full.at[..., self.ids].set(self.small.astype(jnp.float32))
-
   def scatter(self, q_BW: jax.Array) -> jax.Array:
     """[B, V]: a distribution over the draft vocabulary placed at its target ids."""
     return jnp.zeros((*q_BW.shape[:-1], self.vocab_size), q_BW.dtype).at[..., self.ids].set(q_BW)

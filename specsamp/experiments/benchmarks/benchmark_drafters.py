@@ -317,7 +317,7 @@ def run(
                 schedule=schedule,
                 verifier=config.get("chain_verifier", "token") if proposal == CHAIN else "token",
                 tree=tree_spec,
-                **({"narrow_scoring": True} if scoring == "narrow" else {}),
+                narrow_scoring=scoring == "narrow",
                 **warp,
               ),
             },

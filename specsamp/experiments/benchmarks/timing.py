@@ -60,19 +60,22 @@ class Timed:
     return float(sum(self.seconds))
 
   @property
+  def seconds_per_token(self) -> list[float]:
+    """Each call's wall time / its longest row's tokens."""
+    return [s / max(n, 1) for s, n in zip(self.seconds, self.sequential_tokens)]
+
+  @property
   def ms_per_token(self) -> float:
     """Median over calls of wall time / the longest row's tokens: latency per token."""
-    return 1e3 * statistics.median(
-      s / max(n, 1) for s, n in zip(self.seconds, self.sequential_tokens)
-    )
+    return 1e3 * statistics.median(self.seconds_per_token)
 
   def paired_speedup(self, baseline: Timed) -> float:
     """Median over calls i of baseline's ms/token in call i over this one's: each call pairs
     with the baseline's call on the same input, made just before it by ``time_interleaved``,
     so a slow moment of a shared host (that hits both) cancels in the ratio, where the ratio
     of two medians over different calls keeps it."""
-    per_token = lambda t: [s / max(n, 1) for s, n in zip(t.seconds, t.sequential_tokens)]
-    return statistics.median(b / x for b, x in zip(per_token(baseline), per_token(self)))
+    pairs = zip(baseline.seconds_per_token, self.seconds_per_token)
+    return statistics.median(b / x for b, x in pairs)
 
   @property
   def tokens_per_s(self) -> float:

@@ -185,12 +185,12 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       + ("" if tree is None else " with a dynamic tree" if tree.dynamic else " with a tree"),
     ),
   ]
+  stop = spec.get("confidence_threshold", 0.0)
   checks.append(
     (
       "speculative.confidence_threshold",
-      spec.get("confidence_threshold", 0.0),
-      isinstance(spec.get("confidence_threshold", 0.0), (int, float))
-      and 0.0 <= spec.get("confidence_threshold", 0.0) < 1.0,
+      stop,
+      isinstance(stop, (int, float)) and 0.0 <= stop < 1.0,
       "must be a number in [0, 1) (0: never stop a draft early)",
     )
   )
