@@ -6,6 +6,8 @@ r"""The exactness certificate: G-tests of speculative samples against exact enum
   python scripts/certify.py --scope=trees --model=transformer --num_samples=100000
   python scripts/certify.py --scope=proposals --num_samples=100000   # proposal modes, dynamic trees
   python scripts/certify.py --output=docs/certificate.md
+  # Are the thresholds honest? Fresh null values of G against each distribution's thresholds:
+  python scripts/certify.py --null_check=20000 --num_samples=1000000
   # A real pretrained target: SmolLM2-135M-Instruct at top-k 4, 3 new tokens (4^3 continuations
   # enumerated from its own logits), a self-speculative draft, and a planted bug:
   python scripts/certify.py --real_target=smollm2 --num_samples=100000 --real_bug_samples=20000
@@ -49,6 +51,13 @@ _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1_000_000, "Sequences drawn p
 _LEVEL = flags.DEFINE_float("level", 1e-4, "Each G-test's false-rejection probability.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (case i uses seed + i).")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the table (Markdown) to this file.")
+_NULL_CHECK = flags.DEFINE_integer(
+  "null_check",
+  0,
+  "Instead of sampling: for each exact distribution of the chosen cases, count how many of this "
+  "many fresh bootstrap values of G exceed the calibrated threshold and the chi-square's "
+  "(certify.null_check), at --num_samples draws.",
+)
 _REAL_TARGET = flags.DEFINE_string(
   "real_target",
   None,
@@ -123,6 +132,9 @@ def main(argv):
     cases = [case for case in cases if case.model == _MODEL.value]
   if _MESH.value != "all":
     cases = [case for case in cases if case.mesh == _MESH.value]
+  if _NULL_CHECK.value:
+    table = certify.null_check(cases, _NUM_SAMPLES.value, _LEVEL.value, _NULL_CHECK.value)
+    return report(table, "", [])
   start = time.perf_counter()
   results = certify.certify(cases, _NUM_SAMPLES.value, _LEVEL.value, _SEED.value)
   minutes = (time.perf_counter() - start) / 60

@@ -166,14 +166,16 @@ def quick_certificate(cases):
   """``certify.certify`` over ``cases`` at ``CERTIFY_DRAWS`` sequences per case (scripts/
   certify.py draws 10^6 over every case). A transformer sequence costs ~25x a trigram one, and
   its three quick cases drew for 106 s at 10^5 against 54 s at 2 * 10^4 (2026-11-26); the
-  planted bugs are all trigram cases, so the power to reject them keeps its 10^5 draws."""
+  planted bugs are all trigram cases, so the power to reject them keeps its 10^5 draws. Each
+  threshold is fitted to 200 bootstrap values of G (the script fits 1,000): 2 s for a ragged
+  case's 16 rows, where 1,000 would add a minute to the suite."""
   from specsamp.experiments.proofs import certify
 
   results = []
   for model, draws in CERTIFY_DRAWS.items():
     chosen = [case for case in cases if case.model == model]
     if chosen:
-      results += certify.certify(chosen, draws, level=1e-4, log=lambda line: None)
+      results += certify.certify(chosen, draws, level=1e-4, log=lambda line: None, null_repeats=200)
   assert len(results) == len(cases), "a case on a model without CERTIFY_DRAWS"
   return results
 

@@ -108,9 +108,48 @@ def test_the_null_distribution_of_g_is_near_chi_square_when_cells_are_filled():
   run 1.4% above it (docs/certificate.md)."""
   probs = np.random.default_rng(0).dirichlet(np.ones(400) * 4, size=2)  # 2 rows x 400 cells.
   null = exactness.null_g(probs, draws_per_row=4_000, repeats=60)
+  fit = exactness.fit_null(probs, 4_000, repeats=60)
   rng = np.random.default_rng(1)
   counts = np.stack([rng.multinomial(4_000, row) for row in probs])  # The cells pooled alike.
   dof = exactness.g_test(counts, probs / 2, 1e-4)["cells"] - 1
   assert abs(null["mean"] - dof) < 0.05 * dof
   assert 0.7 * np.sqrt(2 * dof) < null["sd"] < 1.5 * np.sqrt(2 * dof)
   assert null["max"] > null["mean"]
+  assert 0.8 < fit.scale < 1.25 and 0.8 * dof < fit.dof < 1.25 * dof  # The chi-square itself.
+
+
+def test_the_calibrated_threshold_has_its_level_where_the_chi_square_does_not():
+  """``exactness.fit_null``: on sparse cells (16 rows x 512, about half of the cells expected
+  under 5 times) G's null runs above the chi-square's, so the chi-square's 5% threshold is
+  exceeded by about 9% of exact draws; the scaled chi-square fitted to 200 bootstrap values of
+  G is exceeded by about 5% of 1,500 fresh ones. ``calibrated_g_test`` then uses it."""
+  probs = np.random.default_rng(0).dirichlet(np.ones(512) * 0.2, size=16)
+  fit = exactness.fit_null(probs, 2_000, repeats=200, seed=1)
+  fresh = exactness.null_g_values(probs, 2_000, repeats=1_500, seed=2)
+  rng = np.random.default_rng(3)
+  counts = np.stack([rng.multinomial(2_000, row) for row in probs])
+  plain = exactness.g_test(counts, probs / 16, 0.05)
+  assert fit.scale > 1.05 and fit.mean > plain["cells"]  # Sparse: above the chi-square's mean.
+  assert 0.035 < np.mean(fresh >= fit.threshold(0.05)) < 0.065
+  assert np.mean(fresh >= plain["threshold"]) > 0.07
+  calibrated = exactness.calibrated_g_test(counts, probs / 16, 0.05, fit)
+  assert calibrated["G"] == plain["G"] and calibrated["chi2_threshold"] == plain["threshold"]
+  assert calibrated["threshold"] == fit.threshold(0.05) > plain["threshold"]
+  assert calibrated["rejected"] == (calibrated["G"] >= calibrated["threshold"])
+  impossible = counts.copy()
+  impossible[0, np.argmin(probs[0])] += 1
+  zero = probs.copy()
+  zero[0, np.argmin(probs[0])] = 0.0
+  assert exactness.calibrated_g_test(impossible, zero / 16, 0.05, fit)["rejected"]
+
+
+def test_the_null_check_counts_both_thresholds_per_exact_distribution():
+  """``certify.null_check`` (scripts/certify.py --null_check): one row per exact distribution
+  of the real cases (planted bugs skipped), and the false failures a run should expect."""
+  cases = [c for c in certify.narrow_cases("full") if c.model == "trigram"]
+  table = certify.null_check(cases, 20_000, 0.05, fresh=200, null_repeats=100, log=print)
+  rows = [line for line in table.splitlines() if line.startswith("| trigram")]
+  assert len(rows) == len({(c.batch, c.warping) for c in cases if c.bug is None}) == 2
+  assert f"{sum(c.bug is None for c in cases)} real cases, 20,000 draws each" in table
+  expected = float(table.split("false failures expected per run ")[1].split()[0])
+  assert 0 < expected < 0.3  # Each of the 2 real cases fails about 5% of runs at level 0.05.

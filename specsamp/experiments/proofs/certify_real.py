@@ -14,7 +14,8 @@ Every factor comes from the target's own logits through the same decode protocol
 speculative loop then draws ``n`` continuations (the rows of batched calls, each row
 its own draws) with a real draft of the same weights (self-speculative: the target's first layers,
 its final norm and head), and a G-test compares the counts with the enumeration
-(``exactness.g_test``: small cells pooled; a draw outside the support fails outright). A
+(``exactness.calibrated_g_test``: small cells pooled, the threshold from G's bootstrap
+null; a draw outside the support fails outright). A
 planted bug (``exactness.planted``: residual_from_p, resampling from p after a rejection)
 must be rejected by the same test. It can only show where the draft's and the target's warped
 supports overlap (sum min(p, q) > 0): SmolLM2's first 4 layers put their top 4 elsewhere at
@@ -196,7 +197,8 @@ def certify_real(
       )
     codes = np.asarray([cells.get(tuple(row), len(exact)) for row in drawn.tolist()])
     counts = np.bincount(codes, minlength=len(probs))
-    test = exactness.g_test(counts, probs, level)
+    null = exactness.fit_null(probs[None], int(counts.sum()), seed=seed + index)
+    test = exactness.calibrated_g_test(counts, probs, level, null)
     rejected = test["rejected"]
     result = dict(
       test,
