@@ -85,10 +85,12 @@ def test_quick_certificate_passes_and_rejects_every_planted_bug():
   cases = [c for c in certify.all_cases("quick") if c.tree is None]
   assert {c.verifier for c in cases} == set(certify.VERIFIERS)
   # The shared-head feature drafter is certified in the quick tree cases (test_certify_trees);
-  # greedy proposals (model_greedy) carry the planted bug chosen_real_q.
+  # greedy proposals (model_greedy) carry the planted bug chosen_real_q; the sequential head
+  # drafted in one call (parallel_seq) carries parallel_wrong_position.
   assert {c.drafter for c in cases} == (set(certify.DRAFTERS) - {"feature"}) | {
     "model_greedy",
     "parallel",
+    "parallel_seq",
     "feature_lookup",
   }
   assert {c.schedule for c in cases} == set(certify.SCHEDULES)
