@@ -60,6 +60,8 @@ def get_config(arg=None):
   # The confidence stop of model_confident (HF's default), feature_confident and
   # feature_lookup_confident.
   config.confidence_threshold = 0.4
+  # feature_lookup*: the most tokens the head drafts (0: K; copies always take K).
+  config.head_draft_tokens = 0
   config.lookup_max_ngram = 3  # Prompt lookup tries 3-, 2-, then 1-grams.
 
   # 'held_out' (num_prompts windows of prompt_tokens), 'text:TEXT', 'file:PATH' or 'humaneval':

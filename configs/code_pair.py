@@ -278,6 +278,10 @@ def get_config(arg=None):
   # proposal (one compiled scoring call per width), so a short proposal (a lookup miss, a
   # confidence stop) pays for a narrow call; False: always K + 1 (docs/how_it_works.md).
   config.speculative.narrow_scoring = False
+  # feature+lookup: the most tokens a row drafted by the head proposes (0: K). Copies are
+  # accepted far more often than the head's later drafts, so K can be long for them and short
+  # for the head (with narrow scoring a head row is then scored at this + 1).
+  config.speculative.head_draft_tokens = 0
 
   if variant == "large":
     config.tokenizer.vocab_size = vocab = 2048

@@ -80,20 +80,38 @@ def test_when_every_row_copies_the_head_only_catches_up(head_model):
   )
 
 
-@pytest.mark.parametrize("num_draft_tokens", [2, 4])
-def test_greedy_speculative_equals_autoregressive(head_model, num_draft_tokens):
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_head_draft_tokens_caps_the_heads_rows_and_not_the_copies(head_model, temperature):
+  """With head_draft_tokens=2 at K=3 the copying row still proposes 3, and the head's row the
+  first 2 of what it drafts uncapped, with their q (same key)."""
+  sampling = SamplingConfig(temperature)
+  capped, _ = _propose(
+    LookupFeatureDrafter(head_model, head_draft_tokens=2), PROMPTS, LENGTHS, sampling
+  )
+  full, _ = _propose(LookupFeatureDrafter(head_model), PROMPTS, LENGTHS, sampling)
+  np.testing.assert_array_equal(capped.num_proposed, [3, 2])
+  np.testing.assert_array_equal(capped.tokens[0], full.tokens[0])
+  np.testing.assert_array_equal(capped.tokens[1, :2], full.tokens[1, :2])
+  if temperature:
+    np.testing.assert_array_equal(capped.probs[:, :2], full.probs[:, :2])
+  assert int(capped.model_calls) < int(full.model_calls)
+
+
+@pytest.mark.parametrize(("num_draft_tokens", "head_draft_tokens"), [(2, 0), (5, 2)])
+def test_greedy_speculative_equals_autoregressive(head_model, num_draft_tokens, head_draft_tokens):
   target = head_model.target
   prompts = jnp.concatenate([PROMPTS, jnp.asarray([[5, 0, 0, 0, 0, 0, 0]], jnp.int32)])
   lengths = jnp.concatenate([LENGTHS, jnp.asarray([1], jnp.int32)])
   out = speculative.speculative_generate(
     target,
-    LookupFeatureDrafter(head_model),
+    LookupFeatureDrafter(head_model, head_draft_tokens=head_draft_tokens),
     prompts,
     lengths,
     jax.random.key(0),
     max_new_tokens=12,
     num_draft_tokens=num_draft_tokens,
     temperature=0.0,
+    narrow_scoring=bool(head_draft_tokens),
   )
   expected = autoregressive.generate(
     target, prompts, lengths, jax.random.key(0), max_new_tokens=12, temperature=0.0
@@ -121,6 +139,11 @@ def test_names_and_errors(head_model):
       num_draft_tokens=2,
       tree="tree:2,1",
     )
+  for bad in (-1, 1.5):
+    with pytest.raises(ValueError, match="head_draft_tokens must be an int >= 0"):
+      LookupFeatureDrafter(head_model, head_draft_tokens=bad).check(head_model.target)
+  with pytest.raises(ValueError, match="only feature\\+lookup drafts with two drafters"):
+    drafter_specs.make(drafter_specs.DrafterSpec("lookup", 3), None, head_draft_tokens=2)
   parallel = feature_head.create(feature_head.FeatureHeadConfig(parallel=True), CONFIG, seed=2)
   with pytest.raises(ValueError, match="parallel head"):
     LookupFeatureDrafter(feature_head.FeatureDraftModel(parallel, head_model.target)).check(

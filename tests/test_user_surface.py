@@ -32,6 +32,7 @@ import code_pair  # noqa: E402
       1.5,
       "--config.speculative.confidence_threshold=1.5: must be a number in [0, 1)",
     ),
+    ("speculative.head_draft_tokens", -1, "--config.speculative.head_draft_tokens=-1: must be"),
   ],
 )
 def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):

@@ -56,10 +56,16 @@ class LookupFeatureDrafter(FeatureDrafter):
     max_ngram: the longest n-gram looked up.
     min_ngram: the shortest n-gram that counts as a match (2: a single repeated token does not
       make a row copy).
+    head_draft_tokens: the most tokens a row drafted by the head proposes (0: the loop's K, as
+      a copying row). A copy costs nothing and is accepted far more often than the head's
+      later drafts, so K can be long for copies and short for the head; with narrow scoring
+      a head row is then scored at this width + 1. A constant, so the proposal's law stays a
+      function of the row's context (exactness as above).
   """
 
   max_ngram: int = 3
   min_ngram: int = MIN_NGRAM
+  head_draft_tokens: int = 0
 
   def lookup(self) -> PromptLookupDrafter:
     return PromptLookupDrafter(max_ngram=self.max_ngram, min_ngram=self.min_ngram)
@@ -67,6 +73,10 @@ class LookupFeatureDrafter(FeatureDrafter):
   def check(self, target: Any) -> None:
     super().check(target)
     self.lookup().check(target)
+    if not isinstance(self.head_draft_tokens, int) or self.head_draft_tokens < 0:
+      raise ValueError(
+        f"head_draft_tokens must be an int >= 0 (0: the loop's K), got {self.head_draft_tokens!r}."
+      )
     if self.model.head.config.parallel:
       raise ValueError(
         "drafter='feature+lookup' drafts with a sequential feature head; this one is a "
@@ -95,9 +105,13 @@ class LookupFeatureDrafter(FeatureDrafter):
     )
     copy_B = copied.num_proposed > 0
 
+    head_limit_B = limit_B
+    if self.head_draft_tokens:
+      head_limit_B = jnp.minimum(limit_B, self.head_draft_tokens)
+
     def head(state):
       return FeatureDrafter.propose(
-        self, state, tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size
+        self, state, tokens_BW, lengths_B, key, num_draft_tokens, head_limit_B, sampling, vocab_size
       )
 
     def copy_only(state):  # Every row copies: the head only catches up.

@@ -128,6 +128,7 @@ def make_drafter(name: str, pair, config: ml_collections.ConfigDict) -> drafters
       "greedy" if name.endswith("_greedy") else "sampled",
       mask_token_id=config.pair.draft.train.distill.get("mask_token", -1),
       confidence_threshold=config.confidence_threshold if name.endswith("_confident") else 0.0,
+      head_draft_tokens=config.get("head_draft_tokens", 0) if spec.kind == "feature_lookup" else 0,
     )
   if name == "model_confident":
     return drafters.ModelDrafter(pair.draft, confidence_threshold=config.confidence_threshold)
@@ -282,6 +283,9 @@ def run(
             record["tree"] = proposal
           if scoring == "narrow":  # Full-width records keep the keys they had before.
             record["scoring"] = scoring
+          head_tokens = config.get("head_draft_tokens", 0)
+          if head_tokens and name.startswith("feature_lookup"):  # The head's own K.
+            record["head_draft_tokens"] = head_tokens
           record_key = "/".join(str(v) for v in record.values())
           if record_key in store.data["records"]:
             continue
@@ -378,6 +382,8 @@ def summary_table(records: dict[str, dict]) -> str:
     proposal = record.get("tree", CHAIN)
     if record.get("scoring", "full") != "full":
       proposal += f" {record['scoring']}"
+    if record.get("head_draft_tokens"):
+      proposal += f" head {record['head_draft_tokens']}"
     group = (
       record["task"],
       record["mode"],

@@ -98,12 +98,20 @@ def make(
   proposal: str = "sampled",
   mask_token_id: int = -1,
   confidence_threshold: float = 0.0,
+  head_draft_tokens: int = 0,
 ) -> drafters.Drafter:
   """The drafter ``spec`` names, on a prepared pair (``jobs.pair.Pair``); a parallel draft
   needs its placeholder id (the config's ``draft.train.distill.mask_token``). A drafter with a
   model stops a row's draft after a token its model gave less than ``confidence_threshold``
-  (0: never); prompt lookup has no model to be confident with."""
+  (0: never); prompt lookup has no model to be confident with. ``head_draft_tokens`` caps the
+  head's drafts of feature+lookup below K (0: K), copies keeping all K."""
   stop = dict(confidence_threshold=float(confidence_threshold))
+  if head_draft_tokens and spec.kind != "feature_lookup":
+    raise ValueError(
+      f"--config.speculative.head_draft_tokens={head_draft_tokens}: only feature+lookup drafts "
+      "with two drafters (K for its copies, this for its head); for one drafter set "
+      "--config.speculative.num_draft_tokens instead, or use 0."
+    )
   if spec.kind == "lookup":
     if confidence_threshold:
       raise ValueError(
@@ -127,6 +135,10 @@ def make(
     return FeatureDrafter(head, proposal=proposal, **stop)
   if spec.kind == "feature_lookup":
     return lookup_feature_drafter.LookupFeatureDrafter(
-      pair.feature_head, proposal=proposal, max_ngram=spec.number, **stop
+      pair.feature_head,
+      proposal=proposal,
+      max_ngram=spec.number,
+      head_draft_tokens=int(head_draft_tokens),
+      **stop,
     )
   return drafters.self_speculative(pair.target, spec.number, proposal=proposal, **stop)

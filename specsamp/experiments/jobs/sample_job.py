@@ -194,6 +194,15 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       "must be a number in [0, 1) (0: never stop a draft early)",
     )
   )
+  head_tokens = spec.get("head_draft_tokens", 0)
+  checks.append(
+    (
+      "speculative.head_draft_tokens",
+      head_tokens,
+      _is_int(head_tokens) and head_tokens >= 0,
+      "must be an int >= 0 (0: the head drafts K, as copies do)",
+    )
+  )
   if tree is not None:
     checks.append(
       (
@@ -265,6 +274,7 @@ def run(
     config.speculative.get("proposal", "sampled"),
     mask_token_id=config.draft.train.distill.get("mask_token", -1),
     confidence_threshold=config.speculative.get("confidence_threshold", 0.0),
+    head_draft_tokens=config.speculative.get("head_draft_tokens", 0),
   )
   prompts = prompts_lib.of_pair(
     pair, source, chat=bool(s.get("chat_template", False)), limit=s.get("max_prompts", 0)

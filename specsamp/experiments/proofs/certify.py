@@ -100,7 +100,12 @@ PROPOSAL_DRAFTERS = ("feature", "feature_greedy", "feature_vocab", "feature_voca
 # (lookup_feature_drafter.py): copied tokens (point-mass q) and drawn ones in one proposal. Its
 # n-grams start at 1 here, so that about half the short prompts' rows copy (the batch-1
 # prompt's last token occurred before) and the others draw from the head.
-LOOKUP_FEATURE_DRAFTERS = ("feature_lookup", "feature_lookup_greedy", "feature_lookup_confident")
+LOOKUP_FEATURE_DRAFTERS = (
+  "feature_lookup",
+  "feature_lookup_greedy",
+  "feature_lookup_confident",
+  "feature_lookup_capped",  # The head drafts at most 2 of the K = 3 a copy proposes.
+)
 PROPOSAL_TREE = "tree:2,2,1"
 DYNAMIC_TREE = "dynamic:3,2,2"  # EAGLE-2: 3 nodes at depth 1, then the 2 best of 6 per depth.
 PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
@@ -256,8 +261,9 @@ def narrow_cases(scope: str = "full") -> list[Case]:
   call. 'full': prompt lookup (width 1 where no n-gram matches) on the trigram; the draft
   model's confidence stop on the trigram on ragged rows with the warping, block-verified, with
   HF's schedule; lookup with the confident head elsewhere on the transformer, token-verified
-  at T=1 on ragged rows and block-verified with the warping at batch 1 (4). 'quick': the
-  trigram's confidence stop."""
+  at T=1 on ragged rows and block-verified with the warping at batch 1, and with the head
+  capped at 2 of K = 3 (``head_draft_tokens``) token-verified at T=1 at batch 1 (5). 'quick':
+  the trigram's confidence stop."""
   warped = "T=0.7,k=4,p=0.9"
   stop = Case("trigram", "block", "confidence_stop", "heuristic", warped, "ragged16", "1")
   stop = dataclasses.replace(stop, narrow=True)
@@ -268,6 +274,7 @@ def narrow_cases(scope: str = "full") -> list[Case]:
     stop,
     Case("transformer", "token", "feature_lookup_confident", "fixed", "T=1", "ragged16", "1"),
     Case("transformer", "block", "feature_lookup_confident", "heuristic", warped, "1", "1"),
+    Case("transformer", "token", "feature_lookup_capped", "fixed", "T=1", "1", "1"),
   ]
   return [dataclasses.replace(c, narrow=True) for c in cases]
 
@@ -619,7 +626,12 @@ class Setup:
       proposal = "greedy" if name.endswith("greedy") else "sampled"
       stop = 0.3 if name.endswith("confident") else 0.0  # The head stops where unsure.
       return LookupFeatureDrafter(
-        head, proposal=proposal, max_ngram=2, min_ngram=1, confidence_threshold=stop
+        head,
+        proposal=proposal,
+        max_ngram=2,
+        min_ngram=1,
+        confidence_threshold=stop,
+        head_draft_tokens=2 if name.endswith("capped") else 0,
       )
     if name in PROPOSAL_DRAFTERS:
       drafter = feature_drafter_for(self.target, "vocab" in name, self.mesh)
