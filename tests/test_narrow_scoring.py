@@ -13,11 +13,12 @@ import pytest
 from specsamp.experiments.jobs import drafter_specs
 from specsamp.models import feature_head, transformer
 from specsamp.models.config import TransformerConfig
-from specsamp.sampling import autoregressive, chain_step, drafters, speculative
+from specsamp.sampling import autoregressive, chain_step, drafters, speculative, warping
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.lookup_feature_drafter import LookupFeatureDrafter
 from specsamp.sampling.sampler import Sampler
+from specsamp.sampling.warping import SamplingConfig
 
 CONFIG = TransformerConfig(
   vocab_size=64, num_layers=3, d_model=32, num_heads=4, num_kv_heads=2, ffn_dim=64
@@ -53,13 +54,20 @@ def test_a_narrow_call_computes_what_the_full_call_computes_at_its_positions(mod
   tokens = PROMPTS[:2, 2:7]
   positions = 4 + jnp.broadcast_to(jnp.arange(5), (2, 5))
   widths = (1, 2, 3, 4, 5)
-  full_logits, full_cache, full_features = chain_step.score_narrow(
+  full_logits, full_cache, full_features, _ = chain_step.score_narrow(
     target, tokens, positions, cache, layers, (5,), jnp.int32(0)
   )
+  nucleus = SamplingConfig(0.8, top_p=0.9)
+  full_probs = warping.probabilities(full_logits, nucleus)
   for index, width in enumerate(widths):
-    logits, narrow_cache, features = chain_step.score_narrow(
+    logits, narrow_cache, features, nan = chain_step.score_narrow(
       target, tokens, positions, cache, layers, widths, jnp.int32(index)
     )
+    probs = chain_step.score_narrow(
+      target, tokens, positions, cache, layers, widths, jnp.int32(index), nucleus
+    )[0]  # Warped at the scored positions only, zeros past them.
+    np.testing.assert_allclose(probs[:, :width], full_probs[:, :width], rtol=2e-5, atol=2e-6)
+    assert not np.any(probs[:, width:]) and not np.any(nan)
     assert logits.shape == full_logits.shape and features.shape == full_features.shape
     np.testing.assert_allclose(logits[:, :width], full_logits[:, :width], rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(features[:, :width], full_features[:, :width], rtol=2e-5, atol=2e-5)

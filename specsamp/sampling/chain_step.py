@@ -85,7 +85,7 @@ class ChainStep:
     with jax.named_scope("score"):
       last_B = inputs.tokens[rows_B, lengths_B - 1]
       width = scoring_width(proposed_B, self.widths)
-      target_logits_BG1V, target_cache, features = score_narrow(
+      target_probs_BG1V, target_cache, features, target_nan_B = score_narrow(
         target,
         jnp.concatenate([last_B[:, None], proposal.tokens], axis=1),
         lengths_B[:, None] - 1 + jnp.arange(self.num_draft_tokens + 1),
@@ -93,6 +93,7 @@ class ChainStep:
         drafter.feature_layers,
         self.widths,
         width,
+        self.sampling,
       )
       # The scored positions' features: a feature head's next input (observe: a no-op else).
       drafter_state = drafter.observe(drafter_state, features, lengths_B - 1)
@@ -101,7 +102,7 @@ class ChainStep:
         threefry.fold_in(key, 1),
         proposal.tokens,
         proposal.probs,
-        probabilities(target_logits_BG1V, self.sampling),
+        target_probs_BG1V,
         proposed_B,
       )
     return StepResult(
@@ -113,7 +114,7 @@ class ChainStep:
       target_cache=target_cache,
       drafter_state=drafter_state,
       draft_calls=proposal.model_calls,
-      nan=model_protocol.has_nan(target_logits_BG1V) | proposal.nan,
+      nan=target_nan_B | proposal.nan,
       scored_tokens=jnp.asarray(self.widths, jnp.int32)[width],
     )
 
@@ -133,12 +134,17 @@ def score_narrow(
   capture_layers: tuple[int, ...],
   widths: tuple[int, ...],
   index: jax.Array,
-) -> tuple[jax.Array, Any, jax.Array | None]:
+  sampling: SamplingConfig | None = None,
+) -> tuple[jax.Array, Any, jax.Array | None, jax.Array]:
   """The scoring call on the first ``widths[index]`` of the G + 1 tokens (``lax.switch``: one
-  compiled call per width, only the chosen one runs), its logits and features padded back to
-  G + 1 positions with zeros. A padded position lies past every row's proposal, so nothing
-  reads it: the verifier stops at a row's count, the loop appends at most count + 1 tokens,
-  and the cache entries it skipped lie past every row's new length."""
+  compiled call per width, only the chosen one runs), its logits (with ``sampling``: the
+  warped target distributions p, computed at the scored positions only) and features padded
+  back to G + 1 positions with zeros, the cache, and which rows' logits held NaN. A padded
+  position lies past every row's proposal, so nothing reads it: the verifier stops at a row's
+  count, the loop appends at most count + 1 tokens, and the cache entries it skipped lie past
+  every row's new length. Warping inside the call matters at top-p: sorting 49,152 logits
+  costs about 0.7 ms a position on a 2-core CPU, so a 9-wide warp of a 3-wide call wastes 4 ms
+  an iteration (docs/benchmarks.md, "Two draft lengths")."""
   full = tokens_BG1.shape[1]
 
   def call(width: int):
@@ -146,8 +152,9 @@ def score_narrow(
       out = model_protocol.score(
         target, tokens_BG1[:, :width], positions_BG1[:, :width], cache, capture_layers
       )
+      values = out.logits if sampling is None else probabilities(out.logits, sampling)
       pad = lambda x: None if x is None else jnp.pad(x, ((0, 0), (0, full - width), (0, 0)))
-      return pad(out.logits), out.cache, pad(out.features)
+      return pad(values), out.cache, pad(out.features), model_protocol.has_nan(out.logits)
 
     return scored
 
