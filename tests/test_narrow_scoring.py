@@ -59,13 +59,17 @@ def test_a_narrow_call_computes_what_the_full_call_computes_at_its_positions(mod
   )
   nucleus = SamplingConfig(0.8, top_p=0.9)
   full_probs = warping.probabilities(full_logits, nucleus)
-  for index, width in enumerate(widths):
-    logits, narrow_cache, features, nan = chain_step.score_narrow(
-      target, tokens, positions, cache, layers, widths, jnp.int32(index)
+
+  def narrow(index, sampling):  # One program for every width (the index is traced).
+    return chain_step.score_narrow(
+      target, tokens, positions, cache, layers, widths, index, sampling
     )
-    probs = chain_step.score_narrow(
-      target, tokens, positions, cache, layers, widths, jnp.int32(index), nucleus
-    )[0]  # Warped at the scored positions only, zeros past them.
+
+  logits_at = jax.jit(lambda index: narrow(index, None))
+  probs_at = jax.jit(lambda index: narrow(index, nucleus)[0])
+  for index, width in enumerate(widths):
+    logits, narrow_cache, features, nan = logits_at(jnp.int32(index))
+    probs = probs_at(jnp.int32(index))  # Warped at the scored positions only, zeros past them.
     np.testing.assert_allclose(probs[:, :width], full_probs[:, :width], rtol=2e-5, atol=2e-6)
     assert not np.any(probs[:, width:]) and not np.any(nan)
     assert logits.shape == full_logits.shape and features.shape == full_features.shape
