@@ -192,7 +192,6 @@ class NullFit:
   dof: float
   mean: float
   sd: float
-  repeats: int
 
   def threshold(self, level: float) -> float:
     return float(self.scale * stats.chi2.isf(level, self.dof))
@@ -208,8 +207,8 @@ def fit_null(
   values = null_g_values(probs_BC, draws_per_row, repeats, seed)
   mean, var = float(values.mean()), float(values.var(ddof=1))
   if var <= 0:  # One pooled cell (or none): G is 0 whatever is drawn.
-    return NullFit(1.0, max(mean, 1.0), mean, 0.0, repeats)
-  return NullFit(var / (2 * mean), 2 * mean**2 / var, mean, var**0.5, repeats)
+    return NullFit(1.0, max(mean, 1.0), mean, 0.0)
+  return NullFit(var / (2 * mean), 2 * mean**2 / var, mean, var**0.5)
 
 
 def calibrated_g_test(
