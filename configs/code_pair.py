@@ -188,6 +188,9 @@ def get_config(arg=None):
   config.answers = ml_collections.ConfigDict()
   config.answers.train_dir = "regenerated/train"
   config.answers.held_out_dir = "regenerated/held_out"
+  # Answers shipped in the repository (FOLDER/train, FOLDER/held_out, as scripts/regenerate.py
+  # writes them): regenerate.py and train_drafter.py start from them (none for this pair).
+  config.answers.shipped_dir = ""
   config.answers.directory = "draft_answers"
   config.answers.tau_draft_tokens = 4
   config.answers.train = _train(steps=400, batch_size=16, seq_len=256, learning_rate=2e-3)

@@ -95,6 +95,10 @@ def get_config(arg=None):
   # distribution at each answer token, 4 unrolled steps; the shipped head
   # (specsamp/shipped/smollm2_head, --config.feature.checkpoint) came from this run.
   config.answers.drafter = "feature"
+  # SmolLM2's answers so far, shipped (specsamp/shipped/smollm2_answers/{train,held_out}):
+  # regenerate.py answers only what they lack, and train_drafter.py trains on them in a fresh
+  # checkout (docs/training_on_answers.md, "Answers that ship").
+  config.answers.shipped_dir = shipped.packaged("smollm2_answers")
   config.answers.head_train = code_pair._train(
     steps=720, batch_size=8, seq_len=256, learning_rate=3e-3, distill_mode="token", ttt_steps=4
   )

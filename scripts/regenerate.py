@@ -14,6 +14,13 @@ WORKDIR/regenerated/SPLIT) with a manifest; a stopped run (Ctrl-C, a lost machin
 where it stopped when started again with the same flags (the batch size may change: a
 larger machine answers more at once). --max_shards stops after that many new shards,
 --max_seconds starts none after that many seconds.
+
+A pair whose config names answers.shipped_dir (configs/smollm2_pair.py: the answers shipped in
+specsamp/shipped/smollm2_answers) starts from the shards shipped there, so only the ones they
+lack are answered; --ship_to merges what this run added back into such a folder:
+
+  python scripts/regenerate.py --config=configs/smollm2_pair.py --max_seconds=3600 \
+      --ship_to=specsamp/shipped/smollm2_answers/train
 """
 
 import os
@@ -54,6 +61,18 @@ _PASSES = flags.DEFINE_integer(
   "every prompt once each); a resumed run may ask for more.",
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
+_SEED_FROM = flags.DEFINE_string(
+  "seed_from",
+  None,
+  "Shards to start from when --out has none, if this very run made them (default: the "
+  "config's answers.shipped_dir/SPLIT, the answers shipped in the repository; '' for none).",
+)
+_SHIP_TO = flags.DEFINE_string(
+  "ship_to",
+  None,
+  "Then merge every shard into this directory (e.g. specsamp/shipped/smollm2_answers/train: "
+  "what the next checkout starts from).",
+)
 _MAX_PROMPTS = flags.DEFINE_integer(
   "max_prompts", 0, "Answer only the first this many prompts of the shuffled split (0: all)."
 )
@@ -83,6 +102,9 @@ def main(argv):
     max_prompts=_MAX_PROMPTS.value,
     passes=_PASSES.value,
   )
+  seed_dir = _SEED_FROM.value
+  if seed_dir is None and config.answers.get("shipped_dir"):
+    seed_dir = os.path.join(config.answers.shipped_dir, _SPLIT.value)
   target_id = config.target.get("gguf") or config.target.get("checkpoint") or "trained"
   manifest = regenerate.regenerate(
     prepared.target,
@@ -94,7 +116,10 @@ def main(argv):
     max_shards=_MAX_SHARDS.value,
     max_seconds=_MAX_SECONDS.value,
     width_step=_WIDTH_STEP.value,
+    seed_dir=seed_dir or None,
   )
+  if _SHIP_TO.value:
+    regenerate.merge(out, os.path.expanduser(_SHIP_TO.value))
   shards = manifest["shards"]
   answers = sum(s["answer_tokens"] for s in shards)
   repeated = regenerate.repetition(shards)

@@ -169,6 +169,63 @@ def test_shards_hold_the_targets_answers_and_a_stopped_run_resumes(target, tmp_p
   assert open(os.path.join(out, regenerate.MANIFEST)).read() == before
 
 
+def test_answers_ship_compressed_and_a_fresh_workdir_starts_from_them(target, tmp_path):
+  """Shards are compressed with 16-bit ids (read back as int32); ``merge`` copies the shards a
+  folder lacks (how answers ship in the repository), and a run seeded from such a folder answers
+  only what it lacks, while another run's shards are neither used nor overwritten."""
+  tokenizer = word_tokenizer()
+  plan = regenerate.Plan(
+    batch_size=4, max_prompt_tokens=32, max_new_tokens=5, shard_prompts=4, split="train"
+  )
+  made = prompts(14)
+  here, shipped = str(tmp_path / "here"), str(tmp_path / "shipped")
+  one = regenerate.regenerate(target, tokenizer, made, here, plan, target_id="t", max_shards=1)
+  with np.load(os.path.join(here, "shard_00000.npz")) as f:
+    assert f["tokens"].dtype == np.uint16
+  (tokens, _, _), *_ = regenerate.read_shards(here)
+  assert tokens.dtype == np.int32
+  lines = []
+  assert regenerate.merge(here, shipped, lines.append) == 1
+  assert regenerate.merge(here, shipped, lines.append) == 0 and "0 shards" in lines[-1]
+  # A fresh workdir seeded from the shipped folder answers only the shards it lacks.
+  fresh = str(tmp_path / "fresh")
+  seeded = regenerate.regenerate(
+    target, tokenizer, made, fresh, plan, target_id="t", max_shards=0, seed_dir=shipped
+  )
+  assert seeded["shards"] == one["shards"]
+  full = regenerate.regenerate(
+    target, tokenizer, made, fresh, plan, target_id="t", seed_dir=shipped
+  )
+  assert full["shards"][0] == one["shards"][0] and len(full["shards"]) > 1
+  for a, b in zip(regenerate.read_shards(here), regenerate.read_shards(fresh)):
+    for x, y in zip(a, b):
+      np.testing.assert_array_equal(x, y)
+  assert regenerate.merge(fresh, shipped, lines.append) == len(full["shards"]) - 1
+  assert regenerate.read_manifest(shipped)["shards"] == full["shards"]
+  # Another run's shards seed nothing, and a folder of another run takes none.
+  other = dataclasses.replace(plan, max_new_tokens=6)
+  elsewhere = str(tmp_path / "elsewhere")
+  kept = regenerate.regenerate(
+    target,
+    tokenizer,
+    made,
+    elsewhere,
+    other,
+    target_id="t",
+    max_shards=1,
+    seed_dir=shipped,
+    log=lines.append,
+  )
+  assert len(kept["shards"]) == 1 and "another run" in " ".join(lines)
+  before = open(os.path.join(shipped, regenerate.MANIFEST)).read()
+  with pytest.raises(ValueError, match="another run's shards"):
+    regenerate.merge(elsewhere, shipped)
+  assert open(os.path.join(shipped, regenerate.MANIFEST)).read() == before
+  lines.clear()
+  assert regenerate.seed(shipped, elsewhere, lines.append) == 0 and "another run" in lines[0]
+  assert len(regenerate.read_manifest(elsewhere)["shards"]) == 1
+
+
 def test_a_run_resumes_with_another_batch_size_and_stops_on_its_time(target, tmp_path):
   """A larger machine may answer more prompts at once: the batch size is not part of what a
   resumed run must share. max_seconds starts no new shard once spent (0: none at all)."""

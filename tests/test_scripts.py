@@ -862,21 +862,40 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   )
   sizes = ["--batch_size=16", "--shard_prompts=64", "--max_new_tokens=24", "--max_prompt_tokens=64"]
   common = ["--config=configs/code_pair.py:test", f"--workdir={workdir}", f"--prompts={prompts}"]
-  held = run_script("regenerate.py", *common, *sizes, "--split=held_out", "--settings=greedy")
+  shipped = tmp_path / "shipped_answers"  # What --ship_to merges into (the repository's copy).
+  held = run_script(
+    "regenerate.py",
+    *common,
+    *sizes,
+    "--split=held_out",
+    "--settings=greedy",
+    f"--ship_to={shipped / 'held_out'}",
+  )
   assert held.returncode == 0, held.stderr[-3000:]
   assert "answer tokens" in held.stdout and "held_out split" in held.stdout
   first = run_script("regenerate.py", *common, *sizes, "--max_shards=1")
   assert first.returncode == 0 and "1 shards" in first.stdout, first.stderr[-3000:]
-  rest = run_script("regenerate.py", *common, *sizes)
+  rest = run_script("regenerate.py", *common, *sizes, f"--ship_to={shipped / 'train'}")
   assert rest.returncode == 0, rest.stderr[-3000:]
   manifest = json.load(open(os.path.join(workdir, "regenerated", "train", "manifest.json")))
   assert [s["setting"] for s in manifest["shards"]] == ["greedy", "nucleus", "greedy", "nucleus"]
   done = re.findall(r"regenerate: shard_\d+\.npz \(", rest.stdout)
   assert len(done) == 3  # The first shard was not redone.
+  assert json.load(open(shipped / "train" / "manifest.json"))["shards"] == manifest["shards"]
+  # A fresh workdir trains on the shipped answers (config answers.shipped_dir).
+  shutil.rmtree(os.path.join(workdir, "regenerated"))
 
-  train_args = ["--config=configs/code_pair.py:test", f"--workdir={workdir}"]
+  train_args = [
+    "--config=configs/code_pair.py:test",
+    f"--workdir={workdir}",
+    f"--config.answers.shipped_dir={shipped}",
+  ]
   stopped = run_script("train_drafter.py", *train_args, "--stop_after=2")
   assert stopped.returncode == 0, stopped.stderr[-3000:]
+  assert f"4 shards from {shipped / 'train'}" in stopped.stdout
+  assert json.load(open(os.path.join(workdir, "regenerated", "train", "manifest.json"))) == (
+    json.load(open(shipped / "train" / "manifest.json"))
+  )
   assert "tau(K=4)" in stopped.stdout and "(best)" in stopped.stdout
   best_json = os.path.join(workdir, "draft_answers", "best", "best.json")
   stopped_best = json.load(open(best_json))

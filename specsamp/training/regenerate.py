@@ -210,6 +210,84 @@ def _answer_batch(
   return sequences, finished
 
 
+IDENTITY = ("version", "target", "tokenizer", "plan", "prompts", "prompts_sha256")
+"""The manifest's keys that say which run made a directory (``_resumable`` compares them)."""
+
+
+def _save_shard(path: str, arrays: dict[str, np.ndarray]) -> None:
+  """A shard, compressed, its token ids in 16 bits where they fit (SmolLM2's 49,152 do): about
+  a sixth of the raw int32 size, so that answers can ship with a drafter in the repository
+  (``merge``); ``read_shards`` gives int32 back."""
+  tokens = arrays["tokens"]
+  if tokens.size and tokens.min() >= 0 and tokens.max() < 1 << 16:
+    arrays = dict(arrays, tokens=tokens.astype(np.uint16))
+  with open(path, "wb") as f:
+    np.savez_compressed(f, **arrays)
+
+
+def merge(from_dir: str, to_dir: str, log: Callable[[str], None] = print) -> int:
+  """Copies into ``to_dir`` every shard ``from_dir``'s manifest names and ``to_dir``'s lacks
+  (recompressed by ``_save_shard``), then rewrites ``to_dir``'s manifest; returns how many.
+
+  This is how answers travel: a workdir starts from the ones shipped in the repository, and
+  the answers a run adds (on this machine or a lent accelerator) are merged back to ship.
+  A shard both hold stays as ``to_dir`` has it. ``to_dir`` without a manifest takes
+  ``from_dir``'s run; one made by another run (target, tokenizer, plan or prompts) is refused
+  and left as it was."""
+  theirs = read_manifest(from_dir)
+  if theirs is None:
+    raise FileNotFoundError(f"No regenerated shards in {from_dir} (no {MANIFEST}).")
+  ours = read_manifest(to_dir)
+  if ours is None:
+    ours = dict({k: v for k, v in theirs.items() if k != "shards"}, shards=[])
+  elif _resumable({k: ours.get(k) for k in IDENTITY}) != _resumable(
+    {k: theirs.get(k) for k in IDENTITY}
+  ):
+    raise ValueError(
+      f"{to_dir} holds another run's shards than {from_dir} ("
+      + ", ".join(k for k in IDENTITY if ours.get(k) != theirs.get(k))
+      + " differ); nothing was copied."
+    )
+  ours["plan"]["passes"] = max(ours["plan"].get("passes", 1), theirs["plan"].get("passes", 1))
+  have = {shard["file"] for shard in ours["shards"]}
+  new = [shard for shard in theirs["shards"] if shard["file"] not in have]
+  os.makedirs(to_dir, exist_ok=True)
+  for shard in new:
+    with np.load(os.path.join(from_dir, shard["file"])) as f:
+      arrays = {name: f[name] for name in f.files}
+    _write_atomic(os.path.join(to_dir, shard["file"]), lambda path, a=arrays: _save_shard(path, a))
+  ours["shards"] = sorted(ours["shards"] + new, key=lambda s: s["file"])
+  _write_manifest(to_dir, ours)
+  log(
+    f"regenerate: {len(new)} shards from {from_dir} into {to_dir} ({len(ours['shards'])} there now)"
+  )
+  return len(new)
+
+
+def seed(
+  from_dir: str,
+  to_dir: str,
+  log: Callable[[str], None] = print,
+  identity: dict[str, Any] | None = None,
+) -> int:
+  """``merge`` when ``from_dir`` has shards ``to_dir`` lacks and they come from the same run as
+  ``to_dir``'s and as ``identity`` (the run that asks, if any); otherwise copies nothing (and
+  says why, if they are another run's). Returns how many shards were copied."""
+  theirs, ours = read_manifest(from_dir), read_manifest(to_dir)
+  have = {shard["file"] for shard in (ours or {"shards": []})["shards"]}
+  if theirs is None or not {shard["file"] for shard in theirs["shards"]} - have:
+    return 0  # Nothing to add (quietly: every run of a seeded workdir asks).
+  source = _resumable({k: theirs.get(k) for k in IDENTITY})
+  for other, what in ((identity, "this run"), (ours, to_dir)):
+    if (
+      other is not None
+      and _resumable(json.loads(json.dumps({k: other.get(k) for k in IDENTITY}))) != source
+    ):
+      log(f"regenerate: the shards in {from_dir} come from another run than {what}; not used")
+      return 0
+  return merge(from_dir, to_dir, log)
+
+
 def _resumable(identity: dict[str, Any]) -> dict[str, Any]:
   """What a resumed run must share with the one that began its directory: everything but the
   batch size, which changes how many prompts are answered together (and, when sampling, which
@@ -232,6 +310,7 @@ def regenerate(
   max_shards: int | None = None,
   max_seconds: float | None = None,
   width_step: int = WIDTH_STEP,
+  seed_dir: str | None = None,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
   """Writes (or completes) ``out_dir``'s shards (module docstring); returns the manifest.
@@ -250,6 +329,9 @@ def regenerate(
     width_step: batches pad their prompts to a multiple of this many tokens: each width is a
       program to compile. A GPU compiles for longer than it decodes a shard: there,
       ``plan.max_prompt_tokens`` makes one width for every batch.
+    seed_dir: shards made before (those shipped in the repository): ``out_dir`` first takes
+      those it lacks when they come from this very run (target, tokenizer, plan, prompts:
+      ``seed``), so that only the others are answered; another run's are ignored.
     log: progress lines.
   """
   began = time.perf_counter()
@@ -277,6 +359,8 @@ def regenerate(
     "prompts_sha256": digest.hexdigest(),
   }
   os.makedirs(out_dir, exist_ok=True)
+  if seed_dir:
+    seed(seed_dir, out_dir, log, identity)
   manifest = read_manifest(out_dir)
   if manifest is None:
     manifest = dict(identity, skipped=skipped, shards=[])
@@ -342,11 +426,7 @@ def regenerate(
       "ids": np.asarray(kept_ids),
     }
 
-    def write(path, arrays=arrays):
-      with open(path, "wb") as f:
-        np.savez(f, **arrays)
-
-    _write_atomic(os.path.join(out_dir, name), write)
+    _write_atomic(os.path.join(out_dir, name), lambda path, a=arrays: _save_shard(path, a))
     seconds = time.perf_counter() - start
     answer_tokens = int(offsets[-1] - prompt_lengths.sum())
     counts = [repeated_ngrams(s[n:]) for s, n in zip(sequences, prompt_lengths)]
@@ -388,5 +468,5 @@ def read_shards(out_dir: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]
   shards = []
   for shard in manifest["shards"]:
     with np.load(os.path.join(out_dir, shard["file"])) as f:
-      shards.append((f["tokens"], f["offsets"], f["prompt_lengths"]))
+      shards.append((f["tokens"].astype(np.int32), f["offsets"], f["prompt_lengths"]))
   return shards

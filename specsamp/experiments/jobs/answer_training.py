@@ -263,6 +263,9 @@ def train_on_answers(
   K = section.tau_draft_tokens
   if prepared is None:
     prepared = pair_lib.prepare(config, workdir, drafts=False, mesh=mesh, log=log)
+  if section.get("shipped_dir"):  # The answers shipped in the repository, where these lack them.
+    for split, split_dir in (("train", train_dir), ("held_out", held_dir)):
+      regenerate.seed(os.path.join(section.shipped_dir, split), split_dir, log)
   manifests = check_answers(train_dir, held_dir, prepared.tokenizer)
   manifest = manifests["train"]
   shards = regenerate.read_shards(train_dir)
