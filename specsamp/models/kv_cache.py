@@ -73,6 +73,12 @@ class KVCache:
   def num_layers(self) -> int:
     return self.keys.shape[0]
 
+  def take_rows(self, rows_b: jax.Array) -> KVCache:
+    """The cache of these rows (indices [b] into this batch), in their order."""
+    return self.replace(
+      keys=self.keys[:, rows_b], values=self.values[:, rows_b], lengths=self.lengths[rows_b]
+    )
+
 
 def write(
   cache_LBSKH: jax.Array, layer: jax.Array | int, new_BTKH: jax.Array, positions_BT: jax.Array

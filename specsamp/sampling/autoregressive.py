@@ -51,7 +51,18 @@ class GenerationOutput:
 
 
 @struct.dataclass
-class _LoopState:
+class LoopState:
+  """The loop's state between steps (``start``, ``advance``).
+
+  Attributes:
+    step: scalar int32, the next token's index among each row's new tokens (its key is
+      ``fold_in(rng, step)``).
+    tokens: [B, W] each row's prompt and tokens so far, then ``pad_id``.
+    lengths: [B] prompt + tokens so far of each row.
+    done: [B] rows that ended (EOS or ``max_new_tokens``).
+    cache: the model's cache.
+  """
+
   step: jax.Array
   tokens: jax.Array
   lengths: jax.Array
@@ -158,6 +169,64 @@ def initial_tokens(
   return tokens.at[:, :length].set(jnp.where(valid_BT, prompts_BT, pad_id))
 
 
+def start(
+  model: Any,
+  cache: Any,
+  prompts_BT: jax.Array,
+  prompt_lengths_B: jax.Array,
+  rng: jax.Array,
+  *,
+  sampling: SamplingConfig,
+  eos_id: int | None,
+  pad_id: int,
+  max_new_tokens: int,
+) -> LoopState:
+  """Prefills the prompts and samples each row's first token (key ``fold_in(rng, 0)``)."""
+  batch, prompt_width = prompts_BT.shape
+  with jax.named_scope("prefill"):
+    last_logits_BV, cache = prefill(model, prompts_BT, prompt_lengths_B, cache)
+  first_B = sample(threefry.fold_in(rng, 0), last_logits_BV, sampling)
+  tokens_BW = initial_tokens(prompts_BT, prompt_lengths_B, prompt_width + max_new_tokens, pad_id)
+  tokens_BW = tokens_BW.at[jnp.arange(batch), prompt_lengths_B].set(first_B)
+  done_B = jnp.full((batch,), max_new_tokens == 1)
+  if eos_id is not None:
+    done_B = done_B | (first_B == eos_id)
+  return LoopState(
+    step=jnp.int32(1), tokens=tokens_BW, lengths=prompt_lengths_B + 1, done=done_B, cache=cache
+  )
+
+
+def advance(
+  model: Any,
+  state: LoopState,
+  prompt_lengths_B: jax.Array,
+  rng: jax.Array,
+  *,
+  sampling: SamplingConfig,
+  eos_id: int | None,
+  pad_id: int,
+  max_new_tokens: int,
+) -> LoopState:
+  """One step: every row's last token through the model, the next drawn with the key
+  ``fold_in(rng, step)``; rows already done append ``pad_id`` and do not advance."""
+  rows_B = jnp.arange(state.tokens.shape[0])
+  positions_B = state.lengths - 1
+  last_B = state.tokens[rows_B, positions_B]
+  logits_B1V, cache = model(last_B[:, None], positions_B[:, None], state.cache)
+  next_B = sample(threefry.fold_in(rng, state.step), logits_B1V[:, 0], sampling)
+  active_B = ~state.done
+  tokens_BW = state.tokens.at[rows_B, state.lengths].set(
+    jnp.where(active_B, next_B, pad_id), mode="drop"
+  )
+  lengths_B = state.lengths + active_B
+  done_B = state.done | (lengths_B - prompt_lengths_B >= max_new_tokens)
+  if eos_id is not None:
+    done_B = done_B | (active_B & (next_B == eos_id))
+  return LoopState(
+    step=state.step + 1, tokens=tokens_BW, lengths=lengths_B, done=done_B, cache=cache
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class AutoregressiveLoop:
   """The autoregressive loop's static settings, hashable; calling it runs the jitted loop.
@@ -222,46 +291,28 @@ class AutoregressiveLoop:
     is allocated or zeroed, and the output is bit-identical (as ``SpeculativeLoop.reusing``)."""
     return self._run(model_dynamic, cache, prompts_BT, prompt_lengths_B, rng)
 
-  def _run(self, model_dynamic, cache, prompts_BT, prompt_lengths_B, rng):
-    batch, prompt_width = prompts_BT.shape
-    rows_B = jnp.arange(batch)
-    model = model_protocol.merge_model(self.model_static, model_dynamic)
-    with jax.named_scope("prefill"):
-      if cache is None:
-        cache = model.init_cache(batch, self.cache_length)
-      last_logits_BV, cache = prefill(model, prompts_BT, prompt_lengths_B, cache)
-    first_B = sample(threefry.fold_in(rng, 0), last_logits_BV, self.sampling)
-    tokens_BW = initial_tokens(
-      prompts_BT, prompt_lengths_B, prompt_width + self.max_new_tokens, self.pad_id
-    )
-    tokens_BW = tokens_BW.at[rows_B, prompt_lengths_B].set(first_B)
-    done_B = jnp.full((batch,), self.max_new_tokens == 1)
-    if self.eos_id is not None:
-      done_B = done_B | (first_B == self.eos_id)
-    state = _LoopState(
-      step=jnp.int32(1), tokens=tokens_BW, lengths=prompt_lengths_B + 1, done=done_B, cache=cache
+  @property
+  def options(self) -> dict[str, Any]:
+    """The settings ``start`` and ``advance`` take."""
+    return dict(
+      sampling=self.sampling,
+      eos_id=self.eos_id,
+      pad_id=self.pad_id,
+      max_new_tokens=self.max_new_tokens,
     )
 
-    def cond(state: _LoopState) -> jax.Array:
+  def _run(self, model_dynamic, cache, prompts_BT, prompt_lengths_B, rng):
+    model = model_protocol.merge_model(self.model_static, model_dynamic)
+    if cache is None:
+      cache = model.init_cache(prompts_BT.shape[0], self.cache_length)
+    state = start(model, cache, prompts_BT, prompt_lengths_B, rng, **self.options)
+
+    def cond(state: LoopState) -> jax.Array:
       return (state.step < self.max_new_tokens) & ~jnp.all(state.done)
 
-    def body(state: _LoopState) -> _LoopState:
+    def body(state: LoopState) -> LoopState:
       model = model_protocol.merge_model(self.model_static, model_dynamic)
-      positions_B = state.lengths - 1
-      last_B = state.tokens[rows_B, positions_B]
-      logits_B1V, cache = model(last_B[:, None], positions_B[:, None], state.cache)
-      next_B = sample(threefry.fold_in(rng, state.step), logits_B1V[:, 0], self.sampling)
-      active_B = ~state.done
-      tokens_BW = state.tokens.at[rows_B, state.lengths].set(
-        jnp.where(active_B, next_B, self.pad_id), mode="drop"
-      )
-      lengths_B = state.lengths + active_B
-      done_B = state.done | (lengths_B - prompt_lengths_B >= self.max_new_tokens)
-      if self.eos_id is not None:
-        done_B = done_B | (active_B & (next_B == self.eos_id))
-      return _LoopState(
-        step=state.step + 1, tokens=tokens_BW, lengths=lengths_B, done=done_B, cache=cache
-      )
+      return advance(model, state, prompt_lengths_B, rng, **self.options)
 
     state = jax.lax.while_loop(cond, body, state)
     output = sharding.replicated(

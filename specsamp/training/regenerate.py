@@ -41,7 +41,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specsamp.sampling import autoregressive
+from specsamp.sampling import compacting
 from specsamp.training import instructions
 
 SETTINGS = {"greedy": (0.0, 1.0), "nucleus": (0.8, 0.95), "t1": (1.0, 1.0)}
@@ -190,7 +190,7 @@ def _answer_batch(
     row = rows[min(i, count - 1)]  # Padding rows repeat the last prompt; their answers go.
     tokens[i, : len(row)], lengths[i] = row, len(row)
   temperature, top_p = SETTINGS[setting]
-  out = autoregressive.generate(
+  out = compacting.generate(  # Rows that end leave the batch (most answers end early).
     target,
     tokens,
     lengths,
@@ -201,7 +201,7 @@ def _answer_batch(
     eos_id=eos_id,
     pad_id=pad_id,
   )
-  all_tokens, ends = np.asarray(out.tokens), np.asarray(out.lengths)
+  all_tokens, ends = out.tokens, out.lengths
   sequences, finished = [], []
   for i in range(count):
     sequence = np.concatenate([rows[i], all_tokens[i, lengths[i] : ends[i]]])

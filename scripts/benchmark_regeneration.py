@@ -1,0 +1,42 @@
+r"""Regeneration's decoding with the whole batch to the end against with finished rows leaving it
+(specsamp/experiments/benchmarks/regeneration.py): one batch of the prompt set, both ways.
+
+  python scripts/benchmark_regeneration.py --config=configs/smollm2_pair.py --output=result.json
+"""
+
+import json
+
+from absl import flags
+
+from specsamp.experiments import cli
+from specsamp.experiments.benchmarks import regeneration
+
+_PAIR = cli.define_pair_flags()
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Prompts answered together.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Answer tokens at most.")
+_SETTING = flags.DEFINE_enum("setting", "greedy", ["greedy", "nucleus", "t1"], "Sampling.")
+_REPEATS = flags.DEFINE_integer("repeats", 1, "Timed runs of each way (after an untimed one).")
+_OFFSET = flags.DEFINE_integer("offset", 0, "First prompt of the shuffled training split.")
+_OUTPUT = flags.DEFINE_string("output", None, "Also write the result (JSON) here.")
+
+flags.adopt_module_key_flags(cli)
+
+
+def main(argv):
+  cli.start(argv)
+  result = regeneration.compare(
+    _PAIR.pair_config(),
+    _PAIR.workdir.value,
+    batch_size=_BATCH.value,
+    max_new_tokens=_MAX_NEW.value,
+    setting=_SETTING.value,
+    repeats=_REPEATS.value,
+    offset=_OFFSET.value,
+  )
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  cli.run(main)
