@@ -48,6 +48,19 @@ pack)
   rm "$CARRY/gguf.xz"
   du -b .whl/* "$CARRY"/a/* "$CARRY"/b/*
   du -sb "$SHIPPED"
+  # Each call carries the working tree (tracked and untracked files git does not ignore) with
+  # its part; the device refuses more than 64 MiB. The shipped answers grow the tree by about
+  # 27 KB a shard, so this says when the parts must become three.
+  tree=$( { git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 du -cb | awk '$2 == "total" {s += $1} END {print s}')
+  for call in "1 .whl $CARRY/a" "2 $CARRY/b"; do
+    set -- $call
+    size=$(( tree + $(du -cb "${@:2}" | tail -1 | cut -f1) ))
+    echo "call $1 carries $(( size / 1048576 )) MiB (of 64) with the working tree"
+    if (( size > 64 * 1048576 )); then
+      echo "device_answers: call $1 would carry more than 64 MiB: split the GGUF into more parts" >&2
+      exit 2
+    fi
+  done
   ;;
 run)
   REGEN_S=${2:?REGEN_S}

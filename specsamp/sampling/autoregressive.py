@@ -169,28 +169,43 @@ def initial_tokens(
   return tokens.at[:, :length].set(jnp.where(valid_BT, prompts_BT, pad_id))
 
 
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """What ``start`` and ``advance`` need beyond the model and the state (hashable).
+
+  Attributes:
+    sampling: the warping sampled from.
+    eos_id: a row ends after emitting this id (None: never).
+    pad_id: fills each row after its last token.
+    max_new_tokens: tokens generated per row at most.
+  """
+
+  sampling: SamplingConfig
+  eos_id: int | None
+  pad_id: int
+  max_new_tokens: int
+
+
 def start(
   model: Any,
   cache: Any,
   prompts_BT: jax.Array,
   prompt_lengths_B: jax.Array,
   rng: jax.Array,
-  *,
-  sampling: SamplingConfig,
-  eos_id: int | None,
-  pad_id: int,
-  max_new_tokens: int,
+  options: StepOptions,
 ) -> LoopState:
   """Prefills the prompts and samples each row's first token (key ``fold_in(rng, 0)``)."""
   batch, prompt_width = prompts_BT.shape
   with jax.named_scope("prefill"):
     last_logits_BV, cache = prefill(model, prompts_BT, prompt_lengths_B, cache)
-  first_B = sample(threefry.fold_in(rng, 0), last_logits_BV, sampling)
-  tokens_BW = initial_tokens(prompts_BT, prompt_lengths_B, prompt_width + max_new_tokens, pad_id)
+  first_B = sample(threefry.fold_in(rng, 0), last_logits_BV, options.sampling)
+  tokens_BW = initial_tokens(
+    prompts_BT, prompt_lengths_B, prompt_width + options.max_new_tokens, options.pad_id
+  )
   tokens_BW = tokens_BW.at[jnp.arange(batch), prompt_lengths_B].set(first_B)
-  done_B = jnp.full((batch,), max_new_tokens == 1)
-  if eos_id is not None:
-    done_B = done_B | (first_B == eos_id)
+  done_B = jnp.full((batch,), options.max_new_tokens == 1)
+  if options.eos_id is not None:
+    done_B = done_B | (first_B == options.eos_id)
   return LoopState(
     step=jnp.int32(1), tokens=tokens_BW, lengths=prompt_lengths_B + 1, done=done_B, cache=cache
   )
@@ -201,11 +216,7 @@ def advance(
   state: LoopState,
   prompt_lengths_B: jax.Array,
   rng: jax.Array,
-  *,
-  sampling: SamplingConfig,
-  eos_id: int | None,
-  pad_id: int,
-  max_new_tokens: int,
+  options: StepOptions,
 ) -> LoopState:
   """One step: every row's last token through the model, the next drawn with the key
   ``fold_in(rng, step)``; rows already done append ``pad_id`` and do not advance."""
@@ -213,15 +224,15 @@ def advance(
   positions_B = state.lengths - 1
   last_B = state.tokens[rows_B, positions_B]
   logits_B1V, cache = model(last_B[:, None], positions_B[:, None], state.cache)
-  next_B = sample(threefry.fold_in(rng, state.step), logits_B1V[:, 0], sampling)
+  next_B = sample(threefry.fold_in(rng, state.step), logits_B1V[:, 0], options.sampling)
   active_B = ~state.done
   tokens_BW = state.tokens.at[rows_B, state.lengths].set(
-    jnp.where(active_B, next_B, pad_id), mode="drop"
+    jnp.where(active_B, next_B, options.pad_id), mode="drop"
   )
   lengths_B = state.lengths + active_B
-  done_B = state.done | (lengths_B - prompt_lengths_B >= max_new_tokens)
-  if eos_id is not None:
-    done_B = done_B | (active_B & (next_B == eos_id))
+  done_B = state.done | (lengths_B - prompt_lengths_B >= options.max_new_tokens)
+  if options.eos_id is not None:
+    done_B = done_B | (active_B & (next_B == options.eos_id))
   return LoopState(
     step=state.step + 1, tokens=tokens_BW, lengths=lengths_B, done=done_B, cache=cache
   )
@@ -292,27 +303,21 @@ class AutoregressiveLoop:
     return self._run(model_dynamic, cache, prompts_BT, prompt_lengths_B, rng)
 
   @property
-  def options(self) -> dict[str, Any]:
-    """The settings ``start`` and ``advance`` take."""
-    return dict(
-      sampling=self.sampling,
-      eos_id=self.eos_id,
-      pad_id=self.pad_id,
-      max_new_tokens=self.max_new_tokens,
-    )
+  def options(self) -> StepOptions:
+    return StepOptions(self.sampling, self.eos_id, self.pad_id, self.max_new_tokens)
 
   def _run(self, model_dynamic, cache, prompts_BT, prompt_lengths_B, rng):
     model = model_protocol.merge_model(self.model_static, model_dynamic)
     if cache is None:
       cache = model.init_cache(prompts_BT.shape[0], self.cache_length)
-    state = start(model, cache, prompts_BT, prompt_lengths_B, rng, **self.options)
+    state = start(model, cache, prompts_BT, prompt_lengths_B, rng, self.options)
 
     def cond(state: LoopState) -> jax.Array:
       return (state.step < self.max_new_tokens) & ~jnp.all(state.done)
 
     def body(state: LoopState) -> LoopState:
       model = model_protocol.merge_model(self.model_static, model_dynamic)
-      return advance(model, state, prompt_lengths_B, rng, **self.options)
+      return advance(model, state, prompt_lengths_B, rng, self.options)
 
     state = jax.lax.while_loop(cond, body, state)
     output = sharding.replicated(

@@ -60,34 +60,22 @@ class _Programs:
   model_static: Any
   cache_length: int
   chunk_steps: int
-  sampling: SamplingConfig
-  eos_id: int | None
-  pad_id: int
-  max_new_tokens: int
-
-  @property
-  def options(self) -> dict[str, Any]:
-    return dict(
-      sampling=self.sampling,
-      eos_id=self.eos_id,
-      pad_id=self.pad_id,
-      max_new_tokens=self.max_new_tokens,
-    )
+  options: autoregressive.StepOptions
 
   @functools.partial(jax.jit, static_argnums=0)
   def start(self, model_dynamic, prompts_BT, prompt_lengths_B, rng):
     model = model_protocol.merge_model(self.model_static, model_dynamic)
     cache = model.init_cache(prompts_BT.shape[0], self.cache_length)
-    return autoregressive.start(model, cache, prompts_BT, prompt_lengths_B, rng, **self.options)
+    return autoregressive.start(model, cache, prompts_BT, prompt_lengths_B, rng, self.options)
 
   @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
   def chunk(self, model_dynamic, state, prompt_lengths_B, rng):
     """Up to ``chunk_steps`` steps; stops early once every row is done."""
-    end = jnp.minimum(state.step + self.chunk_steps, self.max_new_tokens)
+    end = jnp.minimum(state.step + self.chunk_steps, self.options.max_new_tokens)
 
     def body(state):
       model = model_protocol.merge_model(self.model_static, model_dynamic)
-      return autoregressive.advance(model, state, prompt_lengths_B, rng, **self.options)
+      return autoregressive.advance(model, state, prompt_lengths_B, rng, self.options)
 
     return jax.lax.while_loop(lambda s: (s.step < end) & ~jnp.all(s.done), body, state)
 
@@ -132,10 +120,12 @@ def generate(
     static,
     cache_length,
     int(chunk_steps),
-    SamplingConfig(temperature, top_k, top_p),
-    None if eos_id is None else int(eos_id),
-    int(pad_id),
-    int(max_new_tokens),
+    autoregressive.StepOptions(
+      SamplingConfig(temperature, top_k, top_p),
+      None if eos_id is None else int(eos_id),
+      int(pad_id),
+      int(max_new_tokens),
+    ),
   )
   state = programs.start(dynamic, prompts, prompt_lengths, rng)
   given_lengths = np.asarray(prompt_lengths)
