@@ -257,7 +257,8 @@ def merge(from_dir: str, to_dir: str, log: Callable[[str], None] = print) -> int
       arrays = {name: f[name] for name in f.files}
     _write_atomic(os.path.join(to_dir, shard["file"]), lambda path, a=arrays: _save_shard(path, a))
   ours["shards"] = sorted(ours["shards"] + new, key=lambda s: s["file"])
-  _write_manifest(to_dir, ours)
+  if new or read_manifest(to_dir) is None:  # Nothing new: the folder stays as it was.
+    _write_manifest(to_dir, ours)
   log(
     f"regenerate: {len(new)} shards from {from_dir} into {to_dir} ({len(ours['shards'])} there now)"
   )
