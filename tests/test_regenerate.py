@@ -560,3 +560,28 @@ def test_a_parallel_drafts_accepted_runs_read_segment_k_at_its_anchor_plus_k():
   )
   with pytest.raises(ValueError, match="cannot measure"):
     answers.accepted_parallel(correct_KBT[:2], valid_BT, K)
+
+
+def test_the_shipped_answers_are_whole():
+  """specsamp/shipped/smollm2_answers (configs/smollm2_pair.py's answers.shipped_dir): each
+  split's manifest names exactly the shards there, each reads back with the tokens and answer
+  tokens the manifest records, and both splits come from one target and tokenizer."""
+  folder = os.path.join(os.path.dirname(regenerate.__file__), "..", "shipped", "smollm2_answers")
+  manifests = {}
+  for split in ("train", "held_out"):
+    directory = os.path.join(folder, split)
+    manifest = regenerate.read_manifest(directory)
+    assert manifest is not None and manifest["shards"], directory
+    assert manifest["plan"]["split"] == split
+    names = {shard["file"] for shard in manifest["shards"]}
+    assert names == {n for n in os.listdir(directory) if n.endswith(".npz")}
+    for shard, (tokens, offsets, prompt_lengths) in zip(
+      manifest["shards"], regenerate.read_shards(directory)
+    ):
+      assert tokens.dtype == np.int32 and len(tokens) == offsets[-1] == shard["tokens"]
+      assert offsets[-1] - prompt_lengths.sum() == shard["answer_tokens"]
+      assert len(prompt_lengths) == shard["prompts"]
+    manifests[split] = manifest
+  assert manifests["train"]["target"] == manifests["held_out"]["target"]
+  assert manifests["train"]["tokenizer"] == manifests["held_out"]["tokenizer"]
+  assert {s["setting"] for s in manifests["held_out"]["shards"]} == {"greedy"}
