@@ -90,9 +90,13 @@ run)
   # Both start from the shipped shards (the config's answers.shipped_dir); the held-out answers
   # are one shard of 128 greedy ones, made here only if none shipped.
   timeout 300 python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" --split=held_out \
-    --settings=greedy --max_prompts=128 --batch_size=128 --width_step=384 || echo "held out: exit $?"
+    --settings=greedy --max_prompts=128 --batch_size=128 --width_step=384 --nocompact \
+    || echo "held out: exit $?"
+  # --nocompact: one program per setting; the smaller batches of finished rows leaving would
+  # each compile, longer than the decoding they save in a run of minutes.
   timeout $((REGEN_S + 300)) python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" \
-    --batch_size=128 --width_step=384 --passes=2 --max_seconds="$REGEN_S" || echo "regenerate: exit $?"
+    --batch_size=128 --width_step=384 --passes=2 --nocompact --max_seconds="$REGEN_S" \
+    || echo "regenerate: exit $?"
   tar -C "$WORK" -cf "$OUT/answers.tar" regenerated
   timeout $((TRAIN_S + 300)) python3 scripts/train_drafter.py --config=$CONFIG --workdir="$WORK" \
     --config.answers.head_directory=$HEAD_DIR --config.answers.target_outputs_dir= \

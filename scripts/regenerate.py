@@ -60,6 +60,12 @@ _PASSES = flags.DEFINE_integer(
   "Times the prompts are answered, each pass with the next setting (2 with greedy and nucleus: "
   "every prompt once each); a resumed run may ask for more.",
 )
+_COMPACT = flags.DEFINE_bool(
+  "compact",
+  True,
+  "Finished rows leave the batch between chunks of steps (1.22x on a CPU); --nocompact runs "
+  "each batch in one program (a GPU with minutes to run: each smaller batch would compile).",
+)
 _SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
 _SEED_FROM = flags.DEFINE_string(
   "seed_from",
@@ -117,6 +123,7 @@ def main(argv):
     max_seconds=_MAX_SECONDS.value,
     width_step=_WIDTH_STEP.value,
     seed_dir=seed_dir or None,
+    compact=_COMPACT.value,
   )
   if _SHIP_TO.value:
     regenerate.merge(out, os.path.expanduser(_SHIP_TO.value))

@@ -41,7 +41,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specsamp.sampling import compacting
+from specsamp.sampling import autoregressive, compacting
 from specsamp.training import instructions
 
 SETTINGS = {"greedy": (0.0, 1.0), "nucleus": (0.8, 0.95), "t1": (1.0, 1.0)}
@@ -179,9 +179,11 @@ def _answer_batch(
   pad_id: int,
   key,
   width_step: int = WIDTH_STEP,
+  compact: bool = True,
 ) -> tuple[list[np.ndarray], list[bool]]:
   """The target's answers to up to ``batch_size`` prompts (rows padded to a fixed batch, and to
-  a multiple of ``width_step`` tokens)."""
+  a multiple of ``width_step`` tokens); ``compact``: finished rows leave the batch
+  (``compacting``), else the whole batch runs to its longest answer in one program."""
   count = len(rows)
   width = -(-max(len(r) for r in rows) // width_step) * width_step
   tokens = np.full((plan.batch_size, width), pad_id, np.int32)
@@ -190,7 +192,7 @@ def _answer_batch(
     row = rows[min(i, count - 1)]  # Padding rows repeat the last prompt; their answers go.
     tokens[i, : len(row)], lengths[i] = row, len(row)
   temperature, top_p = SETTINGS[setting]
-  out = compacting.generate(  # Rows that end leave the batch (most answers end early).
+  out = (compacting.generate if compact else autoregressive.generate)(
     target,
     tokens,
     lengths,
@@ -201,7 +203,7 @@ def _answer_batch(
     eos_id=eos_id,
     pad_id=pad_id,
   )
-  all_tokens, ends = out.tokens, out.lengths
+  all_tokens, ends = np.asarray(out.tokens), np.asarray(out.lengths)
   sequences, finished = [], []
   for i in range(count):
     sequence = np.concatenate([rows[i], all_tokens[i, lengths[i] : ends[i]]])
@@ -312,6 +314,7 @@ def regenerate(
   max_seconds: float | None = None,
   width_step: int = WIDTH_STEP,
   seed_dir: str | None = None,
+  compact: bool = True,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
   """Writes (or completes) ``out_dir``'s shards (module docstring); returns the manifest.
@@ -333,6 +336,9 @@ def regenerate(
     seed_dir: shards made before (those shipped in the repository): ``out_dir`` first takes
       those it lacks when they come from this very run (target, tokenizer, plan, prompts:
       ``seed``), so that only the others are answered; another run's are ignored.
+    compact: finished rows leave each batch between chunks of steps (``compacting``: on a
+      CPU, 1.22x on SmolLM2's answers); each smaller batch compiles a program once, which on
+      a GPU with minutes to run costs more than it saves (False: one program per width).
     log: progress lines.
   """
   began = time.perf_counter()
@@ -408,6 +414,7 @@ def regenerate(
         tokenizer.pad_id,
         jax.random.fold_in(key, b),
         width_step,
+        compact,
       )
       sequences += answers
       finished += ends
