@@ -336,7 +336,7 @@ def test_repeated_ngrams_count_a_loop_and_not_fresh_text():
 def test_a_looping_target_is_warned_about(target, tmp_path, monkeypatch):
   """A target whose answers loop (here: every answer token the same) warns, once per shard."""
 
-  def looping(target, rows, plan, setting, eos_id, pad_id, key, width_step):
+  def looping(target, rows, plan, setting, eos_id, pad_id, key, width_step, compact):
     return [np.concatenate([r, np.full(12, 5, np.int32)]) for r in rows], [False] * len(rows)
 
   monkeypatch.setattr(regenerate, "_answer_batch", looping)
