@@ -131,6 +131,27 @@ def check_prompts(
   return prompts, prompt_lengths, int(cache_length)
 
 
+def check_generation(
+  model: Any,
+  prompts: Any,
+  prompt_lengths: Any,
+  max_new_tokens: int,
+  cache_length: int | None,
+) -> tuple[jax.Array, jax.Array, int]:
+  """What a generator checks before it allocates anything: the model follows the decode
+  protocol, the prompts are valid (``check_prompts``), and a KV cache of their rows fits in
+  memory. Returns the prompts as int32 and the cache length."""
+  model_protocol.check_model(model)
+  prompts, prompt_lengths, cache_length = check_prompts(
+    prompts, prompt_lengths, max_new_tokens, cache_length, vocab_size=model.vocab_size
+  )
+  memory.check_fits(
+    {"KV cache": memory.cache_bytes(model, prompts.shape[0], cache_length)},
+    f"{prompts.shape[0]} rows x {cache_length} cache slots",
+  )
+  return prompts, prompt_lengths, cache_length
+
+
 def prefill(
   model: Any,
   prompts_BT: jax.Array,
@@ -362,14 +383,9 @@ def generate(
     A ``GenerationOutput``. Compiled once per (model structure, shapes, options)
     and reused.
   """
-  model_protocol.check_model(model)
   sampling = SamplingConfig(temperature, top_k, top_p)
-  prompts, prompt_lengths, cache_length = check_prompts(
-    prompts, prompt_lengths, max_new_tokens, cache_length, vocab_size=model.vocab_size
-  )
-  memory.check_fits(
-    {"KV cache": memory.cache_bytes(model, prompts.shape[0], cache_length)},
-    f"{prompts.shape[0]} rows x {cache_length} cache slots",
+  prompts, prompt_lengths, cache_length = check_generation(
+    model, prompts, prompt_lengths, max_new_tokens, cache_length
   )
   loop, dynamic = AutoregressiveLoop.for_model(
     model,

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specsamp.sampling import autoregressive, memory, model_protocol
+from specsamp.sampling import autoregressive, model_protocol
 from specsamp.sampling.warping import SamplingConfig
 
 
@@ -109,15 +109,10 @@ def generate(
   """``autoregressive.generate``'s samples (module docstring), with finished rows dropped
   between chunks of ``chunk_steps`` steps. The model's cache must have ``take_rows``
   (``KVCache``: every model of specsamp)."""
-  model_protocol.check_model(model)
   if chunk_steps < 1:
     raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}.")
-  prompts, prompt_lengths, cache_length = autoregressive.check_prompts(
-    prompts, prompt_lengths, max_new_tokens, cache_length, vocab_size=model.vocab_size
-  )
-  memory.check_fits(
-    {"KV cache": memory.cache_bytes(model, prompts.shape[0], cache_length)},
-    f"{prompts.shape[0]} rows x {cache_length} cache slots",
+  prompts, prompt_lengths, cache_length = autoregressive.check_generation(
+    model, prompts, prompt_lengths, max_new_tokens, cache_length
   )
   static, dynamic = model_protocol.split_model(model)
   programs = _Programs(

@@ -170,6 +170,21 @@ def repetition_warning(shards: list[dict[str, Any]], what: str) -> str | None:
   )
 
 
+def pad_batch(
+  rows: list[np.ndarray], batch_size: int, pad_id: int, width_step: int = WIDTH_STEP
+) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens [batch_size, width], lengths): the prompt rows right-padded with ``pad_id`` to a
+  multiple of ``width_step`` tokens (each width compiles once); rows past ``len(rows)`` repeat
+  the last prompt (their answers are dropped)."""
+  width = -(-max(len(r) for r in rows) // width_step) * width_step
+  tokens = np.full((batch_size, width), pad_id, np.int32)
+  lengths = np.ones(batch_size, np.int32)
+  for i in range(batch_size):
+    row = rows[min(i, len(rows) - 1)]
+    tokens[i, : len(row)], lengths[i] = row, len(row)
+  return tokens, lengths
+
+
 def _answer_batch(
   target: Any,
   rows: list[np.ndarray],
@@ -185,12 +200,7 @@ def _answer_batch(
   a multiple of ``width_step`` tokens); ``compact``: finished rows leave the batch
   (``compacting``), else the whole batch runs to its longest answer in one program."""
   count = len(rows)
-  width = -(-max(len(r) for r in rows) // width_step) * width_step
-  tokens = np.full((plan.batch_size, width), pad_id, np.int32)
-  lengths = np.ones(plan.batch_size, np.int32)
-  for i in range(plan.batch_size):
-    row = rows[min(i, count - 1)]  # Padding rows repeat the last prompt; their answers go.
-    tokens[i, : len(row)], lengths[i] = row, len(row)
+  tokens, lengths = pad_batch(rows, plan.batch_size, pad_id, width_step)
   temperature, top_p = SETTINGS[setting]
   out = (compacting.generate if compact else autoregressive.generate)(
     target,

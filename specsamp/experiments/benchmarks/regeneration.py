@@ -38,11 +38,8 @@ def compare(
   chosen = [p for p in instructions.default_prompts() if not instructions.held_out(p.id)]
   order = np.random.default_rng(0).permutation(len(chosen))[offset : offset + batch_size]
   _, rows, _ = regenerate.encode([chosen[i] for i in order], tokenizer, 384)
-  width = -(-max(len(r) for r in rows) // regenerate.WIDTH_STEP) * regenerate.WIDTH_STEP
-  prompts = np.full((len(rows), width), tokenizer.pad_id, np.int32)
-  for i, row in enumerate(rows):
-    prompts[i, : len(row)] = row
-  lengths = np.asarray([len(r) for r in rows], np.int32)
+  prompts, lengths = regenerate.pad_batch(rows, len(rows), tokenizer.pad_id)
+  width = prompts.shape[1]
   temperature, top_p = regenerate.SETTINGS[setting]
   options = dict(
     max_new_tokens=max_new_tokens,
