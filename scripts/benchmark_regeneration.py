@@ -1,5 +1,5 @@
-r"""Regeneration's decoding with the whole batch to the end against with finished rows leaving it
-(specsamp/experiments/benchmarks/regeneration.py): one batch of the prompt set, both ways.
+r"""Regeneration's decoding three ways (specsamp/experiments/benchmarks/regeneration.py): batches
+to their longest answer, finished rows leaving them, and one batch that waiting prompts refill.
 
   python scripts/benchmark_regeneration.py --config=configs/smollm2_pair.py --output=result.json
 """
@@ -12,7 +12,8 @@ from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import regeneration
 
 _PAIR = cli.define_pair_flags()
-_BATCH = flags.DEFINE_integer("batch_size", 64, "Prompts answered together.")
+_PROMPTS = flags.DEFINE_integer("prompts", 128, "Prompts answered (sorted by length).")
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Prompts answered together.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Answer tokens at most.")
 _SETTING = flags.DEFINE_enum("setting", "greedy", ["greedy", "nucleus", "t1"], "Sampling.")
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Timed runs of each way (after an untimed one).")
@@ -27,6 +28,7 @@ def main(argv):
   result = regeneration.compare(
     _PAIR.pair_config(),
     _PAIR.workdir.value,
+    prompts=_PROMPTS.value,
     batch_size=_BATCH.value,
     max_new_tokens=_MAX_NEW.value,
     setting=_SETTING.value,

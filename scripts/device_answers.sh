@@ -92,8 +92,9 @@ run)
   timeout 300 python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" --split=held_out \
     --settings=greedy --max_prompts=128 --batch_size=128 --width_step=384 --nocompact \
     || echo "held out: exit $?"
-  # --nocompact: one program per setting; the smaller batches of finished rows leaving would
-  # each compile, longer than the decoding they save in a run of minutes.
+  # --nocompact: the batch keeps its size (one decode program, one prefill program for the
+  # waiting prompts that refill it, one for the first batch): the smaller batches of a
+  # compacted tail would each compile, longer than the decoding they save in a run of minutes.
   timeout $((REGEN_S + 300)) python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" \
     --batch_size=128 --width_step=384 --passes=2 --nocompact --max_seconds="$REGEN_S" \
     || echo "regenerate: exit $?"

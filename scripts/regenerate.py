@@ -63,8 +63,10 @@ _PASSES = flags.DEFINE_integer(
 _COMPACT = flags.DEFINE_bool(
   "compact",
   True,
-  "Finished rows leave the batch between chunks of steps (1.22x on a CPU); --nocompact runs "
-  "each batch in one program (a GPU with minutes to run: each smaller batch would compile).",
+  "Once no prompt waits to refill the batch, finished rows leave it between chunks of steps "
+  "(smaller batches, each a program to compile); --nocompact keeps the batch's size to the end "
+  "(a GPU with minutes to run: one decode program). Waiting prompts refill the batch either "
+  "way.",
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Prompt order and sampling seed.")
 _SEED_FROM = flags.DEFINE_string(

@@ -1,5 +1,6 @@
-"""Generation that drops finished rows between chunks (specsamp/sampling/compacting.py): the
-same greedy tokens as the autoregressive loop, the same law when sampling, less work."""
+"""Generation that drops finished rows between chunks and puts waiting prompts in their places
+(specsamp/sampling/compacting.py): the same greedy tokens as the autoregressive loop, the same
+law when sampling, less work."""
 
 import jax
 import numpy as np
@@ -47,6 +48,56 @@ def test_greedy_rows_are_the_loops_and_finished_rows_leave_the_batch(model):
       assert got.num_generated.sum() <= got.row_steps < 13 * got.steps
 
 
+def test_waiting_prompts_take_the_places_of_finished_rows_and_answer_as_the_loop(model):
+  """13 prompts through a batch of 4, refilled 2 at a time at their own widths (a multiple of
+  4 tokens): greedy rows equal the loop's over all 13 at once; ``on_finished`` hears of each
+  prompt once, with its final row; ``admit`` stops the rest unanswered."""
+  rng = np.random.default_rng(0)
+  prompts, lengths = rng.integers(1, VOCAB, (13, 9)), rng.integers(1, 10, 13)
+  free = autoregressive.generate(
+    model, prompts, lengths, jax.random.key(1), max_new_tokens=20, temperature=0.0
+  )
+  greedy = np.asarray(free.tokens)
+  eos = max(
+    range(1, VOCAB), key=lambda i: sum(i in greedy[b, n : n + 8] for b, n in enumerate(lengths))
+  )
+  options = dict(max_new_tokens=20, temperature=0.0, eos_id=eos, pad_id=0)
+  ref = autoregressive.generate(model, prompts, lengths, jax.random.key(2), **options)
+  for compact in (True, False):
+    heard = {}
+
+    def hear(rows, tokens, ends, heard=heard):
+      for row, row_tokens, end in zip(rows, tokens, ends):
+        assert row not in heard
+        heard[int(row)] = (row_tokens.copy(), int(end))
+
+    got = compacting.generate(
+      model, prompts, lengths, jax.random.key(2), chunk_steps=3, batch_size=4, refill_size=2,
+      width_step=4, compact=compact, on_finished=hear, **options,
+    )  # fmt: skip
+    np.testing.assert_array_equal(got.tokens, np.asarray(ref.tokens))
+    np.testing.assert_array_equal(got.lengths, np.asarray(ref.lengths))
+    assert got.admitted == 13 and got.prefills >= 1 + (13 - 4) // 2
+    assert max(got.batch_sizes) == 4 and (min(got.batch_sizes) < 4) == compact
+    assert sorted(heard) == list(range(13))
+    for row, (row_tokens, end) in heard.items():
+      np.testing.assert_array_equal(row_tokens, got.tokens[row])
+      assert end == got.lengths[row]
+  # admit says no at prompt 6: the first 6 answer as before, the rest come back unanswered.
+  asked = []
+  stopped = compacting.generate(
+    model, prompts, lengths, jax.random.key(2), chunk_steps=3, batch_size=4, refill_size=2,
+    admit=lambda i: asked.append(i) or i < 6, **options,
+  )  # fmt: skip
+  assert stopped.admitted == 6 and asked == list(range(7))
+  np.testing.assert_array_equal(stopped.tokens[:6], np.asarray(ref.tokens)[:6])
+  assert (stopped.num_generated[6:] == 0).all()
+  np.testing.assert_array_equal(stopped.lengths[6:], lengths[6:])
+  np.testing.assert_array_equal(stopped.tokens[6:, :9], np.where(
+    np.arange(9)[None] < lengths[6:, None], prompts[6:], 0
+  ))  # fmt: skip
+
+
 def _exact_law(model, prompt, sampling, eos_id, max_new_tokens):
   """{answer: probability} of every answer the warped target can give (teacher forced)."""
   law = {}
@@ -67,12 +118,12 @@ def _exact_law(model, prompt, sampling, eos_id, max_new_tokens):
   return law
 
 
-def test_sampled_rows_follow_the_targets_law_while_the_batch_shrinks(model):
+def _sampled_two_prompts_follow_their_laws(model, seed, **batching):
   """Two prompts (three rows of the first to one of the second, 1,200 in all), T = 0.5 and
-  top-k 3 over 3 tokens, EOS the first prompt's likeliest first token: most of its rows end at
-  once and the batch halves. Each prompt's answers, counted, pass a G-test against the law
-  enumerated by teacher forcing; the same answers tested against the other prompt's law fail
-  (rows mixed up would)."""
+  top-k 3 over 3 tokens, EOS the first prompt's likeliest first token, so that most of its rows
+  end at once. Each prompt's answers, counted, pass a G-test against the law enumerated by
+  teacher forcing; the same answers tested against the other prompt's law fail (rows mixed up
+  would). Returns ``compacting.generate``'s output."""
   sampling = warping.SamplingConfig(0.5, 3, 1.0)
   prompts = [(3, 9, 4), (17, 5, 22)]
   first = _exact_law(model, prompts[0], sampling, None, 1)
@@ -82,14 +133,14 @@ def test_sampled_rows_follow_the_targets_law_while_the_batch_shrinks(model):
     model,
     np.asarray([prompts[int(w)] for w in which]),
     np.full(len(which), 3),
-    jax.random.key(7),
+    jax.random.key(seed),
     max_new_tokens=3,
     temperature=0.5,
     top_k=3,
     eos_id=eos_id,
     chunk_steps=1,
+    **batching,
   )
-  assert min(got.batch_sizes) <= 600  # Halved (here after the first tokens).
   answers = [tuple(got.tokens[b, 3 : got.lengths[b]].tolist()) for b in range(len(which))]
   laws = [_exact_law(model, prompt, sampling, eos_id, 3) for prompt in prompts]
   for i, law in enumerate(laws):
@@ -98,6 +149,20 @@ def test_sampled_rows_follow_the_targets_law_while_the_batch_shrinks(model):
     assert not result["rejected"] and not result["impossible"], (prompts[i], result)
     other = exactness.g_test_cells({a: mine.count(a) for a in set(mine)}, laws[1 - i], 1e-4)
     assert other["rejected"] or other["impossible"]
+  return got
+
+
+def test_sampled_rows_follow_the_targets_law_while_the_batch_shrinks(model):
+  got = _sampled_two_prompts_follow_their_laws(model, 7)
+  assert min(got.batch_sizes) <= 600  # Halved (here after the first tokens).
+
+
+def test_sampled_rows_follow_the_targets_law_as_waiting_prompts_refill_the_batch(model):
+  """1,200 rows through a batch of 64, refilled 16 at a time: a row that ends at its first
+  token frees its place after one step, so most rows start in a refill, on the keys of the
+  refills and of later steps."""
+  got = _sampled_two_prompts_follow_their_laws(model, 8, batch_size=64, refill_size=16)
+  assert got.admitted == 1200 and got.prefills > (1200 - 64) // 16
 
 
 def test_bad_settings_are_refused(model):
@@ -105,3 +170,33 @@ def test_bad_settings_are_refused(model):
     compacting.generate(model, [[1, 2]], [2], jax.random.key(0), max_new_tokens=2, chunk_steps=0)
   with pytest.raises(ValueError, match="max_new_tokens"):
     compacting.generate(model, [[1, 2]], [2], jax.random.key(0), max_new_tokens=0)
+  for batch_size, refill_size in ((4, 0), (4, 5)):
+    with pytest.raises(ValueError, match="refill_size"):
+      compacting.generate(
+        model, [[1, 2]], [2], jax.random.key(0), max_new_tokens=2, batch_size=batch_size,
+        refill_size=refill_size,
+      )  # fmt: skip
+
+
+def test_the_regeneration_benchmark_times_three_ways_that_answer_alike(model):
+  """specsamp/experiments/benchmarks/regeneration.py on 12 prompts in batches of 4: the three
+  ways give the same greedy answers, and the whole batch computes the most row-steps."""
+  from specsamp.experiments.benchmarks import regeneration
+
+  rng = np.random.default_rng(5)
+  rows = sorted(
+    (rng.integers(1, VOCAB, n).astype(np.int32) for n in rng.integers(1, 9, 12)), key=len
+  )
+  free = autoregressive.generate(
+    model, [list(r) + [0] * (8 - len(r)) for r in rows], [len(r) for r in rows],
+    jax.random.key(1), max_new_tokens=12, temperature=0.0,
+  )  # fmt: skip
+  eos = int(np.bincount(np.asarray(free.tokens)[:, 8:].ravel(), minlength=VOCAB)[1:].argmax()) + 1
+  options = dict(max_new_tokens=12, temperature=0.0, eos_id=eos, pad_id=0)
+  lines = []
+  result = regeneration.measure(model, rows, 4, options, log=lines.append)
+  assert result["greedy_answers_equal"] and len(lines) == 3
+  whole = result["whole batch"]["row_steps"]
+  assert whole >= result["finished rows leave"]["row_steps"]
+  assert whole >= result["waiting prompts refill"]["row_steps"]
+  assert result["answer_tokens"] <= min(result[name]["row_steps"] for name in regeneration.WAYS)

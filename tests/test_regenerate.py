@@ -336,10 +336,13 @@ def test_repeated_ngrams_count_a_loop_and_not_fresh_text():
 def test_a_looping_target_is_warned_about(target, tmp_path, monkeypatch):
   """A target whose answers loop (here: every answer token the same) warns, once per shard."""
 
-  def looping(target, rows, plan, setting, eos_id, pad_id, key, width_step, compact):
-    return [np.concatenate([r, np.full(12, 5, np.int32)]) for r in rows], [False] * len(rows)
+  def looping(target, rows, plan, setting, eos_id, pad_id, key, width_step, compact, admit, hear):
+    for i, row in enumerate(rows):
+      assert admit(i)
+      hear(i, np.concatenate([row, np.full(12, 5, np.int32)]), False)
+    return len(rows)
 
-  monkeypatch.setattr(regenerate, "_answer_batch", looping)
+  monkeypatch.setattr(regenerate, "_answer_group", looping)
   plan = regenerate.Plan(settings=("greedy",), batch_size=4, max_prompt_tokens=32, shard_prompts=5)
   logs = []
   manifest = regenerate.regenerate(

@@ -79,6 +79,15 @@ class KVCache:
       keys=self.keys[:, rows_b], values=self.values[:, rows_b], lengths=self.lengths[rows_b]
     )
 
+  def put_rows(self, rows_n: jax.Array, other: KVCache) -> KVCache:
+    """This cache with its rows ``rows_n`` replaced, every slot, by ``other``'s rows in order
+    (``other`` has n rows and the same slots); an index past the batch is dropped (padding)."""
+    return self.replace(
+      keys=self.keys.at[:, rows_n].set(other.keys, mode="drop"),
+      values=self.values.at[:, rows_n].set(other.values, mode="drop"),
+      lengths=self.lengths.at[rows_n].set(other.lengths, mode="drop"),
+    )
+
 
 def write(
   cache_LBSKH: jax.Array, layer: jax.Array | int, new_BTKH: jax.Array, positions_BT: jax.Array

@@ -24,8 +24,12 @@ and two settings each prompt is answered once greedily and once sampled (a secon
 finished run: its first shards are the same whatever the number of passes).
 
 Prompts are shuffled once (``seed``), cut into shards, and each shard's prompts are sorted by
-length into batches, so a batch pads little; batch widths are rounded up to ``WIDTH_STEP`` tokens
-so that few programs compile. A prompt longer than ``max_prompt_tokens`` is skipped and counted.
+length. Shards of one setting are answered together (``GROUP_BATCHES`` batches' prompts or more,
+in order), ``batch_size`` rows at a time: as rows finish, the next prompts are prefilled into
+their places (continuous batching, ``compacting.generate``), so a row rarely idles until the
+group's last answers; each prefill pads its prompts to a multiple of ``WIDTH_STEP`` tokens, so
+that few programs compile. A shard is written as soon as its last answer ends. A prompt longer
+than ``max_prompt_tokens`` is skipped and counted.
 """
 
 from __future__ import annotations
@@ -41,12 +45,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from specsamp.sampling import autoregressive, compacting
+from specsamp.sampling import compacting
 from specsamp.training import instructions
 
 SETTINGS = {"greedy": (0.0, 1.0), "nucleus": (0.8, 0.95), "t1": (1.0, 1.0)}
 """Sampling settings by name: (temperature, top_p)."""
 WIDTH_STEP = 64
+GROUP_BATCHES = 4
+"""Shards of one setting are answered together, at least this many batches' prompts, so that
+prompts waiting refill the batch as rows finish (``compacting.generate``)."""
 MANIFEST = "manifest.json"
 VERSION = 1
 
@@ -185,7 +192,7 @@ def pad_batch(
   return tokens, lengths
 
 
-def _answer_batch(
+def _answer_group(
   target: Any,
   rows: list[np.ndarray],
   plan: Plan,
@@ -193,16 +200,25 @@ def _answer_batch(
   eos_id: int,
   pad_id: int,
   key,
-  width_step: int = WIDTH_STEP,
-  compact: bool = True,
-) -> tuple[list[np.ndarray], list[bool]]:
-  """The target's answers to up to ``batch_size`` prompts (rows padded to a fixed batch, and to
-  a multiple of ``width_step`` tokens); ``compact``: finished rows leave the batch
-  (``compacting``), else the whole batch runs to its longest answer in one program."""
-  count = len(rows)
-  tokens, lengths = pad_batch(rows, plan.batch_size, pad_id, width_step)
+  width_step: int,
+  compact: bool,
+  admit: Callable[[int], bool],
+  on_answer: Callable[[int, np.ndarray, bool], None],
+) -> int:
+  """The target's answers to ``rows`` (prompts), ``plan.batch_size`` at a time, waiting prompts
+  taking the places of finished rows (``compacting.generate``; each prefill padded to a
+  multiple of ``width_step`` tokens); ``compact``: once none waits, finished rows leave the
+  batch. ``on_answer(i, prompt + answer, ended with EOS)`` hears of each answer as it ends;
+  ``admit(i)`` is asked before prompt i starts. Returns how many prompts started."""
+  tokens, lengths = pad_batch(rows, len(rows), pad_id, width_step)
   temperature, top_p = SETTINGS[setting]
-  out = (compacting.generate if compact else autoregressive.generate)(
+
+  def finished(indices, row_tokens, ends):
+    for i, row, end in zip(indices, row_tokens, ends):
+      ended = bool(end > lengths[i] and row[end - 1] == eos_id)
+      on_answer(int(i), np.concatenate([rows[i], row[lengths[i] : end]]), ended)
+
+  out = compacting.generate(
     target,
     tokens,
     lengths,
@@ -212,14 +228,13 @@ def _answer_batch(
     top_p=top_p,
     eos_id=eos_id,
     pad_id=pad_id,
+    batch_size=plan.batch_size,
+    compact=compact,
+    width_step=width_step,
+    admit=admit,
+    on_finished=finished,
   )
-  all_tokens, ends = np.asarray(out.tokens), np.asarray(out.lengths)
-  sequences, finished = [], []
-  for i in range(count):
-    sequence = np.concatenate([rows[i], all_tokens[i, lengths[i] : ends[i]]])
-    sequences.append(sequence)
-    finished.append(bool(ends[i] > lengths[i] and all_tokens[i, ends[i] - 1] == eos_id))
-  return sequences, finished
+  return out.admitted
 
 
 IDENTITY = ("version", "target", "tokenizer", "plan", "prompts", "prompts_sha256")
@@ -346,9 +361,10 @@ def regenerate(
     seed_dir: shards made before (those shipped in the repository): ``out_dir`` first takes
       those it lacks when they come from this very run (target, tokenizer, plan, prompts:
       ``seed``), so that only the others are answered; another run's are ignored.
-    compact: finished rows leave each batch between chunks of steps (``compacting``: on a
-      CPU, 1.22x on SmolLM2's answers); each smaller batch compiles a program once, which on
-      a GPU with minutes to run costs more than it saves (False: one program per width).
+    compact: once no prompt of a group waits, its finished rows leave the batch between
+      chunks of steps (``compacting``); each smaller batch compiles a program once, which on a
+      GPU with minutes to run costs more than it saves (False: the batch keeps its size, one
+      decode program). Waiting prompts refill the batch either way.
     log: progress lines.
   """
   began = time.perf_counter()
@@ -393,88 +409,112 @@ def regenerate(
   done = {shard["file"] for shard in manifest["shards"]}
   blocks = -(-len(rows) // plan.shard_prompts)
   total = blocks * plan.passes
-  new = 0
-  for index in range(total):
-    name = f"shard_{index:05d}.npz"
-    if name in done:
-      continue
-    if max_shards is not None and new >= max_shards:
-      break
-    if max_seconds is not None and time.perf_counter() - began >= max_seconds:
-      log(f"regenerate: {max_seconds:g} s spent; stopping before {name} (resume to go on)")
-      break
-    start = time.perf_counter()
-    setting = plan.setting(index, blocks)
-    first = (index % blocks) * plan.shard_prompts
-    shard_ids, shard_rows = (
-      ids[first : first + plan.shard_prompts],
-      rows[first:][: plan.shard_prompts],
-    )
-    by_length = sorted(range(len(shard_rows)), key=lambda i: len(shard_rows[i]))
-    sequences, finished, kept_ids = [], [], []
-    key = jax.random.fold_in(jax.random.key(plan.seed), index)
-    for b, batch_start in enumerate(range(0, len(by_length), plan.batch_size)):
-      batch = by_length[batch_start : batch_start + plan.batch_size]
-      answers, ends = _answer_batch(
-        target,
-        [shard_rows[i] for i in batch],
-        plan,
-        setting,
-        tokenizer.eos_id,
-        tokenizer.pad_id,
-        jax.random.fold_in(key, b),
-        width_step,
-        compact,
-      )
-      sequences += answers
-      finished += ends
-      kept_ids += [shard_ids[i] for i in batch]
-      log(
-        f"regenerate: {name} batch {b + 1}/{-(-len(by_length) // plan.batch_size)}: "
-        f"{sum(len(a) for a in answers) - sum(len(shard_rows[i]) for i in batch):,} answer "
-        f"tokens, {time.perf_counter() - start:.0f} s into the shard"
-      )
-    prompt_lengths = np.asarray([len(shard_rows[i]) for i in by_length], np.int32)
+  pending = [i for i in range(total) if f"shard_{i:05d}.npz" not in done]
+  if max_shards is not None:
+    pending = pending[:max_shards]
+  # Shards of one setting answer together, so that waiting prompts refill the batch across
+  # them: at least GROUP_BATCHES batches' prompts in a group (a shard's own tail would idle).
+  per_group = max(1, -(-GROUP_BATCHES * plan.batch_size // plan.shard_prompts))
+  out_of_time = False
+
+  def write(index: int, shard: dict[str, Any]) -> None:
+    """Shard ``index``, all its prompts answered: written, then named in the manifest."""
+    name, sequences = f"shard_{index:05d}.npz", shard["answers"]
+    prompt_lengths = np.asarray([len(row) for row in shard["rows"]], np.int32)
     offsets = np.concatenate([[0], np.cumsum([len(s) for s in sequences])]).astype(np.int64)
     arrays = {
       "tokens": np.concatenate(sequences).astype(np.int32),
       "offsets": offsets,
       "prompt_lengths": prompt_lengths,
-      "finished": np.asarray(finished),
-      "ids": np.asarray(kept_ids),
+      "finished": np.asarray(shard["finished"]),
+      "ids": np.asarray(shard["ids"]),
     }
-
     _write_atomic(os.path.join(out_dir, name), lambda path, a=arrays: _save_shard(path, a))
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - shard["began"]
     answer_tokens = int(offsets[-1] - prompt_lengths.sum())
     counts = [repeated_ngrams(s[n:]) for s, n in zip(sequences, prompt_lengths)]
-    repeated, ngrams = sum(c[0] for c in counts), sum(c[1] for c in counts)
     entry = {
       "file": name,
-      "setting": setting,
+      "setting": shard["setting"],
       "prompts": len(sequences),
       "tokens": int(offsets[-1]),
       "answer_tokens": answer_tokens,
-      "finished": int(np.sum(finished)),
-      "repeated_ngrams": repeated,
-      "ngrams": ngrams,
+      "finished": int(np.sum(shard["finished"])),
+      "repeated_ngrams": sum(c[0] for c in counts),
+      "ngrams": sum(c[1] for c in counts),
       "seconds": round(seconds, 1),
       "batch_size": plan.batch_size,
     }
     manifest["shards"].append(entry)
     manifest["shards"].sort(key=lambda s: s["file"])
     _write_manifest(out_dir, manifest)
-    new += 1
-    share = repetition([entry]) or 0.0
     log(
-      f"regenerate: {name} ({setting}) {len(sequences)} answers, {answer_tokens:,} answer "
-      f"tokens in {seconds:.0f} s ({answer_tokens / max(seconds, 1e-9):,.0f}/s), "
-      f"{share:.0%} of their {REPEAT_NGRAM}-grams repeated; {len(manifest['shards'])}/{total} "
-      "shards"
+      f"regenerate: {name} ({shard['setting']}) {len(sequences)} answers, {answer_tokens:,} "
+      f"answer tokens in {seconds:.0f} s since it began "
+      f"({repetition([entry]) or 0.0:.0%} of their {REPEAT_NGRAM}-grams repeated); "
+      f"{len(manifest['shards'])}/{total} shards"
     )
     warning = repetition_warning([entry], f"{name}'s answers")
     if warning:
       log(f"regenerate: {warning}")
+
+  while pending and not out_of_time:
+    setting = plan.setting(pending[0], blocks)
+    group = [i for i in pending if plan.setting(i, blocks) == setting][:per_group]
+    pending = [i for i in pending if i not in group]
+    shards, places = {}, []  # places[k]: (shard, its k-th prompt by length) of the group's k.
+    for index in group:
+      first = (index % blocks) * plan.shard_prompts
+      shard_ids = ids[first : first + plan.shard_prompts]
+      shard_rows = rows[first:][: plan.shard_prompts]
+      by_length = sorted(range(len(shard_rows)), key=lambda i: len(shard_rows[i]))
+      shards[index] = {
+        "setting": setting,
+        "ids": [shard_ids[i] for i in by_length],
+        "rows": [shard_rows[i] for i in by_length],
+        "answers": [None] * len(by_length),
+        "finished": [False] * len(by_length),
+        "left": len(by_length),
+        "began": None,
+      }
+      places += [(index, k) for k in range(len(by_length))]
+
+    def admit(k: int) -> bool:
+      """A shard begun is finished; none begins once ``max_seconds`` are spent."""
+      nonlocal out_of_time
+      shard = shards[places[k][0]]
+      if shard["began"] is None:
+        if max_seconds is not None and time.perf_counter() - began >= max_seconds:
+          log(
+            f"regenerate: {max_seconds:g} s spent; stopping before shard_{places[k][0]:05d}.npz "
+            "(resume to go on)"
+          )
+          out_of_time = True
+          return False
+        shard["began"] = time.perf_counter()
+      return True
+
+    def on_answer(k: int, sequence: np.ndarray, ended: bool) -> None:
+      index, position = places[k]
+      shard = shards[index]
+      shard["answers"][position], shard["finished"][position] = sequence, ended
+      shard["left"] -= 1
+      if not shard["left"]:
+        write(index, shard)
+
+    _answer_group(
+      target,
+      [shards[index]["rows"][position] for index, position in places],
+      plan,
+      setting,
+      tokenizer.eos_id,
+      tokenizer.pad_id,
+      jax.random.fold_in(jax.random.key(plan.seed), group[0]),
+      width_step,
+      compact,
+      admit,
+      on_answer,
+    )
   return manifest
 
 
