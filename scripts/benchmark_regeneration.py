@@ -18,6 +18,12 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Answer tokens at most.")
 _SETTING = flags.DEFINE_enum("setting", "greedy", ["greedy", "nucleus", "t1"], "Sampling.")
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Timed runs of each way (after an untimed one).")
 _OFFSET = flags.DEFINE_integer("offset", 0, "First prompt of the shuffled training split.")
+_WIDTH_STEP = flags.DEFINE_integer(
+  "width_step",
+  64,
+  "Prompts pad to a multiple of this (384: one width, as on a GPU, and the untimed round "
+  "compiles every program).",
+)
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the result (JSON) here.")
 
 flags.adopt_module_key_flags(cli)
@@ -34,6 +40,7 @@ def main(argv):
     setting=_SETTING.value,
     repeats=_REPEATS.value,
     offset=_OFFSET.value,
+    width_step=_WIDTH_STEP.value,
   )
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w", encoding="utf-8") as f:

@@ -165,11 +165,33 @@ def test_sampled_rows_follow_the_targets_law_as_waiting_prompts_refill_the_batch
   assert got.admitted == 1200 and got.prefills > (1200 - 64) // 16
 
 
+def test_the_memory_check_counts_the_batchs_rows_not_the_prompts(model, monkeypatch):
+  """A refilled batch holds ``batch_size`` cache rows whatever the number of prompts."""
+  from specsamp.sampling import memory
+
+  asked = []
+
+  def check_fits(parts, what):
+    asked.append(what)
+    raise MemoryError(what)
+
+  monkeypatch.setattr(memory, "check_fits", check_fits)
+  with pytest.raises(MemoryError):
+    compacting.generate(model, [[1, 2]] * 40, [2] * 40, jax.random.key(0), max_new_tokens=2)
+  with pytest.raises(MemoryError):
+    compacting.generate(
+      model, [[1, 2]] * 40, [2] * 40, jax.random.key(0), max_new_tokens=2, batch_size=8
+    )
+  assert asked == ["40 rows x 4 cache slots", "8 rows x 4 cache slots"]
+
+
 def test_bad_settings_are_refused(model):
   with pytest.raises(ValueError, match="chunk_steps"):
     compacting.generate(model, [[1, 2]], [2], jax.random.key(0), max_new_tokens=2, chunk_steps=0)
   with pytest.raises(ValueError, match="max_new_tokens"):
     compacting.generate(model, [[1, 2]], [2], jax.random.key(0), max_new_tokens=0)
+  with pytest.raises(ValueError, match="batch_size"):
+    compacting.generate(model, [[1, 2]], [2], jax.random.key(0), max_new_tokens=2, batch_size=0)
   for batch_size, refill_size in ((4, 0), (4, 5)):
     with pytest.raises(ValueError, match="refill_size"):
       compacting.generate(

@@ -137,17 +137,20 @@ def check_generation(
   prompt_lengths: Any,
   max_new_tokens: int,
   cache_length: int | None,
+  batch_size: int | None = None,
 ) -> tuple[jax.Array, jax.Array, int]:
   """What a generator checks before it allocates anything: the model follows the decode
-  protocol, the prompts are valid (``check_prompts``), and a KV cache of their rows fits in
-  memory. Returns the prompts as int32 and the cache length."""
+  protocol, the prompts are valid (``check_prompts``), and a KV cache of ``batch_size`` rows
+  (default: one per prompt) fits in memory. Returns the prompts as int32 and the cache
+  length."""
   model_protocol.check_model(model)
   prompts, prompt_lengths, cache_length = check_prompts(
     prompts, prompt_lengths, max_new_tokens, cache_length, vocab_size=model.vocab_size
   )
+  rows = prompts.shape[0] if batch_size is None else batch_size
   memory.check_fits(
-    {"KV cache": memory.cache_bytes(model, prompts.shape[0], cache_length)},
-    f"{prompts.shape[0]} rows x {cache_length} cache slots",
+    {"KV cache": memory.cache_bytes(model, rows, cache_length)},
+    f"{rows} rows x {cache_length} cache slots",
   )
   return prompts, prompt_lengths, cache_length
 

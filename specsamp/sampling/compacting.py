@@ -187,8 +187,10 @@ def generate(
   """
   if chunk_steps < 1:
     raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}.")
+  if batch_size is not None and batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
   prompts, prompt_lengths, cache_length = autoregressive.check_generation(
-    model, prompts, prompt_lengths, max_new_tokens, cache_length
+    model, prompts, prompt_lengths, max_new_tokens, cache_length, batch_size
   )
   count, prompt_width = prompts.shape
   batch = count if batch_size is None else int(batch_size)

@@ -86,11 +86,13 @@ def measure(
   options: dict[str, Any],
   repeats: int = 1,
   log: Callable[[str], None] = print,
+  width_step: int = regenerate.WIDTH_STEP,
 ) -> dict[str, Any]:
   """``ways`` timed: an untimed round on the first two batches' prompts, then ``repeats``
-  rounds on all of them, the ways in turn."""
-  timed = ways(target, rows, batch_size, options)
-  warm = ways(target, rows[: 2 * batch_size], batch_size, options)
+  rounds on all of them, the ways in turn. With ``width_step`` past the longest prompt every
+  batch has one width, and the untimed round compiles every program the timed ones run."""
+  timed = ways(target, rows, batch_size, options, width_step)
+  warm = ways(target, rows[: 2 * batch_size], batch_size, options, width_step)
   for run in warm.values():
     run()
   seconds = {name: [] for name in WAYS}
@@ -103,7 +105,12 @@ def measure(
       log(f"regeneration: {name}: {seconds[name][-1]:.1f} s")
   prompt_lengths = np.asarray([len(r) for r in rows])
   answer_tokens = int((outputs[WAYS[0]][1] - prompt_lengths).sum())
-  result = {"prompts": len(rows), "batch_size": batch_size, "answer_tokens": answer_tokens}
+  result = {
+    "prompts": len(rows),
+    "batch_size": batch_size,
+    "width_step": width_step,
+    "answer_tokens": answer_tokens,
+  }
   for name in WAYS:
     median = statistics.median(seconds[name])
     result[name] = {
@@ -134,6 +141,7 @@ def compare(
   setting: str = "greedy",
   repeats: int = 1,
   offset: int = 0,
+  width_step: int = regenerate.WIDTH_STEP,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
   """``measure`` on ``prompts`` training prompts of the pair's target (from ``offset`` in the
@@ -152,7 +160,7 @@ def compare(
     eos_id=tokenizer.eos_id,
     pad_id=tokenizer.pad_id,
   )
-  result = measure(target, rows, batch_size, options, repeats, log)
+  result = measure(target, rows, batch_size, options, repeats, log, width_step)
   result.update(
     max_new_tokens=max_new_tokens,
     setting=setting,
