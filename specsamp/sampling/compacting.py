@@ -156,7 +156,7 @@ def generate(
   eos_id: int | None = None,
   pad_id: int = 0,
   cache_length: int | None = None,
-  chunk_steps: int = 16,
+  chunk_steps: int = 8,
   batch_size: int | None = None,
   refill_size: int | None = None,
   compact: bool = True,
@@ -175,8 +175,9 @@ def generate(
     chunk_steps: decode steps between looks at the batch.
     batch_size: rows decoded at once (default N); the prompts start in order.
     refill_size: waiting prompts are prefilled this many at a time (padded when fewer wait),
-      once as many places are free (default ``batch_size // 4``, at least 1): one prefill
-      program per width.
+      once as many places are free (default ``batch_size // 16``, at least 1): one prefill
+      program per width. Places wait for it, and for the chunk to end, idle: on SmolLM2's
+      answers (batch 64) B/4 and 16 steps kept 81% of the row-steps, B/16 and 8 steps 90%.
     compact: once no prompt waits, running rows gather into smaller batches.
     width_step: each prefill cuts its prompts to their longest, rounded up to a multiple of
       this (a program per width); None: every prefill is T wide.
@@ -194,7 +195,7 @@ def generate(
   )
   count, prompt_width = prompts.shape
   batch = count if batch_size is None else int(batch_size)
-  refill = max(1, batch // 4) if refill_size is None else int(refill_size)
+  refill = max(1, batch // 16) if refill_size is None else int(refill_size)
   if not 1 <= refill <= batch:
     raise ValueError(f"Need 1 <= refill_size <= batch_size, got {refill} and {batch}.")
   static, dynamic = model_protocol.split_model(model)
