@@ -251,8 +251,10 @@ def generate(
     ended = np.nonzero(done & (row_of >= 0))[0]
     if ended.size:  # Kept as they are now: a done row never changes again.
       rows = row_of[ended]
-      tokens[rows] = np.asarray(state.tokens[ended])
-      lengths[rows] = np.asarray(state.lengths[ended])
+      # The whole buffer to the host, then the rows: indexing on device would compile a gather
+      # for every number of rows that end together.
+      tokens[rows] = np.asarray(state.tokens)[ended]
+      lengths[rows] = np.asarray(state.lengths)[ended]
       row_of[ended] = -1
       if on_finished is not None:
         on_finished(rows, tokens[rows], lengths[rows])
