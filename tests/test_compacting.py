@@ -19,18 +19,24 @@ def model():
   return transformer.create(tiny_config(vocab_size=VOCAB), seed=3)
 
 
-def test_greedy_rows_are_the_loops_and_finished_rows_leave_the_batch(model):
+def _prompts_and_an_early_eos(model, max_new_tokens, within):
+  """13 random prompts (lengths 1-9, width 9), and an EOS that ends their greedy rows at
+  different steps: the id most rows reach in their first ``within`` tokens."""
   rng = np.random.default_rng(0)
   prompts, lengths = rng.integers(1, VOCAB, (13, 9)), rng.integers(1, 10, 13)
   free = autoregressive.generate(
-    model, prompts, lengths, jax.random.key(1), max_new_tokens=30, temperature=0.0
+    model, prompts, lengths, jax.random.key(1), max_new_tokens=max_new_tokens, temperature=0.0
   )
   greedy = np.asarray(free.tokens)
-  # An EOS that ends rows at different steps: the id most rows reach in their first 15 tokens.
   eos = max(
     range(1, VOCAB),
-    key=lambda i: sum(i in greedy[b, n : n + 15] for b, n in enumerate(lengths)),
+    key=lambda i: sum(i in greedy[b, n : n + within] for b, n in enumerate(lengths)),
   )
+  return prompts, lengths, eos
+
+
+def test_greedy_rows_are_the_loops_and_finished_rows_leave_the_batch(model):
+  prompts, lengths, eos = _prompts_and_an_early_eos(model, 30, 15)
   for eos_id, chunk_steps in ((eos, 4), (None, 7)):
     options = dict(max_new_tokens=30, temperature=0.0, eos_id=eos_id, pad_id=0)
     ref = autoregressive.generate(model, prompts, lengths, jax.random.key(2), **options)
@@ -52,15 +58,7 @@ def test_waiting_prompts_take_the_places_of_finished_rows_and_answer_as_the_loop
   """13 prompts through a batch of 4, refilled 2 at a time at their own widths (a multiple of
   4 tokens): greedy rows equal the loop's over all 13 at once; ``on_finished`` hears of each
   prompt once, with its final row; ``admit`` stops the rest unanswered."""
-  rng = np.random.default_rng(0)
-  prompts, lengths = rng.integers(1, VOCAB, (13, 9)), rng.integers(1, 10, 13)
-  free = autoregressive.generate(
-    model, prompts, lengths, jax.random.key(1), max_new_tokens=20, temperature=0.0
-  )
-  greedy = np.asarray(free.tokens)
-  eos = max(
-    range(1, VOCAB), key=lambda i: sum(i in greedy[b, n : n + 8] for b, n in enumerate(lengths))
-  )
+  prompts, lengths, eos = _prompts_and_an_early_eos(model, 20, 8)
   options = dict(max_new_tokens=20, temperature=0.0, eos_id=eos, pad_id=0)
   ref = autoregressive.generate(model, prompts, lengths, jax.random.key(2), **options)
   for compact in (True, False):
