@@ -217,16 +217,16 @@ def generate(
     np.arange(prompt_width)[None, :] < host_lengths[:, None], host_prompts, pad_id
   )
   lengths = host_lengths.astype(np.int32).copy()
-  admitted, closed = 0, [False]  # closed: admit said no, nothing more starts.
+  admitted, closed = 0, False  # closed: admit said no, nothing more starts.
 
   def take_waiting(limit: int) -> np.ndarray:
     """The next prompts that ``admit`` lets start, at most ``limit``."""
-    nonlocal admitted
+    nonlocal admitted, closed
     first = admitted
     while admitted < min(count, first + limit) and (admit is None or admit(admitted)):
       admitted += 1
     if admitted < first + limit and admitted < count:
-      closed[0] = True
+      closed = True
     return np.arange(first, admitted)
 
   def batch_of(indices: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -259,10 +259,10 @@ def generate(
       if on_finished is not None:
         on_finished(rows, tokens[rows], lengths[rows])
     free = np.nonzero(row_of < 0)[0]
-    waiting = admitted < count and not closed[0]
+    waiting = admitted < count and not closed
     running = np.nonzero(row_of >= 0)[0]
     if waiting and (free.size >= refill or not running.size):
-      while free.size and admitted < count and not closed[0]:
+      while free.size and admitted < count and not closed:
         new = take_waiting(min(refill, free.size))
         if not new.size:
           break
