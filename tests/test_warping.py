@@ -115,17 +115,26 @@ def _sorted_nucleus(logits_V: np.ndarray, top_p: float) -> tuple[np.ndarray, np.
   return before < top_p, before
 
 
-@pytest.mark.parametrize("vocab", [8, 1024])
+@pytest.mark.parametrize("vocab", [8, 1024, 16384])
 def test_nucleus_without_sorting_matches_the_sorted_definition(vocab):
   """The bisection nucleus equals the sorted one (ties by token id, in float64) for every
-  token whose mass before is not within float32 rounding of top_p."""
-  from specsamp.sampling.warping import nucleus_mask
+  token whose mass before is not within float32 rounding of top_p. At 16,384 tokens the
+  nucleus is looked for in the most likely blocks first: peaked rows find it there, flat rows
+  search the whole vocabulary, and both kinds are in the batch."""
+  from specsamp.sampling import warping
 
   rng = np.random.default_rng(vocab)
-  logits = rng.normal(size=(40, 8, vocab)) * (0.3 + np.arange(40) % 6)[:, None, None]
+  rows = 40 if vocab < 16384 else 16
+  scale = (0.3 + np.arange(rows) % 6) * (1 if vocab < 16384 else 2)
+  logits = rng.normal(size=(rows, 8, vocab)) * scale[:, None, None]
   logits[::4] = np.round(logits[::4])  # Many exact ties, at the boundary too.
   logits = logits.reshape(-1, vocab).astype(np.float32)
-  mask = jax.jit(nucleus_mask, static_argnums=1)
+  mask = jax.jit(warping.nucleus_mask, static_argnums=1)
+  if vocab >= 4 * warping.NUCLEUS_BLOCKS * warping.NUCLEUS_BLOCK:
+    probs = jax.nn.softmax(jnp.asarray(logits), axis=-1)
+    keys = jax.lax.bitcast_convert_type(probs, jnp.int32)
+    found = np.asarray(warping._nucleus_in_top_blocks(keys, probs, 0.95)[2])
+    assert 0 < found.sum() < len(found)  # Both ways, in one batch.
   checked = 0
   for top_p in (1e-6, 0.3, 0.9, 0.95, 0.999):
     ours = np.asarray(mask(jnp.asarray(logits), top_p))
@@ -136,6 +145,23 @@ def test_nucleus_without_sorting_matches_the_sorted_definition(vocab):
       np.testing.assert_array_equal(ours[row][clear], kept[clear])
       checked += int(clear.sum())
   assert checked > 0.95 * logits.size * 5  # Nearly every token is clear of the boundary.
+
+
+def test_nucleus_keeps_tied_tokens_in_token_id_order_when_the_cut_falls_among_them():
+  """Ten tokens tied at the threshold, the cut after the third of them: exactly the three with
+  the smallest ids are kept, in a row of a batch whose other row keeps all its tied tokens,
+  in the whole vocabulary and in the most likely blocks."""
+  from specsamp.sampling import warping
+
+  for vocab in (64, 16384):
+    logits = np.full((2, vocab), -30.0, np.float32)
+    ties = np.array([5, 9, 17, 33, 40, 41, 50, 60, 61, 63]) * (vocab // 64)
+    logits[:, ties] = 0.0  # Ten tokens of mass about 0.1 each.
+    logits[1, 0] = 5.0  # Row 1: one token holds 0.94; the cut is above the ties.
+    ours = np.asarray(jax.jit(warping.nucleus_mask, static_argnums=1)(jnp.asarray(logits), 0.25))
+    np.testing.assert_array_equal(np.flatnonzero(ours[0]), ties[:3])
+    kept, _ = _sorted_nucleus(logits[1].astype(np.float64), 0.25)
+    np.testing.assert_array_equal(ours[1], kept)
 
 
 def test_top_k_without_sorting_matches_a_stable_sort():
@@ -158,3 +184,16 @@ def test_top_k_without_sorting_matches_a_stable_sort():
       expected = np.zeros(len(values), bool)
       expected[np.argsort(-values, kind="stable")[:k]] = True
       np.testing.assert_array_equal(ours[row], expected, err_msg=f"k={k} row={row}")
+
+
+def test_warping_benchmark_times_both_nucleus_ways_on_the_same_tokens():
+  """scripts/benchmark_warping.py's measure: both ways of the nucleus keep the same tokens on
+  Zipf-like rows, which find their nucleus in the blocks, while flat rows (T = 50) do not."""
+  from specsamp.experiments.benchmarks import warping_cost
+
+  logits = warping_cost.zipf_logits(2, 16384, 1.5)
+  (peaked,) = warping_cost.measure(logits, [2], 0.8, 0.95, repeats=1)
+  (flat,) = warping_cost.measure(logits, [2], 50.0, 0.95, repeats=1)
+  assert peaked["same_tokens"] and flat["same_tokens"]
+  assert (peaked["rows_found_in_blocks"], flat["rows_found_in_blocks"]) == (2, 0)
+  assert all(peaked[k] > 0 for k in ("nucleus_blocks_first_ms", "nucleus_whole_vocabulary_ms"))
