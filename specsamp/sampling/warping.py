@@ -199,10 +199,12 @@ def nucleus_mask(logits_BV: jax.Array, top_p: float, *, blocks_first: bool = Tru
   in 31 masked sums; the tokens tied at t* are then kept in token-id order while m(t*) + their
   mass before stays below top_p. A large vocabulary is searched first in its most likely
   blocks (``_nucleus_in_top_blocks``), and in whole only for the rows whose nucleus is not
-  there (``blocks_first=False``: the whole vocabulary for every row, the same set). On a CPU
-  the bisection over 40 rows of 1024 cost 0.2 ms where sorting them cost 5.9 ms; accelerators
-  sort slowly too. The blocks cut SmolLM2's nucleus at T = 0.8, top-p 0.95 from 7.7 to 1.4 ms
-  for 5 rows of 49,152 (docs/benchmarks.md, "The nucleus in its most likely blocks").
+  there (``blocks_first=False``: the whole vocabulary for every row; the same set up to the
+  float32 rounding of the masses). Under ``jax.vmap`` both ways and the tie count run for every
+  row (``lax.cond`` becomes a select). On a CPU the bisection over 40 rows of 1024 cost 0.2 ms
+  where sorting them cost 5.9 ms; accelerators sort slowly too. The blocks cut SmolLM2's
+  nucleus at T = 0.8, top-p 0.95 from 7.7 to 1.4 ms for 5 rows of 49,152
+  (docs/benchmarks.md, "The nucleus in its most likely blocks").
   """
   probs = jax.nn.softmax(logits_BV.astype(jnp.float32), axis=-1)
   keys = jax.lax.bitcast_convert_type(probs, jnp.int32)  # Monotone in probs >= 0.
