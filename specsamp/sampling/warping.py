@@ -83,15 +83,20 @@ def _ordered_bits(values: jax.Array) -> jax.Array:
 
 
 def _with_ties_cut(keys: jax.Array, threshold: jax.Array, whole: jax.Array, cut) -> jax.Array:
-  """[..., V] bool: the tokens above ``threshold`` and those tied at it, where ``whole`` [...]
-  says every tied token is kept (the usual case: one token sits at the threshold); other rows
-  take ``cut()``, which keeps the tied ones in token-id order. A running count over the
-  vocabulary costs more on a CPU than everything else here (4.2 ms for 5 rows of 49,152, where
-  a masked sum costs 0.19 ms), so it runs only when a row needs it."""
-  kept = keys >= threshold[..., None]
-  return jax.lax.cond(
-    jnp.all(whole), lambda: kept, lambda: jnp.where(whole[..., None], kept, cut())
-  )
+  """[..., V] bool: the tokens above ``threshold`` and those tied at it, in token-id order as
+  ``cut()`` keeps them. ``whole`` [...] says every tied token is kept (the usual case: one
+  token sits at the threshold). On a CPU, where the running count over the vocabulary that
+  ``cut`` needs costs more than everything else here (4.2 ms for 5 rows of 49,152, where a
+  masked sum costs 0.19 ms), it runs only when a row needs it; elsewhere it always runs (a
+  ``lax.cond`` may cost a GPU a round trip to the host)."""
+
+  def on_cpu():
+    kept = keys >= threshold[..., None]
+    return jax.lax.cond(
+      jnp.all(whole), lambda: kept, lambda: jnp.where(whole[..., None], kept, cut())
+    )
+
+  return jax.lax.platform_dependent(cpu=on_cpu, default=cut)
 
 
 def _kth_largest(keys: jax.Array, k: int) -> jax.Array:
@@ -197,13 +202,14 @@ def nucleus_mask(logits_BV: jax.Array, top_p: float, *, blocks_first: bool = Tru
   p_i >= t* for t* the smallest t with m(t) < top_p, ties at t* aside. A bisection over the
   bit patterns of float32 (ordered like the non-negative floats they encode) finds t* exactly
   in 31 masked sums; the tokens tied at t* are then kept in token-id order while m(t*) + their
-  mass before stays below top_p. A large vocabulary is searched first in its most likely
-  blocks (``_nucleus_in_top_blocks``), and in whole only for the rows whose nucleus is not
-  there (``blocks_first=False``: the whole vocabulary for every row; the same set up to the
-  float32 rounding of the masses). Under ``jax.vmap`` both ways and the tie count run for every
-  row (``lax.cond`` becomes a select). On a CPU the bisection over 40 rows of 1024 cost 0.2 ms
-  where sorting them cost 5.9 ms; accelerators sort slowly too. The blocks cut SmolLM2's
-  nucleus at T = 0.8, top-p 0.95 from 7.7 to 1.4 ms for 5 rows of 49,152
+  mass before stays below top_p. On a CPU a large vocabulary is searched first in its most
+  likely blocks (``_nucleus_in_top_blocks``), and in whole only for the rows whose nucleus is
+  not there; accelerators, and ``blocks_first=False``, search the whole vocabulary for every
+  row (the same set, up to the float32 rounding of the masses). Under ``jax.vmap`` both ways
+  and the tie count run for every row (``lax.cond`` becomes a select). On a CPU the bisection
+  over 40 rows of 1024 cost 0.2 ms where sorting them cost 5.9 ms; accelerators sort slowly
+  too. The blocks cut SmolLM2's nucleus at T = 0.8, top-p 0.95 from 7.7 to 1.4 ms for 5 rows
+  of 49,152
   (docs/benchmarks.md, "The nucleus in its most likely blocks").
   """
   probs = jax.nn.softmax(logits_BV.astype(jnp.float32), axis=-1)
@@ -213,15 +219,21 @@ def nucleus_mask(logits_BV: jax.Array, top_p: float, *, blocks_first: bool = Tru
   def whole_vocabulary():
     return _nucleus_threshold(keys, probs, jnp.full(keys.shape[:-1], -1, jnp.int32), top_p)
 
-  if blocks_first and vocab % NUCLEUS_BLOCK == 0 and vocab >= 4 * NUCLEUS_BLOCKS * NUCLEUS_BLOCK:
+  def blocks_then_whole():
     threshold, mass, found = _nucleus_in_top_blocks(keys, probs, top_p)
-    threshold, mass = jax.lax.cond(
+    return jax.lax.cond(
       jnp.all(found),
       lambda: (threshold, mass),
       lambda: jax.tree.map(
         lambda a, b: jnp.where(found, a, b), (threshold, mass), whole_vocabulary()
       ),
     )
+
+  if blocks_first and vocab % NUCLEUS_BLOCK == 0 and vocab >= 4 * NUCLEUS_BLOCKS * NUCLEUS_BLOCK:
+    # On a CPU the passes' bytes are the cost. On an accelerator the 32 passes are dependent
+    # small reductions, and the blocks would add 32 more (L) and a lax.cond: not measured
+    # there yet, so accelerators keep the whole-vocabulary search.
+    threshold, mass = jax.lax.platform_dependent(cpu=blocks_then_whole, default=whole_vocabulary)
   else:
     threshold, mass = whole_vocabulary()
   tied_mass = jax.lax.bitcast_convert_type(threshold, jnp.float32)  # Each tied token's.
