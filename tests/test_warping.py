@@ -1,5 +1,7 @@
 """Temperature, top-k and top-p against float64 NumPy references."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -197,3 +199,26 @@ def test_warping_benchmark_times_both_nucleus_ways_on_the_same_tokens():
   assert peaked["same_tokens"] and flat["same_tokens"]
   assert (peaked["rows_found_in_blocks"], flat["rows_found_in_blocks"]) == (2, 0)
   assert all(peaked[k] > 0 for k in ("nucleus_blocks_first_ms", "nucleus_whole_vocabulary_ms"))
+
+
+def test_a_tpu_compiles_the_whole_vocabulary_search_and_a_cpu_the_blocks():
+  """``nucleus_mask``'s default takes the blocks on a CPU only: compiled for a TPU v5e (no TPU
+  needed) it costs what the whole-vocabulary search costs, and on this CPU it differs."""
+  from specsamp.experiments.proofs import aot
+  from specsamp.sampling import warping
+
+  aot.quiet_libtpu()
+  logits = jax.ShapeDtypeStruct((2, 16384), jnp.float32)
+
+  def cost(device, blocks_first):
+    where = jax.sharding.SingleDeviceSharding(device)
+    run = functools.partial(warping.nucleus_mask, top_p=0.9, blocks_first=blocks_first)
+    compiled = jax.jit(run, in_shardings=where, out_shardings=where).lower(logits).compile()
+    analysis = compiled.cost_analysis()
+    analysis = analysis if isinstance(analysis, dict) else analysis[0]
+    return analysis["bytes accessed"], analysis["flops"]
+
+  tpu = aot.slice_devices("v5e-4")[0]
+  assert cost(tpu, None) == cost(tpu, False) != cost(tpu, True)
+  cpu = jax.devices("cpu")[0]
+  assert cost(cpu, None) == cost(cpu, True) != cost(cpu, False)

@@ -193,7 +193,9 @@ def _nucleus_in_top_blocks(keys, probs, top_p):
   return threshold, mass, found
 
 
-def nucleus_mask(logits_BV: jax.Array, top_p: float, *, blocks_first: bool = True) -> jax.Array:
+def nucleus_mask(
+  logits_BV: jax.Array, top_p: float, *, blocks_first: bool | None = None
+) -> jax.Array:
   """[..., V] bool: the nucleus of softmax(logits), the smallest set of most likely tokens
   (ties broken by token id) whose mass reaches ``top_p``, found without sorting.
 
@@ -204,12 +206,12 @@ def nucleus_mask(logits_BV: jax.Array, top_p: float, *, blocks_first: bool = Tru
   in 31 masked sums; the tokens tied at t* are then kept in token-id order while m(t*) + their
   mass before stays below top_p. On a CPU a large vocabulary is searched first in its most
   likely blocks (``_nucleus_in_top_blocks``), and in whole only for the rows whose nucleus is
-  not there; accelerators, and ``blocks_first=False``, search the whole vocabulary for every
-  row (the same set, up to the float32 rounding of the masses). Under ``jax.vmap`` both ways
-  and the tie count run for every row (``lax.cond`` becomes a select). On a CPU the bisection
-  over 40 rows of 1024 cost 0.2 ms where sorting them cost 5.9 ms; accelerators sort slowly
-  too. The blocks cut SmolLM2's nucleus at T = 0.8, top-p 0.95 from 7.7 to 1.4 ms for 5 rows
-  of 49,152
+  not there; accelerators search the whole vocabulary for every row (the same set, up to the
+  float32 rounding of the masses); ``blocks_first`` True or False forces one way anywhere.
+  Under ``jax.vmap`` both ways and the tie count run for every row (``lax.cond`` becomes a
+  select). On a CPU the bisection over 40 rows of 1024 cost 0.2 ms where sorting them cost
+  5.9 ms; accelerators sort slowly too. The blocks cut SmolLM2's nucleus at T = 0.8, top-p
+  0.95 from 7.7 to 1.4 ms for 5 rows of 49,152
   (docs/benchmarks.md, "The nucleus in its most likely blocks").
   """
   probs = jax.nn.softmax(logits_BV.astype(jnp.float32), axis=-1)
@@ -229,11 +231,14 @@ def nucleus_mask(logits_BV: jax.Array, top_p: float, *, blocks_first: bool = Tru
       ),
     )
 
-  if blocks_first and vocab % NUCLEUS_BLOCK == 0 and vocab >= 4 * NUCLEUS_BLOCKS * NUCLEUS_BLOCK:
+  large = vocab % NUCLEUS_BLOCK == 0 and vocab >= 4 * NUCLEUS_BLOCKS * NUCLEUS_BLOCK
+  if large and blocks_first is None:
     # On a CPU the passes' bytes are the cost. On an accelerator the 32 passes are dependent
     # small reductions, and the blocks would add 32 more (L) and a lax.cond: not measured
     # there yet, so accelerators keep the whole-vocabulary search.
     threshold, mass = jax.lax.platform_dependent(cpu=blocks_then_whole, default=whole_vocabulary)
+  elif large and blocks_first:
+    threshold, mass = blocks_then_whole()
   else:
     threshold, mass = whole_vocabulary()
   tied_mass = jax.lax.bitcast_convert_type(threshold, jnp.float32)  # Each tied token's.

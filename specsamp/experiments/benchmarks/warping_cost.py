@@ -1,5 +1,6 @@
 """What warping a batch of distributions costs: the nucleus searched in its most likely blocks
-first against the whole vocabulary, and top-k (``scripts/benchmark_warping.py``).
+first against the whole vocabulary, both forced on any platform (a CPU chooses the blocks by
+default, accelerators the whole vocabulary), and top-k (``scripts/benchmark_warping.py``).
 
 A speculative iteration warps the target's distribution at every scored position and the
 draft's at every drafted one, and an autoregressive step warps one per row, so this cost is
