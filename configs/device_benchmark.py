@@ -8,8 +8,10 @@ Launch (on a machine with one GPU; writes $OUT/results.json and prints a table l
 
 Arguments:
   (none)  the device run: the correctness gate, the copy bandwidth and the 8B's decode
-          products against it, Llama-3.1-8B / Llama-3.2-1B shapes in bfloat16 (random
-          weights) at synthetic acceptance 0.8, K = 4 and 2, batch 1 and 8, the default pair
+          products against it, top-p warped over the most likely blocks first against the
+          whole vocabulary (which an accelerator should run), Llama-3.1-8B / Llama-3.2-1B
+          shapes in bfloat16 (random weights) at synthetic acceptance 0.8, K = 4 and 2, batch
+          1 and 8, the default pair
           trained there and sampled at T=0, T=1 and T=0.8 / top-p 0.95, and transformers on
           the trained pair. Sized for one 8-minute call on an H100 or H200 (every section has
           its own time budget). Scanned vs unrolled layers, transformers on the 8B/1B weights
@@ -41,25 +43,26 @@ def get_config(arg=None):
     raise ValueError(f"configs/device_benchmark.py: unknown variant {arg!r}; use {VARIANTS}.")
   tiny = variant == "tiny"
   config = ml_collections.ConfigDict()
-  # Sections, in order: environment, gate, bandwidth, layers, shaped, shaped_peer, pairs,
-  # pair_peer. 'layers' (scanned vs unrolled: equal on an H200) and 'shaped_peer' (the 8B export
-  # alone outlasts its budget) run only when named, each in a call of its own:
+  # Sections, in order: environment, gate, bandwidth, warping, layers, shaped, shaped_peer,
+  # pairs, pair_peer. 'layers' (scanned vs unrolled: equal on an H200) and 'shaped_peer' (the
+  # 8B export alone outlasts its budget) run only when named, each in a call of its own:
   #   bash scripts/device_benchmark.sh -- --config.sections=environment,layers
   #   bash scripts/device_benchmark.sh -- --config.sections=environment,shaped_peer \
   #     --config.budgets.shaped_peer=400
-  config.sections = "environment,gate,bandwidth,shaped,pairs,pair_peer"
+  config.sections = "environment,gate,bandwidth,warping,shaped,pairs,pair_peer"
   config.workdir = "/tmp/specsamp_device"  # Trained pairs and exported HF models go here.
   config.stop_on_gate_failure = True  # Time nothing when the gate fails.
   # Seconds each section may take (0: no limit); a section past its budget stops, keeping the
   # rows it finished (a compile in progress finishes first). From the H200 runs of 2026-11-26
   # and -27: the gate took 57 s, the sweep's four default rows 190 s (before it timed the
   # draft passes too), the default pair's training 50 s before its sampling. The default
-  # sections' budgets sum to 7.6 minutes; the two processes' start-up adds about half a minute.
+  # sections' budgets sum to 7.9 minutes; the two processes' start-up adds about half a minute.
   config.budgets = ml_collections.ConfigDict(
     dict(
       environment=10,
       gate=80,
       bandwidth=25,
+      warping=20,
       layers=150,
       shaped=220,
       shaped_peer=75,
@@ -79,6 +82,15 @@ def get_config(arg=None):
   config.gate.batches = "ragged"  # '1': one prompt; 'ragged': four rows of lengths 1 to 7.
 
   config.bandwidth_bytes = (64 if tiny else 2048) * 2**20  # The copy probe's array.
+
+  # Top-p and top-k on Zipf-like logits (warping_cost): SmolLM2's and Llama 3's vocabularies.
+  config.warping = ml_collections.ConfigDict()
+  config.warping.vocabs = "16384" if tiny else "49152,128256"
+  config.warping.batch_sizes = "1,5" if tiny else "1,5,64"  # A step, a scoring call, a batch.
+  config.warping.temperature = 0.8
+  config.warping.top_p = 0.95
+  config.warping.zipf = 1.5  # The exponent: a nucleus of about 19 tokens at T = 0.8.
+  config.warping.repeats = 5 if tiny else 21  # Timed calls of each way, interleaved.
 
   # Published shapes (configs/hf), random weights.
   config.shaped = ml_collections.ConfigDict()

@@ -66,7 +66,7 @@ else
     status=${PIPESTATUS[0]}
   fi
   if [[ $status == 0 ]]; then  # 3: the gate failed, and nothing is timed.
-    bench --append --config.sections=bandwidth,shaped,pairs,pair_peer "$@" \
+    bench --append --config.sections=bandwidth,warping,shaped,pairs,pair_peer "$@" \
       2>&1 | tee -a "$OUT/log.txt"
     status=${PIPESTATUS[0]}
   fi

@@ -30,7 +30,7 @@ DRAFT_1B = os.path.join(ROOT, "configs/hf/llama-3.2-1b/config.json")
 def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
   """The script's sweep at tiny sizes: rows for every setting, the table and the goals."""
   env = {**script_env(1), "OUT": str(tmp_path)}
-  sections = "environment,bandwidth,layers,shaped"
+  sections = "environment,bandwidth,warping,layers,shaped"
   result = subprocess.run(
     ["bash", "scripts/device_benchmark.sh", "--tiny", "--", f"--config.sections={sections}"],
     cwd=ROOT,
@@ -58,10 +58,16 @@ def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
   products = results["bandwidth"]["decode_matmuls"]["products"]
   assert set(products) == {"q", "k_v", "o", "mlp_in", "mlp_out", "head"}
   assert all(row["in_major_s"] > 0 and row["out_major_s"] > 0 for row in products.values())
+  warped = results["warping"]["records"]
+  assert [(r["vocab"], r["batch"]) for r in warped] == [(16_384, 1), (16_384, 5)]
+  for r in warped:  # Both ways keep the same tokens; the Zipf rows find theirs in the blocks.
+    assert r["same_tokens"] and r["rows_found_in_blocks"] == r["batch"]
+    assert r["nucleus_blocks_first_ms"] > 0 and r["nucleus_whole_vocabulary_ms"] > 0
   assert set(results["layers"]["chosen"].values()) <= {"scan", "unrolled"}
   assert results["shaped"]["layers"] == results["layers"]["chosen"]
   table = (tmp_path / "log.txt").read_text()
   assert "| B | K | alpha |" in table and "8B/1B alpha 0.8 K=4 batch 1:" in table
+  assert "| vocab | rows | nucleus, blocks first |" in table and "| 16,384 | 5 |" in table
 
 
 def _results(speedup=2.1, efficiency=0.9, floor=1.2, peer_ratio=1.6, pass_ratio=None) -> dict:

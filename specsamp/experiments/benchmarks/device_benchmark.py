@@ -10,6 +10,9 @@ so a run cut short keeps all it measured:
                 one exact-enumeration G-test case; a failure stops the run (by default)
   bandwidth     the device's copy bandwidth (bytes read + written per second), and each of
                 the 8B target's decode products timed alone against it
+  warping       top-p over its most likely blocks first against the whole vocabulary, and
+                top-k, at the vocabularies of SmolLM2 and Llama 3 (``warping_cost``): whether
+                an accelerator should search the blocks too, as a CPU does by default
   layers        the 8B and 1B decode steps with their layers scanned and unrolled: the sweep
                 runs a model unrolled only when that is clearly faster (not run by default)
   shaped        Llama-3.1-8B / Llama-3.2-1B shapes, random bfloat16 weights, synthetic
@@ -47,7 +50,7 @@ import numpy as np
 from flax import nnx
 
 from specsamp import sharding
-from specsamp.experiments.benchmarks import shaped_pair, timing
+from specsamp.experiments.benchmarks import shaped_pair, timing, warping_cost
 from specsamp.experiments.benchmarks.benchmark import MODES, parse_list
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import sample_job
@@ -59,6 +62,7 @@ SECTIONS = (
   "environment",
   "gate",
   "bandwidth",
+  "warping",
   "layers",
   "shaped",
   "shaped_peer",
@@ -153,6 +157,32 @@ def bandwidth(config: ml_collections.ConfigDict, context: dict, log: Callable) -
     )
   log(f"the target's products alone: {matmuls['step_s'] * 1e3:.3f} ms a step")
   result["decode_matmuls"] = matmuls
+  return result
+
+
+def warping(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
+  """What warping costs on this device: the nucleus searched in its most likely blocks first
+  against the whole vocabulary, and top-k, on Zipf-like logits at each vocabulary and batch
+  (``warping_cost.measure``; interleaved medians). Accelerators search the whole vocabulary by
+  default until these numbers say otherwise (``warping.nucleus_mask``'s ``blocks_first``)."""
+  w = config.warping
+  batch_sizes = parse_list(w.batch_sizes, int)
+  result: dict[str, Any] = {"temperature": w.temperature, "top_p": w.top_p, "zipf": w.zipf}
+  result["records"] = []
+  context["results"]["warping"] = result  # Records land here as they finish.
+  for vocab in parse_list(w.vocabs, int):
+    logits = warping_cost.zipf_logits(max(batch_sizes), vocab, w.zipf)
+    for record in warping_cost.measure(
+      logits, batch_sizes, w.temperature, w.top_p, repeats=w.repeats
+    ):
+      result["records"].append(record)
+      context["save"]()
+      blocks, whole = record["nucleus_blocks_first_ms"], record["nucleus_whole_vocabulary_ms"]
+      log(
+        f"  vocab {vocab:,}, {record['batch']} rows: nucleus {blocks:.3f} ms blocks first, "
+        f"{whole:.3f} ms whole ({record['rows_found_in_blocks']} rows found in the blocks; "
+        f"same tokens: {record['same_tokens']}), top-50 {record['top_50_ms']:.3f} ms"
+      )
   return result
 
 
@@ -352,6 +382,7 @@ SECTION_FUNCTIONS = {
   "environment": environment,
   "gate": gate,
   "bandwidth": bandwidth,
+  "warping": warping,
   "layers": layers,
   "shaped": shaped,
   "shaped_peer": shaped_peer,
@@ -468,6 +499,27 @@ def format_summary(results: dict[str, Any]) -> str:
         f"the target's decode products alone (batch 1, its layouts): "
         f"{matmuls['step_s'] * 1e3:.3f} ms a step, each at {min(rates):.2f}-{max(rates):.2f} "
         f"of the copy bandwidth"
+      )
+  warped = results.get("warping", {}).get("records", [])
+  if warped:
+    w = results["warping"]
+    lines += [
+      "",
+      f"warping, Zipf-like logits (exponent {w['zipf']}), T = {w['temperature']}, top-p "
+      f"{w['top_p']}: median ms a call",
+      _row(
+        ["vocab", "rows", "nucleus, blocks first", "whole vocabulary", "blocks / whole"]
+        + ["rows found in the blocks", "same tokens", "top-50"]
+      ),
+      _row(["---"] * 8),
+    ]
+    for r in warped:
+      blocks, whole = r["nucleus_blocks_first_ms"], r["nucleus_whole_vocabulary_ms"]
+      lines.append(
+        _row(
+          [f"{r['vocab']:,}", r["batch"], f"{blocks:.3f}", f"{whole:.3f}", f"{blocks / whole:.2f}"]
+          + [r["rows_found_in_blocks"], r["same_tokens"], f"{r['top_50_ms']:.3f}"]
+        )
       )
   shaped_rows = results.get("shaped", {}).get("rows", [])
   if shaped_rows:
