@@ -12,9 +12,10 @@ Arguments:
           whole vocabulary (which an accelerator should run), Llama-3.1-8B / Llama-3.2-1B
           shapes in bfloat16 (random weights) at synthetic acceptance 0.8, K = 4 and 2, batch
           1 and 8, the default pair trained there and sampled at T=0, T=1 and T=0.8 / top-p
-          0.95, and transformers on the trained pair. Sized for one 8-minute call on an H100 or H200 (every section has
-          its own time budget). Scanned vs unrolled layers, transformers on the 8B/1B weights
-          and the large pair each run in a call of their own (commands below).
+          0.95, and transformers on the trained pair. Sized for one 8-minute call on an H100
+          or H200 (every section has its own time budget). Scanned vs unrolled layers,
+          transformers on the 8B/1B weights and the large pair each run in a call of their
+          own (commands below).
   tiny    the same sections at tiny sizes (shapes shrunk, the test pair), for the test suite
           and a CPU: about a minute on 2 cores.
 """
