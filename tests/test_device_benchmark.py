@@ -60,9 +60,11 @@ def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
   assert all(row["in_major_s"] > 0 and row["out_major_s"] > 0 for row in products.values())
   warped = results["warping"]["records"]
   assert [(r["vocab"], r["batch"]) for r in warped] == [(16_384, 1), (16_384, 5)]
-  for r in warped:  # Both ways keep the same tokens; the Zipf rows find theirs in the blocks.
+  # Both ways keep the same tokens (they may differ only for a token within float32 rounding
+  # of top_p, which these seeded rows do not have), and every Zipf row's nucleus lies in its
+  # most likely blocks (its 128 most likely tokens hold about 99% of the mass).
+  for r in warped:
     assert r["same_tokens"] and r["rows_found_in_blocks"] == r["batch"]
-    assert r["nucleus_blocks_first_ms"] > 0 and r["nucleus_whole_vocabulary_ms"] > 0
   assert set(results["layers"]["chosen"].values()) <= {"scan", "unrolled"}
   assert results["shaped"]["layers"] == results["layers"]["chosen"]
   table = (tmp_path / "log.txt").read_text()
