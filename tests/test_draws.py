@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from specsamp.experiments.benchmarks import draw_cost
 from specsamp.sampling import draws, verification, warping
 
 MAX_WORD = 2**32 - 1
@@ -163,18 +164,47 @@ def test_a_tiny_acceptance_probability_is_not_rounded_up(monkeypatch):
     assert int(verdict.num_accepted[0]) == accepted, x
 
 
+def test_the_race_block_is_about_the_square_root_of_the_vocabulary():
+  """V / B blocks and B tokens: B the smallest power of two with B^2 >= V, at most 256; the
+  test models' 264 tokens race flat."""
+  assert 264 <= draws.FLAT_RACE_MAX < 1024
+  assert [draws.race_block(v) for v in (1024, 1101, 4173, 8192, 32000, 49152, 128256)] == [
+    32,
+    64,
+    128,
+    128,
+    256,
+    256,
+    256,
+  ]
+
+
+# A vocabulary above FLAT_RACE_MAX with a partial last block, and where its mass lies.
+_RACES = {
+  # The default pair's size region: 1,101 tokens, 18 blocks of 64 (the last partial).
+  1101: dict(single=[5, 300, 301, 700, 1050, 1100], block=(800, 810), rare=(500, 501)),
+  # 4,173 tokens: 33 blocks of 128, the last partial.
+  4173: dict(single=[5, 300, 301, 2000, 4100, 4172], block=(3000, 3010), rare=(700, 701)),
+}
+
+
 @pytest.mark.slow
-def test_the_two_stage_race_of_a_large_vocabulary_follows_its_probabilities():
+@pytest.mark.parametrize("vocab", sorted(_RACES))
+def test_the_two_stage_race_of_a_large_vocabulary_follows_its_probabilities(vocab):
   """V > FLAT_RACE_MAX: a block race, then a race inside the winning block. Mass spread over
   blocks unevenly, a partial last block, zero-mass blocks and zero tokens inside live ones,
   and a rare token: the counts follow p (chi-square), zeros are never drawn."""
-  vocab = draws.FLAT_RACE_MAX + 77  # 4173 tokens: 17 blocks, the last one partial.
   assert vocab > draws.FLAT_RACE_MAX
+  size = draws.race_block(vocab)
+  num_blocks = -(-vocab // size)
+  assert vocab % size, "the last block is partial"
+  where = _RACES[vocab]
   probs = np.zeros(vocab)
-  probs[[5, 300, 301, 2000, 4100, 4172]] = [0.3, 0.2, 0.1, 0.15, 0.05, 0.1]
-  probs[3000:3010] = 0.009  # Ten tokens of one block.
-  probs[700] = 0.01 - 1e-6
-  probs[701] = 1e-6  # Rare: expected 0.2 times in 200k draws; must never exceed a few.
+  probs[where["single"]] = [0.3, 0.2, 0.1, 0.15, 0.05, 0.1]
+  probs[slice(*where["block"])] = 0.009  # Ten tokens of one block.
+  common_rare, rare = where["rare"]
+  probs[common_rare] = 0.01 - 1e-6
+  probs[rare] = 1e-6  # Rare: expected 0.2 times in 200k draws; must never exceed a few.
   rows, chunk = 200_000, 2_000  # Chunks of 2,000 rows stay in cache: 9.7 s against 16.7 s.
   row_probs = jnp.broadcast_to(jnp.asarray(probs, jnp.float32), (chunk, vocab))
   draw = jax.jit(lambda key: draws.categorical(key, row_probs))
@@ -186,11 +216,23 @@ def test_the_two_stage_race_of_a_large_vocabulary_follows_its_probabilities():
   common = probs > 1e-3
   expected = rows * probs[common] / probs[common].sum() * (counts[common].sum() / rows)
   assert stats.chisquare(counts[common], expected).pvalue > 1e-3
-  assert counts[701] <= 6
+  assert counts[rare] <= 6
   # The pairwise block sums are the blocks' totals.
+  padded = np.pad(probs, (0, num_blocks * size - vocab))
   np.testing.assert_allclose(
-    draws.block_masses(jnp.asarray(np.pad(probs, (0, 17 * draws.BLOCK - vocab)), jnp.float32)),
-    np.pad(probs, (0, 17 * draws.BLOCK - vocab)).reshape(17, -1).sum(-1),
+    draws.block_masses(jnp.asarray(padded, jnp.float32), size),
+    padded.reshape(num_blocks, -1).sum(-1),
     rtol=1e-6,
     atol=1e-12,
   )
+
+
+def test_the_draw_benchmark_times_both_races():
+  """scripts/benchmark_draws.py's measurement at tiny sizes: a record per (vocab, batch) with
+  both races timed, the block of ``race_block`` and which race ``categorical`` runs."""
+  records = draw_cost.measure([64, 1024], [1, 2], draws_per_call=4, repeats=1)
+  assert [(r["vocab"], r["batch"]) for r in records] == [(64, 1), (64, 2), (1024, 1), (1024, 2)]
+  for r in records:
+    assert r["block"] == draws.race_block(r["vocab"])
+    assert r["flat_us"] > 0 and r["two_stage_us"] > 0
+    assert r["categorical"] == ("flat" if r["vocab"] <= draws.FLAT_RACE_MAX else "two-stage")
