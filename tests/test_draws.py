@@ -179,6 +179,32 @@ def test_the_race_block_is_about_the_square_root_of_the_vocabulary():
   ]
 
 
+def test_categorical_is_the_two_stage_race_of_its_block_and_keeps_rows_apart():
+  """Above FLAT_RACE_MAX ``categorical`` is ``two_stage_categorical`` at ``race_block(V)``, bit
+  for bit; over leading dimensions [2, 3] each row draws from its own support only (a row
+  whose mass sits in another block than its neighbours' never takes their tokens)."""
+  vocab = 1101  # 18 blocks of 64, the last partial.
+  rng = np.random.default_rng(0)
+  probs = np.zeros((2, 3, vocab), np.float32)
+  supports = {}
+  for i in range(2):
+    for j in range(3):
+      support = rng.choice(vocab, size=5, replace=False)
+      probs[i, j, support] = rng.dirichlet(np.ones(5))
+      supports[i, j] = set(support.tolist())
+  probs = jnp.asarray(probs)
+  draw = jax.jit(draws.categorical)
+  two_stage = jax.jit(draws.two_stage_categorical, static_argnums=2)
+  for seed in range(40):
+    key = jax.random.fold_in(jax.random.key(7), seed)
+    tokens = np.asarray(draw(key, probs))
+    np.testing.assert_array_equal(
+      tokens, np.asarray(two_stage(key, probs, draws.race_block(vocab)))
+    )
+    for (i, j), support in supports.items():
+      assert int(tokens[i, j]) in support, (seed, i, j)
+
+
 # A vocabulary above FLAT_RACE_MAX with a partial last block, and where its mass lies.
 _RACES = {
   # The default pair's size region: 1,101 tokens, 18 blocks of 64 (the last partial).
@@ -235,4 +261,4 @@ def test_the_draw_benchmark_times_both_races():
   for r in records:
     assert r["block"] == draws.race_block(r["vocab"])
     assert r["flat_us"] > 0 and r["two_stage_us"] > 0
-    assert r["categorical"] == ("flat" if r["vocab"] <= draws.FLAT_RACE_MAX else "two-stage")
+  assert [r["categorical"] for r in records] == ["flat", "flat", "two-stage", "two-stage"]

@@ -104,9 +104,10 @@ def categorical_from_words(words: jax.Array, probs: jax.Array) -> jax.Array:
 
 
 # Above this vocabulary the race runs in two stages (``categorical``); at or below, flat. The two
-# stages draw fewer exponentials from V = 128 up (a CPU, one row, 200 draws inside one loop,
-# 2026-11-28: 7 against 16 us at 128 tokens, 19 against 165 at 1,024, 44 against 531 at 8,192;
-# at 8 rows 56 against 267 us at 1,024); the flat race stays for the test models' 264 tokens.
+# stages take less time from V = 64 up (a CPU, one row, 200 draws inside one loop, 2026-11-28,
+# scripts/benchmark_draws.py: 7.3 against 12.0 us at 128 tokens, 18.0 against 102.9 at 1,024,
+# 42.4 against 497.3 at 8,192; at 8 rows 64.9 against 323.7 us at 1,024); the flat race stays
+# at 512 tokens and below, where the test models' 264 tokens are.
 FLAT_RACE_MAX = 512
 MAX_BLOCK = 256  # The largest block (the previous fixed size; 49,152 tokens still race in 256).
 
@@ -142,8 +143,8 @@ def categorical(key: jax.Array, probs: jax.Array) -> jax.Array:
   exponential race from 64 random bits per entrant, so a token keeps its rate to float32
   relative precision (the block sum adds at most 5e-7 relative), down to probabilities of
   1e-19 as the flat race. It draws V / B + B exponentials instead of V: for 1,024 tokens 64
-  instead of 1,024 (8x less time on a CPU), for 49,152 tokens 448 instead of 49,152, which on
-  a CPU is 2.9 ms per row less, and more with every row of a batch.
+  instead of 1,024 (5.7x less time on a CPU), for 49,152 tokens 448 instead of 49,152, which on
+  a CPU is 2.6 ms per row less (22x), and more with every row of a batch.
   """
   probs = jnp.asarray(probs, jnp.float32)
   vocab = probs.shape[-1]
