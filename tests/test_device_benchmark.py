@@ -65,11 +65,15 @@ def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
   # most likely blocks (its 128 most likely tokens hold about 99% of the mass).
   for r in warped:
     assert r["same_tokens"] and r["rows_found_in_blocks"] == r["batch"]
+  drawn = results["warping"]["draws"]
+  assert [(r["vocab"], r["batch"], r["block"]) for r in drawn] == [(1024, 1, 32), (1024, 8, 32)]
+  assert all(r["flat_us"] > 0 and r["two_stage_us"] > 0 for r in drawn)
   assert set(results["layers"]["chosen"].values()) <= {"scan", "unrolled"}
   assert results["shaped"]["layers"] == results["layers"]["chosen"]
   table = (tmp_path / "log.txt").read_text()
   assert "| B | K | alpha |" in table and "8B/1B alpha 0.8 K=4 batch 1:" in table
   assert "| vocab | rows | nucleus, blocks first |" in table and "| 16,384 | 5 |" in table
+  assert "| vocab | rows | block | flat race |" in table and "| 1,024 | 8 | 32 |" in table
 
 
 def _results(speedup=2.1, efficiency=0.9, floor=1.2, peer_ratio=1.6, pass_ratio=None) -> dict:

@@ -12,7 +12,8 @@ so a run cut short keeps all it measured:
                 the 8B target's decode products timed alone against it
   warping       top-p over its most likely blocks first against the whole vocabulary, and
                 top-k, at the vocabularies of SmolLM2 and Llama 3 (``warping_cost``): whether
-                an accelerator should search the blocks too, as a CPU does by default
+                an accelerator should search the blocks too, as a CPU does by default; and a
+                token's draw by the flat race and in two stages (``draw_cost``)
   layers        the 8B and 1B decode steps with their layers scanned and unrolled: the sweep
                 runs a model unrolled only when that is clearly faster (not run by default)
   shaped        Llama-3.1-8B / Llama-3.2-1B shapes, random bfloat16 weights, synthetic
@@ -50,7 +51,7 @@ import numpy as np
 from flax import nnx
 
 from specsamp import sharding
-from specsamp.experiments.benchmarks import shaped_pair, timing, warping_cost
+from specsamp.experiments.benchmarks import draw_cost, shaped_pair, timing, warping_cost
 from specsamp.experiments.benchmarks.benchmark import MODES, parse_list
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import sample_job
@@ -185,6 +186,21 @@ def warping(config: ml_collections.ConfigDict, context: dict, log: Callable) -> 
         f"  vocab {vocab:,}, {batch} rows: nucleus {blocks:.3f} ms blocks first, {whole:.3f} ms "
         f"whole ({record['rows_found_in_blocks']} rows found in the blocks; same tokens: "
         f"{record['same_tokens']}), top-{w.top_k} {record[top_k_ms]:.3f} ms"
+      )
+  # Drawing a token: the flat race against the two stages (``draws.categorical`` races in two
+  # stages above 512 tokens on every platform; whether that also pays here, where the flat race
+  # is one fused kernel).
+  result["draws"] = []
+  for vocab in parse_list(w.draw_vocabs, int):
+    for batch in parse_list(w.draw_batch_sizes, int):
+      (record,) = draw_cost.measure(
+        [vocab], [batch], draws_per_call=w.draws_per_call, repeats=w.repeats
+      )
+      result["draws"].append(record)
+      context["save"]()
+      log(
+        f"  draws, vocab {vocab:,}, {batch} rows: flat {record['flat_us']:.1f} us, two stages "
+        f"(blocks of {record['block']}) {record['two_stage_us']:.1f} us"
       )
   return result
 
@@ -523,6 +539,21 @@ def format_summary(results: dict[str, Any]) -> str:
         _row(
           [f"{r['vocab']:,}", r["batch"], f"{blocks:.3f}", f"{whole:.3f}", f"{blocks / whole:.2f}"]
           + [r["rows_found_in_blocks"], r["same_tokens"], f"{r[top_k_ms]:.3f}"]
+        )
+      )
+  drawn = results.get("warping", {}).get("draws", [])
+  if drawn:
+    lines += [
+      "",
+      "drawing a token: microseconds per draw (draws inside one compiled loop)",
+      _row(["vocab", "rows", "block", "flat race", "two stages", "flat / two stages"]),
+      _row(["---"] * 6),
+    ]
+    for r in drawn:
+      lines.append(
+        _row(
+          [f"{r['vocab']:,}", r["batch"], r["block"], f"{r['flat_us']:.1f}"]
+          + [f"{r['two_stage_us']:.1f}", f"{r['flat_over_two_stage']:.2f}"]
         )
       )
   shaped_rows = results.get("shaped", {}).get("rows", [])
