@@ -12,8 +12,6 @@ medians kept (docs/benchmarks.md, "Two-stage draws below 4,096 tokens").
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp.experiments.benchmarks import timing
 from specsamp.sampling import draws, threefry
 
 
@@ -63,17 +62,10 @@ def measure(
           draws_per_call,
         ),
       }
-      for fn in ways.values():
-        fn().block_until_ready()
-      seconds = {name: [] for name in ways}
-      for _ in range(repeats):
-        for name, fn in ways.items():
-          start = time.perf_counter()
-          fn().block_until_ready()
-          seconds[name].append(time.perf_counter() - start)
+      seconds = timing.interleaved_medians(ways, repeats)
       record = {"vocab": vocab, "batch": batch, "block": size}
-      for name, values in seconds.items():
-        record[name] = round(statistics.median(values) / draws_per_call * 1e6, 2)
+      for name, value in seconds.items():
+        record[name] = round(value / draws_per_call * 1e6, 2)
       record["flat_over_two_stage"] = round(record["flat_us"] / record["two_stage_us"], 2)
       record["categorical"] = "flat" if vocab <= draws.FLAT_RACE_MAX else "two-stage"
       records.append(record)

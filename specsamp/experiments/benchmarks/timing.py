@@ -136,6 +136,23 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> 
   return statistics.median(times)
 
 
+def interleaved_medians(ways: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+  """Median wall seconds of each way (synchronised): one untimed call of each (compiled and
+  warm), then ``repeats`` rounds, the ways in turn, so that a slow moment on a shared machine
+  hits all of them."""
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got {repeats}.")
+  for way in ways.values():
+    jax.block_until_ready(way())
+  seconds: dict[str, list[float]] = {name: [] for name in ways}
+  for _ in range(repeats):
+    for name, way in ways.items():
+      start = time.perf_counter()
+      jax.block_until_ready(way())
+      seconds[name].append(time.perf_counter() - start)
+  return {name: statistics.median(values) for name, values in seconds.items()}
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_calls"))
 def _chain(graphdef, state, tokens_BT, cache, start, num_calls):
   """``num_calls`` calls of the model, each fed the argmax of the previous call's logits. The

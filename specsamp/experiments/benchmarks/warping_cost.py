@@ -12,8 +12,6 @@ found their nucleus in the blocks (the rest search the whole vocabulary too).
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp.experiments.benchmarks import timing
 from specsamp.sampling import warping
 
 
@@ -67,18 +66,11 @@ def measure(
       "nucleus_whole_vocabulary_ms": lambda: _nucleus(x, top_p, False),
       f"top_{top_k}_ms": lambda: _top_k(x, top_k),
     }
-    seconds = {name: [] for name in ways}
-    for way in ways.values():
-      jax.block_until_ready(way())  # Compiled and warm.
-    for _ in range(repeats):
-      for name, way in ways.items():
-        began = time.perf_counter()
-        jax.block_until_ready(way())
-        seconds[name].append(time.perf_counter() - began)
+    seconds = timing.interleaved_medians(ways, repeats)
     same = bool(np.array_equal(_nucleus(x, top_p, True), _nucleus(x, top_p, False)))
     record = {"batch": batch, "vocab": int(x.shape[-1]), "temperature": temperature}
     record.update(top_p=top_p, same_tokens=same)
     record["rows_found_in_blocks"] = int(np.sum(_found(x, top_p)))
-    record.update({name: 1e3 * statistics.median(s) for name, s in seconds.items()})
+    record.update({name: 1e3 * s for name, s in seconds.items()})
     records.append(record)
   return records
