@@ -119,7 +119,10 @@ def test_samples_follow_the_exact_target_distribution(small_pair, verifier, samp
   assert_follows(counts, target, EXACT_PROMPT, sampling)
 
 
+# The suite rejects this planted bug (sequential_head_pass_q) in tests/test_certify.py's
+# certificate; this enumeration run of the same bug is the extended command's.
 @pytest.mark.slow
+@pytest.mark.extended
 def test_reporting_the_pass_q_for_corrected_draws_is_rejected(small_pair):
   target, draft = small_pair
   drafter = ParallelDrafter(
