@@ -107,7 +107,7 @@ def test_nan_logits_raise_and_drop_the_caches(pair):
   target, _ = pair
   config = TransformerConfig.from_config(code_pair.get_config("test").draft.model)
   broken = transformer.create(config, seed=1)  # A diverged draft checkpoint.
-  broken.final_norm.scale_D.value = jnp.full_like(broken.final_norm.scale_D.value, jnp.nan)
+  broken.final_norm.scale_D[...] = jnp.full_like(broken.final_norm.scale_D[...], jnp.nan)
   sampler = Sampler(target, broken)
   prompts, lengths = _prompts(0)
   with pytest.raises(FloatingPointError, match="NaN"):

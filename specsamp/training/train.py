@@ -328,7 +328,7 @@ class Trainer:
   def _init_fn(self, table_VD=None) -> TrainState:
     model = transformer.Transformer(self.model_config, rngs=nnx.Rngs(self.seed))
     if table_VD is not None:
-      model.embedder.table_VD.value = table_VD.astype(model.embedder.table_VD.value.dtype)
+      model.embedder.table_VD[...] = table_VD.astype(model.embedder.table_VD[...].dtype)
     params = params_of(model)
     return TrainState(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
