@@ -91,14 +91,8 @@ flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 def main(argv):
   cli.start(argv)
   config = _PAIR.pair_config()
-  prepared = pair.prepare(config, _PAIR.workdir.value, drafts=False)
-  workdir = os.path.abspath(_PAIR.workdir.value or pair.default_workdir(config))
-  out = _OUT.value or os.path.join(workdir, "regenerated", _SPLIT.value)
-  prompts = (
-    instructions.jsonl_prompts(os.path.expanduser(_PROMPTS.value))
-    if _PROMPTS.value
-    else instructions.default_prompts()
-  )
+  # The plan and the prompts first: a wrong plan or --prompts is refused before the pair is
+  # trained or imported (minutes for a first run).
   plan = regenerate.Plan(
     settings=tuple(_SETTINGS.value),
     batch_size=_BATCH.value,
@@ -110,6 +104,14 @@ def main(argv):
     max_prompts=_MAX_PROMPTS.value,
     passes=_PASSES.value,
   )
+  prompts = (
+    instructions.jsonl_prompts(os.path.expanduser(_PROMPTS.value))
+    if _PROMPTS.value
+    else instructions.default_prompts()
+  )
+  prepared = pair.prepare(config, _PAIR.workdir.value, drafts=False)
+  workdir = os.path.abspath(_PAIR.workdir.value or pair.default_workdir(config))
+  out = _OUT.value or os.path.join(workdir, "regenerated", _SPLIT.value)
   seed_dir = _SEED_FROM.value
   if seed_dir is None and config.answers.get("shipped_dir"):
     seed_dir = os.path.join(config.answers.shipped_dir, _SPLIT.value)

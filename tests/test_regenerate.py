@@ -72,6 +72,31 @@ def test_stdlib_instructions_explain_document_and_complete_real_functions():
   ]
 
 
+def test_function_sources_are_cut_as_the_standard_librarys_get_source_segment():
+  """``instructions._source_segment`` on lines split once per file gives what
+  ``ast.get_source_segment`` gives (which splits the file again per node): multi-byte
+  characters before and inside a function (offsets are UTF-8 bytes), CR LF and lone CR line
+  ends, a form feed (not a line end to the parser), one-line and nested functions, a file
+  without a final newline."""
+  import ast
+
+  text = (
+    "x = 'é'; y = 1\r\n"
+    "def f(a='ü'):\r\n    'Döc.'\r\n    return a\r\n"
+    "\x0cclass C:\r"
+    "    def m(self): 'one line'; return 'ß'\r"
+    '    async def n(self):\n        """Doc."""\n        def inner():\n'
+    "            'Inner.'\n            return '€'\n        return inner"
+  )
+  tree = ast.parse(text)
+  lines = instructions._source_lines(text)
+  assert lines == ast._splitlines_no_ff(text) and "".join(lines) == text
+  functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+  assert sorted(n.name for n in functions) == ["f", "inner", "m", "n"]
+  for node in functions:
+    assert instructions._source_segment(lines, node) == ast.get_source_segment(text, node)
+
+
 def test_the_held_out_split_is_stable_and_about_one_in_fifty():
   ids = [f"stdlib:x.py:f{i}:1:explain" for i in range(5000)]
   held = [i for i in ids if instructions.held_out(i)]

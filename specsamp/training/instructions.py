@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import textwrap
 from collections.abc import Iterable, Sequence
 
@@ -64,12 +65,34 @@ def _functions(path: str) -> Iterable[tuple[str, str, ast.FunctionDef]]:
     tree = ast.parse(text)
   except (SyntaxError, ValueError, UnicodeDecodeError):  # A test file of bad syntax, on purpose.
     return
+  lines = _source_lines(text)
   for node in ast.walk(tree):
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and ast.get_docstring(node):
-      source = ast.get_source_segment(text, node)
+      source = _source_segment(lines, node)
       if source and MIN_SOURCE_CHARS <= len(source) <= MAX_SOURCE_CHARS:
         # A method's segment starts at 'def' but keeps its body's indentation.
         yield node.name, textwrap.dedent(" " * node.col_offset + source), node
+
+
+# The file's lines as the parser counts them (only \r\n, \r and \n end a line), ends kept.
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def _source_lines(text: str) -> list[str]:
+  return _LINE.findall(text)
+
+
+def _source_segment(lines: list[str], node: ast.AST) -> str:
+  """``ast.get_source_segment(text, node)`` from the file's lines split once: the standard
+  library's splits the whole file again for every node, which made building the default
+  prompts take minutes (quadratic in a file's size)."""
+  first, last = node.lineno - 1, node.end_lineno - 1
+  start, end = node.col_offset, node.end_col_offset  # Offsets in UTF-8 bytes, as the parser's.
+  if first == last:
+    return lines[first].encode()[start:end].decode()
+  head = lines[first].encode()[start:].decode()
+  tail = lines[last].encode()[:end].decode()
+  return "".join([head, *lines[first + 1 : last], tail])
 
 
 def _without_docstring(source: str, node: ast.FunctionDef) -> str:
