@@ -97,6 +97,18 @@ def test_function_sources_are_cut_as_the_standard_librarys_get_source_segment():
     assert instructions._source_segment(lines, node) == ast.get_source_segment(text, node)
 
 
+def test_the_chat_template_compiles_once_and_again_when_it_changes():
+  tokenizer = word_tokenizer()
+  messages = [{"role": "user", "content": "w7 w8"}]
+  first = tokenizer.apply_chat_template(messages)
+  assert first == "<|im_start|>user\nw7 w8<|im_end|>\n<|im_start|>assistant\n"
+  compiled = tokenizer._compiled_template()
+  assert tokenizer.apply_chat_template(messages) == first
+  assert tokenizer._compiled_template() is compiled  # Not compiled again per prompt.
+  tokenizer.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+  assert tokenizer.apply_chat_template(messages) == "[w7 w8]"  # The new template, not the old.
+
+
 def test_the_held_out_split_is_stable_and_about_one_in_fifty():
   ids = [f"stdlib:x.py:f{i}:1:explain" for i in range(5000)]
   held = [i for i in ids if instructions.held_out(i)]

@@ -178,16 +178,25 @@ class BpeTokenizer:
     sandboxed Jinja environment); encode the result to prompt the model."""
     if self.chat_template is None:
       raise ValueError(f"The tokenizer at {self.path} has no chat template.")
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-      raise ValueError(f"chat template: {message}")
-
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    environment.globals["raise_exception"] = raise_exception
-    template = environment.from_string(self.chat_template)
     special = {"bos_token": self.id_to_piece(self.bos_id) if self.bos_id >= 0 else ""}
     special["eos_token"] = self.id_to_piece(self.eos_id)
-    return template.render(
+    return self._compiled_template().render(
       messages=list(messages), add_generation_prompt=add_generation_prompt, **special
     )
+
+  def _compiled_template(self) -> Any:
+    """The chat template compiled once, and again only when ``chat_template`` changed. Jinja
+    compiles a template to Python, which took 116 of the 137 s that regeneration spent
+    rendering and encoding SmolLM2's 16,769 prompts when it was compiled per call."""
+    cached = getattr(self, "_template_cache", None)
+    if cached is None or cached[0] != self.chat_template:
+      from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+      def raise_exception(message):
+        raise ValueError(f"chat template: {message}")
+
+      environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+      environment.globals["raise_exception"] = raise_exception
+      cached = (self.chat_template, environment.from_string(self.chat_template))
+      self._template_cache = cached
+    return cached[1]
