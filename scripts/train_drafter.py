@@ -55,6 +55,9 @@ def main(argv):
   drafter, directory, _ = answer_training.drafter_sections(config)
   if _SHIP_ONLY.value and not _SHIP_TO.value:
     raise ValueError("--ship_only ships the best so far: give --ship_to=FOLDER.")
+  if not _SHIP_ONLY.value:  # Refused now, not after a first run's training or import.
+    answer_training.check_optimisation(config, drafter)
+    answer_training.check_answers_exist(config, workdir)
   # The target, once: training reads it, and shipping a head reads the head with it.
   prepared = None
   if not _SHIP_ONLY.value or drafter in answer_training.HEADS:

@@ -731,18 +731,19 @@ def test_an_empty_workdir_stage_trains_and_an_empty_checkpoint_is_an_error(
 
 
 @pytest.mark.slow
-def test_regenerate_refuses_a_missing_prompt_file_or_a_bad_plan_before_preparing_the_pair(
-  tmp_path,
-):
-  """A typo in --prompts or the plan is one line at once, not after the target was trained or
-  imported: the empty workdir stays empty."""
+def test_regenerate_and_train_drafter_refuse_bad_input_before_preparing_the_pair(tmp_path):
+  """A typo in --prompts, the plan or the optimisation settings, or answers not made yet, is
+  one line at once, not after the target was trained or imported: the empty workdir stays
+  empty."""
   workdir = tmp_path / "work"
   common = ["--config=configs/code_pair.py:test", f"--workdir={workdir}"]
-  for flag, message in (
-    (f"--prompts={tmp_path / 'missing.jsonl'}", "--prompts: no file"),
-    ("--settings=greedy,hot", "settings must be some of"),
+  for script, flag, message in (
+    ("regenerate.py", f"--prompts={tmp_path / 'missing.jsonl'}", "--prompts: no file"),
+    ("regenerate.py", "--settings=greedy,hot", "settings must be some of"),
+    ("train_drafter.py", "--config.answers.train.warmup_steps=-1", "warmup_steps must be in"),
+    ("train_drafter.py", "--config.answers.drafter=feature", "No regenerated train answers"),
   ):
-    result = run_script("regenerate.py", *common, flag)
+    result = run_script(script, *common, flag)
     assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
     assert not workdir.exists()
 

@@ -70,21 +70,41 @@ def measure_tau(
   return tau, acc, answers.tau(both, K)[0]
 
 
+_REGENERATE = {
+  "train": "scripts/regenerate.py",
+  "held_out": "scripts/regenerate.py --split=held_out --settings=greedy",
+}
+
+
+def _no_answers(split: str, directory: str) -> FileNotFoundError:
+  return FileNotFoundError(
+    f"No regenerated {split} answers in {directory}: run {_REGENERATE[split]} first (tau is "
+    "measured on held-out greedy answers)."
+  )
+
+
+def check_answers_exist(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Both splits' shards are in ``workdir`` or, for a config naming ``answers.shipped_dir``,
+  shipped there: what ``scripts/train_drafter.py`` checks before it prepares the pair (which
+  trains or imports the target on a first run); ``check_answers`` checks them in full after."""
+  section = config.answers
+  for split, field in (("train", "train_dir"), ("held_out", "held_out_dir")):
+    places = [os.path.join(workdir, section[field])]
+    if section.get("shipped_dir"):
+      places.append(os.path.join(section.shipped_dir, split))
+    if not any((regenerate.read_manifest(place) or {}).get("shards") for place in places):
+      raise _no_answers(split, places[0])
+
+
 def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, dict[str, Any]]:
   """The manifests by split ('train', 'held_out'), once both shard directories are checked:
   made by the same target and this tokenizer, each of its split, with shards; the held-out
   answers greedy only."""
   manifests = {}
-  for split, directory, command in (
-    ("train", train_dir, "scripts/regenerate.py"),
-    ("held_out", held_dir, "scripts/regenerate.py --split=held_out --settings=greedy"),
-  ):
+  for split, directory in (("train", train_dir), ("held_out", held_dir)):
     manifest = regenerate.read_manifest(directory)
     if manifest is None or not manifest["shards"]:
-      raise FileNotFoundError(
-        f"No regenerated {split} answers in {directory}: run {command} first (tau is measured "
-        "on held-out greedy answers)."
-      )
+      raise _no_answers(split, directory)
     if manifest["plan"]["split"] != split:
       raise ValueError(f"{directory} holds the {manifest['plan']['split']} split, not {split}.")
     if manifest["tokenizer"] != tokenizer.fingerprint:
@@ -143,25 +163,13 @@ def drafter_sections(
   return drafter, section[directory], section[optimisation]
 
 
-def _drafter_setup(
-  config: ml_collections.ConfigDict,
-  drafter: str,
-  prepared: pair_lib.Pair,
-  answer_stream: np.ndarray,
-  manifest: dict[str, Any],
-) -> tuple[str, Any, dict[str, Any], Accepted]:
-  """(name, trainer, checkpoint meta, accepted counts for ``measure_tau``) of the drafter
-  trained on the answers."""
-  section, tokenizer, target = config.answers, prepared.tokenizer, prepared.target
-  K = section.tau_draft_tokens
-  _, _, optimisation = drafter_sections(config, drafter)
-  data_meta = {
-    "answers": section.train_dir,
-    # More passes add answers as more shards do, and a run resumes on them (as before the field).
-    "plan": {k: v for k, v in manifest["plan"].items() if k != "passes"},
-    "target": manifest["target"],
-    "prompts_sha256": manifest["prompts_sha256"],
-  }
+def check_optimisation(config: ml_collections.ConfigDict, drafter: str | None = None) -> Any:
+  """The drafter's optimisation settings (``train.TrainConfig`` for a draft,
+  ``feature_train.FeatureTrainConfig`` for a head), checked against each other and the rest of
+  the config: what ``scripts/train_drafter.py`` checks before it prepares the pair, so a bad
+  setting is refused before a first run trains or imports the target."""
+  drafter, _, optimisation = drafter_sections(config, drafter)
+  K = config.answers.tau_draft_tokens
   if drafter in ("draft", "parallel"):
     train_cfg = train.TrainConfig.from_config(optimisation)
     modes = ("none", "token") if drafter == "draft" else ("parallel",)
@@ -184,6 +192,42 @@ def _drafter_setup(
           f"answers.parallel_train.distill.parallel_tokens={train_cfg.distill_parallel_tokens} "
           f"trains fewer draft positions than tau's K={K} (answers.tau_draft_tokens)."
         )
+    return train_cfg
+  if FeatureHeadConfig.from_config(config.feature.head).parallel:
+    raise ValueError(
+      "--config.feature.head.parallel=True: train a parallel head with "
+      "--config.answers.drafter=parallel_head (it sets it)."
+    )
+  train_cfg = feature_train.FeatureTrainConfig.from_config(optimisation)
+  if train_cfg.ttt_steps < K:
+    raise ValueError(
+      f"answers.head_train.ttt_steps={train_cfg.ttt_steps} unrolls fewer steps than tau's "
+      f"K={K} (answers.tau_draft_tokens)."
+    )
+  return train_cfg
+
+
+def _drafter_setup(
+  config: ml_collections.ConfigDict,
+  drafter: str,
+  prepared: pair_lib.Pair,
+  answer_stream: np.ndarray,
+  manifest: dict[str, Any],
+) -> tuple[str, Any, dict[str, Any], Accepted]:
+  """(name, trainer, checkpoint meta, accepted counts for ``measure_tau``) of the drafter
+  trained on the answers."""
+  section, tokenizer, target = config.answers, prepared.tokenizer, prepared.target
+  K = section.tau_draft_tokens
+  data_meta = {
+    "answers": section.train_dir,
+    # More passes add answers as more shards do, and a run resumes on them (as before the field).
+    "plan": {k: v for k, v in manifest["plan"].items() if k != "passes"},
+    "target": manifest["target"],
+    "prompts_sha256": manifest["prompts_sha256"],
+  }
+  train_cfg = check_optimisation(config, drafter)
+  if drafter in ("draft", "parallel"):
+    mask_token = config.draft.train.distill.mask_token  # What the job drafts with.
     model_cfg = pair_lib.model_config(config.draft, tokenizer)
     meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint}
     trainer = train.Trainer(
@@ -205,19 +249,9 @@ def _drafter_setup(
   # tokens (what it drafts), trained by its own KL to the target's distribution; as a parallel
   # head, each unrolled step after the first is fed the placeholder instead of the token before
   # (``FeatureHead.unrolled(parallel=True)``), as it drafts.
-  head_cfg = FeatureHeadConfig.from_config(config.feature.head)
-  if head_cfg.parallel:
-    raise ValueError(
-      "--config.feature.head.parallel=True: train a parallel head with "
-      "--config.answers.drafter=parallel_head (it sets it)."
-    )
-  head_cfg = dataclasses.replace(head_cfg, parallel=drafter == "parallel_head")
-  train_cfg = feature_train.FeatureTrainConfig.from_config(optimisation)
-  if train_cfg.ttt_steps < K:
-    raise ValueError(
-      f"answers.head_train.ttt_steps={train_cfg.ttt_steps} unrolls fewer steps than tau's "
-      f"K={K} (answers.tau_draft_tokens)."
-    )
+  head_cfg = dataclasses.replace(
+    FeatureHeadConfig.from_config(config.feature.head), parallel=drafter == "parallel_head"
+  )
   resolved = head_cfg.resolve(target.config)
   mapping = None
   if resolved.draft_vocab_size:
