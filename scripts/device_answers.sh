@@ -42,8 +42,12 @@ pack)
   rm -rf "$CARRY" && mkdir -p "$CARRY/a" "$CARRY/b"
   mkdir -p .git/info && { grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude; }
   xz -9e -T2 -c "$gguf" >"$CARRY/gguf.xz"
-  half=$(( ($(stat -c %s "$CARRY/gguf.xz") + 1) / 2 ))
-  split -b "$half" -d -a 1 "$CARRY/gguf.xz" "$CARRY/part"
+  # Call 1 also carries the wheels, so its part is smaller by half their size: both calls are
+  # left the same room under 64 MiB.
+  wheels=$(du -cb .whl/* | tail -1 | cut -f1)
+  first=$(( ($(stat -c %s "$CARRY/gguf.xz") - wheels + 1) / 2 ))
+  head -c "$first" "$CARRY/gguf.xz" >"$CARRY/part0"
+  tail -c +"$(( first + 1 ))" "$CARRY/gguf.xz" >"$CARRY/part1"
   mv "$CARRY/part0" "$CARRY/a/gguf.xz.0" && mv "$CARRY/part1" "$CARRY/b/gguf.xz.1"
   rm "$CARRY/gguf.xz"
   du -b .whl/* "$CARRY"/a/* "$CARRY"/b/*
@@ -55,7 +59,7 @@ pack)
   for call in "1 .whl $CARRY/a" "2 $CARRY/b"; do
     set -- $call
     size=$(( tree + $(du -cb "${@:2}" | tail -1 | cut -f1) ))
-    echo "call $1 carries $(( size / 1048576 )) MiB (of 64) with the working tree"
+    echo "call $1 carries $(( size / 1048576 )) MiB (of 64) with the working tree, $(( (64 * 1048576 - size) / 1024 )) KiB to spare"
     if (( size > 64 * 1048576 )); then
       echo "device_answers: call $1 would carry more than 64 MiB: split the GGUF into more parts" >&2
       exit 2
