@@ -53,8 +53,8 @@ pack)
   du -b .whl/* "$CARRY"/a/* "$CARRY"/b/*
   du -sb "$SHIPPED"
   # Each call carries the working tree (tracked and untracked files git does not ignore) with
-  # its part; the device refuses more than 64 MiB. The shipped answers grow the tree by about
-  # 27 KB a shard, so this says when the parts must become three.
+  # its part; the device refuses more than 64 MiB. The shipped answers grow the tree by 25-34
+  # KB a shard, so this says when the parts must become three.
   tree=$( { git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 du -cb | awk '$2 == "total" {s += $1} END {print s}')
   for call in "1 .whl $CARRY/a" "2 $CARRY/b"; do
     set -- $call
