@@ -60,6 +60,7 @@ class BpeTokenizer:
     self._eos_id, self._bos_id, self._pad_id = eos_id, bos_id, pad_id
     self.add_bos = add_bos  # Whether the model expects BOS before a prompt.
     self.chat_template = chat_template
+    self._template_cache = None  # (template text, compiled template): _compiled_template.
     self.path = path
     self._special = {i for i, token in backend.get_added_tokens_decoder().items() if token.special}
 
@@ -188,7 +189,7 @@ class BpeTokenizer:
     """The chat template compiled once, and again only when ``chat_template`` changed. Jinja
     compiles a template to Python, which took 116 of the 137 s that regeneration spent
     rendering and encoding SmolLM2's 16,769 prompts when it was compiled per call."""
-    cached = getattr(self, "_template_cache", None)
+    cached = self._template_cache
     if cached is None or cached[0] != self.chat_template:
       from jinja2.sandbox import ImmutableSandboxedEnvironment
 

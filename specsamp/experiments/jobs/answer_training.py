@@ -227,7 +227,6 @@ def _drafter_setup(
   }
   train_cfg = check_optimisation(config, drafter)
   if drafter in ("draft", "parallel"):
-    mask_token = config.draft.train.distill.mask_token  # What the job drafts with.
     model_cfg = pair_lib.model_config(config.draft, tokenizer)
     meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint}
     trainer = train.Trainer(
@@ -243,7 +242,10 @@ def _drafter_setup(
       return count(trainer.greedy_correct(params, tokens), weights[:, 1:] > 0, K)
 
     if drafter == "parallel":
-      meta["parallel"] = {"mask_token": mask_token, "tokens": train_cfg.distill_parallel_tokens}
+      meta["parallel"] = {  # The placeholder check_optimisation matched to the job's.
+        "mask_token": train_cfg.distill_mask_token,
+        "tokens": train_cfg.distill_parallel_tokens,
+      }
     return f"{KINDS[drafter]} (answers)", trainer, dict(meta, data=data_meta), accepted
   # The feature head of config.feature.head, its reduced vocabulary the answers' most frequent
   # tokens (what it drafts), trained by its own KL to the target's distribution; as a parallel
