@@ -191,10 +191,14 @@ def test_other_tokenizer_kinds_are_refused_by_name(file):
       gguf.tokenizer(other)
 
 
-def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(imported, tmp_path):
+def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(imported, tmp_path, monkeypatch):
   model, _ = imported
   directory = str(tmp_path / "smollm2")
+  reads = []
+  read = gguf.read
+  monkeypatch.setattr(gguf, "read", lambda path: reads.append(path) or read(path))
   config = gguf.import_to_checkpoint(smollm2_path(), directory, one_device())
+  assert len(reads) == 1  # The tokenizer and the tensors come from one read of the file.
   assert (config.num_layers, config.d_model, config.tie_embeddings) == (30, 576, True)
   assert sorted(f for f in os.listdir(directory) if f.startswith("tokenizer")) == [
     "tokenizer.json",
