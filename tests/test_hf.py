@@ -292,6 +292,15 @@ def test_orbax_checkpoint_round_trip(tmp_path):
   with pytest.raises(FileExistsError, match="already holds a checkpoint"):
     hf.import_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "ckpt"))
   assert checkpoint.Checkpoints(str(tmp_path / "ckpt")).all_steps() == [0]
+  # Nothing is written into a folder that holds other files (a workdir's tokenizer, the HF
+  # folder itself): an import or export there would overwrite them.
+  before = {f: (tmp_path / "hf" / f).read_bytes() for f in os.listdir(tmp_path / "hf")}
+  with pytest.raises(FileExistsError, match=r"hf is not empty \(config.json, "):
+    hf.import_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "hf"))
+  with pytest.raises(FileExistsError, match=r"ckpt is not empty .*an export writes only into"):
+    hf.export_model(model, str(tmp_path / "ckpt"))
+  assert {f: (tmp_path / "hf" / f).read_bytes() for f in os.listdir(tmp_path / "hf")} == before
+  assert (tmp_path / "ckpt" / "tokenizer.model").read_bytes() == tokenizer.model_proto
   # A tokenizer with more pieces than the model has embeddings is refused.
   hf_models.build("mistral").save_pretrained(tmp_path / "small")
   (tmp_path / "small" / "tokenizer.model").write_bytes(tokenizer.model_proto)

@@ -190,14 +190,29 @@ def import_to_checkpoint(
   return model.config
 
 
+def refuse_non_empty(output_dir: str, action: str) -> None:
+  """Raises FileExistsError when ``output_dir`` exists and holds anything: ``action`` (an
+  import, an export) writes its files (the tokenizer's, config.json) over same-named ones, so
+  a workdir's tokenizer or a user's HF folder would be overwritten."""
+  held = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+  if held:
+    shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+    raise FileExistsError(
+      f"{output_dir} is not empty ({shown}); {action} writes only into a new or empty "
+      "directory, so that nothing there is overwritten: choose another one."
+    )
+
+
 def empty_store(output_dir: str) -> checkpoint.Checkpoints:
-  """The checkpoint store an import writes; refuses one that already holds a checkpoint."""
+  """The checkpoint store an import writes: a new or empty directory (``refuse_non_empty``;
+  one that already holds a checkpoint says so)."""
   store = checkpoint.Checkpoints(os.path.expanduser(output_dir), max_to_keep=None)
   if store.latest_step() is not None:
     raise FileExistsError(
       f"{store.directory} already holds a checkpoint (steps "
       f"{store.all_steps()}); choose another output directory."
     )
+  refuse_non_empty(store.directory, "an import")
   return store
 
 
@@ -250,7 +265,8 @@ def export_model(
   ``architectures.model_type_of`` gives; e.g. 'phi3' for a model imported from Phi-3, whose
   q/k/v and gate/up are joined again); refused when it cannot express the model exactly.
 
-  Returns the safetensors file names. Refuses a directory that already holds a model.
+  Returns the safetensors file names. Refuses a directory that already holds a model, or
+  anything else (``refuse_non_empty``).
   """
   config = model.config
   dtype = dtype or config.param_dtype
@@ -267,6 +283,7 @@ def export_model(
     raise FileExistsError(
       f"{output_dir} already holds a model (config.json); choose another directory."
     )
+  refuse_non_empty(output_dir, "an export")
   params = train.params_of(model)
   np_dtype = jnp.dtype(dtype)
 

@@ -18,6 +18,7 @@ Needs the ``hf`` extra (torch, transformers).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -60,11 +61,13 @@ class _CallCounter:
 
 def export_pair(target: Any, draft: Any, directory: str, tokenizer=None) -> dict[str, str]:
   """Exports both models to ``directory``/target and /draft in the HF format, each unless it is
-  there already; returns {"target": path, "draft": path}."""
+  there already (an export writes its config.json last, so a folder without one is an
+  interrupted export of this cache, written again); returns {"target": path, "draft": path}."""
   paths = {}
   for name, model in (("target", target), ("draft", draft)):
     paths[name] = os.path.join(directory, name)
     if not os.path.exists(os.path.join(paths[name], "config.json")):
+      shutil.rmtree(paths[name], ignore_errors=True)
       convert.export_model(model, paths[name], tokenizer=tokenizer)
   return paths
 
