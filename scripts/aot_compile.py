@@ -30,6 +30,7 @@ _TOPOLOGY = flags.DEFINE_enum(
   "topology", None, sorted(aot.SLICES), "The TPU slice; default config.aot.topology."
 )
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the report as JSON here.")
+cli.output_file(_OUTPUT)
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
 

@@ -34,6 +34,7 @@ _REGEN_BATCH = flags.DEFINE_integer("regen_batch", 64, "Prompts answered togethe
 _PROMPT = flags.DEFINE_integer("regen_prompt_tokens", 512, "Prompt tokens per row.")
 _NEW = flags.DEFINE_integer("regen_new_tokens", 512, "Answer tokens per row.")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the report as JSON here.")
+cli.output_file(_OUTPUT)
 _PROGRAMS = flags.DEFINE_list("programs", ["training", "regeneration"], "Programs to compile.")
 flags.adopt_module_key_flags(cli)
 

@@ -21,6 +21,7 @@ _BLOCKS = flags.DEFINE_list("block_sizes", ["0", "256"], "attention_block_size (
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved repeats of every setting.")
 _CALLS = flags.DEFINE_integer("calls", 4, "Timed calls per repeat.")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the rows as JSON here.")
+cli.output_file(_OUTPUT)
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
 

@@ -9,6 +9,7 @@ import json
 
 from absl import app, flags
 
+from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import draw_cost
 
 _VOCABS = flags.DEFINE_list(
@@ -18,6 +19,7 @@ _BATCH = flags.DEFINE_list("batch_sizes", ["1", "8"], "Rows drawn per call.")
 _DRAWS = flags.DEFINE_integer("draws_per_call", 200, "Draws inside one timed call.")
 _REPEATS = flags.DEFINE_integer("repeats", 9, "Timed calls of each way (interleaved).")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the records (JSON) here.")
+cli.output_file(_OUTPUT)
 
 
 def main(argv):

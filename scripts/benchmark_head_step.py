@@ -19,6 +19,7 @@ from specsamp.experiments.jobs import pair as pair_lib
 _PAIR = cli.define_pair_flags()
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps of each kind.")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the result (JSON) here.")
+cli.output_file(_OUTPUT)
 
 flags.adopt_module_key_flags(cli)
 

@@ -25,6 +25,7 @@ _WIDTH_STEP = flags.DEFINE_integer(
   "compiles every program).",
 )
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the result (JSON) here.")
+cli.output_file(_OUTPUT)
 
 flags.adopt_module_key_flags(cli)
 

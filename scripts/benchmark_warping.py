@@ -10,6 +10,7 @@ import json
 import numpy as np
 from absl import app, flags
 
+from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import warping_cost
 
 _LOGITS = flags.DEFINE_string("logits", None, "A [N, V] .npy of real logits (default: Zipf-like).")
@@ -24,6 +25,7 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Logits are divided by thi
 _TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus mass.")
 _REPEATS = flags.DEFINE_integer("repeats", 11, "Timed calls of each way (interleaved).")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the records (JSON) here.")
+cli.output_file(_OUTPUT)
 
 
 def main(argv):

@@ -50,7 +50,9 @@ _MESH = flags.DEFINE_enum("mesh", "all", ["all", "1", "2x4"], "Only the cases on
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1_000_000, "Sequences drawn per case.")
 _LEVEL = flags.DEFINE_float("level", 1e-4, "Each G-test's false-rejection probability.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (case i uses seed + i).")
-_OUTPUT = flags.DEFINE_string("output", None, "Also write the table (Markdown) to this file.")
+_OUTPUT = cli.output_file(
+  flags.DEFINE_string("output", None, "Also write the table (Markdown) to this file.")
+)
 _NULL_CHECK = flags.DEFINE_integer(
   "null_check",
   0,
@@ -123,8 +125,18 @@ def report(table: str, summary: str, failed: list) -> None:
   sys.exit(1 if failed else 0)
 
 
+def check_flags() -> None:
+  """Refuses, before anything is drawn, what would end a run late or make its verdict empty."""
+  if _NUM_SAMPLES.value < 1 or not 0 < _LEVEL.value < 1:
+    raise ValueError(
+      f"--num_samples must be >= 1 and --level in (0, 1), got {_NUM_SAMPLES.value} and "
+      f"{_LEVEL.value}."
+    )
+
+
 def main(argv):
   cli.start(argv)
+  check_flags()
   if _REAL_TARGET.value:
     return real_target_main()
   cases = certify.all_cases(_SCOPE.value)
@@ -132,6 +144,12 @@ def main(argv):
     cases = [case for case in cases if case.model == _MODEL.value]
   if _MESH.value != "all":
     cases = [case for case in cases if case.mesh == _MESH.value]
+  if not cases:  # A certificate of nothing would print ALL PASS.
+    meshes = sorted({c.mesh for c in certify.all_cases(_SCOPE.value)})
+    raise ValueError(
+      f"--scope={_SCOPE.value} has no case with --model={_MODEL.value} and --mesh="
+      f"{_MESH.value} (its cases' meshes: {', '.join(meshes)}); nothing to certify."
+    )
   if _NULL_CHECK.value:
     table = certify.null_check(cases, _NUM_SAMPLES.value, _LEVEL.value, _NULL_CHECK.value)
     return report(table, "", [])

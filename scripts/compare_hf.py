@@ -29,6 +29,7 @@ _K = flags.DEFINE_integer(
   "num_draft_tokens", None, "K; default config.speculative.num_draft_tokens."
 )
 _OUTPUT = flags.DEFINE_string("output", None, "JSON results; default <workdir>/compare_hf.json.")
+cli.output_file(_OUTPUT)
 
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 

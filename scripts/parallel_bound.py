@@ -40,6 +40,7 @@ _CUTS = flags.DEFINE_list("cuts", ["32", "64", "96", "128"], "Context lengths cu
 _PATHS = flags.DEFINE_integer("paths", 64, "Target continuations the marginals average over.")
 _CHAINS = flags.DEFINE_integer("chains", 64, "Draft chains verified per context.")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the results as JSON to this file.")
+cli.output_file(_OUTPUT)
 
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 

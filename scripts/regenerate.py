@@ -104,6 +104,8 @@ def main(argv):
     max_prompts=_MAX_PROMPTS.value,
     passes=_PASSES.value,
   )
+  if _WIDTH_STEP.value < 1:
+    raise ValueError(f"--width_step must be >= 1 token, got {_WIDTH_STEP.value}.")
   prompts = (
     instructions.jsonl_prompts(os.path.expanduser(_PROMPTS.value))
     if _PROMPTS.value

@@ -31,12 +31,14 @@ _PROMPTS = cli.define_prompt_flags()
 _OUTPUT_JSONL = flags.DEFINE_string(
   "output_jsonl", None, "Write each prompt's continuations and statistics here, one JSON per line."
 )
+cli.output_file(_OUTPUT_JSONL)
 _OUTPUT = flags.DEFINE_string(
   "output",
   None,
   "Also write the report (prompts, generated ids, "
   "texts, statistics, timings) as JSON to this file (process 0).",
 )
+cli.output_file(_OUTPUT)
 
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 

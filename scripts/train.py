@@ -17,7 +17,7 @@ temperature 1.
 from absl import flags
 
 from specsamp.experiments import cli
-from specsamp.experiments.jobs import drafter_specs, pair
+from specsamp.experiments.jobs import drafter_specs, pair, sample_job
 
 _PAIR = cli.define_pair_flags()
 _DRAFTS = flags.DEFINE_list(
@@ -33,6 +33,7 @@ flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 def main(argv):
   cli.start(argv)
   config = _PAIR.pair_config()
+  sample_job.check_settings(config)  # K and the sampling settings the acceptance report uses.
   prepared = pair.prepare(config, _PAIR.workdir.value, draft_modes=_DRAFTS.value)
   num_draft_tokens, new = config.speculative.num_draft_tokens, config.sampling.max_new_tokens
   print(

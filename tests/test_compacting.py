@@ -220,3 +220,22 @@ def test_the_regeneration_benchmark_times_three_ways_that_answer_alike(model):
   assert whole >= result["finished rows leave"]["row_steps"]
   assert whole >= result["waiting prompts refill"]["row_steps"]
   assert result["answer_tokens"] <= min(result[name]["row_steps"] for name in regeneration.WAYS)
+
+
+def test_nan_logits_stop_the_run_before_any_row_is_handed_on(model):
+  """A diverged model's rows were drawn from NaN logits (token 0 each step) and handed to
+  ``on_finished`` as answers; now the first look at the batch raises, naming the prompts."""
+  import jax.numpy as jnp
+
+  broken = transformer.create(tiny_config(vocab_size=VOCAB), seed=3)
+  broken.final_norm.scale_D[...] = jnp.full_like(broken.final_norm.scale_D[...], jnp.nan)
+  prompts, lengths, _ = _prompts_and_an_early_eos(model, 8, 4)
+  finished = []
+  with pytest.raises(
+    FloatingPointError, match=r"NaN logits from the model for prompts \[0, 1, 2, 3\]"
+  ):
+    compacting.generate(
+      broken, prompts, lengths, jax.random.key(0), max_new_tokens=8, batch_size=4,
+      refill_size=2, on_finished=lambda *rows: finished.append(rows),
+    )  # fmt: skip
+  assert not finished

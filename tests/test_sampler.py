@@ -113,6 +113,20 @@ def test_nan_logits_raise_and_drop_the_caches(pair):
   with pytest.raises(FloatingPointError, match="NaN"):
     sampler.generate(prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=2)
   assert not sampler._caches
+  # Autoregressive sampling of the broken model as a target: the same error (it drew token 0
+  # from the NaN logits before, and reported nothing), kept or fresh; check_nan=False reports.
+  alone = Sampler(broken)
+  with pytest.raises(FloatingPointError, match=r"NaN logits .* in rows \[0, 1, 2\]"):
+    alone.generate(prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=0)
+  assert not alone._caches
+  with pytest.raises(FloatingPointError, match="NaN logits"):
+    autoregressive.generate(broken, prompts, lengths, jax.random.key(0), max_new_tokens=4)
+  output = autoregressive.generate(
+    broken, prompts, lengths, jax.random.key(0), max_new_tokens=4, check_nan=False
+  )
+  assert np.asarray(output.nan_logits).tolist() == [True] * len(prompts) == [True] * 3
+  fine = autoregressive.generate(target, prompts, lengths, jax.random.key(0), max_new_tokens=4)
+  assert not np.asarray(fine.nan_logits).any()
 
 
 @pytest.mark.slow

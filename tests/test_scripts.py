@@ -731,21 +731,35 @@ def test_an_empty_workdir_stage_trains_and_an_empty_checkpoint_is_an_error(
 
 
 @pytest.mark.slow
-def test_regenerate_and_train_drafter_refuse_bad_input_before_preparing_the_pair(tmp_path):
+def test_the_scripts_refuse_bad_input_before_preparing_the_pair(tmp_path):
   """A typo in --prompts, the plan or the optimisation settings, or answers not made yet, is
   one line at once, not after the target was trained or imported: the empty workdir stays
-  empty."""
+  empty. So are train.py's drafts, K and periods (a period of 0 was a ZeroDivisionError after
+  training began; keeping 0 checkpoints deleted every saved step)."""
   workdir = tmp_path / "work"
   common = ["--config=configs/code_pair.py:test", f"--workdir={workdir}"]
   for script, flag, message in (
     ("regenerate.py", f"--prompts={tmp_path / 'missing.jsonl'}", "--prompts: no file"),
     ("regenerate.py", "--settings=greedy,hot", "settings must be some of"),
+    ("regenerate.py", "--width_step=0", "--width_step must be >= 1 token"),
+    ("train.py", "--drafts=tokn", "(distill.mode 'tokn'): distill.mode must be one of"),
+    ("train.py", "--config.speculative.num_draft_tokens=0", "must be an int >= 1 (K)"),
+    ("train.py", "--config.target.train.keep_checkpoints=0", "keep_checkpoints must be >= 1"),
     ("train_drafter.py", "--config.answers.train.warmup_steps=-1", "warmup_steps must be in"),
     ("train_drafter.py", "--config.answers.drafter=feature", "No regenerated train answers"),
   ):
     result = run_script(script, *common, flag)
     assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
     assert not workdir.exists()
+  # A certificate of no case printed ALL PASS; a bad count or level, or an --output with no
+  # folder, failed after the draws (hours at the full scope).
+  for flags_, message in (
+    (["--scope=quick", "--mesh=2x4"], "--scope=quick has no case with --model=all and --mesh=2x4"),
+    (["--num_samples=0"], "--num_samples must be >= 1"),
+    ([f"--output={tmp_path / 'missing' / 'cert.md'}"], "no directory to write the file in"),
+  ):
+    result = run_script("certify.py", *flags_)
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
 
 
 @pytest.mark.slow

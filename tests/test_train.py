@@ -175,6 +175,15 @@ def test_checkpoint_of_another_model_is_refused(uninterrupted):
 def test_bad_train_configs():
   with pytest.raises(ValueError, match="distill.mode"):
     dataclasses.replace(CONFIG, distill_mode="magic")
+  # A period of 0 was a ZeroDivisionError after training began; keeping 0 checkpoints made
+  # orbax delete every saved step at a run's first save (a resumed run may change it).
+  for field in ("log_every", "eval_every", "checkpoint_every"):
+    with pytest.raises(ValueError, match=f"Every period must be >= 1 step, got .*'{field}': 0"):
+      dataclasses.replace(CONFIG, **{field: 0})
+  with pytest.raises(ValueError, match="keep_checkpoints must be >= 1"):
+    dataclasses.replace(CONFIG, keep_checkpoints=0)
+  with pytest.raises(ValueError, match="max_to_keep must be >= 1 or None"):
+    checkpoint.Checkpoints("unused", max_to_keep=0)
   with pytest.raises(ValueError, match="Unknown TrainConfig fields"):
     train.TrainConfig.from_config(
       dict(steps=1, batch_size=1, seq_len=4, learning_rate=1.0, warmup_steps=0, momentum=0.9)

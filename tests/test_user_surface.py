@@ -33,6 +33,8 @@ import code_pair  # noqa: E402
       "--config.speculative.confidence_threshold=1.5: must be a number in [0, 1)",
     ),
     ("speculative.head_draft_tokens", -1, "--config.speculative.head_draft_tokens=-1: must be"),
+    # Below the smallest normal float32 a device divides by 0 (NaN probabilities, token 0).
+    ("sampling.temperature", 1e-40, "=1e-40: must be 0 (greedy) or a finite number >= 1.175e-38"),
   ],
 )
 def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):
@@ -110,3 +112,44 @@ def test_importing_specsamp_changes_no_environment_variable():
   env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
   result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
   assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+
+
+def test_prompt_files_are_jsonl_or_text_and_a_bad_line_is_named(tmp_path):
+  """A JSONL file with a header line was read as text (the JSON lines became prompts as
+  written), and a non-string prompt failed after the pair was prepared."""
+  from specsamp.experiments.jobs import prompts
+
+  def texts(name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    return prompts.file_texts(str(path))
+
+  assert texts("a.jsonl", '{"prompt": "def f():"}\n\n{"prompt": "x\\ny"}\n') == ["def f():", "x\ny"]
+  assert texts("a.txt", "def f():\\n  return {\n{not json\n") == [
+    "def f():\n  return {",
+    "{not json",
+  ]
+  for content, line in (
+    ('# my prompts\n{"prompt": "a"}\n', 1),
+    ('{"prompt": "a"}\n{"prompt": 5}\n', 2),
+    ('{"prompt": "a"}\n{"text": "b"}\n', 2),
+    ('{"prompt": "a"\n{"prompt": "b"\n', 1),  # Every line braced: JSONL, and broken.
+  ):
+    with pytest.raises(ValueError, match=f"line {line}: a JSONL prompt file needs a JSON object"):
+      texts("bad.jsonl", content)
+
+
+def test_a_batch_size_that_does_not_divide_the_prompts_is_refused_before_training(tmp_path):
+  """The sample job counted a prompt file's prompts only after preparing (training) the pair;
+  num_prompts, which only the held-out windows use, no longer has to divide by it."""
+  (tmp_path / "three.txt").write_text("def fib(n):\nclass Stack:\nimport os\n")
+  config = code_pair.get_config("test")
+  config.sampling.prompt_source = f"file:{tmp_path / 'three.txt'}"
+  config.sampling.batch_size, config.sampling.num_prompts = 2, 3
+  with pytest.raises(ValueError, match="batch_size=2: must divide the 3 prompts of file:"):
+    sample_job.run(config, str(tmp_path / "work"), log=lambda line: None)
+  assert not (tmp_path / "work").exists()
+  sample_job.check_settings(config)  # num_prompts=3 with batch 2: not the file's count.
+  config.sampling.prompt_source = "held_out"  # There it is the count, and refused.
+  with pytest.raises(ValueError, match="num_prompts=3: must be a positive multiple"):
+    sample_job.check_settings(config)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from specsamp.sampling import SamplingConfig, probabilities, sample, warp_logits
+from specsamp.sampling.warping import MIN_TEMPERATURE
 
 
 def _logits(seed=0, batch=4, vocab=50):
@@ -78,6 +79,16 @@ def test_temperature_to_zero_is_argmax():
   np.testing.assert_array_equal(np.argmax(near_zero, -1), argmax)
   assert np.all(np.max(near_zero, -1) > 0.999)
   np.testing.assert_array_equal(sample(jax.random.key(0), logits, SamplingConfig(0.0)), argmax)
+  # Compiled, down to the smallest temperature allowed: the argmax with probability 1 (a
+  # softmax of logits / T fused into one multiply-add gave NaN from T = 1e-9, and token 0).
+  for temperature in (1e-6, 1e-9, 1e-30, MIN_TEMPERATURE):
+    sampling = SamplingConfig(temperature, top_p=0.9)
+    tiny = jax.jit(lambda x, s=sampling: probabilities(x, s))(logits)
+    np.testing.assert_array_equal(tiny, np.eye(logits.shape[-1])[argmax])
+    drawn = jax.jit(lambda k, x, s=sampling: sample(k, x, s))(jax.random.key(1), logits)
+    np.testing.assert_array_equal(drawn, argmax)
+  with pytest.raises(ValueError, match="temperature must be 0 .greedy. or at least 1.175e-38"):
+    SamplingConfig(MIN_TEMPERATURE / 2)
 
 
 def test_sample_follows_the_warped_distribution():

@@ -271,6 +271,18 @@ class PromptFlags:
     return chosen[0] if chosen else None
 
 
+def output_file(holder: flags.FlagHolder) -> flags.FlagHolder:
+  """Checks, as the flags are parsed, that a file flag's directory exists: a run that would
+  write its report, table or rows there fails at once, not after its work (the printed report
+  of a sample job, the hours of a certificate)."""
+
+  def folder_exists(path: str | None) -> bool:
+    return not path or os.path.isdir(os.path.dirname(os.path.abspath(os.path.expanduser(path))))
+
+  flags.register_validator(holder, folder_exists, message="no directory to write the file in.")
+  return holder
+
+
 def define_prompt_flags() -> PromptFlags:
   """The prompt-source flags of the sample and benchmark scripts (``jobs/prompts.py``)."""
   return PromptFlags(

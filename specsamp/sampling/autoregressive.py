@@ -37,12 +37,15 @@ class GenerationOutput:
     lengths: [B] int32, prompt + generated tokens of each row.
     num_generated: [B] int32, generated tokens of each row.
     model_calls: scalar int32, calls of the model (prefill included).
+    nan_logits: [B] bool, the model gave the row NaN logits while it was generating
+      (``generate`` raises ``FloatingPointError`` on any unless ``check_nan=False``).
   """
 
   tokens: jax.Array
   lengths: jax.Array
   num_generated: jax.Array
   model_calls: jax.Array
+  nan_logits: jax.Array
 
   def generated(self, row: int) -> np.ndarray:
     """Host copy of one row's generated tokens."""
@@ -61,6 +64,8 @@ class LoopState:
     lengths: [B] prompt + tokens so far of each row.
     done: [B] rows that ended (EOS or ``max_new_tokens``).
     cache: the model's cache.
+    nan: [B] the model gave the row NaN logits while it was active (a draw from them is
+      meaningless: ``sample`` returns some token all the same).
   """
 
   step: jax.Array
@@ -68,6 +73,7 @@ class LoopState:
   lengths: jax.Array
   done: jax.Array
   cache: Any
+  nan: jax.Array
 
 
 def check_prompts(
@@ -231,7 +237,12 @@ def start(
   if options.eos_id is not None:
     done_B = done_B | (first_B == options.eos_id)
   return LoopState(
-    step=jnp.int32(1), tokens=tokens_BW, lengths=prompt_lengths_B + 1, done=done_B, cache=cache
+    step=jnp.int32(1),
+    tokens=tokens_BW,
+    lengths=prompt_lengths_B + 1,
+    done=done_B,
+    cache=cache,
+    nan=model_protocol.has_nan(last_logits_BV),
   )
 
 
@@ -258,7 +269,12 @@ def advance(
   if options.eos_id is not None:
     done_B = done_B | (active_B & (next_B == options.eos_id))
   return LoopState(
-    step=state.step + 1, tokens=tokens_BW, lengths=lengths_B, done=done_B, cache=cache
+    step=state.step + 1,
+    tokens=tokens_BW,
+    lengths=lengths_B,
+    done=done_B,
+    cache=cache,
+    nan=state.nan | (active_B & model_protocol.has_nan(logits_B1V)),
   )
 
 
@@ -350,6 +366,7 @@ class AutoregressiveLoop:
         lengths=state.lengths,
         num_generated=state.lengths - prompt_lengths_B,
         model_calls=state.step,
+        nan_logits=state.nan,
       )
     )
     return output, state.cache
@@ -368,6 +385,7 @@ def generate(
   eos_id: int | None = None,
   pad_id: int = 0,
   cache_length: int | None = None,
+  check_nan: bool = True,
 ) -> GenerationOutput:
   """Samples up to ``max_new_tokens`` per row from ``model``, autoregressively, on device.
 
@@ -381,6 +399,8 @@ def generate(
     eos_id: a row stops after emitting this id (kept in its output).
     pad_id: fills each row after its last token.
     cache_length: KV cache slots per row; default T + max_new_tokens.
+    check_nan: raise ``FloatingPointError`` if the model gave NaN logits (one host check;
+      False: only ``nan_logits`` reports them).
 
   Returns:
     A ``GenerationOutput``. Compiled once per (model structure, shapes, options)
@@ -398,4 +418,27 @@ def generate(
     pad_id=pad_id,
     cache_length=cache_length,
   )
-  return loop(dynamic, prompts, prompt_lengths, rng)
+  shape = f"{prompts.shape[0]} rows x {cache_length} cache slots"
+  return run_loop(lambda: loop(dynamic, prompts, prompt_lengths, rng), shape, check_nan)
+
+
+def run_loop(call: Any, shape: str, check_nan: bool) -> Any:
+  """Runs ``call()`` (a compiled sampler loop) and waits for it: an allocation failure becomes
+  a one-line error naming ``shape``, and NaN logits a ``FloatingPointError`` (when
+  ``check_nan``). The output is returned as the call returned it; its first part (or itself)
+  carries ``nan_logits``."""
+  try:
+    result = call()
+    out = result[0] if isinstance(result, tuple) else result
+    nan = check_nan and bool(jnp.any(out.nan_logits))  # Waits: an allocation failure shows here.
+  except jax.errors.JaxRuntimeError as error:
+    if memory.is_out_of_memory(error):
+      raise memory.out_of_memory_error(error, shape) from error
+    raise
+  if nan:
+    rows = np.flatnonzero(np.asarray(out.nan_logits)).tolist()
+    raise FloatingPointError(
+      f"NaN logits from the target or draft model in rows {rows}: check the weights and "
+      "inputs (e.g. a bad checkpoint, or float16 overflow)."
+    )
+  return result

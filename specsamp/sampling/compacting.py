@@ -115,6 +115,7 @@ class _Programs:
       lengths=state.lengths.at[places_n].set(new.lengths, mode="drop"),
       done=state.done.at[places_n].set(new.done, mode="drop"),
       cache=state.cache.put_rows(places_n, new.cache),
+      nan=state.nan.at[places_n].set(new.nan, mode="drop"),
     )
     return state, prompt_lengths_B.at[places_n].set(lengths_n, mode="drop")
 
@@ -126,6 +127,7 @@ class _Programs:
       lengths=state.lengths[rows_b],
       done=state.done[rows_b] | padding_b,
       cache=state.cache.take_rows(rows_b),
+      nan=state.nan[rows_b],
     )
     return state, prompt_lengths_B[rows_b]
 
@@ -248,6 +250,12 @@ def generate(
   refill_rng = threefry.fold_in(rng, REFILL_STREAM)
   while True:
     done = np.asarray(state.done)
+    if np.asarray(state.nan).any():  # Before a row with NaN logits is kept or handed on.
+      nan_rows = sorted(row_of[np.asarray(state.nan) & (row_of >= 0)].tolist())
+      raise FloatingPointError(
+        f"NaN logits from the model for prompts {nan_rows}: check the weights and inputs (e.g. "
+        "a bad checkpoint, or float16 overflow)."
+      )
     ended = np.nonzero(done & (row_of >= 0))[0]
     if ended.size:  # Kept as they are now: a done row never changes again.
       rows = row_of[ended]

@@ -52,7 +52,7 @@ def as_speculative_output(output: autoregressive.GenerationOutput) -> Speculativ
     accepted_at_position=jnp.zeros((batch, 0), jnp.int32),
     verified_at_position=jnp.zeros((batch, 0), jnp.int32),
     proposed=jnp.zeros((batch,), jnp.int32),
-    nan_logits=jnp.zeros((batch,), bool),
+    nan_logits=output.nan_logits,
     accepted_at_rank=jnp.zeros((batch, 0), jnp.int32),
     reached_at_rank=jnp.zeros((batch, 0), jnp.int32),
   )
@@ -194,5 +194,4 @@ class Sampler:
     if cache is None:
       cache = jax.jit(self.target.init_cache, static_argnums=(0, 1))(batch, cache_length)
     output, cache = loop.reusing(self._target_split[1], cache, prompts, prompt_lengths, rng)
-    self._caches[key] = cache
-    return as_speculative_output(output)
+    return self._keep(key, as_speculative_output(output), cache)

@@ -52,6 +52,7 @@ from specsamp.sampling.autoregressive import (
   check_prompts,
   initial_tokens,
   prefill,
+  run_loop,
 )
 from specsamp.sampling.statistics import (  # noqa: F401 (re-exported)
   STATISTICS,
@@ -612,25 +613,3 @@ def speculative_generate(
   )
   arguments = (prompts, prompt_lengths, rng, jnp.float32(synthetic_acceptance or 0.0))
   return run_loop(lambda: loop(target_dynamic, drafter_dynamic, *arguments), shape, check_nan)
-
-
-def run_loop(call: Any, shape: str, check_nan: bool) -> Any:
-  """Runs ``call()`` (a compiled sampler loop) and waits for it: an allocation failure becomes
-  a one-line error naming ``shape``, and NaN logits a ``FloatingPointError`` (when
-  ``check_nan``). The output is returned as the call returned it; its first part (or itself)
-  carries ``nan_logits``."""
-  try:
-    result = call()
-    out = result[0] if isinstance(result, tuple) else result
-    nan = check_nan and bool(jnp.any(out.nan_logits))  # Waits: an allocation failure shows here.
-  except jax.errors.JaxRuntimeError as error:
-    if memory.is_out_of_memory(error):
-      raise memory.out_of_memory_error(error, shape) from error
-    raise
-  if nan:
-    rows = np.flatnonzero(np.asarray(out.nan_logits)).tolist()
-    raise FloatingPointError(
-      f"NaN logits from the target or draft model in rows {rows}: check the weights and "
-      "inputs (e.g. a bad checkpoint, or float16 overflow)."
-    )
-  return result

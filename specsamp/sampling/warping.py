@@ -20,13 +20,17 @@ import jax.numpy as jnp
 
 from specsamp.sampling import draws
 
+MIN_TEMPERATURE = float(jnp.finfo(jnp.float32).tiny)
+"""The smallest temperature above 0 (greedy): below the smallest normal float32 a device's
+arithmetic flushes it to 0, and the division by it gives NaN."""
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """How to turn logits into a distribution. Hashable: a static jit argument.
 
   Attributes:
-    temperature: >= 0; 0 is greedy (argmax).
+    temperature: 0 (greedy: argmax) or >= ``MIN_TEMPERATURE``.
     top_k: keep the k most likely tokens; 0 keeps all.
     top_p: keep the smallest set of most likely tokens with mass >= top_p; in (0, 1].
   """
@@ -43,6 +47,11 @@ class SamplingConfig:
     ):
       raise ValueError(
         f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}."
+      )
+    if 0 < self.temperature < MIN_TEMPERATURE:
+      raise ValueError(
+        f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:.4g}, the smallest normal "
+        f"float32 (a device flushes a smaller one to 0), got {self.temperature!r}."
       )
     if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
       raise ValueError(f"top_k must be an int >= 0 (0 = no top-k), got {self.top_k!r}.")
@@ -64,7 +73,12 @@ def warp_logits(logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
   if sampling.greedy:
     best = jnp.argmax(logits_BV, axis=-1)
     return jnp.where(jax.nn.one_hot(best, vocab, dtype=bool), 0.0, -jnp.inf)
-  logits_BV = logits_BV / sampling.temperature
+  # The row's largest logit is 0 before the division. Compiled, a softmax of x / T fuses the
+  # division into its exp(x / T - max) as one fused multiply-add, whose exact product against
+  # the rounded max leaves the largest entry up to half an ulp of max / T: at T = 1e-9 and
+  # logits near 10, exp(512) overflows and every probability was NaN (token 0 drawn each
+  # step). Shifted first, the largest is exactly 0 at any T, and the rest keep their order.
+  logits_BV = (logits_BV - jnp.max(logits_BV, axis=-1, keepdims=True)) / sampling.temperature
   # Both cuts are threshold searches, not sorts (a sort, lax.top_k's too, costs 10x on a CPU).
   if 0 < sampling.top_k < vocab:
     logits_BV = jnp.where(top_k_mask(logits_BV, sampling.top_k), logits_BV, -jnp.inf)

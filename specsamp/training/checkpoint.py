@@ -114,6 +114,8 @@ class Checkpoints:
   ):
     if resume not in RESUME:
       raise ValueError(f"resume must be one of {RESUME}, got {resume!r}.")
+    if max_to_keep is not None and max_to_keep < 1:  # Orbax would keep none: every step deleted.
+      raise ValueError(f"max_to_keep must be >= 1 or None (all), got {max_to_keep}.")
     self.directory = os.path.abspath(os.path.expanduser(directory))
     self._max_to_keep = max_to_keep
     self._manager: ocp.CheckpointManager | None = None

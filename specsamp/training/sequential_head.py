@@ -81,6 +81,11 @@ def train(
   there and resumes from it: a stopped run (``stop_after`` steps in this call, a lost machine)
   loses at most ``checkpoint_every`` steps. The batches are a pure function of the step, so a
   resumed run trains on what an unbroken one would have."""
+  if steps < 1 or checkpoint_every < 1:
+    raise ValueError(
+      f"The sequential head needs steps >= 1 and checkpoint_every >= 1, got {steps} and "
+      f"{checkpoint_every}."
+    )
   head = SequentialHead(draft.config.d_model, rngs=nnx.Rngs(seed))
   graphdef, params = nnx.split(head, nnx.Param)
   params = nnx.to_pure_dict(params)  # A plain dict: what optax and orbax see.

@@ -89,6 +89,15 @@ class TrainConfig(ConfigFields):
       raise ValueError(f"Need steps >= 1, batch_size >= 1 and seq_len >= 2: {self}.")
     if not 0 <= self.warmup_steps <= self.steps:
       raise ValueError(f"warmup_steps must be in [0, steps], got {self.warmup_steps}.")
+    periods = {f: getattr(self, f) for f in ("log_every", "eval_every", "checkpoint_every")}
+    if min(periods.values()) < 1:
+      raise ValueError(f"Every period must be >= 1 step, got {periods}.")
+    if self.keep_checkpoints < 1 or self.eval_batches < 0:
+      # Orbax keeps no step at max_to_keep=0: the first save of a run deletes every earlier one.
+      raise ValueError(
+        f"keep_checkpoints must be >= 1 (0 would delete every saved step) and eval_batches "
+        f">= 0, got {self.keep_checkpoints} and {self.eval_batches}."
+      )
     if self.distill_mode not in DISTILL_MODES:
       raise ValueError(f"distill.mode must be one of {DISTILL_MODES}, got {self.distill_mode!r}.")
     if self.distill_temperature <= 0:

@@ -278,6 +278,30 @@ def _fit_stage(
   return None, (trainer, state)
 
 
+def check_train_settings(config: ml_collections.ConfigDict, draft_modes: Sequence[str]) -> None:
+  """The training settings of every stage ``prepare`` may train (the target's, and a draft's for
+  each of ``draft_modes``), checked before anything loads or trains: a
+  bad period, a typo in a distillation mode or ``--drafts`` is one line at once, not after the
+  target has trained for minutes. A stage loaded from a checkpoint trains nothing: not
+  checked."""
+  if not config.target.get("checkpoint") and not config.target.get("gguf"):
+    try:
+      train.TrainConfig.from_config(config.target.train)
+    except ValueError as error:
+      raise ValueError(f"The target's training: {error}") from error
+  if config.draft.get("checkpoint"):
+    return
+  for mode in draft_modes:
+    if mode == "parallel" and config.draft.get("parallel_checkpoint"):
+      continue
+    section = ml_collections.ConfigDict(config.draft.train.to_dict())
+    section.distill.mode = mode
+    try:
+      train.TrainConfig.from_config(section)
+    except ValueError as error:
+      raise ValueError(f"The draft's training (distill.mode {mode!r}): {error}") from error
+
+
 def _train_model(
   name: str,
   section: ml_collections.ConfigDict,
@@ -460,6 +484,7 @@ def prepare(
     log: where progress goes.
     mesh: where the models go; default the config's ``mesh`` section over every device.
   """
+  check_train_settings(config, (draft_modes or [config.draft.train.distill.mode]) if drafts else [])
   workdir = os.path.abspath(workdir or default_workdir(config))
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh or sharding.mesh_from_config(config.mesh)
@@ -468,6 +493,15 @@ def prepare(
     config.target.checkpoint = import_gguf_target(config.target, workdir, mesh, log)
   split = corpus_split(config)
   tokenizer = load_tokenizer(config, workdir, split, log)
+  # The held-out prompts before any model trains: files too short for sampling.prompt_tokens
+  # fail here, not after the target and drafts have trained.
+  prompts = data.held_out_prompts(
+    tokenizer,
+    split.prompts,
+    config.sampling.num_prompts,
+    config.sampling.prompt_tokens,
+    config.sampling.prompt_seed,
+  )
   corpus: Corpus | None = None
 
   def get_corpus():
@@ -534,13 +568,6 @@ def prepare(
         resume=config.resume_from,
         log=log,
       )
-  prompts = data.held_out_prompts(
-    tokenizer,
-    split.prompts,
-    config.sampling.num_prompts,
-    config.sampling.prompt_tokens,
-    config.sampling.prompt_seed,
-  )
   heads = {}
   for parallel, wanted in ((False, feature_head), (True, parallel_head)):
     if not wanted:

@@ -73,20 +73,37 @@ def instruction_texts(seed: int = 0) -> list[str]:
 
 
 def file_texts(path: str) -> list[str]:
-  """Prompts of a JSONL file ({"prompt": ...} per line) or a text file (one per line)."""
+  """Prompts of a JSONL file ({"prompt": ...} per line) or a text file (one per line, ``\\n``
+  for a newline). A file is JSONL when any line is a JSON object with a "prompt": then every
+  line must be one, with a string prompt (a bad line is named by its number; a file with one
+  header line was read as text before, the JSON lines becoming prompts as they were)."""
   path = os.path.expanduser(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"No prompt file at {path} (--prompts_file, or prompt_source file:).")
   with open(path, encoding="utf-8") as f:
-    lines = [line.rstrip("\n") for line in f if line.strip()]
-  if lines and all(line.lstrip().startswith("{") for line in lines):
-    try:
-      return [json.loads(line)["prompt"] for line in lines]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-      raise ValueError(f"{path}: a JSONL prompt file needs a 'prompt' field on every line.") from (
-        error
+    lines = [(number, line.rstrip("\n")) for number, line in enumerate(f, 1) if line.strip()]
+  records = [(number, _json_object(line)) for number, line in lines]
+  every_line_braced = all(line.lstrip().startswith("{") for _, line in lines)
+  if not every_line_braced and all(record is None for _, record in records):
+    return [line.replace("\\n", "\n") for _, line in lines]
+  for number, record in records:
+    if record is None or not isinstance(record.get("prompt"), str):
+      raise ValueError(
+        f"{path}, line {number}: a JSONL prompt file needs a JSON object with a string "
+        "'prompt' on every line."
       )
-  return [line.replace("\\n", "\n") for line in lines]
+  return [record["prompt"] for _, record in records]
+
+
+def _json_object(line: str) -> dict | None:
+  """The line as a JSON object, or None."""
+  if not line.lstrip().startswith("{"):
+    return None
+  try:
+    record = json.loads(line)
+  except json.JSONDecodeError:
+    return None
+  return record if isinstance(record, dict) else None
 
 
 def texts_of(source: str) -> list[str]:

@@ -22,7 +22,7 @@ from specsamp.experiments.benchmarks.harness import Bench, format_choice
 from specsamp.experiments.jobs import drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.sampling import calibration, proposals, speculative, tree_step
+from specsamp.sampling import calibration, proposals, speculative, tree_step, warping
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.tree import TreeShape
 
@@ -104,8 +104,9 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
     (
       "sampling.temperature",
       s.temperature,
-      _is_number(s.temperature) and s.temperature >= 0,
-      "must be a finite number >= 0 (0 is greedy)",
+      _is_number(s.temperature)
+      and (s.temperature == 0 or s.temperature >= warping.MIN_TEMPERATURE),
+      f"must be 0 (greedy) or a finite number >= {warping.MIN_TEMPERATURE:.4g}",
     ),
     (
       "sampling.top_k",
@@ -126,7 +127,11 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       _is_int(s.num_prompts)
       and s.num_prompts >= 1
       and _is_int(s.batch_size)
-      and s.num_prompts % max(s.batch_size, 1) == 0,
+      # Only the held-out windows number num_prompts; a prompt source's count is its own.
+      and (
+        s.get("prompt_source", "held_out") != "held_out"
+        or s.num_prompts % max(s.batch_size, 1) == 0
+      ),
       f"must be a positive multiple of sampling.batch_size ({s.batch_size})",
     ),
     (
@@ -254,8 +259,13 @@ def run(
   check_settings(config)
   s, num_draft_tokens, tree = config.sampling, draft_length(config), tree_of(config)
   source = s.get("prompt_source", "held_out")
-  if source != "held_out":
-    prompts_lib.texts_of(source)  # A missing prompt file fails before anything trains.
+  if source != "held_out":  # A missing file or a batch size that does not divide the prompts
+    texts = prompts_lib.texts_of(source)  # fails before anything trains.
+    count = min(len(texts), s.max_prompts) if s.get("max_prompts", 0) > 0 else len(texts)
+    if count % s.batch_size:
+      raise ValueError(
+        f"--config.sampling.batch_size={s.batch_size}: must divide the {count} prompts of {source}."
+      )
   drafter = drafter_specs.parse(config.speculative.get("drafter", "draft"))
   pair = pair_lib.prepare(
     config,
@@ -279,11 +289,6 @@ def run(
   prompts = prompts_lib.of_pair(
     pair, source, chat=bool(s.get("chat_template", False)), limit=s.get("max_prompts", 0)
   )
-  if len(prompts) % s.batch_size:
-    raise ValueError(
-      f"--config.sampling.batch_size={s.batch_size}: must divide the {len(prompts)} prompts of "
-      f"{source}."
-    )
   for warning in context_warnings(config, int(prompts.lengths.max())):
     log(f"warning: {warning}")
   if tree is not None and calibration.needs_fit(config.speculative.tree):
