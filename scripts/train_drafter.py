@@ -53,8 +53,11 @@ def main(argv):
   config = _PAIR.pair_config()
   workdir = os.path.abspath(_PAIR.workdir.value or pair_lib.default_workdir(config))
   drafter, directory, _ = answer_training.drafter_sections(config)
-  if _SHIP_ONLY.value and not _SHIP_TO.value:
+  ship_to = os.path.expanduser(_SHIP_TO.value) if _SHIP_TO.value else None
+  if _SHIP_ONLY.value and not ship_to:
     raise ValueError("--ship_only ships the best so far: give --ship_to=FOLDER.")
+  if ship_to:  # Refused now, not after the training.
+    answer_training.check_ship_folder(ship_to)
   if not _SHIP_ONLY.value:  # Refused now, not after a first run's training or import.
     answer_training.check_optimisation(config, drafter)
     answer_training.check_answers_exist(config, workdir)
@@ -81,14 +84,14 @@ def main(argv):
     f"{best['tokens_seen']:,} training tokens",
     flush=True,
   )
-  if _SHIP_TO.value:
+  if ship_to:
     answer_training.ship(
       os.path.join(workdir, directory, answer_training.BEST),
-      _SHIP_TO.value,
+      ship_to,
       answer_training.card(config, workdir, best, drafter),
       target=prepared.target if drafter in answer_training.HEADS else None,
     )
-    print(f"shipped to {_SHIP_TO.value}", flush=True)
+    print(f"shipped to {ship_to}", flush=True)
 
 
 if __name__ == "__main__":

@@ -738,10 +738,13 @@ def test_the_scripts_refuse_bad_input_before_preparing_the_pair(tmp_path):
   training began; keeping 0 checkpoints deleted every saved step)."""
   workdir = tmp_path / "work"
   common = ["--config=configs/code_pair.py:test", f"--workdir={workdir}"]
+  (tmp_path / "shipped").mkdir()
+  (tmp_path / "shipped" / "CARD.md").write_text("an earlier drafter")
   for script, flag, message in (
     ("regenerate.py", f"--prompts={tmp_path / 'missing.jsonl'}", "--prompts: no file"),
     ("regenerate.py", "--settings=greedy,hot", "settings must be some of"),
     ("regenerate.py", "--width_step=0", "--width_step must be >= 1 token"),
+    ("train_drafter.py", f"--ship_to={tmp_path / 'shipped'}", "is not empty; ship into a new"),
     ("train.py", "--drafts=tokn", "(distill.mode 'tokn'): distill.mode must be one of"),
     ("train.py", "--config.speculative.num_draft_tokens=0", "must be an int >= 1 (K)"),
     ("train.py", "--config.target.train.keep_checkpoints=0", "keep_checkpoints must be >= 1"),

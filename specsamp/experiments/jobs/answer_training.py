@@ -500,6 +500,13 @@ def card(
 """
 
 
+def check_ship_folder(folder: str) -> None:
+  """A drafter ships into a new or empty folder (checked by scripts/train_drafter.py before it
+  trains, and again by ``ship``)."""
+  if os.path.exists(folder) and os.listdir(folder):
+    raise FileExistsError(f"{folder} is not empty; ship into a new folder.")
+
+
 def ship(
   best_dir: str,
   folder: str,
@@ -514,8 +521,7 @@ def ship(
   (``specsamp.training.shipped``: ``--config.draft.checkpoint=FOLDER`` or
   ``--config.feature.checkpoint=FOLDER`` verifies and loads it). A feature head is read with
   its ``target``. Returns the checkpoint's metadata."""
-  if os.path.exists(folder) and os.listdir(folder):
-    raise FileExistsError(f"{folder} is not empty; ship into a new folder.")
+  check_ship_folder(folder)
   meta = checkpoint.Checkpoints(best_dir).read_meta()
   if "head" in meta:
     if target is None:
