@@ -21,6 +21,7 @@ def test_parse_list():
   "field,value,message",
   [
     ("modes", "greedy,beam", "Unknown modes"),
+    ("drafters", "tokn,synthetic", r"Unknown drafters \['tokn'\]"),
     ("num_draft_tokens", "0,2", "num_draft_tokens"),
     ("batch_sizes", "1,3", "divide num_prompts"),
     ("verifiers", "token,tree", "verifiers"),

@@ -49,6 +49,7 @@ from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import speculative
+from specsamp.training import train
 
 # The paper's settings: greedy (XSum), T=0.8 with top-p 0.95 (HumanEval), and plain T=1.
 MODES = {
@@ -130,6 +131,7 @@ def draft_lengths(config: ml_collections.ConfigDict) -> list[int | str]:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   check_choices("modes", config.modes, MODES)
+  check_choices("drafters", config.drafters, (*train.DISTILL_MODES, SYNTHETIC))
   draft_lengths(config)
   for b in parse_list(config.batch_sizes, int):
     if b < 1 or (config.prompt_source == "held_out" and config.num_prompts % b):
