@@ -1,5 +1,6 @@
 """What a user touches first: settings checked before anything runs, warnings, memory checks."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,7 +14,8 @@ from conftest import ROOT, tiny_config
 
 from specsamp.experiments.jobs import sample_job
 from specsamp.models import transformer
-from specsamp.sampling import generate, memory, speculative_generate
+from specsamp.sampling import SamplingConfig, generate, memory, speculative_generate
+from specsamp.sampling.sampler import Sampler
 
 sys.path.insert(0, f"{ROOT}/configs")
 import code_pair  # noqa: E402
@@ -78,6 +80,10 @@ def test_a_cache_that_cannot_fit_is_refused_before_allocating(monkeypatch):
   with pytest.raises(ValueError, match=r"more than the 0.00 GiB of 2 test devices"):
     speculative_generate(
       model, model, prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=3
+    )
+  with pytest.raises(ValueError, match=r"Sampling 2 rows x 12 cache slots needs at least"):
+    Sampler(model).generate(  # K = 0 (np.int64 too) allocated without the check.
+      prompts, lengths, jax.random.key(0), max_new_tokens=8, num_draft_tokens=np.int64(0)
     )
 
 
@@ -153,3 +159,62 @@ def test_a_batch_size_that_does_not_divide_the_prompts_is_refused_before_trainin
   config.sampling.prompt_source = "held_out"  # There it is the count, and refused.
   with pytest.raises(ValueError, match="num_prompts=3: must be a positive multiple"):
     sample_job.check_settings(config)
+
+
+def test_padding_ids_are_ignored_and_ids_must_be_integers():
+  """Past each row's length a prompt may hold any integer (-100, V): it was fed to the prefill,
+  embedded as NaN and spread through attention's 0 x NaN. Ids are integers, checked before
+  any cast (2^32 + 5 was read as 5, a length of 1.9 as 1)."""
+  model = transformer.create(tiny_config(vocab_size=32), seed=0)
+  clean, lengths = np.array([[5, 9, 14, 3], [8, 0, 0, 0]]), np.array([4, 1])
+  options = dict(max_new_tokens=6, temperature=0.0)
+  reference = generate(model, clean, lengths, jax.random.key(0), **options)
+  for pad in (32, -100):
+    padded = np.where(np.arange(4)[None] < lengths[:, None], clean, pad)
+    out = generate(model, padded, lengths, jax.random.key(0), **options)
+    np.testing.assert_array_equal(out.tokens, reference.tokens)
+    spec = speculative_generate(
+      model, model, padded, lengths, jax.random.key(0), num_draft_tokens=2, **options
+    )
+    np.testing.assert_array_equal(spec.tokens, reference.tokens)
+  wide = np.array([[2**32 + 5, 9], [8, 0]], np.int64)
+  with pytest.raises(ValueError, match=r"Prompt token id 4294967301 \(row 0, position 0\)"):
+    generate(model, wide, [2, 1], jax.random.key(0), **options)
+  with pytest.raises(ValueError, match="prompts must be integers, got dtype float64"):
+    generate(model, [[5.7, 9.0]], [2], jax.random.key(0), **options)
+  with pytest.raises(ValueError, match="lengths must be integers, got dtype float64"):
+    generate(model, [[5, 9]], [1.9], jax.random.key(0), **options)
+  with pytest.raises(ValueError, match="prompts must be a rectangular array; right-pad"):
+    generate(model, [[5, 9], [8]], [2, 1], jax.random.key(0), **options)
+  with pytest.raises(ValueError, match="batch and length >= 1, got shape \\(0, 3\\)"):
+    generate(model, np.zeros((0, 3), int), np.zeros(0, int), jax.random.key(0), **options)
+
+
+def test_special_ids_sampler_fields_and_numpy_settings():
+  """eos_id and pad_id are checked in one line (a list of EOS ids or a None pad failed as a
+  bare int() deep in the loop; an EOS past the vocabulary never stopped a row); a Sampler is
+  frozen (a reassigned target was silently ignored); NumPy scalars are sampling settings."""
+  model = transformer.create(tiny_config(vocab_size=32), seed=0)
+  prompts, lengths = np.array([[5, 9]]), np.array([2])
+  for ids, message in (
+    (dict(eos_id=[3, 11]), r"eos_id must be None or one token id in \[0, 32\), got \[3, 11\]"),
+    (dict(eos_id=32), "eos_id must be None or one token id"),
+    (dict(eos_id=3.0), "eos_id must be None or one token id"),
+    (dict(pad_id=None), "pad_id must be an int"),
+  ):
+    with pytest.raises(ValueError, match=message):
+      generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=2, **ids)
+    with pytest.raises(ValueError, match=message):
+      Sampler(model, **ids)
+  sampler = Sampler(model, eos_id=np.int64(3))
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    sampler.target = transformer.create(tiny_config(vocab_size=32), seed=7)
+  sampling = SamplingConfig(np.float32(0.5), np.int64(5), np.float64(0.9))
+  assert sampling == SamplingConfig(0.5, 5, 0.9) and hash(sampling) == hash(
+    SamplingConfig(0.5, 5, 0.9)
+  )
+  assert type(sampling.top_k) is int and type(sampling.temperature) is float
+  out = generate(
+    model, prompts, lengths, jax.random.key(0), max_new_tokens=2, top_p=np.float32(0.5)
+  )
+  assert int(out.num_generated[0]) == 2

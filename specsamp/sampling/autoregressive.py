@@ -94,12 +94,16 @@ def check_prompts(
     extra_slots: slots a sampler needs beyond prompt + new tokens (drafts).
     vocab_size: when given, every prompt token (up to its row's length) must be an id in
       [0, vocab_size): an embedding lookup would silently clip an out-of-range id.
+
+  The ids and lengths must be integers (a float or a 64-bit id was cast silently: 5.7 read as
+  5, 2^32 + 5 as 5). The padding past each row's length may hold any integer (-100, V): it is
+  replaced by 0 here, since an out-of-range id embeds as NaN, which the masked attention
+  still multiplies by 0.
   """
-  prompts = jnp.asarray(prompts, jnp.int32)
-  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
-  if prompts.ndim != 2 or prompts.shape[1] < 1:
+  prompts, prompt_lengths = _integers(prompts, "prompts"), _integers(prompt_lengths, "lengths")
+  if prompts.ndim != 2 or prompts.shape[0] < 1 or prompts.shape[1] < 1:
     raise ValueError(
-      f"prompts must be [batch, length] with length >= 1, got shape {prompts.shape}."
+      f"prompts must be [batch, length] with batch and length >= 1, got shape {prompts.shape}."
     )
   if prompt_lengths.shape != (prompts.shape[0],):
     raise ValueError(
@@ -123,6 +127,9 @@ def check_prompts(
           f"Prompt token id {int(ids[row, column])} (row {row}, position {column}) is outside "
           f"the model's vocabulary [0, {vocab_size}): tokenize with the model's tokenizer."
         )
+  valid_BT = jnp.arange(prompts.shape[1])[None, :] < jnp.asarray(prompt_lengths)[:, None]
+  prompts = jnp.where(valid_BT, jnp.asarray(prompts), 0).astype(jnp.int32)
+  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
   needed = prompts.shape[1] + max_new_tokens + extra_slots
   if cache_length is None:
     cache_length = needed
@@ -135,6 +142,24 @@ def check_prompts(
       "shorten the prompt."
     )
   return prompts, prompt_lengths, int(cache_length)
+
+
+def _integers(values: Any, name: str) -> Any:
+  """``values`` as an integer array (a JAX array, or a tracer, as it is), refused in one line
+  when they are not integers or not rectangular."""
+  if isinstance(values, jax.Array):  # A tracer, or an array already on the devices.
+    array = values
+  else:
+    try:
+      array = np.asarray(values)
+    except ValueError as error:  # Rows of different lengths.
+      raise ValueError(
+        f"{name} must be a rectangular array; right-pad the rows to one length and give "
+        f"each row's length in prompt_lengths ({error})."
+      ) from error
+  if array.dtype.kind not in "iu":
+    raise ValueError(f"{name} must be integers, got dtype {array.dtype}.")
+  return array
 
 
 def check_generation(
@@ -153,12 +178,36 @@ def check_generation(
   prompts, prompt_lengths, cache_length = check_prompts(
     prompts, prompt_lengths, max_new_tokens, cache_length, vocab_size=model.vocab_size
   )
-  rows = prompts.shape[0] if batch_size is None else batch_size
+  check_cache_fits(model, prompts.shape[0] if batch_size is None else batch_size, cache_length)
+  return prompts, prompt_lengths, cache_length
+
+
+def check_cache_fits(model: Any, rows: int, cache_length: int) -> None:
+  """Refuses, before allocating, a KV cache of ``rows`` x ``cache_length`` slots that the
+  devices' memory cannot hold (``memory.check_fits``)."""
   memory.check_fits(
     {"KV cache": memory.cache_bytes(model, rows, cache_length)},
     f"{rows} rows x {cache_length} cache slots",
   )
-  return prompts, prompt_lengths, cache_length
+
+
+def check_token_ids(eos_id: Any, pad_id: Any, vocab_size: int) -> tuple[int | None, int]:
+  """(eos_id, pad_id) as ints: ``eos_id`` None (never stop) or one id in [0, vocab_size),
+  ``pad_id`` any int (it only fills the output). An HF config's list of EOS ids, a None pad id
+  or a float are refused in one line (they failed as a bare int() deep in the loop, and an EOS
+  id past the vocabulary never stopped a row)."""
+  if eos_id is not None and (
+    isinstance(eos_id, bool)
+    or not isinstance(eos_id, (int, np.integer))
+    or not 0 <= eos_id < vocab_size
+  ):
+    raise ValueError(
+      f"eos_id must be None or one token id in [0, {vocab_size}), got {eos_id!r} (for several "
+      "EOS ids, pass the one the prompts' template ends turns with)."
+    )
+  if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
+    raise ValueError(f"pad_id must be an int (it fills each row after its end), got {pad_id!r}.")
+  return None if eos_id is None else int(eos_id), int(pad_id)
 
 
 def prefill(
@@ -407,6 +456,7 @@ def generate(
     and reused.
   """
   sampling = SamplingConfig(temperature, top_k, top_p)
+  eos_id, pad_id = check_token_ids(eos_id, pad_id, model.vocab_size)
   prompts, prompt_lengths, cache_length = check_generation(
     model, prompts, prompt_lengths, max_new_tokens, cache_length
   )

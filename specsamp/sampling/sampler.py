@@ -24,10 +24,12 @@ token per target call (what the automatic draft length picks when no K pays).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specsamp.sampling import autoregressive, drafters, model_protocol, speculative
 from specsamp.sampling.statistics import SpeculativeOutput
@@ -58,7 +60,7 @@ def as_speculative_output(output: autoregressive.GenerationOutput) -> Speculativ
   )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Sampler:
   """A target and a drafter with their compiled loops and caches kept between calls.
 
@@ -69,6 +71,10 @@ class Sampler:
     eos_id: a row stops after emitting this id.
     pad_id: fills each row after its last token.
     check_nan: raise ``FloatingPointError`` on NaN logits (one host check per call).
+
+  Frozen: the models are split once, here, so a reassigned ``target`` or ``draft`` would be
+  ignored (it was, silently); make a new ``Sampler`` instead. Weights updated in place
+  (``nnx.update`` on the same modules) are read at the next call.
   """
 
   target: Any
@@ -79,13 +85,17 @@ class Sampler:
 
   def __post_init__(self):
     model_protocol.check_model(self.target, "target")
-    self._target_split = model_protocol.split_model(self.target)
-    self._drafter = None
+    autoregressive.check_token_ids(self.eos_id, self.pad_id, self.target.vocab_size)
+    drafter, drafter_split = None, None
     if self.draft is not None:
-      self._drafter = drafters.as_drafter(self.draft)
-      self._drafter.check(self.target)
-      self._drafter_split = self._drafter.split()
-    self._caches: dict[Any, Any] = {}
+      drafter = drafters.as_drafter(self.draft)
+      drafter.check(self.target)
+      drafter_split = drafter.split()
+    set_ = functools.partial(object.__setattr__, self)  # Frozen: set once, here.
+    set_("_target_split", model_protocol.split_model(self.target))
+    set_("_drafter", drafter)
+    set_("_drafter_split", drafter_split)
+    set_("_caches", {})
 
   def generate(
     self,
@@ -106,9 +116,11 @@ class Sampler:
     narrow_scoring: bool = False,
   ) -> SpeculativeOutput:
     """``speculative_generate``'s sampling (its arguments mean the same) on kept caches;
-    ``num_draft_tokens=0`` samples autoregressively. Bit-identical to a fresh call."""
+    ``num_draft_tokens=0`` (an int, numpy's too) samples autoregressively, and the draft's
+    options (verifier, schedule, tree, narrow scoring) are then unused: the automatic draft
+    length calls every K with the same options. Bit-identical to a fresh call."""
     sampling = SamplingConfig(temperature, top_k, top_p)
-    if isinstance(num_draft_tokens, int) and not isinstance(num_draft_tokens, bool):
+    if isinstance(num_draft_tokens, (int, np.integer)) and not isinstance(num_draft_tokens, bool):
       if num_draft_tokens == 0:
         return self._autoregressive(
           prompts, prompt_lengths, rng, max_new_tokens, sampling, cache_length
@@ -191,7 +203,12 @@ class Sampler:
     batch = prompts.shape[0]
     key = ("autoregressive", batch, cache_length)
     cache = self._caches.pop(key, None)
-    if cache is None:
+    if cache is None:  # The first call of this shape allocates (after the memory check).
+      autoregressive.check_cache_fits(self.target, batch, cache_length)
       cache = jax.jit(self.target.init_cache, static_argnums=(0, 1))(batch, cache_length)
-    output, cache = loop.reusing(self._target_split[1], cache, prompts, prompt_lengths, rng)
+    output, cache = speculative.run_loop(
+      lambda: loop.reusing(self._target_split[1], cache, prompts, prompt_lengths, rng),
+      f"{batch} rows x {cache_length} cache slots",
+      check_nan=False,
+    )
     return self._keep(key, as_speculative_output(output), cache)

@@ -50,6 +50,7 @@ from specsamp.sampling import (
 )
 from specsamp.sampling.autoregressive import (
   check_prompts,
+  check_token_ids,
   initial_tokens,
   prefill,
   run_loop,
@@ -583,6 +584,7 @@ def speculative_generate(
   drafter = drafters.as_drafter(draft)
   drafter.check(target)
   sampling = SamplingConfig(temperature, top_k, top_p)
+  eos_id, pad_id = check_token_ids(eos_id, pad_id, target.vocab_size)
   prompts, prompt_lengths, cache_length, tree, shape = check_request(
     target,
     drafter,

@@ -17,6 +17,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specsamp.sampling import draws
 
@@ -40,6 +41,15 @@ class SamplingConfig:
   top_p: float = 1.0
 
   def __post_init__(self):
+    # NumPy scalars (a sweep over np.linspace) as the Python numbers they hold: the config is
+    # a static jit argument, hashed and compared by value.
+    for name, kind, python in (
+      ("temperature", (np.floating, np.integer), float),
+      ("top_k", np.integer, int),
+      ("top_p", (np.floating, np.integer), float),
+    ):
+      if isinstance(getattr(self, name), kind):
+        object.__setattr__(self, name, python(getattr(self, name)))
     if (
       not isinstance(self.temperature, (int, float))
       or not math.isfinite(self.temperature)
