@@ -301,6 +301,10 @@ def test_orbax_checkpoint_round_trip(tmp_path):
     hf.export_model(model, str(tmp_path / "ckpt"))
   assert {f: (tmp_path / "hf" / f).read_bytes() for f in os.listdir(tmp_path / "hf")} == before
   assert (tmp_path / "ckpt" / "tokenizer.model").read_bytes() == tokenizer.model_proto
+  # What an interrupted import leaves (orbax's unfinished step) is no reason to refuse.
+  (tmp_path / "again" / "0.orbax-checkpoint-tmp-1700000000").mkdir(parents=True)
+  hf.import_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "again"))
+  assert checkpoint.Checkpoints(str(tmp_path / "again")).all_steps() == [0]
   # A tokenizer with more pieces than the model has embeddings is refused.
   hf_models.build("mistral").save_pretrained(tmp_path / "small")
   (tmp_path / "small" / "tokenizer.model").write_bytes(tokenizer.model_proto)

@@ -127,6 +127,11 @@ def test_nan_logits_raise_and_drop_the_caches(pair):
   assert np.asarray(output.nan_logits).tolist() == [True] * len(prompts) == [True] * 3
   fine = autoregressive.generate(target, prompts, lengths, jax.random.key(0), max_new_tokens=4)
   assert not np.asarray(fine.nan_logits).any()
+  # Under a caller's jit there is nothing to look at: nan_logits reports it (no error).
+  traced = jax.jit(
+    lambda key: autoregressive.generate(broken, prompts, lengths, key, max_new_tokens=4)
+  )(jax.random.key(0))
+  assert np.asarray(traced.nan_logits).all()
 
 
 @pytest.mark.slow

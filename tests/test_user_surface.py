@@ -135,6 +135,8 @@ def test_prompt_files_are_jsonl_or_text_and_a_bad_line_is_named(tmp_path):
     "def f():\n  return {",
     "{not json",
   ]
+  # A text file may hold a line that is some other JSON object (a completion prompt).
+  assert texts("b.txt", 'Complete:\n{"name": "demo"}\n') == ["Complete:", '{"name": "demo"}']
   for content, line in (
     ('# my prompts\n{"prompt": "a"}\n', 1),
     ('{"prompt": "a"}\n{"prompt": 5}\n', 2),

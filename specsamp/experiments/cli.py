@@ -276,10 +276,14 @@ def output_file(holder: flags.FlagHolder) -> flags.FlagHolder:
   write its report, table or rows there fails at once, not after its work (the printed report
   of a sample job, the hours of a certificate)."""
 
-  def folder_exists(path: str | None) -> bool:
-    return not path or os.path.isdir(os.path.dirname(os.path.abspath(os.path.expanduser(path))))
+  def folder_exists(path: str | None) -> bool:  # As open() will see it: '~' is not expanded.
+    return not path or os.path.isdir(os.path.dirname(os.path.abspath(path)))
 
-  flags.register_validator(holder, folder_exists, message="no directory to write the file in.")
+  flags.register_validator(
+    holder,
+    folder_exists,
+    message="no directory to write the file in (the shell does not expand '~' inside a flag).",
+  )
   return holder
 
 

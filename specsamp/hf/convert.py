@@ -195,6 +195,8 @@ def refuse_non_empty(output_dir: str, action: str) -> None:
   import, an export) writes its files (the tokenizer's, config.json) over same-named ones, so
   a workdir's tokenizer or a user's HF folder would be overwritten."""
   held = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+  # What an interrupted orbax save leaves (a step it never finished): no user's file.
+  held = [name for name in held if ".orbax-checkpoint-tmp" not in name]
   if held:
     shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
     raise FileExistsError(

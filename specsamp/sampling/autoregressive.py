@@ -456,10 +456,10 @@ def generate(
     and reused.
   """
   sampling = SamplingConfig(temperature, top_k, top_p)
-  eos_id, pad_id = check_token_ids(eos_id, pad_id, model.vocab_size)
   prompts, prompt_lengths, cache_length = check_generation(
     model, prompts, prompt_lengths, max_new_tokens, cache_length
   )
+  eos_id, pad_id = check_token_ids(eos_id, pad_id, model.vocab_size)
   loop, dynamic = AutoregressiveLoop.for_model(
     model,
     max_new_tokens=max_new_tokens,
@@ -475,11 +475,13 @@ def generate(
 def run_loop(call: Any, shape: str, check_nan: bool) -> Any:
   """Runs ``call()`` (a compiled sampler loop) and waits for it: an allocation failure becomes
   a one-line error naming ``shape``, and NaN logits a ``FloatingPointError`` (when
-  ``check_nan``). The output is returned as the call returned it; its first part (or itself)
-  carries ``nan_logits``."""
+  ``check_nan``, and the call is not traced by a caller's jit). The output is returned as the
+  call returned it; its first part (or itself) carries ``nan_logits``."""
   try:
     result = call()
     out = result[0] if isinstance(result, tuple) else result
+    # Under a caller's jit or vmap there is nothing to wait for or look at: nan_logits says it.
+    check_nan = check_nan and not isinstance(out.nan_logits, jax.core.Tracer)
     nan = check_nan and bool(jnp.any(out.nan_logits))  # Waits: an allocation failure shows here.
   except jax.errors.JaxRuntimeError as error:
     if memory.is_out_of_memory(error):

@@ -192,10 +192,10 @@ def generate(
     raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}.")
   if batch_size is not None and batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-  eos_id, pad_id = autoregressive.check_token_ids(eos_id, pad_id, model.vocab_size)
   prompts, prompt_lengths, cache_length = autoregressive.check_generation(
     model, prompts, prompt_lengths, max_new_tokens, cache_length, batch_size
   )
+  eos_id, pad_id = autoregressive.check_token_ids(eos_id, pad_id, model.vocab_size)
   count, prompt_width = prompts.shape
   batch = count if batch_size is None else int(batch_size)
   refill = max(1, batch // 16) if refill_size is None else int(refill_size)

@@ -87,7 +87,9 @@ def warp_logits(logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
   # division into its exp(x / T - max) as one fused multiply-add, whose exact product against
   # the rounded max leaves the largest entry up to half an ulp of max / T: at T = 1e-9 and
   # logits near 10, exp(512) overflows and every probability was NaN (token 0 drawn each
-  # step). Shifted first, the largest is exactly 0 at any T, and the rest keep their order.
+  # step). Shifted first, the largest is exactly 0 at any T, and the rest keep their order
+  # (logits closer than float32 resolves at their distance from the max may tie, and a tie is
+  # broken by token id: one function warps the target's and the draft's, so exactness holds).
   logits_BV = (logits_BV - jnp.max(logits_BV, axis=-1, keepdims=True)) / sampling.temperature
   # Both cuts are threshold searches, not sorts (a sort, lax.top_k's too, costs 10x on a CPU).
   if 0 < sampling.top_k < vocab:

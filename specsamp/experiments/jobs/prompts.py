@@ -74,9 +74,10 @@ def instruction_texts(seed: int = 0) -> list[str]:
 
 def file_texts(path: str) -> list[str]:
   """Prompts of a JSONL file ({"prompt": ...} per line) or a text file (one per line, ``\\n``
-  for a newline). A file is JSONL when any line is a JSON object with a "prompt": then every
-  line must be one, with a string prompt (a bad line is named by its number; a file with one
-  header line was read as text before, the JSON lines becoming prompts as they were)."""
+  for a newline). A file is JSONL when any line is a JSON object with a "prompt", or every line
+  starts with a brace (a text file may hold a line that is some other JSON object); then every
+  line must be a JSON object with a string "prompt" (a bad line is named by its number; a file
+  with one header line was read as text before, its JSON lines becoming prompts as written)."""
   path = os.path.expanduser(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"No prompt file at {path} (--prompts_file, or prompt_source file:).")
@@ -84,7 +85,7 @@ def file_texts(path: str) -> list[str]:
     lines = [(number, line.rstrip("\n")) for number, line in enumerate(f, 1) if line.strip()]
   records = [(number, _json_object(line)) for number, line in lines]
   every_line_braced = all(line.lstrip().startswith("{") for _, line in lines)
-  if not every_line_braced and all(record is None for _, record in records):
+  if not every_line_braced and not any(record and "prompt" in record for _, record in records):
     return [line.replace("\\n", "\n") for _, line in lines]
   for number, record in records:
     if record is None or not isinstance(record.get("prompt"), str):
