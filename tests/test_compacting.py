@@ -239,3 +239,30 @@ def test_nan_logits_stop_the_run_before_any_row_is_handed_on(model):
       refill_size=2, on_finished=lambda *rows: finished.append(rows),
     )  # fmt: skip
   assert not finished
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 8])
+def test_nan_logits_of_a_refilled_row_name_its_prompt(model, max_new_tokens):
+  """A waiting prompt whose prefill gives NaN (its one token whose embedding is NaN) is named
+  when it comes in as a refill, after the rows before it were answered and handed on; with
+  one new token its row ends at the refill itself, before any decode step could see it."""
+  import jax.numpy as jnp
+
+  prompts, lengths, _ = _prompts_and_an_early_eos(model, 8, 4)
+  options = dict(max_new_tokens=max_new_tokens, temperature=0.0)
+  clean = np.asarray(
+    autoregressive.generate(model, prompts, lengths, jax.random.key(0), **options).tokens
+  )
+  unused = min(set(range(VOCAB)) - set(clean.ravel().tolist()))  # In no prompt or answer.
+  broken = transformer.create(tiny_config(vocab_size=VOCAB), seed=3)  # The same weights...
+  table = broken.embedder.table_VD[...]
+  broken.embedder.table_VD[...] = table.at[unused].set(jnp.nan)  # ...but one token's row.
+  prompts = prompts.copy()
+  prompts[9, 0] = unused  # Prompt 9 waits: the batch of 4 starts with prompts 0-3.
+  finished = []
+  with pytest.raises(FloatingPointError, match=r"for prompts \[9\]"):
+    compacting.generate(
+      broken, prompts, lengths, jax.random.key(0), batch_size=4, refill_size=2,
+      on_finished=lambda rows, *_: finished.extend(rows.tolist()), **options,
+    )  # fmt: skip
+  assert finished and 9 not in finished and set(finished) <= set(range(9))
