@@ -32,7 +32,9 @@ def test_bad_sources_are_clear_errors(tmp_path):
     prompts.texts_of(f"file:{tmp_path / 'missing.txt'}")
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"text": "x"}\n')
-  with pytest.raises(ValueError, match="'prompt' field"):
+  with pytest.raises(
+    ValueError, match="line 1: a JSONL prompt file needs a JSON object with a string 'prompt'"
+  ):
     prompts.texts_of(f"file:{bad}")
   with pytest.raises(ValueError, match="empty prompt"):
     prompts.texts_of("text:")
