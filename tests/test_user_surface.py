@@ -157,6 +157,11 @@ def test_a_batch_size_that_does_not_divide_the_prompts_is_refused_before_trainin
   with pytest.raises(ValueError, match="batch_size=2: must divide the 3 prompts of file:"):
     sample_job.run(config, str(tmp_path / "work"), log=lambda line: None)
   assert not (tmp_path / "work").exists()
+  config.sampling.batch_size, config.sampling.chat_template = 1, True  # No template to apply:
+  with pytest.raises(ValueError, match="trained here .SentencePiece. and has no chat template"):
+    sample_job.run(config, str(tmp_path / "work"), log=lambda line: None)  # before training.
+  assert not (tmp_path / "work").exists()
+  config.sampling.batch_size, config.sampling.chat_template = 2, False
   sample_job.check_settings(config)  # num_prompts=3 with batch 2: not the file's count.
   config.sampling.prompt_source = "held_out"  # There it is the count, and refused.
   with pytest.raises(ValueError, match="num_prompts=3: must be a positive multiple"):

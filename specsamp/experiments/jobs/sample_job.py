@@ -259,6 +259,13 @@ def run(
   check_settings(config)
   s, num_draft_tokens, tree = config.sampling, draft_length(config), tree_of(config)
   source = s.get("prompt_source", "held_out")
+  trains_tokenizer = not (config.target.get("gguf") or config.target.get("checkpoint"))
+  if s.get("chat_template", False) and trains_tokenizer:
+    raise ValueError(
+      "--config.sampling.chat_template=True: this pair's tokenizer is trained here "
+      "(SentencePiece) and has no chat template; use a pair whose target comes with one (an "
+      "imported HF or GGUF model, e.g. configs/smollm2_pair.py)."
+    )
   if source != "held_out":  # A missing file or a batch size that does not divide the prompts
     texts = prompts_lib.texts_of(source)  # fails before anything trains.
     count = min(len(texts), s.max_prompts) if s.get("max_prompts", 0) > 0 else len(texts)
