@@ -130,6 +130,7 @@ def main(argv):
     width_step=_WIDTH_STEP.value,
     seed_dir=seed_dir or None,
     compact=_COMPACT.value,
+    merge_into=os.path.expanduser(_SHIP_TO.value) if _SHIP_TO.value else None,
   )
   if _SHIP_TO.value:
     regenerate.merge(out, os.path.expanduser(_SHIP_TO.value))

@@ -258,6 +258,13 @@ def test_answers_ship_compressed_and_a_fresh_workdir_starts_from_them(target, tm
   with pytest.raises(ValueError, match="another run's shards"):
     regenerate.merge(elsewhere, shipped)
   assert open(os.path.join(shipped, regenerate.MANIFEST)).read() == before
+  # A run that would merge into it (--ship_to) is refused before it decodes anything.
+  with pytest.raises(ValueError, match=r"holds another run's shards than this run .*plan differ"):
+    regenerate.regenerate(
+      target, tokenizer, made, str(tmp_path / "third"), other, target_id="t",
+      merge_into=shipped,
+    )  # fmt: skip
+  assert not os.path.exists(tmp_path / "third")
   lines.clear()
   assert regenerate.seed(shipped, elsewhere, lines.append) == 0 and "another run" in lines[0]
   assert len(regenerate.read_manifest(elsewhere)["shards"]) == 1

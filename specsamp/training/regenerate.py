@@ -264,17 +264,10 @@ def merge(from_dir: str, to_dir: str, log: Callable[[str], None] = print) -> int
   theirs = read_manifest(from_dir)
   if theirs is None:
     raise FileNotFoundError(f"No regenerated shards in {from_dir} (no {MANIFEST}).")
+  refuse_another_run(to_dir, theirs, from_dir)
   ours = read_manifest(to_dir)
   if ours is None:
     ours = dict({k: v for k, v in theirs.items() if k != "shards"}, shards=[])
-  elif _resumable({k: ours.get(k) for k in IDENTITY}) != _resumable(
-    {k: theirs.get(k) for k in IDENTITY}
-  ):
-    raise ValueError(
-      f"{to_dir} holds another run's shards than {from_dir} ("
-      + ", ".join(k for k in IDENTITY if ours.get(k) != theirs.get(k))
-      + " differ); nothing was copied."
-    )
   ours["plan"]["passes"] = max(ours["plan"].get("passes", 1), theirs["plan"].get("passes", 1))
   have = {shard["file"] for shard in ours["shards"]}
   new = [shard for shard in theirs["shards"] if shard["file"] not in have]
@@ -290,6 +283,19 @@ def merge(from_dir: str, to_dir: str, log: Callable[[str], None] = print) -> int
     f"regenerate: {len(new)} shards from {from_dir} into {to_dir} ({len(ours['shards'])} there now)"
   )
   return len(new)
+
+
+def refuse_another_run(directory: str, identity: dict[str, Any], what: str) -> None:
+  """Raises ValueError when ``directory`` holds shards of another run than ``identity``'s
+  (``IDENTITY``, up to what a resumed run may change): nothing is copied into it."""
+  ours = read_manifest(directory)
+  theirs = json.loads(json.dumps({k: identity.get(k) for k in IDENTITY}))  # JSON's types.
+  if ours is not None and _resumable({k: ours.get(k) for k in IDENTITY}) != _resumable(theirs):
+    raise ValueError(
+      f"{directory} holds another run's shards than {what} ("
+      + ", ".join(k for k in IDENTITY if ours.get(k) != theirs.get(k))
+      + " differ); nothing was copied."
+    )
 
 
 def seed(
@@ -340,6 +346,7 @@ def regenerate(
   width_step: int = WIDTH_STEP,
   seed_dir: str | None = None,
   compact: bool = True,
+  merge_into: str | None = None,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
   """Writes (or completes) ``out_dir``'s shards (module docstring); returns the manifest.
@@ -365,6 +372,9 @@ def regenerate(
       chunks of steps (``compacting``); each smaller batch compiles a program once, which on a
       GPU with minutes to run costs more than it saves (False: the batch keeps its size, one
       decode program). Waiting prompts refill the batch either way.
+    merge_into: where the caller will ``merge`` the shards afterwards (scripts/regenerate.py
+      --ship_to): refused before anything is decoded if it holds another run's shards (the
+      merge refuses them too, after the run).
     log: progress lines.
   """
   began = time.perf_counter()
@@ -391,6 +401,8 @@ def regenerate(
     "prompts": len(rows),
     "prompts_sha256": digest.hexdigest(),
   }
+  if merge_into:
+    refuse_another_run(merge_into, identity, f"this run ({out_dir})")
   os.makedirs(out_dir, exist_ok=True)
   if seed_dir:
     seed(seed_dir, out_dir, log, identity)
