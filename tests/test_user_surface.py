@@ -187,10 +187,14 @@ def test_padding_ids_are_ignored_and_ids_must_be_integers():
   wide = np.array([[2**32 + 5, 9], [8, 0]], np.int64)
   with pytest.raises(ValueError, match=r"Prompt token id 4294967301 \(row 0, position 0\)"):
     generate(model, wide, [2, 1], jax.random.key(0), **options)
-  with pytest.raises(ValueError, match="prompts must be integers, got dtype float64"):
+  with pytest.raises(ValueError, match=r"prompts must be integers, got 5.7 \(dtype float64\)"):
     generate(model, [[5.7, 9.0]], [2], jax.random.key(0), **options)
-  with pytest.raises(ValueError, match="lengths must be integers, got dtype float64"):
+  with pytest.raises(ValueError, match=r"lengths must be integers, got 1.9 \(dtype float64\)"):
     generate(model, [[5, 9]], [1.9], jax.random.key(0), **options)
+  with pytest.raises(ValueError, match="prompts must be integers, got dtype <U1"):
+    generate(model, [["a", "b"]], [2], jax.random.key(0), **options)
+  whole = generate(model, clean.astype(float), np.ones(2) * lengths, jax.random.key(0), **options)
+  np.testing.assert_array_equal(whole.tokens, reference.tokens)  # Whole floats: np.ones(B).
   with pytest.raises(ValueError, match="prompts must be a rectangular array; right-pad"):
     generate(model, [[5, 9], [8]], [2, 1], jax.random.key(0), **options)
   with pytest.raises(ValueError, match="batch and length >= 1, got shape \\(0, 3\\)"):

@@ -95,10 +95,10 @@ def check_prompts(
     vocab_size: when given, every prompt token (up to its row's length) must be an id in
       [0, vocab_size): an embedding lookup would silently clip an out-of-range id.
 
-  The ids and lengths must be integers (a float or a 64-bit id was cast silently: 5.7 read as
-  5, 2^32 + 5 as 5). The padding past each row's length may hold any integer (-100, V): it is
-  replaced by 0 here, since an out-of-range id embeds as NaN, which the masked attention
-  still multiplies by 0.
+  The ids and lengths must be whole numbers (a float or a 64-bit id was cast silently: 5.7
+  read as 5, 2^32 + 5 as 5). The padding past each row's length may hold any integer (-100,
+  V): it is replaced by 0 here, since an out-of-range id embeds as NaN, which the masked
+  attention still multiplies by 0.
   """
   prompts, prompt_lengths = _integers(prompts, "prompts"), _integers(prompt_lengths, "lengths")
   if prompts.ndim != 2 or prompts.shape[0] < 1 or prompts.shape[1] < 1:
@@ -146,7 +146,8 @@ def check_prompts(
 
 def _integers(values: Any, name: str) -> Any:
   """``values`` as an integer array (a JAX array, or a tracer, as it is), refused in one line
-  when they are not integers or not rectangular."""
+  when they are not whole numbers (floats such as ``np.ones(B)`` that hold whole numbers are
+  read as the integers they are) or not rectangular."""
   if isinstance(values, jax.Array):  # A tracer, or an array already on the devices.
     array = values
   else:
@@ -157,7 +158,15 @@ def _integers(values: Any, name: str) -> Any:
         f"{name} must be a rectangular array; right-pad the rows to one length and give "
         f"each row's length in prompt_lengths ({error})."
       ) from error
-  if array.dtype.kind not in "iu":
+  if array.dtype.kind == "f" and not isinstance(array, jax.core.Tracer):
+    whole = np.isfinite(array) & (np.asarray(array) == np.round(array))
+    if not whole.all():  # np.ones(B) is a length of 1; 1.9 is no length.
+      raise ValueError(
+        f"{name} must be integers, got {float(np.asarray(array)[~whole].ravel()[0])!r} "
+        f"(dtype {array.dtype})."
+      )
+    return np.asarray(array).astype(np.int64)
+  if array.dtype.kind not in "iub":
     raise ValueError(f"{name} must be integers, got dtype {array.dtype}.")
   return array
 
