@@ -117,6 +117,7 @@ def main(argv):
   seed_dir = _SEED_FROM.value
   if seed_dir is None and config.answers.get("shipped_dir"):
     seed_dir = os.path.join(config.answers.shipped_dir, _SPLIT.value)
+  ship_to = os.path.expanduser(_SHIP_TO.value) if _SHIP_TO.value else None
   target_id = config.target.get("gguf") or config.target.get("checkpoint") or "trained"
   manifest = regenerate.regenerate(
     prepared.target,
@@ -130,10 +131,10 @@ def main(argv):
     width_step=_WIDTH_STEP.value,
     seed_dir=seed_dir or None,
     compact=_COMPACT.value,
-    merge_into=os.path.expanduser(_SHIP_TO.value) if _SHIP_TO.value else None,
+    merge_into=ship_to,
   )
-  if _SHIP_TO.value:
-    regenerate.merge(out, os.path.expanduser(_SHIP_TO.value))
+  if ship_to:
+    regenerate.merge(out, ship_to)
   shards = manifest["shards"]
   answers = sum(s["answer_tokens"] for s in shards)
   repeated = regenerate.repetition(shards)

@@ -159,13 +159,13 @@ def _integers(values: Any, name: str) -> Any:
         f"each row's length in prompt_lengths ({error})."
       ) from error
   if array.dtype.kind == "f" and not isinstance(array, jax.core.Tracer):
-    whole = np.isfinite(array) & (np.asarray(array) == np.round(array))
+    host = np.asarray(array)
+    whole = np.isfinite(host) & (host == np.round(host))
     if not whole.all():  # np.ones(B) is a length of 1; 1.9 is no length.
       raise ValueError(
-        f"{name} must be integers, got {float(np.asarray(array)[~whole].ravel()[0])!r} "
-        f"(dtype {array.dtype})."
+        f"{name} must be integers, got {float(host[~whole].ravel()[0])!r} (dtype {host.dtype})."
       )
-    return np.asarray(array).astype(np.int64)
+    return host.astype(np.int64)
   if array.dtype.kind not in "iub":
     raise ValueError(f"{name} must be integers, got dtype {array.dtype}.")
   return array
@@ -498,8 +498,13 @@ def run_loop(call: Any, shape: str, check_nan: bool) -> Any:
     raise
   if nan:
     rows = np.flatnonzero(np.asarray(out.nan_logits)).tolist()
-    raise FloatingPointError(
-      f"NaN logits from the target or draft model in rows {rows}: check the weights and "
-      "inputs (e.g. a bad checkpoint, or float16 overflow)."
-    )
+    raise nan_logits_error(f"the target or draft model in rows {rows}")
   return result
+
+
+def nan_logits_error(where: str) -> FloatingPointError:
+  """The error for NaN logits from ``where`` (the samplers' and regeneration's)."""
+  return FloatingPointError(
+    f"NaN logits from {where}: check the weights and inputs (e.g. a bad checkpoint, or "
+    "float16 overflow)."
+  )

@@ -253,10 +253,7 @@ def generate(
     done = np.asarray(state.done)
     if np.asarray(state.nan).any():  # Before a row with NaN logits is kept or handed on.
       nan_rows = sorted(row_of[np.asarray(state.nan) & (row_of >= 0)].tolist())
-      raise FloatingPointError(
-        f"NaN logits from the model for prompts {nan_rows}: check the weights and inputs (e.g. "
-        "a bad checkpoint, or float16 overflow)."
-      )
+      raise autoregressive.nan_logits_error(f"the model for prompts {nan_rows}")
     ended = np.nonzero(done & (row_of >= 0))[0]
     if ended.size:  # Kept as they are now: a done row never changes again.
       rows = row_of[ended]
