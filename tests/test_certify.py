@@ -21,6 +21,22 @@ def test_g_test_accepts_the_expected_counts_and_fails_an_impossible_draw():
   assert shifted["G"] > shifted["threshold"]
 
 
+def test_a_deterministic_law_is_one_cell_that_only_an_impossible_draw_fails():
+  """top-k 1 or a tiny temperature leaves one outcome: G is 0, and the chi-square of 0 degrees
+  of freedom (NaN) rejected every such sample (the review of 2026-11-29)."""
+  one = exactness.g_test(np.array([0, 100, 0]), np.array([0.0, 1.0, 0.0]), 1e-4)
+  assert (one["cells"], one["G"], one["rejected"], one["p_value"]) == (1, 0.0, False, 1.0)
+  assert exactness.g_test(np.array([1, 99, 0]), np.array([0.0, 1.0, 0.0]), 1e-4)["rejected"]
+
+
+def test_exact_distribution_of_one_new_token_is_the_warped_next_token_law():
+  setup = certify.make_setup("trigram", "1")
+  sampling = warping.SamplingConfig(0.7, top_k=4)
+  probs = exactness.exact_distribution(setup.target, certify.PROMPT, sampling, 1)
+  logits = setup.target.logits_PVV[certify.PROMPT[-2], certify.PROMPT[-1]]
+  np.testing.assert_allclose(probs, warping.probabilities(logits[None], sampling)[0], rtol=1e-5)
+
+
 def test_exact_distribution_is_the_chain_rule_of_the_target():
   setup = certify.make_setup("trigram", "1")
   sampling = warping.SamplingConfig(0.7, top_k=4)

@@ -182,12 +182,18 @@ def test_save_and_load_round_trip_and_sampling_with_an_imported_head(target, tmp
     (dict(num_hidden_layers=2), "num_hidden_layers"),
     (dict(norm_before_residual=True), "norm_before_residual"),
     (dict(vocab_size=65), "vocab_size 65"),
+    # Read with no error before the review of 2026-11-29, the head then ran at another RoPE.
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "RoPE scaling 'yarn'"),
+    (dict(rope_scaling={"type": "linear", "factor": 2.0}), "RoPE scaling 'linear'"),
+    (dict(attention_bias=True), "attention biases"),
+    (dict(num_attention_heads=None), "lacks num_attention_heads"),
   ],
 )
 def test_what_the_head_cannot_be_is_refused_by_name(target, tmp_path, change, message):
   tensors, config, _ = _hf_head()
+  changed = {k: v for k, v in dict(config, **change).items() if v is not None}
   with pytest.raises(eagle.EagleImportError, match=message):
-    eagle.load_eagle3(_write(tmp_path / "h", tensors, dict(config, **change)), target)
+    eagle.load_eagle3(_write(tmp_path / "h", tensors, changed), target)
 
 
 def test_missing_or_misshaped_tensors_and_bad_maps_are_refused(target, tmp_path):
@@ -206,3 +212,13 @@ def test_missing_or_misshaped_tensors_and_bad_maps_are_refused(target, tmp_path)
     eagle.load_eagle3(_write(tmp_path / "c", bad, config), target)
   with pytest.raises(FileNotFoundError, match="config.json"):
     eagle.load_eagle3(str(tmp_path / "nothing"), target)
+  extra = dict(tensors, **{"fc.bias": np.zeros(tensors["fc.weight"].shape[0], np.float32)})
+  with pytest.raises(eagle.EagleImportError, match=r"no place for: \['fc.bias'\]"):
+    eagle.load_eagle3(_write(tmp_path / "d", extra, config), target)
+
+
+def test_the_rope_base_of_transformers_5s_config_form_is_read(target):
+  tensors, config, _ = _hf_head()
+  config = {k: v for k, v in config.items() if k != "rope_theta"}
+  form = dict(config, rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+  assert eagle.head_config(form, target).rope_theta == 5e5

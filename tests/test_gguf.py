@@ -134,6 +134,43 @@ def test_other_architectures_and_tensor_types_are_refused_by_name(file, tmp_path
     gguf.read(str(tmp_path / "bad.gguf"))
 
 
+def test_rope_frequency_factors_and_missing_metadata_are_refused_by_name(file):
+  """llama.cpp stores Llama 3.1's RoPE scaling as a rope_freqs.weight tensor (no scaling type):
+  imported without it the model computed another function, with no error; a file without a
+  field or tensor the model needs raised a KeyError (the review of 2026-11-29)."""
+
+  class Freqs:
+    tensor_type = file.tensors["output_norm.weight"].tensor_type  # F32, as llama.cpp writes it.
+
+    def __init__(self, values):
+      self.data = np.asarray(values, np.float32)
+
+  unscaled = gguf.GgufFile(
+    file.path, file.metadata, dict(file.tensors, **{"rope_freqs.weight": Freqs(np.ones(32))})
+  )
+  gguf.check(unscaled)  # All ones: the same RoPE.
+  scaled = gguf.GgufFile(
+    file.path,
+    file.metadata,
+    dict(file.tensors, **{"rope_freqs.weight": Freqs(np.r_[np.ones(16), np.full(16, 8.0)])}),
+  )
+  with pytest.raises(gguf.UnsupportedGguf, match="rope_freqs.weight"):
+    gguf.hf_config(scaled)
+  for key, message in (
+    ("llama.feed_forward_length", "feed_forward_length"),
+    ("llama.attention.layer_norm_rms_epsilon", "layer_norm_rms_epsilon"),
+  ):
+    metadata = {k: v for k, v in file.metadata.items() if k != key}
+    with pytest.raises(gguf.UnsupportedGguf, match=f"lacks .*{message}"):
+      gguf.hf_config(gguf.GgufFile(file.path, metadata, file.tensors))
+  tensors = {k: v for k, v in file.tensors.items() if k != "token_embd.weight"}
+  with pytest.raises(gguf.UnsupportedGguf, match="lacks .*token_embd.weight"):
+    gguf.hf_config(gguf.GgufFile(file.path, file.metadata, tensors))
+  metadata = {k: v for k, v in file.metadata.items() if k != "tokenizer.ggml.merges"}
+  with pytest.raises(gguf.UnsupportedGguf, match="without tokenizer.ggml.merges"):
+    gguf.tokenizer(gguf.GgufFile(file.path, metadata, file.tensors))
+
+
 TEXTS = [
   "Hello world!",
   "The year 2024 had 12345 items, 3.5% more.",

@@ -259,6 +259,58 @@ def test_safetensors_format_matches_the_reference_library(tmp_path):
   np.testing.assert_array_equal(ours.tensor("d").view(np.uint16), tensors["d"].view(np.uint16))
 
 
+def test_damaged_safetensors_files_and_indexes_are_named(saved, tmp_path):
+  """A truncated shard, a header whose byte range does not hold its shape, and a broken or
+  incomplete index: one line naming the file (and the tensor), where the import raised
+  numpy's reshape error, a JSON error without the file, or a KeyError (the review of
+  2026-11-29)."""
+  import shutil
+
+  good = tmp_path / "good.safetensors"
+  safetensors_io.write_file(str(good), {"a": np.ones((32, 32), np.float32)})
+  data = good.read_bytes()
+  (tmp_path / "cut.safetensors").write_bytes(data[:-100])
+  with pytest.raises(safetensors_io.SafetensorsError, match="cut.safetensors: tensor 'a' ends at"):
+    safetensors_io.SafetensorsFile(str(tmp_path / "cut.safetensors"))
+  header = data[8 : 8 + int.from_bytes(data[:8], "little")]
+  wrong = header.replace(b"[32,32]", b"[32,16]")
+  assert wrong != header
+  (tmp_path / "shape.safetensors").write_bytes(data[:8] + wrong + data[8 + len(header) :])
+  with pytest.raises(
+    safetensors_io.SafetensorsError, match="'a' of shape \\[32, 16\\].*corrupt header"
+  ):
+    safetensors_io.SafetensorsFile(str(tmp_path / "shape.safetensors"))
+  source = saved("llama")[1]
+  sharded = tmp_path / "sharded"
+  shutil.copytree(source, sharded)
+  names = list(read_all(source))
+  index = {"weight_map": {name: "model.safetensors" for name in names}}
+  for content, message in (
+    ("{not json", "is not a safetensors index .*JSONDecodeError"),
+    (json.dumps({"metadata": {}}), "is not a safetensors index .*KeyError"),
+    (
+      json.dumps({"weight_map": dict(index["weight_map"], x="model-2.safetensors")}),
+      "lists shards that are not in .*model-2",
+    ),
+  ):
+    (sharded / safetensors_io.INDEX_FILE).write_text(content)
+    with pytest.raises(safetensors_io.SafetensorsError, match=message):
+      hf.import_model(str(sharded))
+  (sharded / "config.json").write_text("{broken")
+  with pytest.raises(ValueError, match="config.json is not valid JSON"):
+    hf.import_model(str(sharded))
+  config = architectures.read_config(source)
+  for changes, message in (
+    (dict(num_attention_heads=None), "lacks num_attention_heads, which a llama model needs"),
+    (
+      dict(rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}),
+      "lacks low_freq_factor, high_freq_factor, original_max_position_embeddings, which its",
+    ),
+  ):
+    with pytest.raises(ValueError, match=message):
+      architectures.from_hf({k: v for k, v in dict(config, **changes).items() if v is not None})
+
+
 def test_bfloat16_checkpoint_imports_bit_exact(saved, tmp_path):
   torch_model = hf_models.build("llama").to(torch.bfloat16)
   torch_model.save_pretrained(tmp_path)
@@ -367,7 +419,11 @@ def test_unsupported_architectures_are_refused(changes, message, saved, tmp_path
     ("qwen3_moe", dict(mlp_only_layers=[1]), "qwen3_moe with dense mlp_only_layers"),
     ("qwen3_moe", dict(decoder_sparse_step=2), "decoder_sparse_step"),
     ("qwen3", dict(attention_bias=True), "attention_bias=true"),
-    ("qwen3", dict(use_sliding_window=True, sliding_window=4, layer_types=None), "cannot tell"),
+    (
+      "qwen3",
+      dict(use_sliding_window=True, sliding_window=4, layer_types=None, max_window_layers=1),
+      "qwen3 with sliding layers \\[1, 2\\] of 3",
+    ),
     (
       "gemma3_text",
       dict(
@@ -384,6 +440,35 @@ def test_each_familys_unimplemented_features_are_refused_by_name(kind, changes, 
   config = {**architectures.read_config(saved(kind)[1]), **changes}
   with pytest.raises(architectures.UnsupportedArchitecture, match=message):
     architectures.from_hf(config)
+
+
+ALTERNATE = ["sliding_attention", "full_attention", "sliding_attention"]
+
+
+@pytest.mark.parametrize(
+  "kind, changes",
+  [
+    ("llama", dict(sliding_window=4)),  # Llama, Arcee and Gemma ignore a window.
+    ("gemma", dict(sliding_window=4)),
+    ("mistral", dict(layer_types=ALTERNATE)),  # Read as Ministral's config: as written.
+    ("phi3", dict(layer_types=ALTERNATE)),  # Phi-3 (and Qwen3-MoE) slide every layer.
+    ("qwen3", dict(use_sliding_window=True, sliding_window=4, max_window_layers=0)),
+    ("qwen3", dict(use_sliding_window=True, sliding_window=4, max_window_layers=3)),
+  ],
+)
+def test_sliding_windows_are_read_as_transformers_reads_the_config(kind, changes, saved, tmp_path):
+  """Which layers slide is each family's own rule in transformers (architectures._window): a
+  window read where transformers ignores it, or layer_types read where it slides every
+  layer, computed another model with no error (the review of 2026-11-29)."""
+  import transformers
+
+  directory = copy_with_config(saved(kind)[1], tmp_path / "case", **changes)
+  reference = torch_logits(
+    transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager"),
+    TOKENS,
+  )
+  logits, _ = hf.import_model(directory)[0](jnp.asarray(TOKENS))
+  assert relative_error(logits, reference) < 1e-4
 
 
 def test_published_config_forms_of_the_new_families():
@@ -521,6 +606,55 @@ def test_export_refuses_configs_no_hf_architecture_expresses(tiny_model, tmp_pat
   with pytest.raises(architectures.UnsupportedArchitecture, match="scale_embeddings"):
     hf.export_model(odd, str(tmp_path / "odd"))
   assert not (tmp_path / "odd").exists()
+
+
+def test_a_failed_export_leaves_nothing_and_a_file_is_no_folder(imported, tmp_path):
+  """A float16 export of weights past its range wrote inf into the file with only numpy's
+  warning (the import refused the same cast by name); now it is refused, and the half-written
+  shards are removed (the review of 2026-11-29)."""
+  model = imported("llama")
+  params = train.params_of(model)
+  params["final_norm"]["scale_D"] = params["final_norm"]["scale_D"] * 1e6
+  graphdef, state = nnx.split(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, params)
+  large = nnx.merge(graphdef, state)
+  with pytest.raises(ValueError, match="'model.norm.weight' overflows float16.*bfloat16"):
+    hf.export_model(large, str(tmp_path / "new"), dtype="float16", max_shard_bytes=20_000)
+  assert not (tmp_path / "new").exists()
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(ValueError, match="overflows float16"):
+    hf.export_model(large, str(tmp_path / "empty"), dtype="float16", max_shard_bytes=20_000)
+  assert os.listdir(tmp_path / "empty") == []
+  hf.export_model(large, str(tmp_path / "empty"), dtype="bfloat16")  # Fits there.
+  (tmp_path / "a_file").write_text("x")
+  with pytest.raises(FileExistsError, match="a_file is a file; an export writes into a folder"):
+    hf.export_model(model, str(tmp_path / "a_file"))
+
+
+def test_tied_embeddings_with_an_output_head_of_other_values_keep_the_head(saved, tmp_path):
+  """tie_word_embeddings=true beside an lm_head.weight that differs from the embedding:
+  transformers 5 keeps both; specsamp dropped the head, with no error (the review of
+  2026-11-29). A head equal to the embedding stays tied."""
+  import transformers
+
+  source = saved("llama")[1]
+  tensors = read_all(source)
+  for name, head in (
+    ("other", tensors["lm_head.weight"]),
+    ("same", tensors["model.embed_tokens.weight"]),
+  ):
+    directory = tmp_path / name
+    os.makedirs(directory)
+    safetensors_io.write_file(
+      str(directory / "model.safetensors"), dict(tensors, **{"lm_head.weight": head})
+    )
+    write_config(directory, **dict(architectures.read_config(source), tie_word_embeddings=True))
+    reference = torch_logits(
+      transformers.AutoModelForCausalLM.from_pretrained(str(directory)), TOKENS
+    )
+    model = hf.import_model(str(directory))[0]
+    assert model.config.tie_embeddings == (name == "same")
+    assert relative_error(model(jnp.asarray(TOKENS))[0], reference) < 1e-4
 
 
 def test_how_a_model_runs_is_no_part_of_its_export():

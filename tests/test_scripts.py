@@ -68,7 +68,13 @@ def test_train_script_trains_with_progress_and_reports_each_draft(trained_workdi
     ("token", "T=1"),
     ("token", "greedy"),
   ]
-  assert sorted(os.listdir(workdir)) == ["draft_none", "draft_token", "target", "tokenizer.model"]
+  assert sorted(os.listdir(workdir)) == [
+    "draft_none",
+    "draft_token",
+    "target",
+    "tokenizer.model",
+    "tokenizer_source.json",
+  ]
 
 
 @pytest.mark.slow

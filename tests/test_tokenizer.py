@@ -78,3 +78,48 @@ def test_load_errors(tmp_path):
 def test_too_small_vocabulary_is_a_clear_error(chunks):
   with pytest.raises(ValueError, match="vocab_size must be at least 300"):
     Tokenizer.train(chunks, vocab_size=100)
+
+
+def test_a_workdirs_tokenizer_is_refused_for_another_corpus(tmp_path):
+  """A run that failed before its first checkpoint left its tokenizer, and a later run on
+  another corpus trained its models with it, with no error (the review of 2026-11-29)."""
+  import sys
+
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+  import code_pair
+
+  from specsamp.experiments.jobs import pair
+
+  files = data.shuffled(data.stdlib_files(), seed=0)[:160]
+  for name, chosen in (("a", files[:80]), ("b", files[80:])):
+    os.makedirs(tmp_path / name)
+    for i, path in enumerate(chosen):
+      (tmp_path / name / f"{i}.py").write_text(
+        open(path, encoding="utf-8", errors="replace").read()
+      )
+  config = code_pair.get_config()
+  config.tokenizer.vocab_size, config.tokenizer.max_chars = 600, 200_000
+  config.data.corpus = str(tmp_path / "a" / "*.py")
+  workdir = str(tmp_path / "work")
+  os.makedirs(workdir)
+  first = pair.load_tokenizer(config, workdir, pair.corpus_split(config), lambda _: None)
+  again = pair.load_tokenizer(config, workdir, pair.corpus_split(config), lambda _: None)
+  assert again.fingerprint == first.fingerprint  # The same data: reused.
+  config.data.corpus = str(tmp_path / "b" / "*.py")
+  with pytest.raises(ValueError, match="trained on other data .*'corpus'"):
+    pair.load_tokenizer(config, workdir, pair.corpus_split(config), lambda _: None)
+
+
+def test_a_corpus_a_tokenizer_cannot_learn_from_is_named_in_specsamps_flags():
+  """SentencePiece's own messages named an option specsamp does not have (the review of
+  2026-11-29)."""
+  import random
+
+  with pytest.raises(ValueError, match="holds no text .*--config.data.corpus"):
+    Tokenizer.train(["", ""], vocab_size=300)
+  rng = random.Random(0)
+  noise = "".join(chr(rng.randrange(32, 0x250)) for _ in range(200_000))  # Bytes read as text.
+  with pytest.raises(ValueError, match="distinct characters .*--config.tokenizer.vocab_size"):
+    Tokenizer.train([noise[i : i + 100] for i in range(0, len(noise), 100)], vocab_size=300)
+  with pytest.raises(ValueError, match="too small for a tokenizer of vocab_size=5000"):
+    Tokenizer.train(["def f(x):\n    return x\n"] * 3, vocab_size=5000)

@@ -116,6 +116,28 @@ def test_a_run_out_of_time_evaluates_saves_and_resumes_exactly(trainer, uninterr
   assert all(jax.tree.leaves(same)), same
 
 
+def test_a_diverged_state_is_never_saved_over_the_good_checkpoints(trainer, tmp_path):
+  """Parameters NaN from step 11: with the loss read every 10 steps and a save every 7, step 14
+  was saved NaN and orbax's keep-the-last-N then deleted the good steps (2 kept here), so a
+  resumed run loaded NaN (the review of 2026-11-29). Now the save refuses it."""
+  original = trainer.train_step
+
+  def diverging(state, batch):
+    state, metrics = original(state, batch)
+    if int(state.step) >= 11:
+      state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+    return state, metrics
+
+  store = checkpoint.Checkpoints(str(tmp_path / "nan"), max_to_keep=2)
+  trainer.train_step = diverging
+  try:
+    with pytest.raises(FloatingPointError, match="not finite at step 14.*kept: steps 7\\.$"):
+      train.fit(trainer, BATCHES, EVAL, store, META, log=lambda _: None)
+  finally:
+    del trainer.train_step
+  assert store.all_steps() == [7]
+
+
 def test_ctrl_c_saves_the_current_step(trainer, tmp_path):
   class Interrupting(data.Batches):
     def at(self, step):

@@ -15,7 +15,7 @@ from conftest import tiny_config
 
 from specsamp.models import transformer
 from specsamp.models.attention import TreeCall
-from specsamp.sampling import drafters, generate, speculative_generate
+from specsamp.sampling import drafters, generate, speculative_generate, tree_step
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling import tree_verification as tv
 from specsamp.sampling.drafters import PromptLookupDrafter
@@ -190,6 +190,16 @@ def test_tree_settings_that_cannot_work_are_refused(pair):
     run(draft, num_draft_tokens=2, verifier="traversal")
   with pytest.raises(ValueError, match="proposes single chains only"):
     run(PromptLookupDrafter(), num_draft_tokens=2, tree="chains:2x2")
+  # More distinct siblings than tokens: greedy proposals and T = 0 failed inside tracing
+  # (top_k past the vocabulary); i.i.d. siblings may repeat a token (the review of 2026-11-29).
+  with pytest.raises(
+    ValueError, match=f"distinct siblings are at most the vocabulary's {target.vocab_size}"
+  ):
+    run(draft, num_draft_tokens=2, tree=f"tree:{target.vocab_size + 1},1")
+  iid = f"tree:{target.vocab_size + 1},1/iid"
+  tree_step.check_tree(iid, 2, "token", target, drafters.ModelDrafter(draft))
+  with pytest.raises(ValueError, match="A tree of 1,025 nodes"):
+    tree_lib.parse("tree:1025")
   with pytest.raises(TypeError, match="cannot score or draft a tree"):
     speculative_generate(
       NoTree(random_bigram(8, 0)),

@@ -48,6 +48,34 @@ def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):
   assert message in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize(
+  "changes,message",
+  [
+    # A tree's K is its depth: the chain's num_draft_tokens (8) was held against max_new_tokens.
+    (dict(tree="tree:2,2", max_new_tokens=4), None),
+    (dict(tree="tree:2,2", drafter="lookup"), "tree:2,2': drafter='lookup' proposes single chains"),
+    (dict(tree="tree:2,2", drafter="feature+lookup:2"), "proposes single chains"),
+    (dict(tree="chain:3", drafter="lookup"), None),
+    (
+      dict(tree="dynamic:2x2", proposal="greedy", confidence_threshold=0.5),
+      "confidence_threshold=0.5: must be 0 with a dynamic tree",
+    ),
+  ],
+)
+def test_tree_settings_are_checked_before_the_pair_is_prepared(changes, message):
+  """Refused by the loop only after the pair had trained, up to minutes on a fresh workdir, or
+  refused wrongly (the review of 2026-11-29)."""
+  config = code_pair.get_config()
+  for name, value in changes.items():
+    section = config.sampling if name == "max_new_tokens" else config.speculative
+    section[name] = value
+  if message is None:
+    sample_job.check_settings(config)
+  else:
+    with pytest.raises(ValueError, match=message):
+      sample_job.check_settings(config)
+
+
 def test_rows_past_the_training_context_are_warned():
   config = code_pair.get_config()  # Both models trained on 128-token sequences.
   assert sample_job.context_warnings(config, longest_prompt=64) == []  # 64 + 64 = 128

@@ -97,8 +97,22 @@ def read_config(path: str) -> dict[str, Any]:
     directory, path = path, os.path.join(path, "config.json")
     if not os.path.exists(path):
       raise FileNotFoundError(f"No config.json in {directory}: not a Hugging Face model directory.")
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path) as f:
+      config = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    raise ValueError(f"{path} is not valid JSON: {error}.") from None
+  if not isinstance(config, dict):
+    raise ValueError(f"{path} is not a Hugging Face config (a JSON object).")
+  return config
+
+
+def _require(fields: Mapping[str, Any], keys: tuple[str, ...], what: str) -> None:
+  """Refuses ``fields`` that lack any of ``keys``, naming them (a KeyError from deep inside
+  the import named only the key)."""
+  lacking = [key for key in keys if fields.get(key) is None]
+  if lacking:
+    raise ValueError(f"config.json lacks {', '.join(lacking)}, which {what} needs.")
 
 
 def checkpoint_dtype(hf: Mapping[str, Any]) -> str | None:
@@ -151,6 +165,10 @@ def _rope(hf: Mapping[str, Any], model_type: str) -> dict[str, Any]:
     raise UnsupportedArchitecture(
       f"RoPE scaling {kind!r} is not implemented in specsamp (supported: default, linear, llama3)."
     )
+  needs = ("factor",)
+  if kind == "llama3":
+    needs += ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+  _require(merged, needs, f"its {kind!r} RoPE scaling")
   fields.update(rope_scaling=kind, rope_scaling_factor=float(merged["factor"]))
   if kind == "llama3":
     fields.update(
@@ -161,26 +179,39 @@ def _rope(hf: Mapping[str, Any], model_type: str) -> dict[str, Any]:
   return fields
 
 
+# Which layers slide, as transformers 5 decides it (each family's modeling and configuration
+# files): never in llama, arcee and gemma, which ignore a sliding_window in config.json; every
+# layer in phi3 and qwen3_moe, which ignore layer_types; by layer_types in mistral (AutoConfig
+# reads a mistral config.json with layer_types as Ministral's), qwen2, qwen3, gemma2 and
+# gemma3_text, whose default is the family's own (mistral: every layer; qwen: the layers from
+# max_window_layers on; gemma2: every second; gemma3: 5 of every sliding_window_pattern = 6).
+_NO_WINDOW = ("llama", "arcee", "gemma")
+_WINDOW_ON_EVERY_LAYER = ("phi3", "qwen3_moe")
+
+
 def _window(hf: Mapping[str, Any], model_type: str, num_layers: int) -> dict[str, Any]:
-  """sliding_window and its layer pattern from 'layer_types' (or the family's default)."""
+  """sliding_window and its layer pattern, read as transformers reads the family's config."""
   window = hf.get("sliding_window")
   types = hf.get("layer_types")
+  if model_type in _NO_WINDOW:
+    return {}
   if model_type in _QWEN and not hf.get("use_sliding_window"):
     return {}  # transformers ignores the window (and layer_types' sliding entries) then.
+  if window is None and types is None:
+    return {}
+  if model_type in _WINDOW_ON_EVERY_LAYER:
+    return {} if window is None else {"sliding_window": int(window), "sliding_window_pattern": 1}
   if types is None:
-    if window is None:
-      return {}
     if model_type in _QWEN:
-      raise UnsupportedArchitecture(
-        f"{model_type} with use_sliding_window=true and no layer_types: "
-        "specsamp cannot tell which layers slide."
-      )
-    every = {"mistral": 1, "phi3": 1, "gemma2": 2}.get(model_type)
-    every = every or int(hf.get("sliding_window_pattern") or 6)  # gemma3_text: 5 local, 1 global.
-    types = [
-      "sliding_attention" if every == 1 or (i + 1) % every else "full_attention"
-      for i in range(num_layers)
-    ]
+      first = int(hf.get("max_window_layers", 28))
+      types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    else:
+      every = {"mistral": 1, "gemma2": 2}.get(model_type)
+      every = every or int(hf.get("sliding_window_pattern") or 6)
+      types = [
+        "sliding_attention" if every == 1 or (i + 1) % every else "full_attention"
+        for i in range(num_layers)
+      ]
   unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
   if unknown or len(types) != num_layers:
     raise UnsupportedArchitecture(
@@ -195,8 +226,9 @@ def _window(hf: Mapping[str, Any], model_type: str, num_layers: int) -> dict[str
     if all(s == (pattern == 1 or (i + 1) % pattern != 0) for i, s in enumerate(sliding)):
       return {"sliding_window": int(window), "sliding_window_pattern": pattern}
   raise UnsupportedArchitecture(
-    f"layer_types {types}: specsamp supports sliding windows on every layer or on all layers "
-    "but every P-th."
+    f"{model_type} with sliding layers {[i for i, s in enumerate(sliding) if s]} of "
+    f"{num_layers}: specsamp supports sliding windows on every layer or on all layers but "
+    "every P-th."
   )
 
 
@@ -265,6 +297,14 @@ def from_hf(
   elif activation == "swiglu":
     raise UnsupportedArchitecture("arcee with a plain silu MLP is not supported.")
 
+  shapes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+  if model_type == "qwen3_moe":
+    shapes += ("moe_intermediate_size", "num_experts_per_tok")
+    if hf.get("num_experts") is None:
+      shapes += ("num_local_experts",)
+  else:
+    shapes += ("intermediate_size",)
+  _require(hf, shapes, f"a {model_type} model")
   stored = checkpoint_dtype(hf) or "float32"
   param_dtype = param_dtype or stored
   for name, value in (("param_dtype", param_dtype), ("dtype", dtype)):

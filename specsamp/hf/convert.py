@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,8 +39,14 @@ def load_tokenizer(hf_dir: str) -> Any:
   return tokenizer_lib.load(hf_dir)
 
 
-def _cast(name: str, shard: np.ndarray, dtype: jnp.dtype) -> np.ndarray:
-  """``shard`` in ``dtype``; refuses integer tensors, NaN/inf weights and overflowing casts."""
+def _cast(
+  name: str,
+  shard: np.ndarray,
+  dtype: jnp.dtype,
+  advice: str = "import it with param_dtype='bfloat16' or 'float32'",
+) -> np.ndarray:
+  """``shard`` in ``dtype``; refuses integer tensors, NaN/inf weights and overflowing casts
+  (``advice``: what the overflow's message suggests)."""
   if not jnp.issubdtype(shard.dtype, jnp.floating):
     raise ValueError(
       f"Tensor {name!r} is stored as {shard.dtype}, not a float: quantized or "
@@ -49,11 +56,10 @@ def _cast(name: str, shard: np.ndarray, dtype: jnp.dtype) -> np.ndarray:
     out = np.asarray(shard, dtype=dtype)
   if not np.isfinite(out).all():
     if not np.isfinite(np.asarray(shard, np.float32)).all():
-      raise ValueError(f"Tensor {name!r} of the checkpoint holds NaN or inf values.")
+      raise ValueError(f"Tensor {name!r} holds NaN or inf values.")
     raise ValueError(
       f"Tensor {name!r} overflows {jnp.dtype(dtype).name} (largest magnitude "
-      f"{float(np.abs(np.asarray(shard, np.float32)).max()):.3g}); import it with "
-      "param_dtype='bfloat16' or 'float32'."
+      f"{float(np.abs(np.asarray(shard, np.float32)).max()):.3g}); {advice}."
     )
   return out
 
@@ -112,6 +118,11 @@ def import_tensors(
   config = architectures.from_hf(
     hf_config, param_dtype=param_dtype, dtype=dtype, tensor_parallel=tensor_parallel
   )
+  if config.tie_embeddings and _distinct_output_head(tensors):
+    # tie_word_embeddings with an lm_head.weight of other values: transformers 5 keeps both
+    # (it warns that it will not tie them), so the model has an output head of its own.
+    hf_config = {**hf_config, "tie_word_embeddings": False}
+    config = config.replace(tie_embeddings=False)
   mesh = mesh or checkpoint.default_mesh()
   model = sharding.abstract_model(lambda rngs: transformer.Transformer(config, rngs=rngs), mesh)
   graphdef, abstract, shardings = model.graphdef, model.shapes, model.shardings
@@ -168,6 +179,17 @@ def import_tensors(
   return nnx.merge(graphdef, params)
 
 
+def _distinct_output_head(tensors: Any) -> bool:
+  """Whether ``tensors`` hold an lm_head.weight that differs from the embedding table."""
+  names = set(tensors.keys())
+  if not {"lm_head.weight", "model.embed_tokens.weight"} <= names:
+    return False
+  head, table = (
+    np.asarray(tensors.tensor(n)) for n in ("lm_head.weight", "model.embed_tokens.weight")
+  )
+  return head.shape != table.shape or not np.array_equal(head, table)
+
+
 def _source_meta(hf_dir: str, hf_config: Mapping[str, Any]) -> dict[str, Any]:
   return {
     "format": "huggingface",
@@ -194,6 +216,8 @@ def refuse_non_empty(output_dir: str, action: str) -> None:
   """Raises FileExistsError when ``output_dir`` exists and holds anything: ``action`` (an
   import, an export) writes its files (the tokenizer's, config.json) over same-named ones, so
   a workdir's tokenizer or a user's HF folder would be overwritten."""
+  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise FileExistsError(f"{output_dir} is a file; {action} writes into a folder.")
   held = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
   # What an interrupted orbax save leaves (a step it never finished): no user's file.
   held = [name for name in held if ".orbax-checkpoint-tmp" not in name]
@@ -297,21 +321,38 @@ def export_model(
       host = _to_host(array[entry.index] if entry.index else array)  # One layer's (expert's).
       parts.append((entry, np.ascontiguousarray(entry.to_hf(host))))
       if position + 1 == len(table) or table[position + 1].hf_name != entry.hf_name:
-        yield entry.hf_name, np.ascontiguousarray(weights.joined(parts)).astype(np_dtype)
+        joined = np.ascontiguousarray(weights.joined(parts))
+        yield (
+          entry.hf_name,
+          _cast(entry.hf_name, joined, np_dtype, "export it as bfloat16 or float32"),
+        )
         parts = []
 
   if jax.process_index() != 0:
     for _ in tensors():  # Other hosts join the gathers, and write nothing.
       pass
     return []
+  created = not os.path.isdir(output_dir)
+  before = set() if created else set(os.listdir(output_dir))
   os.makedirs(output_dir, exist_ok=True)
-  names = safetensors_io.write_sharded(output_dir, tensors(), max_shard_bytes)
-  with open(os.path.join(output_dir, "config.json"), "w") as f:
-    json.dump(hf_config, f, indent=2)
-  with open(os.path.join(output_dir, "generation_config.json"), "w") as f:
-    json.dump(dict(ids), f, indent=2)
-  if tokenizer is not None:
-    tokenizer.save(output_dir)
+  try:
+    names = safetensors_io.write_sharded(output_dir, tensors(), max_shard_bytes)
+    with open(os.path.join(output_dir, "config.json"), "w") as f:
+      json.dump(hf_config, f, indent=2)
+    with open(os.path.join(output_dir, "generation_config.json"), "w") as f:
+      json.dump(dict(ids), f, indent=2)
+    if tokenizer is not None:
+      tokenizer.save(output_dir)
+  except BaseException:
+    # A failed export (a tensor that overflows the dtype, Ctrl-C) leaves no half model: what
+    # it wrote is removed, and the folder too when the export made it.
+    if created:
+      shutil.rmtree(output_dir, ignore_errors=True)
+    else:
+      for name in set(os.listdir(output_dir)) - before:
+        path = os.path.join(output_dir, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    raise
   return names
 
 

@@ -24,7 +24,8 @@ and SGLang's loaders read the same way.
 ``load_eagle3`` maps such a head onto ``feature_head.FeatureHead`` and pairs it with its target.
 What specsamp's head does not implement is refused by name: a head wider than its target
 (``target_hidden_size`` other than ``hidden_size``), an fc bias, ``norm_before_residual``, more
-than one layer, an activation other than SiLU. ``save_eagle3`` writes the same format.
+than one layer, an activation other than SiLU, RoPE scaling, attention biases, and tensors it
+has no place for. ``save_eagle3`` writes the same format.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 DEFAULT_ROPE_THETA = 10_000.0  # EAGLE-3 trains its head at this base when the config has none.
 
 
+# Tensors of a published head that the import reads otherwise or not at all: the maps between
+# the vocabularies (d2t is read below; t2d follows from it) and a copy of the target's embedding.
+_IGNORED_TENSORS = ("d2t", "t2d", "embed_tokens.weight")
+
+
 class EagleImportError(ValueError):
   pass
 
@@ -65,11 +71,23 @@ def head_config(hf: dict[str, Any], target: Any) -> FeatureHeadConfig:
   cannot be is refused by name."""
   t = target.config
   d = hf.get("hidden_size")
+  lacking = [
+    key for key in ("hidden_size", "num_attention_heads", "intermediate_size") if key not in hf
+  ]
+  if lacking:
+    raise EagleImportError(f"This EAGLE-3 head's config.json lacks {', '.join(lacking)}.")
+  rope = dict(hf.get("rope_scaling") or {}, **(hf.get("rope_parameters") or {}))
+  scaling = rope.get("rope_type", rope.get("type", "default"))
   checks = [
     (hf.get("num_hidden_layers", 1) == 1, "num_hidden_layers must be 1 (one decoder layer)"),
     (hf.get("hidden_act", "silu") == "silu", "hidden_act must be 'silu'"),
     (not hf.get("bias", False), "an fc bias ('bias': true) is not supported"),
     (not hf.get("norm_before_residual", False), "norm_before_residual is not supported"),
+    (
+      scaling == "default",
+      f"RoPE scaling {scaling!r} is not supported (specsamp's head runs unscaled RoPE)",
+    ),
+    (not hf.get("attention_bias", False), "attention biases ('attention_bias': true)"),
     (
       d == t.d_model,
       f"hidden_size {d} must equal the target's d_model {t.d_model} (the head shares its "
@@ -98,7 +116,7 @@ def head_config(hf: dict[str, Any], target: Any) -> FeatureHeadConfig:
     head_dim=hf.get("head_dim") or d // heads,
     ffn_dim=hf["intermediate_size"],
     draft_vocab_size=hf.get("draft_vocab_size") or hf["vocab_size"],
-    rope_theta=float(hf.get("rope_theta", DEFAULT_ROPE_THETA)),
+    rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", DEFAULT_ROPE_THETA))),
     norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
   ).resolve(t)
 
@@ -177,6 +195,13 @@ def load_eagle3(
   abstract = sharding.abstract_model(
     lambda rngs: FeatureHead(config, target.config, rngs=rngs), mesh or checkpoint.default_mesh()
   )
+  known = {e.hf_name for e in entries(config, d)} | set(_IGNORED_TENSORS)
+  unexpected = sorted(set(tensors) - known)
+  if unexpected:
+    raise EagleImportError(
+      f"{directory} holds tensors specsamp's head has no place for: {unexpected[:4]} (a bias, "
+      "another layer: a head of another architecture than its config.json says)."
+    )
   params: dict = {}
   for e in entries(config, d):
     if e.hf_name not in tensors:

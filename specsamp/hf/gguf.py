@@ -170,6 +170,16 @@ def read(path: str) -> GgufFile:
   return GgufFile(path, metadata, {t.name: t for t in reader.tensors})
 
 
+# Metadata a llama GGUF must hold (under the architecture's prefix); the others have defaults.
+_REQUIRED_FIELDS = (
+  "embedding_length",
+  "block_count",
+  "feed_forward_length",
+  "attention.head_count",
+  "attention.layer_norm_rms_epsilon",
+)
+
+
 def check(file: GgufFile) -> None:
   """Refuses, by name, an architecture or a tensor type the import does not implement."""
   if file.architecture not in ARCHITECTURES:
@@ -190,6 +200,25 @@ def check(file: GgufFile) -> None:
     )
   if file.field("expert_count"):
     raise UnsupportedGguf(f"{file.path}: a mixture-of-experts llama is not supported.")
+  # llama.cpp writes Llama 3.1+'s RoPE scaling as per-frequency divisors in this tensor, with
+  # no rope.scaling.type; read without them, the model computes another function.
+  freqs = file.tensors.get("rope_freqs.weight")
+  if freqs is not None and not np.all(np.asarray(freqs.data, np.float32) == 1.0):
+    raise UnsupportedGguf(
+      f"{file.path}: RoPE frequency factors (rope_freqs.weight, how llama.cpp stores Llama "
+      "3.1's 'llama3' RoPE scaling) are not supported in a GGUF import; import the model's "
+      "Hugging Face checkpoint instead (scripts/import_hf.py reads its llama3 scaling)."
+    )
+  missing = [key for key in _REQUIRED_FIELDS if file.field(key) is None]
+  if "token_embd.weight" not in file.tensors:
+    missing.append("the tensor token_embd.weight")
+  if file.field("vocab_size") is None and "tokenizer.ggml.tokens" not in file.metadata:
+    missing.append(f"{file.architecture}.vocab_size or tokenizer.ggml.tokens")
+  if missing:
+    raise UnsupportedGguf(
+      f"{file.path} lacks what a {file.architecture} model needs: {', '.join(missing)} (an "
+      "incomplete or hand-edited file)."
+    )
 
 
 def hf_config(file: GgufFile) -> dict[str, Any]:
@@ -302,6 +331,9 @@ def tokenizer(file: GgufFile):
       f"{file.path}: pre-tokenizer {pre!r} is not supported; specsamp builds "
       f"{', '.join(_DIGIT_SPLIT + _PLAIN_GPT2)}."
     )
+  lacking = [key for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges") if key not in meta]
+  if lacking:
+    raise UnsupportedGguf(f"{file.path}: a 'gpt2' tokenizer without {' or '.join(lacking)}.")
   tokens = list(meta["tokenizer.ggml.tokens"])
   merges = [tuple(merge.split(" ", 1)) for merge in meta["tokenizer.ggml.merges"]]
   types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))

@@ -55,10 +55,39 @@ class SafetensorsFile:
         header = json.loads(f.read(header_len))
     except (struct.error, json.JSONDecodeError, UnicodeDecodeError) as error:
       raise SafetensorsError(f"{path} is not a safetensors file ({error}).") from error
+    if not isinstance(header, dict):
+      raise SafetensorsError(f"{path} is not a safetensors file (its header is no JSON object).")
     self.metadata = header.pop("__metadata__", {}) or {}
     self._entries = header
     self._data_start = 8 + header_len
+    data_bytes = os.path.getsize(path) - self._data_start
+    for name, entry in header.items():
+      self._check_entry(name, entry, data_bytes)
     self._map = np.memmap(path, dtype=np.uint8, mode="r") if header else None
+
+  def _check_entry(self, name: str, entry: object, data_bytes: int) -> None:
+    """Refuses an entry whose byte range lies outside the file or does not hold its shape (a
+    truncated download, a corrupt header), naming the file and the tensor."""
+    try:
+      dtype, shape, (begin, end) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
+      sizes_ok = all(isinstance(n, int) and n >= 0 for n in [*shape, begin, end])
+    except (TypeError, KeyError, ValueError):
+      raise SafetensorsError(
+        f"{self.path}: the header's entry for {name!r} is not a tensor's (dtype, shape, "
+        f"data_offsets): {entry!r}."
+      ) from None
+    if not sizes_ok or not begin <= end:
+      raise SafetensorsError(f"{self.path}: tensor {name!r} has a malformed entry {entry!r}.")
+    if end > data_bytes:
+      raise SafetensorsError(
+        f"{self.path}: tensor {name!r} ends at byte {end} of the data, which holds "
+        f"{data_bytes}: the file is truncated (an interrupted download or copy)."
+      )
+    if dtype in _DTYPES and end - begin != int(np.prod(shape)) * _DTYPES[dtype].itemsize:
+      raise SafetensorsError(
+        f"{self.path}: tensor {name!r} of shape {shape} and dtype {dtype} spans {end - begin} "
+        "bytes: a corrupt header."
+      )
 
   def keys(self) -> list[str]:
     return list(self._entries)
@@ -89,9 +118,21 @@ class Checkpoint:
     index_path = os.path.join(directory, INDEX_FILE)
     single_path = os.path.join(directory, SINGLE_FILE)
     if os.path.exists(index_path):
-      with open(index_path) as f:
-        weight_map = json.load(f)["weight_map"]
-      files = sorted(set(weight_map.values()))
+      try:
+        with open(index_path) as f:
+          weight_map = json.load(f)["weight_map"]
+        files = sorted(set(weight_map.values()))
+      except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise SafetensorsError(
+          f"{index_path} is not a safetensors index (a JSON object whose 'weight_map' maps "
+          f"each tensor to its shard): {type(e).__name__}: {e}."
+        ) from None
+      absent = [name for name in files if not os.path.isfile(os.path.join(directory, name))]
+      if absent:
+        raise SafetensorsError(
+          f"{index_path} lists shards that are not in {directory}: {absent[:4]} (an unfinished "
+          "download?)."
+        )
     elif os.path.exists(single_path):
       files, weight_map = [SINGLE_FILE], None
     else:

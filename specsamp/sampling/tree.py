@@ -53,6 +53,8 @@ import functools
 
 import numpy as np
 
+MAX_NODES = 1024  # Draft nodes one tree call scores (TreeShape refuses more; Sequoia: <= 768).
+
 
 @dataclasses.dataclass(frozen=True)
 class TreeShape:
@@ -77,6 +79,12 @@ class TreeShape:
     object.__setattr__(self, "parents", parents)
     if not parents:
       raise ValueError("A tree needs at least one node.")
+    if len(parents) > MAX_NODES:
+      raise ValueError(
+        f"A tree of {len(parents):,} nodes: specsamp scores at most {MAX_NODES:,} per call "
+        "(published trees have 60 to 768; the loop's compile grows with the nodes, about 0.5 s "
+        "a node on a 2-core CPU)."
+      )
     tau = self.rank_temperature
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < float("inf"):
       raise ValueError(f"rank_temperature must be a finite number > 0, got {tau!r}.")
@@ -118,14 +126,26 @@ class TreeShape:
   def nodes_at_depth(self, depth: int) -> tuple[int, ...]:
     return tuple(i for i, d in enumerate(self.depths) if d == depth)
 
+  @functools.cached_property
+  def _children(self) -> dict[int, tuple[int, ...]]:
+    """node (-1: the root) -> its children, in order; one pass over the parents."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(self.parents):
+      children.setdefault(parent, []).append(i)
+    return {node: tuple(nodes) for node, nodes in children.items()}
+
   def children(self, node: int) -> tuple[int, ...]:
     """Children of ``node`` (-1: the root), in order."""
-    return tuple(i for i, parent in enumerate(self.parents) if parent == node)
+    return self._children.get(node, ())
 
   @functools.cached_property
   def sibling_rank(self) -> tuple[int, ...]:
     """Each node's index among its parent's children."""
-    return tuple(self.children(parent).index(i) for i, parent in enumerate(self.parents))
+    rank = [0] * self.num_nodes
+    for nodes in self._children.values():
+      for index, node in enumerate(nodes):
+        rank[node] = index
+    return tuple(rank)
 
   @functools.cached_property
   def ancestors(self) -> np.ndarray:
@@ -155,7 +175,7 @@ class TreeShape:
     hold all of the next depth's slots."""
     if self.dynamic:
       return max(self.widths)
-    return max(len(self.children(node)) for node in (-1, *range(self.num_nodes)))
+    return max(len(nodes) for nodes in self._children.values())
 
   @property
   def widths(self) -> tuple[int, ...]:

@@ -80,6 +80,12 @@ def check_tree(
       f"A dynamic tree's depth keeps at most one child per token of the vocabulary "
       f"({target.vocab_size}), but {tree.describe()} asks for {max(tree.widths)}."
     )
+  if not tree.dynamic and tree.distinct_siblings and tree.max_children > target.vocab_size:
+    raise ValueError(
+      f"A node's distinct siblings are at most the vocabulary's {target.vocab_size} tokens, but "
+      f"{tree.describe()} gives a node {tree.max_children} children (i.i.d. siblings, "
+      "'chains:' or '/iid', may repeat a token)."
+    )
   model_protocol.check_tree_support(target, "target")
   drafter.check_tree(tree)
   return tree

@@ -74,7 +74,7 @@ def exact_distribution(
   """
   vocab = vocab_size(target)
   prefixes = np.asarray(list(itertools.product(range(vocab), repeat=new_tokens - 1)), np.int32)
-  prefixes = prefixes.reshape(-1, new_tokens - 1)
+  prefixes = prefixes.reshape(vocab ** (new_tokens - 1), new_tokens - 1)  # [1, 0] for N = 1.
   seqs = np.concatenate(
     [np.tile(np.asarray(prompt, np.int32), (len(prefixes), 1)), prefixes], axis=1
   )
@@ -124,7 +124,9 @@ def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any
   big = expected >= 5
   small = ~big & (probs > 0)
   cells = int(big.sum()) + int(expected[small].sum() > 0)
-  threshold = float(stats.chi2.isf(level, cells - 1))
+  # One cell (a deterministic law: top-k 1, a tiny temperature): G is 0 whatever is drawn,
+  # and only a draw in a cell of probability 0 fails (the chi-square of 0 degrees is NaN).
+  threshold = float(stats.chi2.isf(level, cells - 1)) if cells > 1 else math.inf
   if np.any(counts[probs <= 0] > 0):
     return {
       "G": math.inf,
@@ -139,7 +141,7 @@ def g_test(counts: np.ndarray, probs: np.ndarray, level: float) -> dict[str, Any
     "G": g,
     "cells": cells,
     "threshold": threshold,
-    "p_value": float(stats.chi2.sf(g, cells - 1)),
+    "p_value": float(stats.chi2.sf(g, cells - 1)) if cells > 1 else 1.0,
     "impossible": 0,
     "rejected": not g < threshold,
   }

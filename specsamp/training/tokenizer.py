@@ -16,11 +16,35 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 
 import sentencepiece as spm
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+def _training_failure(message: str, vocab_size: int) -> str:
+  """SentencePiece's training error in the terms of specsamp's flags (its own names an option
+  specsamp does not expose)."""
+  chars = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+  if "sentences_.empty()" in message:
+    return (
+      "The corpus holds no text to train a tokenizer on (empty files?); point "
+      "--config.data.corpus at text files."
+    )
+  if chars:
+    return (
+      f"The corpus has {chars.group(1)} distinct characters (pieces it must keep), more than "
+      f"vocab_size={vocab_size} (binary files read as text?): raise "
+      "--config.tokenizer.vocab_size or point --config.data.corpus at text."
+    )
+  if "Vocabulary size too high" in message:
+    return (
+      f"The corpus is too small for a tokenizer of vocab_size={vocab_size}: lower "
+      "--config.tokenizer.vocab_size or give more text (--config.data.corpus)."
+    )
+  return f"SentencePiece training failed: {message}"
 
 
 class Tokenizer:
@@ -99,7 +123,7 @@ class Tokenizer:
         minloglevel=2,
       )
     except RuntimeError as error:  # e.g. vocab_size below the characters the text needs.
-      raise ValueError(f"SentencePiece training failed: {error}") from error
+      raise ValueError(_training_failure(str(error), vocab_size)) from error
     tokenizer = cls(buffer.getvalue(), path)
     if path is not None:
       write_atomically(path, tokenizer.model_proto)

@@ -483,6 +483,26 @@ class Trainer:
     return float(learning_rate_schedule(self.config)(step))
 
 
+@jax.jit
+def _all_finite(loss: jax.Array, params: Any) -> jax.Array:
+  leaves = [jnp.isfinite(loss).all()] + [
+    jnp.isfinite(leaf).all()
+    for leaf in jax.tree.leaves(params)
+    if jnp.issubdtype(leaf.dtype, jnp.inexact)
+  ]
+  return jnp.stack(leaves).all()
+
+
+def _finite(loss: jax.Array, params: Any) -> bool:
+  """Whether the loss and every parameter are finite (one reduction; read at a save)."""
+  return bool(_all_finite(loss, params))
+
+
+def _saved_steps(checkpoints: checkpoint.Checkpoints) -> str:
+  steps = checkpoints.all_steps()
+  return f"steps {', '.join(map(str, steps))}" if steps else "none"
+
+
 def _format_duration(seconds: float) -> str:
   seconds = int(round(seconds))
   return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -594,8 +614,7 @@ def fit(
         loss = float(metrics["loss"])  # Waits for the step.
         if not math.isfinite(loss):
           raise FloatingPointError(
-            f"{name}: loss is {loss} at step {step}; lower the learning "
-            "rate or check the data. Checkpoints up to now are kept."
+            f"{name}: loss is {loss} at step {step}; lower the learning rate or check the data."
           )
         now = time.perf_counter()
         rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
@@ -621,7 +640,19 @@ def fit(
         extra = f"  {on_eval(step, state.params)}" if on_eval is not None else ""
         log(f"{name} eval  step {step:>5}  loss {loss:.3f}{perplexity}{extra}")
       if step % config.checkpoint_every == 0 or step == end:
+        # Never save a diverged state: orbax keeps the last keep_checkpoints steps, so NaN
+        # saves between two loss checks (every log_every steps) would push out the good ones.
+        if not _finite(metrics["loss"], state.params):
+          raise FloatingPointError(
+            f"{name}: the loss or the parameters are not finite at step {step}; lower the "
+            f"learning rate or check the data. Step {step} is not saved."
+          )
         checkpoints.save(step, _as_items(state), meta)
+  except FloatingPointError as error:
+    checkpoints.wait()  # An earlier step's save finishes before the error reaches the user.
+    raise FloatingPointError(
+      f"{error} The checkpoints saved before it are kept: {_saved_steps(checkpoints)}."
+    ) from None
   except KeyboardInterrupt:
     checkpoints.wait()
     if step in checkpoints.all_steps():  # Just saved by the periodic checkpoint.

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -111,6 +112,8 @@ def load_tokenizer(
       )
     return tokenizer_lib.load(path)
   path = os.path.join(workdir, "tokenizer.model")
+  source_path = os.path.join(workdir, TOKENIZER_SOURCE)
+  source = tokenizer_source(config)
   if os.path.exists(path):
     tokenizer = Tokenizer.load(path)
     if tokenizer.vocab_size != config.tokenizer.vocab_size:
@@ -119,19 +122,48 @@ def load_tokenizer(
         f"{config.tokenizer.vocab_size}; use another --workdir (or delete this "
         "one) to train a new tokenizer."
       )
+    # A run that failed before its first checkpoint leaves its tokenizer; a later run on
+    # another corpus would train its models with it, with no error (the checkpoints' data
+    # meta guards them only once they exist). Workdirs from before this record pass.
+    if os.path.exists(source_path):
+      with open(source_path) as f:
+        saved = json.load(f)
+      differ = {k: (saved.get(k), v) for k, v in source.items() if saved.get(k) != v}
+      if differ:
+        raise ValueError(
+          f"{path} was trained on other data or settings than this run's (field: saved, "
+          f"now): {differ}; use another --workdir (or delete this one)."
+        )
     return tokenizer
   log(
     f"tokenizer: training {config.tokenizer.vocab_size} {config.tokenizer.model_type} pieces "
     f"on up to {config.tokenizer.max_chars:,} characters of {len(split.train)} training files"
   )
   chunks = data.text_chunks(data.shuffled(split.train, config.seed), config.tokenizer.max_chars)
-  return Tokenizer.train(
+  tokenizer = Tokenizer.train(
     chunks,
     config.tokenizer.vocab_size,
     path=path,
     model_type=config.tokenizer.model_type,
     seed=config.seed,
   )
+  with open(source_path, "w") as f:
+    json.dump(source, f, indent=2)
+  return tokenizer
+
+
+TOKENIZER_SOURCE = "tokenizer_source.json"  # Beside workdir/tokenizer.model: what it saw.
+
+
+def tokenizer_source(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """What a workdir's tokenizer is trained from: the corpus, its split and the settings."""
+  return {
+    "corpus": config.data.corpus,
+    "validation_fraction": config.data.validation_fraction,
+    "prompt_fraction": config.data.prompt_fraction,
+    "seed": config.seed,
+    **{f"tokenizer.{k}": v for k, v in config.tokenizer.to_dict().items() if k != "path"},
+  }
 
 
 def import_gguf_target(

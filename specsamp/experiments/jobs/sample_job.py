@@ -82,6 +82,10 @@ def draft_length(config: ml_collections.ConfigDict) -> int:
   return config.speculative.num_draft_tokens if tree is None else tree.max_depth
 
 
+# Drafters that propose single chains only (Drafter.check_tree's refusal, before training).
+CHAIN_ONLY_DRAFTERS = ("lookup", "feature_lookup")
+
+
 def check_settings(config: ml_collections.ConfigDict) -> None:
   """Validates the sampling and speculative sections before anything trains or compiles.
 
@@ -143,7 +147,8 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
     (
       "speculative.num_draft_tokens",
       spec.num_draft_tokens,
-      not (_is_int(spec.num_draft_tokens) and _is_int(s.max_new_tokens))
+      tree is not None  # A tree's depth is its K (checked below), whatever this says.
+      or not (_is_int(spec.num_draft_tokens) and _is_int(s.max_new_tokens))
       or spec.num_draft_tokens <= s.max_new_tokens,
       f"must be <= sampling.max_new_tokens ({s.max_new_tokens}): a row never uses more than "
       "max_new_tokens - 1 draft tokens",
@@ -209,14 +214,33 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
     )
   )
   if tree is not None:
-    checks.append(
+    kind = (
+      drafter_specs.parse(spec.get("drafter", "draft")).kind
+      if _parses(spec.get("drafter", "draft"))
+      else None
+    )
+    checks += [
       (
         "speculative.tree",
         spec.tree,
         not _is_int(s.max_new_tokens) or tree.max_depth <= s.max_new_tokens,
         f"its depth {tree.max_depth} must be <= sampling.max_new_tokens ({s.max_new_tokens})",
-      )
-    )
+      ),
+      (
+        "speculative.tree",
+        spec.tree,
+        tree.is_chain or kind not in CHAIN_ONLY_DRAFTERS,
+        f"drafter={spec.get('drafter', 'draft')!r} proposes single chains (a copied continuation "
+        "has no siblings); trees need a model drafter: draft, self:L, feature or a parallel one",
+      ),
+      (
+        "speculative.confidence_threshold",
+        stop,
+        not (tree.dynamic and isinstance(stop, (int, float)) and stop > 0),
+        "must be 0 with a dynamic tree (it spends its node budget where the draft is confident "
+        "already)",
+      ),
+    ]
   for path, value, ok, allowed in checks:
     if not ok:
       raise ValueError(f"--config.{path}={value!r}: {allowed}")
@@ -324,6 +348,8 @@ def run(
     eos_id=tokenizer.eos_id if s.use_eos else None,
   )
   choice = None
+  if config.speculative.get("draft_length", "fixed") == "auto" and tree is not None:
+    log(f"  draft length: the tree's depth, {tree.max_depth} (draft_length='auto' sizes chains)")
   if config.speculative.get("draft_length", "fixed") == "auto" and tree is None:
     choice = bench.choose_draft_length(
       DRAFT, batches[0], num_draft_tokens, verifier=config.speculative.verifier, **common
