@@ -237,6 +237,16 @@ def test_a_workdir_trained_on_another_corpus_is_refused(trained_workdir, tmp_pat
     f"--workdir={workdir}",
     f"--corpus={tmp_path}/*.py",
   )
+  assert result.returncode != 0  # The tokenizer's record of its corpus refuses it first.
+  assert "tokenizer.model was trained on other data" in result.stderr
+  assert "use another --workdir" in result.stderr
+  # Data the tokenizer does not depend on: the checkpoints' record of their data refuses it.
+  result = run_script(
+    "sample.py",
+    "--config=configs/code_pair.py:test",
+    f"--workdir={workdir}",
+    "--config.data.max_train_tokens=12345",
+  )
   assert result.returncode != 0
   assert "different data" in result.stderr and "Use another --workdir" in result.stderr
 
