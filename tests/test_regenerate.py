@@ -562,6 +562,19 @@ def test_a_shipped_draft_loads_in_bfloat16_and_a_corrupted_copy_is_refused(tmp_p
       open(os.path.join(copy, "extra.txt"), "w").write("x")
     with pytest.raises(ValueError, match=message):
       shipped.resolve(copy)
+  # The checkpoint inside named directly is verified too; a folder that lost its sums, or sums
+  # that are not text, are refused (it loaded unverified, or failed to load, before).
+  with pytest.raises(ValueError, match="sha256"):
+    shipped.resolve(os.path.join(str(tmp_path / "flip"), "checkpoint"))
+  assert shipped.resolve(os.path.join(folder, "checkpoint")) == os.path.join(folder, "checkpoint")
+  lost = str(tmp_path / "lost")
+  shutil.copytree(folder, lost)
+  os.remove(os.path.join(lost, shipped.SHA256SUMS))
+  with pytest.raises(FileNotFoundError, match="without its SHA256SUMS"):
+    shipped.resolve(lost)
+  open(os.path.join(lost, shipped.SHA256SUMS), "wb").write(b"\xff\xfe\x00binary")
+  with pytest.raises(ValueError, match="not a text file"):
+    shipped.resolve(lost)
 
 
 def test_an_unrolled_drafters_accepted_runs_are_the_chain_drafts_shifted_by_one():

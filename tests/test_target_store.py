@@ -75,6 +75,19 @@ def test_a_stopped_build_resumes_and_a_stale_store_is_rebuilt(target, tmp_path):
   assert sorted(os.listdir(tmp_path)) == sorted(
     [target_store.OUTPUTS, target_store.META, target_store.PROGRESS]
   )
+  # A damaged copy (outputs cut short, a record that is not JSON) is derived data: rebuilt,
+  # where numpy's mmap error or a JSONDecodeError without a path stopped the run before.
+  with open(tmp_path / target_store.OUTPUTS, "r+b") as f:
+    f.truncate(100)
+  for damage in ("size", "record"):
+    if damage == "record":
+      (tmp_path / target_store.META).write_text("{not json")
+    logs.clear()
+    again = target_store.build(
+      target, rows, LAYERS, str(tmp_path), target_id="t", chunk_rows=2, log=logs.append
+    )
+    np.testing.assert_array_equal(again, full)
+    assert "rebuilding" in logs[0]
 
 
 def test_new_rows_after_the_stored_ones_extend_the_store(target, tmp_path):

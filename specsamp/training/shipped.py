@@ -50,14 +50,18 @@ def verify(folder: str) -> None:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{folder} has no {SHA256SUMS}: not a shipped drafter.")
   expected = {}
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      fields = line.split(None, 1)
-      if len(fields) != 2 or len(fields[0]) != 64:
-        raise ValueError(f"{path}:{number}: expected '<sha256>  <file>', got {line.strip()!r}.")
-      expected[fields[1].strip().lstrip("*")] = fields[0].lower()  # '*': sha256sum -b.
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.readlines()
+  except UnicodeDecodeError:
+    raise ValueError(f"{path} is not a text file of '<sha256>  <file>' lines.") from None
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    fields = line.split(None, 1)
+    if len(fields) != 2 or len(fields[0]) != 64:
+      raise ValueError(f"{path}:{number}: expected '<sha256>  <file>', got {line.strip()!r}.")
+    expected[fields[1].strip().lstrip("*")] = fields[0].lower()  # '*': sha256sum -b.
   found = file_digests(folder)
   problems = [f"{name}: missing" for name in sorted(set(expected) - set(found))]
   problems += [f"{name}: not in {SHA256SUMS}" for name in sorted(set(found) - set(expected))]
@@ -78,7 +82,16 @@ def resolve(path: str) -> str:
   """The checkpoint directory to load for a config's checkpoint ``path``: a shipped folder's,
   once ``verify`` passes; any other path unchanged."""
   path = os.path.expanduser(path)
+  parent = os.path.dirname(os.path.normpath(path))
+  if os.path.basename(os.path.normpath(path)) == CHECKPOINT and is_shipped(parent):
+    verify(parent)  # A shipped folder's checkpoint named directly is verified all the same.
+    return path
   if not is_shipped(path):
+    if os.path.isfile(os.path.join(path, CARD)) and os.path.isdir(os.path.join(path, CHECKPOINT)):
+      raise FileNotFoundError(
+        f"{path} is a shipped drafter ({CARD}, {CHECKPOINT}/) without its {SHA256SUMS}: the "
+        "copy cannot be verified; copy the folder again."
+      )
     return path
   verify(path)
   return os.path.join(path, CHECKPOINT)

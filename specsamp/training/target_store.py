@@ -59,10 +59,16 @@ def _write_json(path: str, value: dict[str, Any]) -> None:
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
+  """The JSON object in ``path``; None when it is absent or damaged (the store is derived
+  data: a damaged record rebuilds it)."""
   if not os.path.exists(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError):
+    return None
+  return value if isinstance(value, dict) else None
 
 
 def _extends(stored: dict[str, Any] | None, meta: dict[str, Any], sequences: np.ndarray) -> bool:
@@ -135,6 +141,14 @@ def build(
       f.truncate(int(np.prod(shape)) * dtype.itemsize)
     _write_json(os.path.join(directory, META), meta)
     stored_meta = meta
+  size = int(np.prod(shape)) * dtype.itemsize
+  if (
+    progress is not None
+    and stored_meta == meta
+    and (not os.path.exists(path) or os.path.getsize(path) != size)
+  ):
+    log(f"target outputs: {path} is not the size its record says (a damaged copy?); rebuilding")
+    progress = None
   if stored_meta != meta or progress is None:
     if os.path.exists(path):
       log(f"target outputs: {directory} was built for other rows, target or layers; rebuilding")
