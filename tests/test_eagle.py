@@ -215,6 +215,9 @@ def test_missing_or_misshaped_tensors_and_bad_maps_are_refused(target, tmp_path)
   extra = dict(tensors, **{"fc.bias": np.zeros(tensors["fc.weight"].shape[0], np.float32)})
   with pytest.raises(eagle.EagleImportError, match=r"no place for: \['fc.bias'\]"):
     eagle.load_eagle3(_write(tmp_path / "d", extra, config), target)
+  # A RoPE buffer some modelling code saves is ignored, as the HF import ignores it.
+  buffer = {"midlayer.self_attn.rotary_emb.inv_freq": np.ones(4, np.float32)}
+  eagle.load_eagle3(_write(tmp_path / "e", dict(tensors, **buffer), config), target)
 
 
 def test_the_rope_base_of_transformers_5s_config_form_is_read(target):

@@ -518,6 +518,17 @@ def test_published_config_forms_of_the_new_families():
     )
   )
   assert (qwen3_moe.num_experts, qwen3_moe.experts_per_token, qwen3_moe.ffn_dim) == (128, 8, 16)
+  # No sliding_window key: transformers' default, 4096 (null is no window).
+  mistral = dict(
+    model_type="mistral",
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+  )
+  assert architectures.from_hf(mistral).sliding_window == 4096
+  assert architectures.from_hf(dict(mistral, sliding_window=None)).sliding_window is None
   assert qwen3_moe.normalize_expert_weights and qwen3_moe.sliding_window is None
 
 
@@ -619,8 +630,8 @@ def test_a_failed_export_leaves_nothing_and_a_file_is_no_folder(imported, tmp_pa
   nnx.replace_by_pure_dict(state, params)
   large = nnx.merge(graphdef, state)
   with pytest.raises(ValueError, match="'model.norm.weight' overflows float16.*bfloat16"):
-    hf.export_model(large, str(tmp_path / "new"), dtype="float16", max_shard_bytes=20_000)
-  assert not (tmp_path / "new").exists()
+    hf.export_model(large, str(tmp_path / "new" / "in"), dtype="float16", max_shard_bytes=20_000)
+  assert not (tmp_path / "new").exists()  # The folders it made, too.
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="overflows float16"):
     hf.export_model(large, str(tmp_path / "empty"), dtype="float16", max_shard_bytes=20_000)

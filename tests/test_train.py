@@ -138,6 +138,33 @@ def test_a_diverged_state_is_never_saved_over_the_good_checkpoints(trainer, tmp_
   assert store.all_steps() == [7]
 
 
+def test_ctrl_c_does_not_save_a_diverged_state(trainer, tmp_path):
+  original = trainer.train_step
+
+  def diverging(state, batch):
+    state, metrics = original(state, batch)
+    if int(state.step) >= 2:
+      state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+    return state, metrics
+
+  class Interrupting(data.Batches):
+    def at(self, step):
+      if step == 4:
+        raise KeyboardInterrupt
+      return super().at(step)
+
+  logs = []
+  store = checkpoint.Checkpoints(str(tmp_path / "nan"))
+  trainer.train_step = diverging
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      batches = Interrupting(BATCHES.sequences, BATCHES.batch_size)
+      train.fit(trainer, batches, EVAL, store, META, log=logs.append)
+  finally:
+    del trainer.train_step
+  assert store.all_steps() == [] and "not finite: not saved" in logs[-1]
+
+
 def test_ctrl_c_saves_the_current_step(trainer, tmp_path):
   class Interrupting(data.Batches):
     def at(self, step):

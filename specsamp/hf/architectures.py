@@ -186,12 +186,14 @@ def _rope(hf: Mapping[str, Any], model_type: str) -> dict[str, Any]:
 # gemma3_text, whose default is the family's own (mistral: every layer; qwen: the layers from
 # max_window_layers on; gemma2: every second; gemma3: 5 of every sliding_window_pattern = 6).
 _NO_WINDOW = ("llama", "arcee", "gemma")
+_DEFAULT_WINDOW = 4096  # transformers' sliding_window when config.json has no such key.
 _WINDOW_ON_EVERY_LAYER = ("phi3", "qwen3_moe")
 
 
 def _window(hf: Mapping[str, Any], model_type: str, num_layers: int) -> dict[str, Any]:
   """sliding_window and its layer pattern, read as transformers reads the family's config."""
-  window = hf.get("sliding_window")
+  # transformers' default when the key is absent (null is no window).
+  window = hf.get("sliding_window", None if model_type == "phi3" else _DEFAULT_WINDOW)
   types = hf.get("layer_types")
   if model_type in _NO_WINDOW:
     return {}
@@ -314,7 +316,7 @@ def from_hf(
   num_layers = int(hf["num_hidden_layers"])
   gemma = model_type in _GEMMA
   head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // num_heads)
-  ffn_dim = int(hf["intermediate_size"])
+  ffn_dim = int(hf.get("intermediate_size") or 0)
   moe: dict[str, Any] = {}
   if model_type == "qwen3_moe":
     _refuse(bool(hf.get("mlp_only_layers")), model_type, "dense mlp_only_layers")
@@ -441,6 +443,7 @@ def to_hf(
     "mlp_bias": False,
     "max_position_embeddings": 8192,
   }
+  hf["sliding_window"] = None  # Explicitly: an absent key reads as 4096 in most families.
   if config.sliding_window is not None:
     hf["sliding_window"] = config.sliding_window
     hf["layer_types"] = [

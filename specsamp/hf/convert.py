@@ -184,10 +184,15 @@ def _distinct_output_head(tensors: Any) -> bool:
   names = set(tensors.keys())
   if not {"lm_head.weight", "model.embed_tokens.weight"} <= names:
     return False
-  head, table = (
-    np.asarray(tensors.tensor(n)) for n in ("lm_head.weight", "model.embed_tokens.weight")
-  )
-  return head.shape != table.shape or not np.array_equal(head, table)
+  head, table = (tensors.tensor(n) for n in ("lm_head.weight", "model.embed_tokens.weight"))
+  if head.shape != table.shape or head.dtype != table.dtype:
+    return True
+  rows = max(1, (64 << 20) // max(1, int(np.prod(head.shape[1:])) * head.dtype.itemsize))
+  for start in range(0, head.shape[0], rows):  # 64 MiB at a time, bytes against bytes.
+    a, b = (np.ascontiguousarray(t[start : start + rows]).view(np.uint8) for t in (head, table))
+    if not np.array_equal(a, b):
+      return True
+  return False
 
 
 def _source_meta(hf_dir: str, hf_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -332,7 +337,10 @@ def export_model(
     for _ in tensors():  # Other hosts join the gathers, and write nothing.
       pass
     return []
-  created = not os.path.isdir(output_dir)
+  created = os.path.abspath(output_dir)  # The outermost folder this export makes, if any.
+  while not os.path.exists(os.path.dirname(created)):
+    created = os.path.dirname(created)
+  created = None if os.path.isdir(output_dir) else created
   before = set() if created else set(os.listdir(output_dir))
   os.makedirs(output_dir, exist_ok=True)
   try:
@@ -345,13 +353,16 @@ def export_model(
       tokenizer.save(output_dir)
   except BaseException:
     # A failed export (a tensor that overflows the dtype, Ctrl-C) leaves no half model: what
-    # it wrote is removed, and the folder too when the export made it.
+    # it wrote is removed, and the folders it made; a failure to remove hides no error.
     if created:
-      shutil.rmtree(output_dir, ignore_errors=True)
+      shutil.rmtree(created, ignore_errors=True)
     else:
       for name in set(os.listdir(output_dir)) - before:
         path = os.path.join(output_dir, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        try:
+          shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        except OSError:
+          pass
     raise
   return names
 

@@ -196,7 +196,9 @@ def load_eagle3(
     lambda rngs: FeatureHead(config, target.config, rngs=rngs), mesh or checkpoint.default_mesh()
   )
   known = {e.hf_name for e in entries(config, d)} | set(_IGNORED_TENSORS)
-  unexpected = sorted(set(tensors) - known)
+  unexpected = sorted(
+    name for name in set(tensors) - known if not name.endswith(weights.IGNORED_SUFFIXES)
+  )
   if unexpected:
     raise EagleImportError(
       f"{directory} holds tensors specsamp's head has no place for: {unexpected[:4]} (a bias, "

@@ -28,6 +28,7 @@ def _training_failure(message: str, vocab_size: int) -> str:
   """SentencePiece's training error in the terms of specsamp's flags (its own names an option
   specsamp does not expose)."""
   chars = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+  bound = re.search(r"value <= (\d+)", message)
   if "sentences_.empty()" in message:
     return (
       "The corpus holds no text to train a tokenizer on (empty files?); point "
@@ -35,14 +36,15 @@ def _training_failure(message: str, vocab_size: int) -> str:
     )
   if chars:
     return (
-      f"The corpus has {chars.group(1)} distinct characters (pieces it must keep), more than "
-      f"vocab_size={vocab_size} (binary files read as text?): raise "
+      f"The corpus's characters need {chars.group(1)} pieces (with the special and byte "
+      f"pieces), more than vocab_size={vocab_size} (binary files read as text?): raise "
       "--config.tokenizer.vocab_size or point --config.data.corpus at text."
     )
   if "Vocabulary size too high" in message:
     return (
-      f"The corpus is too small for a tokenizer of vocab_size={vocab_size}: lower "
-      "--config.tokenizer.vocab_size or give more text (--config.data.corpus)."
+      f"The corpus is too small for a tokenizer of vocab_size={vocab_size}"
+      + (f" (it supports at most {bound.group(1)})" if bound else "")
+      + ": lower --config.tokenizer.vocab_size or give more text (--config.data.corpus)."
     )
   return f"SentencePiece training failed: {message}"
 

@@ -657,6 +657,11 @@ def fit(
     checkpoints.wait()
     if step in checkpoints.all_steps():  # Just saved by the periodic checkpoint.
       log(f"{name}: interrupted at step {step}, which is saved; resume from it.")
+    elif not _finite(metrics["loss"], state.params):
+      log(
+        f"{name}: interrupted at step {step}, whose loss or parameters are not finite: not "
+        f"saved; the checkpoints before it are kept: {_saved_steps(checkpoints)}."
+      )
     else:
       log(f"{name}: interrupted at step {step}; saving a checkpoint to resume from.")
       checkpoints.save(step, _as_items(state), meta)

@@ -126,9 +126,14 @@ def load_tokenizer(
     # another corpus would train its models with it, with no error (the checkpoints' data
     # meta guards them only once they exist). Workdirs from before this record pass.
     if os.path.exists(source_path):
-      with open(source_path) as f:
-        saved = json.load(f)
-      differ = {k: (saved.get(k), v) for k, v in source.items() if saved.get(k) != v}
+      try:
+        with open(source_path) as f:
+          saved = dict(json.load(f))
+      except (ValueError, TypeError):
+        raise ValueError(f"{source_path} is damaged; use another --workdir.") from None
+      # Only the fields it recorded: a field added to the tokenizer's config later changes
+      # nothing for the workdirs recorded before it.
+      differ = {k: (saved[k], source.get(k)) for k in saved if saved[k] != source.get(k)}
       if differ:
         raise ValueError(
           f"{path} was trained on other data or settings than this run's (field: saved, "
@@ -147,8 +152,7 @@ def load_tokenizer(
     model_type=config.tokenizer.model_type,
     seed=config.seed,
   )
-  with open(source_path, "w") as f:
-    json.dump(source, f, indent=2)
+  tokenizer_lib.write_atomically(source_path, json.dumps(source, indent=2).encode())
   return tokenizer
 
 

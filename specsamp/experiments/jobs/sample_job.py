@@ -82,10 +82,6 @@ def draft_length(config: ml_collections.ConfigDict) -> int:
   return config.speculative.num_draft_tokens if tree is None else tree.max_depth
 
 
-# Drafters that propose single chains only (Drafter.check_tree's refusal, before training).
-CHAIN_ONLY_DRAFTERS = ("lookup", "feature_lookup")
-
-
 def check_settings(config: ml_collections.ConfigDict) -> None:
   """Validates the sampling and speculative sections before anything trains or compiles.
 
@@ -229,9 +225,11 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       (
         "speculative.tree",
         spec.tree,
-        tree.is_chain or kind not in CHAIN_ONLY_DRAFTERS,
-        f"drafter={spec.get('drafter', 'draft')!r} proposes single chains (a copied continuation "
-        "has no siblings); trees need a model drafter: draft, self:L, feature or a parallel one",
+        not (kind == "feature_lookup" or (kind == "lookup" and not tree.is_chain)),
+        f"drafter={spec.get('drafter', 'draft')!r} proposes "
+        + ("no trees (not even chain-shaped ones)" if kind == "feature_lookup" else "single chains")
+        + " (a copied continuation has no siblings); trees need a model drafter: draft, self:L, "
+        "feature or a parallel one",
       ),
       (
         "speculative.confidence_threshold",
