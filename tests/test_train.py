@@ -116,20 +116,24 @@ def test_a_run_out_of_time_evaluates_saves_and_resumes_exactly(trainer, uninterr
   assert all(jax.tree.leaves(same)), same
 
 
+def _nan_from(train_step, first_step: int):
+  """``train_step`` whose parameters turn NaN from ``first_step`` on (a divergence)."""
+
+  def diverging(state, batch):
+    state, metrics = train_step(state, batch)
+    if int(state.step) >= first_step:
+      state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+    return state, metrics
+
+  return diverging
+
+
 def test_a_diverged_state_is_never_saved_over_the_good_checkpoints(trainer, tmp_path):
   """Parameters NaN from step 11: with the loss read every 10 steps and a save every 7, step 14
   was saved NaN and orbax's keep-the-last-N then deleted the good steps (2 kept here), so a
   resumed run loaded NaN (the review of 2026-11-29). Now the save refuses it."""
-  original = trainer.train_step
-
-  def diverging(state, batch):
-    state, metrics = original(state, batch)
-    if int(state.step) >= 11:
-      state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
-    return state, metrics
-
   store = checkpoint.Checkpoints(str(tmp_path / "nan"), max_to_keep=2)
-  trainer.train_step = diverging
+  trainer.train_step = _nan_from(trainer.train_step, 11)
   try:
     with pytest.raises(FloatingPointError, match="not finite at step 14.*kept: steps 7\\.$"):
       train.fit(trainer, BATCHES, EVAL, store, META, log=lambda _: None)
@@ -139,14 +143,6 @@ def test_a_diverged_state_is_never_saved_over_the_good_checkpoints(trainer, tmp_
 
 
 def test_ctrl_c_does_not_save_a_diverged_state(trainer, tmp_path):
-  original = trainer.train_step
-
-  def diverging(state, batch):
-    state, metrics = original(state, batch)
-    if int(state.step) >= 2:
-      state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
-    return state, metrics
-
   class Interrupting(data.Batches):
     def at(self, step):
       if step == 4:
@@ -155,7 +151,7 @@ def test_ctrl_c_does_not_save_a_diverged_state(trainer, tmp_path):
 
   logs = []
   store = checkpoint.Checkpoints(str(tmp_path / "nan"))
-  trainer.train_step = diverging
+  trainer.train_step = _nan_from(trainer.train_step, 2)
   try:
     with pytest.raises(KeyboardInterrupt):
       batches = Interrupting(BATCHES.sequences, BATCHES.batch_size)
