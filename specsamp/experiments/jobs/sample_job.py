@@ -210,11 +210,8 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
     )
   )
   if tree is not None:
-    kind = (
-      drafter_specs.parse(spec.get("drafter", "draft")).kind
-      if _parses(spec.get("drafter", "draft"))
-      else None
-    )
+    name = spec.get("drafter", "draft")
+    kind = drafter_specs.parse(name).kind if _parses(name) else None  # Else refused above.
     checks += [
       (
         "speculative.tree",
@@ -226,7 +223,7 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
         "speculative.tree",
         spec.tree,
         not (kind == "feature_lookup" or (kind == "lookup" and not tree.is_chain)),
-        f"drafter={spec.get('drafter', 'draft')!r} proposes "
+        f"drafter={name!r} proposes "
         + ("no trees (not even chain-shaped ones)" if kind == "feature_lookup" else "single chains")
         + " (a copied continuation has no siblings); trees need a model drafter: draft, self:L, "
         "feature or a parallel one",
@@ -346,9 +343,10 @@ def run(
     eos_id=tokenizer.eos_id if s.use_eos else None,
   )
   choice = None
-  if config.speculative.get("draft_length", "fixed") == "auto" and tree is not None:
+  auto = config.speculative.get("draft_length", "fixed") == "auto"
+  if auto and tree is not None:
     log(f"  draft length: the tree's depth, {tree.max_depth} (draft_length='auto' sizes chains)")
-  if config.speculative.get("draft_length", "fixed") == "auto" and tree is None:
+  elif auto:
     choice = bench.choose_draft_length(
       DRAFT, batches[0], num_draft_tokens, verifier=config.speculative.verifier, **common
     )
