@@ -58,7 +58,7 @@ def main(argv):
   else:
     fit = perf_model.paper_check(target, draft)["fit"]
     efficiency = perf_model.Efficiency(
-      eta=_ETA.value or fit["eta"],
+      eta=_ETA.value if _ETA.value is not None else fit["eta"],
       tau_s=(_TAU.value if _TAU.value is not None else fit["tau_ms"]) / 1e3,
     )
     drafting = draft

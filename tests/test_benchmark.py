@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from test_configs import load_config
 
-from specsamp.experiments.benchmarks import benchmark, plots, timing
+from specsamp.experiments.benchmarks import benchmark, plots, speedup, timing
 
 
 def test_parse_list():
@@ -221,3 +221,26 @@ def test_the_paired_speedup_cancels_a_slow_moment_that_hits_both_calls():
   faster = timed("speculative", [0.5, 1.5, 0.5])
   assert faster.paired_speedup(baseline) == pytest.approx(2.0)  # 2, 2, 6: the median.
   assert baseline.ms_per_token / faster.ms_per_token == pytest.approx(6.0)
+
+
+class _Calls:
+  def __init__(self, target_calls):
+    self.target_calls = np.int32(target_calls)
+
+
+def test_an_iteration_is_a_calls_time_over_its_loop_iterations():
+  """Not ms/token x tokens per call: at batch > 1 the loop runs until its slowest row is done,
+  so that product is not one iteration's time (it was 1.3x too high at batch 8)."""
+  timed = timing.Timed(
+    "spec", [1.0, 3.0, 2.0], [80] * 3, [40] * 3, 0.0, [_Calls(11), _Calls(21), _Calls(11)]
+  )
+  assert benchmark.iteration_ms(timed) == pytest.approx(150.0)  # median of 100, 150, 200 ms
+
+
+def test_the_sweeps_prediction_pays_the_slowest_rows_iterations():
+  costs = speedup.StepCosts(1e-2, 1e-3, 1.2e-2, num_draft_tokens=4)
+  one_row = costs.predicted_batch_speedup([0.8], 10_000)
+  assert one_row == pytest.approx(costs.predicted_speedup(0.8), rel=1e-3)  # long rows: the formula
+  # A row that never accepts sets the pace of the batch: N iterations of a K = 4 loop.
+  assert costs.predicted_batch_speedup([0.8, 0.0], 64) == pytest.approx(1e-2 / (4e-3 + 1.2e-2))
+  assert costs.predicted_batch_speedup([0.8] * 8, 64) < costs.predicted_batch_speedup([0.8], 64)

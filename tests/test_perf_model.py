@@ -78,6 +78,10 @@ def test_call_cost_terms():
   assert big_batch.bound == "compute"
   with pytest.raises(ValueError):
     perf_model.call_cost(config, tpu, perf_model.MeshShape(), 0, 1, 1024)
+  for axis in ("data", "tensor", "expert"):  # A chip count below one is refused, not divided by.
+    for chips in (0, -2):
+      with pytest.raises(ValueError, match=f"{axis}={chips}"):
+        perf_model.MeshShape(**{axis: chips})
 
 
 def test_calibration_recovers_known_efficiencies():

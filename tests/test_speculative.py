@@ -10,6 +10,7 @@ from conftest import exact_pair, sampled_counts, tiny_config
 from specsamp import sharding
 from specsamp.models import transformer
 from specsamp.sampling import (
+  draft_length,
   drafters,
   generate,
   model_protocol,
@@ -106,6 +107,27 @@ def test_rows_accept_their_own_counts(target, drafts):
   np.testing.assert_allclose(
     stats["tokens_per_target_call"], 1 + stats["acceptance_rate"] * stats["mean_draft_length"]
   )
+
+
+def test_the_uncapped_histogram_leaves_out_the_iterations_max_new_tokens_cut(target, drafts):
+  """The automatic K predicts from the uncapped counts and applies the cap itself: with every
+  draft accepted, K = 8 and 13 tokens, one full iteration (9 tokens), then one cut to 3 drafts."""
+  out = speculative_generate(
+    target,
+    drafts["same"],
+    PROMPTS,
+    LENGTHS,
+    jax.random.key(0),
+    max_new_tokens=13,
+    num_draft_tokens=8,
+    temperature=0,
+  )
+  full, uncapped = np.asarray(out.accepted_histogram), np.asarray(out.uncapped_histogram)
+  np.testing.assert_array_equal(full[:, [3, 8]], np.ones((4, 2), int))
+  np.testing.assert_array_equal(uncapped, np.eye(9, dtype=int)[[8] * 4])
+  for k, iterations in ((8, 2), (4, 3), (2, 5)):  # ceil(13 / (k + 1)), all accepted
+    rows = [draft_length.truncated(h, k) for h in uncapped]
+    assert draft_length.iterations_until_done(rows, 13) == pytest.approx(iterations)
 
 
 @pytest.mark.slow

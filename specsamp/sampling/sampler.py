@@ -51,6 +51,7 @@ def as_speculative_output(output: autoregressive.GenerationOutput) -> Speculativ
     scored_tokens=(output.model_calls - 1).astype(jnp.int32),
     iterations=generated_B,
     accepted_histogram=generated_B[:, None],
+    uncapped_histogram=generated_B[:, None],
     accepted_at_position=jnp.zeros((batch, 0), jnp.int32),
     verified_at_position=jnp.zeros((batch, 0), jnp.int32),
     proposed=jnp.zeros((batch,), jnp.int32),

@@ -81,6 +81,7 @@ class _LoopState:
   scored_tokens: jax.Array
   iterations: jax.Array
   accepted_histogram: jax.Array
+  uncapped_histogram: jax.Array
   accepted_at_position: jax.Array
   verified_at_position: jax.Array
   proposed: jax.Array
@@ -339,6 +340,7 @@ class SpeculativeLoop:
       scored_tokens=jnp.int32(0),
       iterations=zeros_B,
       accepted_histogram=jnp.zeros((batch, num_draft_tokens + 1), jnp.int32),
+      uncapped_histogram=jnp.zeros((batch, num_draft_tokens + 1), jnp.int32),
       accepted_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
       verified_at_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
       proposed=zeros_B,
@@ -387,6 +389,7 @@ class SpeculativeLoop:
           num_draft_tokens,
           result.num_proposed,
           result.rank_counts,
+          capped_B=remaining_B - 1 < state.draft_limit,
         )
       return state.replace(
         step=state.step + 1,

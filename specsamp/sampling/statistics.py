@@ -29,6 +29,9 @@ class SpeculativeOutput(GenerationOutput):
       iterations (prefill not included): K + 1 each for a chain, fewer with narrow scoring.
     iterations: [B] draft-score-verify iterations in which the row was active.
     accepted_histogram: [B, K+1] count of iterations that appended 0..K draft tokens.
+    uncapped_histogram: [B, K+1] the same count over the iterations whose draft limit
+      max_new_tokens did not lower (a row's last ones): the per-iteration law the automatic
+      draft length predicts from (``draft_length.iterations_until_done`` applies the cap).
     accepted_at_position: [B, K] iterations in which draft token t was accepted and appended.
     verified_at_position: [B, K] iterations in which draft token t was proposed and
       reached (every earlier one accepted), before any EOS: the denominators of acceptance.
@@ -52,6 +55,7 @@ class SpeculativeOutput(GenerationOutput):
   scored_tokens: jax.Array
   iterations: jax.Array
   accepted_histogram: jax.Array
+  uncapped_histogram: jax.Array
   accepted_at_position: jax.Array
   verified_at_position: jax.Array
   proposed: jax.Array
@@ -108,9 +112,18 @@ def summarize(outputs: list[SpeculativeOutput]) -> dict[str, Any]:
   }
 
 
+def row_alphas(outputs: list[SpeculativeOutput]) -> list[float]:
+  """Each row's alpha, pooled over the runs (row b of every output): accepted over verified
+  draft tokens, 0 for a row that verified none."""
+  pooled = lambda name: sum(np.asarray(getattr(o, name)).sum(-1) for o in outputs)
+  accepted, verified = pooled("accepted_at_position"), pooled("verified_at_position")
+  return [float(a) for a in accepted / np.maximum(verified, 1)]
+
+
 STATISTICS = (
   "iterations",
   "accepted_histogram",
+  "uncapped_histogram",
   "accepted_at_position",
   "verified_at_position",
   "proposed",
@@ -127,6 +140,7 @@ def count_appended(
   num_draft_tokens: int,
   num_proposed_B=None,
   ranks=None,
+  capped_B=None,
 ) -> dict:
   """One iteration's statistics (the fields of STATISTICS), counting what was APPENDED.
 
@@ -140,6 +154,8 @@ def count_appended(
   acceptance per position) and ``num_proposed_B`` the nodes proposed (``proposed``).
   ``ranks``: (accepted_BR, reached_BR), the step's counts per sibling rank
   (``tree_step.rank_counts``); a chain's, rank 0 only, follow from the verdict.
+  ``capped_B``: the rows whose draft limit max_new_tokens lowered this iteration (None:
+  none); they are left out of ``uncapped_histogram``.
   """
   active_i32 = active_B.astype(jnp.int32)
   positions_G = jnp.arange(num_draft_tokens)[None, :]
@@ -149,12 +165,14 @@ def count_appended(
   if ranks is None:  # A chain: its one child per depth is rank 0.
     ranks = (accepted_B[:, None], jnp.minimum(proposed_B, accepted_B + 1)[:, None])
   accepted_BR, reached_BR = ranks
+  histogram_BG = active_i32[:, None] * jax.nn.one_hot(kept_B, num_draft_tokens + 1, dtype=jnp.int32)
+  uncapped_B = jnp.ones_like(active_B) if capped_B is None else ~capped_B
   return {
     "accepted_at_rank": active_i32[:, None] * accepted_BR.astype(jnp.int32),
     "reached_at_rank": active_i32[:, None] * reached_BR.astype(jnp.int32),
     "iterations": active_i32,
-    "accepted_histogram": active_i32[:, None]
-    * jax.nn.one_hot(kept_B, num_draft_tokens + 1, dtype=jnp.int32),
+    "accepted_histogram": histogram_BG,
+    "uncapped_histogram": histogram_BG * uncapped_B.astype(jnp.int32)[:, None],
     "accepted_at_position": active_i32[:, None] * (positions_G < kept_B[:, None]),
     "verified_at_position": active_i32[:, None]
     * ((positions_G < realised_proposed_B[:, None]) & (positions_G <= accepted_B[:, None])),

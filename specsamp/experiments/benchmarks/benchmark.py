@@ -49,6 +49,7 @@ from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import speculative
+from specsamp.sampling import statistics as sampling_statistics
 from specsamp.training import train
 
 # The paper's settings: greedy (XSum), T=0.8 with top-p 0.95 (HumanEval), and plain T=1.
@@ -154,6 +155,15 @@ def tokens_per_call_se(histogram: list[int]) -> float:
   mean = (counts * values).sum() / total
   variance = (counts * (values - mean) ** 2).sum() / (total - 1)
   return float(math.sqrt(variance / total))
+
+
+def iteration_ms(timed: timing.Timed) -> float:
+  """Median over calls of a call's wall time over its loop iterations (target calls less the
+  prefill: the slowest row's), the prefill's time included."""
+  per_iteration = [
+    s / max(int(o.target_calls) - 1, 1) for s, o in zip(timed.seconds, timed.outputs)
+  ]
+  return 1e3 * float(np.median(per_iteration))
 
 
 class Store:
@@ -383,7 +393,10 @@ def run(
             measured = ar.ms_per_token / timed.ms_per_token
             if num_draft_tokens:
               step_costs = bench.step_costs(draft_name, batch_size, num_draft_tokens)
-              predicted = step_costs.predicted_speedup(stats["alpha"])
+              # The measured ms/token is the slowest row's: so is the prediction.
+              predicted = step_costs.predicted_batch_speedup(
+                sampling_statistics.row_alphas(timed.outputs), max_new
+              )
               costs_ms = dict(
                 target_step_ms=step_costs.target_step_s * 1e3,
                 draft_step_ms=step_costs.draft_step_s * 1e3,
@@ -412,6 +425,7 @@ def run(
               tokens_per_call_se=tokens_per_call_se(stats["accepted_histogram"]),
               acceptance_at_position=stats["acceptance_at_position"],
               accepted_histogram=stats["accepted_histogram"],
+              iteration_ms=iteration_ms(timed),
               **costs_ms,
               predicted_speedup=predicted,
               efficiency=measured / predicted,
@@ -591,13 +605,15 @@ def summary_tables(results: dict) -> str:
   ]
   for r in synthetic:
     # Where the time goes: one iteration as measured, against the model calls it makes.
-    r["iteration_ms"] = r["ms_per_token"] * r["tokens_per_call"]
+    if "iteration_ms" not in r:  # Older records: ms/token x tokens/call is it at batch 1.
+      r["iteration_ms"] = r["ms_per_token"] * r["tokens_per_call"] if r["batch_size"] == 1 else None
     r["model_calls_ms"] = r["num_draft_tokens"] * r["draft_step_ms"] + r["score_ms"]
     r["ar_overhead_ms"] = r["ar_ms_per_token"] - r["target_step_ms"]
   if synthetic:
     out += [
       f"Synthetic drafter (acceptance forced to {synthetic[0]['synthetic_acceptance']}): "
-      "the loop's own efficiency. iteration_ms = ms/token x tokens/call; model_calls_ms = "
+      "the loop's own efficiency. iteration_ms = a call's time over its loop iterations "
+      "(the slowest row's, prefill included); model_calls_ms = "
       "K draft steps + scoring, as timed alone; ar_overhead_ms = autoregressive ms/token "
       "- a target step:",
       "",

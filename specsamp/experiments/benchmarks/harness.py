@@ -39,6 +39,7 @@ import numpy as np
 from specsamp import sharding
 from specsamp.experiments.benchmarks import speedup, timing
 from specsamp.sampling import draft_length, drafters
+from specsamp.sampling import statistics as sampling_statistics
 from specsamp.sampling.sampler import Sampler
 
 TARGET = "target"
@@ -169,7 +170,6 @@ class Bench:
     ar_s = statistics.median(timed["autoregressive"].seconds)
     outputs = [o for k in lengths for o in timed[k].outputs]
     pooled = lambda name: sum(np.asarray(getattr(o, name)).sum(-1) for o in outputs)
-    row_alphas = pooled("accepted_at_position") / np.maximum(pooled("verified_at_position"), 1)
     probes = [
       draft_length.Probe(
         k,
@@ -183,8 +183,14 @@ class Bench:
     else:  # K = 1 only: nothing to fit, the one probe is the cost.
       cost = draft_length.IterationCost(probes[0].seconds / probes[0].iterations, 0.0)
     # Each row's accepted counts at the largest K, over its probe calls: what every K <= it
-    # predicts from (draft_length.truncated).
-    row_histograms = sum(np.asarray(o.accepted_histogram) for o in timed[largest].outputs)
+    # predicts from (draft_length.truncated). Only the iterations max_new_tokens did not cut
+    # short: the prediction applies that cap itself (iterations_until_done). A row that
+    # max_new_tokens cut every time (N <= K + 1) keeps all its counts: nothing else is known.
+    histogram = lambda name: sum(np.asarray(getattr(o, name)) for o in timed[largest].outputs)
+    uncapped = histogram("uncapped_histogram")
+    row_histograms = np.where(
+      uncapped.sum(-1, keepdims=True) > 0, uncapped, histogram("accepted_histogram")
+    )
     predicted = draft_length.predict_speedups(
       row_histograms, max_new_tokens, ar_s, cost, range(1, largest + 1)
     )
@@ -192,7 +198,7 @@ class Bench:
       "num_draft_tokens": draft_length.choose(predicted),
       # Pooled over both probes' positions (summarize pools one K's outputs only).
       "alpha": float(pooled("accepted_at_position").sum() / pooled("verified_at_position").sum()),
-      "row_alphas": [float(a) for a in row_alphas],
+      "row_alphas": sampling_statistics.row_alphas(outputs),
       "probe_tokens": int(sum(np.asarray(o.num_generated).sum() for o in outputs)),
       "largest": largest,
       "probes": [{**dataclasses.asdict(p), "measured": ar_s / p.seconds} for p in probes],

@@ -96,6 +96,11 @@ class MeshShape:
   tensor: int = 1
   expert: int = 1
 
+  def __post_init__(self):
+    for axis in ("data", "tensor", "expert"):
+      if getattr(self, axis) < 1:
+        raise ValueError(f"A mesh axis needs at least one chip: {axis}={getattr(self, axis)}.")
+
   @property
   def chips(self) -> int:
     return self.data * self.tensor * self.expert

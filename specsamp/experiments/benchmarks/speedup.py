@@ -55,6 +55,19 @@ class StepCosts:
       alpha, self.num_draft_tokens, self.target_step_s, self.draft_step_s, self.target_score_s
     )
 
+  def predicted_batch_speedup(self, row_alphas, max_new_tokens: int) -> float:
+    """``predicted_speedup`` for a call of ``max_new_tokens`` per row: the loop pays its
+    slowest row's iterations, each row at its own alpha (at batch 1, the last iterations
+    max_new_tokens cuts short)."""
+    return predicted_batch_speedup(
+      row_alphas,
+      self.num_draft_tokens,
+      max_new_tokens,
+      self.target_step_s,
+      self.draft_step_s,
+      self.target_score_s,
+    )
+
   def predicted_from_tokens_per_call(self, tokens_per_call: float) -> float:
     """The speedup these costs give at a measured tokens per target call (trees)."""
     iteration_s = self.num_draft_tokens * self.draft_step_s + self.target_score_s
