@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import flip_a_byte, largest_file, tiny_config
 
+from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.models import transformer
 from specsamp.sampling import autoregressive
 from specsamp.training import answers, instructions, regenerate
@@ -21,7 +22,7 @@ TEMPLATE = (
 )
 
 
-def word_tokenizer() -> BpeTokenizer:
+def word_tokenizer(template: str = TEMPLATE, **kwargs) -> BpeTokenizer:
   """A word-level tokenizer of 64 ids with ChatML's specials and template."""
   import tokenizers
 
@@ -35,7 +36,7 @@ def word_tokenizer() -> BpeTokenizer:
     [split.Split("\n", "isolated"), split.Split(" ", "removed")]
   )
   backend.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-  return BpeTokenizer(backend, eos_id=2, pad_id=0, chat_template=TEMPLATE)
+  return BpeTokenizer(backend, eos_id=2, pad_id=0, chat_template=template, **kwargs)
 
 
 def prompts(count: int) -> list[instructions.Prompt]:
@@ -127,15 +128,27 @@ def test_a_users_jsonl_prompts_and_their_errors(tmp_path):
     + "\n"
   )
   made = instructions.jsonl_prompts(str(path))
-  assert [p.id for p in made] == ["jsonl:1", "jsonl:3"] and made[1].messages[0]["role"] == "system"
+  assert len(made) == 2 and made[1].messages[0]["role"] == "system"
+  # Ids are the content's: a line added above and a repeated line move nothing (the split
+  # follows the ids), and the repeat is answered once.
+  path.write_text(
+    json.dumps({"prompt": "new"}) + "\n" + path.read_text() + json.dumps({"prompt": "hi"}) + "\n"
+  )
+  again = instructions.jsonl_prompts(str(path))
+  assert [p.id for p in again[1:]] == [p.id for p in made] and len(again) == 3
   for text, message in (
-    ("{", "not JSON"),
+    ("{", "2: not JSON"),
     (json.dumps({"text": "x"}), "expected"),
     (json.dumps({"messages": [{"role": "assistant", "content": "a"}]}), "last message"),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "text"}]}]}), "strings"),
+    (json.dumps({"messages": [{"role": "user", "content": None}]}), "strings"),
   ):
-    path.write_text(text + "\n")
+    path.write_text(json.dumps({"prompt": "fine"}) + "\n" + text + "\n")
     with pytest.raises(ValueError, match=message):
       instructions.jsonl_prompts(str(path))
+  path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')  # Latin-1, not UTF-8
+  with pytest.raises(ValueError, match=r"p.jsonl:2: not UTF-8"):
+    instructions.jsonl_prompts(str(path))
   with pytest.raises(FileNotFoundError, match="no file"):
     instructions.jsonl_prompts(str(tmp_path / "missing.jsonl"))
 
@@ -410,6 +423,8 @@ def test_too_long_prompts_are_skipped_and_counted_and_bad_plans_refused(target, 
   )
   with pytest.raises(ValueError, match="settings"):
     regenerate.Plan(settings=("hot",))
+  with pytest.raises(ValueError, match="repeat"):  # It would answer greedily twice.
+    regenerate.Plan(settings=("greedy", "greedy"), passes=2)
   with pytest.raises(ValueError, match="split"):
     regenerate.Plan(split="test")
 
@@ -647,3 +662,66 @@ def test_the_shipped_answers_are_whole():
   assert manifests["train"]["target"] == manifests["held_out"]["target"]
   assert manifests["train"]["tokenizer"] == manifests["held_out"]["tokenizer"]
   assert {s["setting"] for s in manifests["held_out"]["shards"]} == {"greedy"}
+
+
+def test_a_template_that_writes_bos_gets_no_second_one():
+  """Llama's, Gemma's and Mistral's templates begin with bos_token and their tokenizers ask for
+  BOS: transformers adds none to a template's text, and neither do the prompts here."""
+  tokenizer = word_tokenizer("{{ bos_token }}" + TEMPLATE, bos_id=5, add_bos=True)
+  prompt = instructions.Prompt("x", ({"role": "user", "content": "w7 w8"},))
+  _, rows, _ = regenerate.encode([prompt], tokenizer, 64)
+  assert rows[0][0] == 5 and rows[0][1] != 5
+  chat = prompts_lib.encode(["w7 w8"], tokenizer, chat=True)
+  np.testing.assert_array_equal(chat.tokens[0], rows[0])
+  plain = prompts_lib.encode(["w7 w8"], tokenizer)  # No template: BOS as the tokenizer asks.
+  assert plain.tokens[0, 0] == 5 and plain.tokens[0, 1] != 5
+  refusing = word_tokenizer("{{ raise_exception('System role not supported') }}")
+  with pytest.raises(ValueError, match="Prompt x: .*System role"):
+    regenerate.encode([prompt], refusing, 64)
+
+
+def test_held_out_answers_whose_prompt_is_trained_on_are_left_out_of_tau():
+  def shard(*sequences):  # (prompt, answer) pairs
+    tokens = np.concatenate([np.r_[p, a] for p, a in sequences]).astype(np.int32)
+    offsets = np.cumsum([0] + [len(p) + len(a) for p, a in sequences])
+    return tokens, offsets, np.asarray([len(p) for p, _ in sequences], np.int32)
+
+  training = [shard(([1, 2], [3]), ([4, 5, 6], [7, 8]))]
+  held = [shard(([1, 2], [9, 9]), ([1, 2, 3], [5])), shard(([4, 5, 6], [7]))]
+  kept, removed = answers.without_trained_prompts(held, training)
+  assert removed == 2 and len(kept) == 1
+  np.testing.assert_array_equal(kept[0][0], [1, 2, 3, 5])
+  np.testing.assert_array_equal(kept[0][1], [0, 4])
+  np.testing.assert_array_equal(kept[0][2], [3])
+
+
+def test_damaged_lost_or_unreadable_answers_are_named_or_answered_again(target, tmp_path):
+  tokenizer, made = word_tokenizer(), prompts(12)
+  plan = regenerate.Plan(
+    settings=("greedy",), batch_size=4, max_prompt_tokens=16, max_new_tokens=3, shard_prompts=4
+  )
+  run = str(tmp_path / "run")
+  first = regenerate.regenerate(target, tokenizer, made, run, plan, target_id="t")
+  names = [shard["file"] for shard in first["shards"]]
+  whole = open(os.path.join(run, names[0]), "rb").read()
+  # A deleted shard the manifest names is answered again, the same answers.
+  before = regenerate.load_shard(run, names[1])
+  os.remove(os.path.join(run, names[1]))
+  again = regenerate.regenerate(target, tokenizer, made, run, plan, target_id="t")
+  assert [shard["file"] for shard in again["shards"]] == names
+  np.testing.assert_array_equal(regenerate.load_shard(run, names[1])["tokens"], before["tokens"])
+  # A truncated shard: reading it names it; a merge from a whole copy replaces it.
+  copy = str(tmp_path / "copy")
+  regenerate.merge(run, copy, log=lambda line: None)
+  with open(os.path.join(run, names[0]), "wb") as f:
+    f.write(whole[: len(whole) // 2])
+  with pytest.raises(ValueError, match=f"{names[0]} is damaged"):
+    regenerate.read_shards(run)
+  logged = []
+  regenerate.merge(copy, run, log=logged.append)
+  assert "1 missing or damaged" in logged[0] and len(regenerate.read_shards(run)) == len(names)
+  # A manifest that is not JSON (a merge conflict's markers) is named.
+  with open(os.path.join(run, regenerate.MANIFEST), "w") as f:
+    f.write("<<<<<<< HEAD\n")
+  with pytest.raises(ValueError, match="manifest.json is not a regeneration manifest"):
+    regenerate.read_shards(run)

@@ -48,6 +48,31 @@ def stream(
   return np.concatenate(tokens).astype(np.int32), np.concatenate(answer)
 
 
+def _prompts(shard: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[bytes]:
+  tokens, offsets, prompt_lengths = shard
+  return [tokens[start : start + n].tobytes() for start, n in zip(offsets[:-1], prompt_lengths)]
+
+
+def without_trained_prompts(
+  held_out: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+  training: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]], int]:
+  """The held-out shards without the sequences whose prompt tokens a training shard also holds
+  (the same instruction under another id: the standard library has functions of the same source
+  in two files), and how many were left out: tau is measured on prompts never trained on."""
+  trained = {prompt for shard in training for prompt in _prompts(shard)}
+  kept, removed = [], 0
+  for shard in held_out:
+    tokens, offsets, prompt_lengths = shard
+    keep = [i for i, prompt in enumerate(_prompts(shard)) if prompt not in trained]
+    removed += len(prompt_lengths) - len(keep)
+    if keep:
+      pieces = [tokens[offsets[i] : offsets[i + 1]] for i in keep]
+      new_offsets = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(offsets.dtype)
+      kept.append((np.concatenate(pieces), new_offsets, np.asarray(prompt_lengths)[keep]))
+  return kept, removed
+
+
 def batches(
   shards: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
   seq_len: int,

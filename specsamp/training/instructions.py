@@ -41,7 +41,8 @@ MIN_SOURCE_CHARS, MAX_SOURCE_CHARS = 120, 1600
 
 @dataclasses.dataclass(frozen=True)
 class Prompt:
-  id: str  # Stable: 'stdlib:json/decoder.py:py_scanstring:explain', 'chat:3', 'jsonl:17'.
+  id: str  # Stable: 'stdlib:json/decoder.py:py_scanstring:69:explain', 'chat:3',
+  # 'jsonl:1f0c9e2ab4d7' (a JSONL prompt's content hash: the split survives editing the file).
   messages: tuple[dict[str, str], ...]  # Chat messages, the last one the user's.
 
 
@@ -154,12 +155,20 @@ def chat_prompts(path: str) -> list[Prompt]:
 
 def jsonl_prompts(path: str) -> list[Prompt]:
   """A user's prompts: one JSON object per line, ``{"prompt": str}`` or ``{"messages": [...]}``
-  (chat messages with ``role`` and ``content``, the last one the user's)."""
+  (chat messages with string ``role`` and ``content``, the last one the user's). A prompt's id
+  is a hash of its messages, so the held-out split does not move when lines are added, removed
+  or reordered; a line that repeats an earlier prompt is left out (answered once)."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"--prompts: no file {path}")
-  prompts = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
+  prompts, seen = [], set()
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(
+          f"{path}:{number}: not UTF-8 text ({e.reason} at byte {e.start})."
+        ) from None
       if not line.strip():
         continue
       try:
@@ -174,11 +183,20 @@ def jsonl_prompts(path: str) -> list[Prompt]:
           isinstance(m, dict) and {"role", "content"} <= set(m) for m in messages
         ):
           raise ValueError(f"{path}:{number}: each message needs a 'role' and a 'content'.")
+        if not all(isinstance(m["role"], str) and isinstance(m["content"], str) for m in messages):
+          raise ValueError(
+            f"{path}:{number}: a message's 'role' and 'content' must be strings (content parts "
+            "such as [{'type': 'text', ...}] are not read: join their text)."
+          )
         if messages[-1]["role"] != "user":
           raise ValueError(f"{path}:{number}: the last message must be the user's.")
       else:
         raise ValueError(f"{path}:{number}: expected {{'prompt': ...}} or {{'messages': [...]}}.")
-      prompts.append(Prompt(f"jsonl:{number}", messages))
+      content = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
+      digest = hashlib.sha256(content.encode()).hexdigest()[:12]
+      if digest not in seen:
+        seen.add(digest)
+        prompts.append(Prompt(f"jsonl:{digest}", messages))
   if not prompts:
     raise ValueError(f"--prompts: {path} holds no prompt.")
   return prompts

@@ -76,6 +76,8 @@ class Plan:
     unknown = [s for s in self.settings if s not in SETTINGS]
     if not self.settings or unknown:
       raise ValueError(f"settings must be some of {sorted(SETTINGS)}, got {self.settings}.")
+    if len(set(self.settings)) != len(self.settings):
+      raise ValueError(f"settings must not repeat, got {self.settings}.")
     if self.max_prompts < 0:
       raise ValueError(f"max_prompts must be >= 0 (0: all), got {self.max_prompts}.")
     if min(self.batch_size, self.max_prompt_tokens, self.max_new_tokens, self.shard_prompts) < 1:
@@ -99,15 +101,22 @@ def encode(
   prompts: Sequence[instructions.Prompt], tokenizer: Any, max_prompt_tokens: int
 ) -> tuple[list[str], list[np.ndarray], int]:
   """(ids, token rows, skipped): the prompts through the chat template, with the generation
-  prompt (a tokenizer without one, a base model's: the messages' text, one after another);
-  those longer than ``max_prompt_tokens`` skipped."""
+  prompt (a tokenizer without one, a base model's: the messages' text, one after another, BOS
+  first where the tokenizer asks for it); those longer than ``max_prompt_tokens`` skipped.
+  A template writes the special tokens it wants (Llama's, Gemma's and Mistral's begin with
+  ``bos_token``), so its text gets no BOS added: transformers' ``apply_chat_template`` adds none."""
   ids, rows, skipped = [], [], 0
   for prompt in prompts:
     if tokenizer.chat_template is None:
       text = "\n\n".join(m["content"] for m in prompt.messages) + "\n\n"
+      add_bos = getattr(tokenizer, "add_bos", False)
     else:
-      text = tokenizer.apply_chat_template(list(prompt.messages))
-    row = tokenizer.encode(text, add_bos=getattr(tokenizer, "add_bos", False))
+      try:
+        text = tokenizer.apply_chat_template(list(prompt.messages))
+      except ValueError as e:  # The template refused the messages (a role it does not take).
+        raise ValueError(f"Prompt {prompt.id}: {e}") from e
+      add_bos = False
+    row = tokenizer.encode(text, add_bos=add_bos)
     if len(row) > max_prompt_tokens:
       skipped += 1
       continue
@@ -126,8 +135,42 @@ def read_manifest(out_dir: str) -> dict[str, Any] | None:
   path = os.path.join(out_dir, MANIFEST)
   if not os.path.exists(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      manifest = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(
+      f"{path} is not a regeneration manifest ({e}); restore it (a shipped one: git checkout)."
+    ) from None
+  if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+    raise ValueError(f"{path} is not a regeneration manifest (no list of shards).")
+  return manifest
+
+
+def load_shard(directory: str, name: str) -> dict[str, np.ndarray]:
+  """A shard's arrays, or ValueError naming the file when it is missing or damaged."""
+  path = os.path.join(directory, name)
+  if not os.path.exists(path):
+    raise ValueError(
+      f"{path}: the shard its folder's {MANIFEST} names is missing; restore it (a shipped "
+      "shard: git checkout), or in a workdir run scripts/regenerate.py again to answer it again."
+    )
+  try:
+    with np.load(path) as f:
+      return {name: f[name] for name in f.files}
+  except Exception as e:  # A truncated or damaged zip: BadZipFile, EOFError, ValueError, ...
+    raise ValueError(
+      f"{path} is damaged ({type(e).__name__}: {e}); restore it (a shipped shard: git "
+      "checkout), or delete it and run scripts/regenerate.py again to answer its prompts again."
+    ) from None
+
+
+def _intact(directory: str, name: str) -> bool:
+  try:
+    load_shard(directory, name)
+  except ValueError:
+    return False
+  return True
 
 
 def _write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
@@ -269,13 +312,22 @@ def merge(from_dir: str, to_dir: str, log: Callable[[str], None] = print) -> int
   if ours is None:
     ours = dict({k: v for k, v in theirs.items() if k != "shards"}, shards=[])
   ours["plan"]["passes"] = max(ours["plan"].get("passes", 1), theirs["plan"].get("passes", 1))
+  # A shard of ours that is missing or damaged is taken from theirs where they have it whole.
+  theirs_named = {shard["file"] for shard in theirs["shards"]}
+  broken = {
+    shard["file"]
+    for shard in ours["shards"]
+    if shard["file"] in theirs_named and not _intact(to_dir, shard["file"])
+  }
+  ours["shards"] = [shard for shard in ours["shards"] if shard["file"] not in broken]
   have = {shard["file"] for shard in ours["shards"]}
   new = [shard for shard in theirs["shards"] if shard["file"] not in have]
   os.makedirs(to_dir, exist_ok=True)
   for shard in new:
-    with np.load(os.path.join(from_dir, shard["file"])) as f:
-      arrays = {name: f[name] for name in f.files}
+    arrays = load_shard(from_dir, shard["file"])
     _write_atomic(os.path.join(to_dir, shard["file"]), lambda path, a=arrays: _save_shard(path, a))
+  if broken:
+    log(f"regenerate: {len(broken)} missing or damaged shards in {to_dir} replaced from {from_dir}")
   ours["shards"] = sorted(ours["shards"] + new, key=lambda s: s["file"])
   if new or read_manifest(to_dir) is None:  # Nothing new: the folder stays as it was.
     _write_manifest(to_dir, ours)
@@ -308,7 +360,11 @@ def seed(
   ``to_dir``'s and as ``identity`` (the run that asks, if any); otherwise copies nothing (and
   says why, if they are another run's). Returns how many shards were copied."""
   theirs, ours = read_manifest(from_dir), read_manifest(to_dir)
-  have = {shard["file"] for shard in (ours or {"shards": []})["shards"]}
+  have = {
+    shard["file"]
+    for shard in (ours or {"shards": []})["shards"]
+    if os.path.exists(os.path.join(to_dir, shard["file"]))
+  }
   if theirs is None or not {shard["file"] for shard in theirs["shards"]} - have:
     return 0  # Nothing to add (quietly: every run of a seeded workdir asks).
   source = _resumable({k: theirs.get(k) for k in IDENTITY})
@@ -418,6 +474,12 @@ def regenerate(
       )
     # The most passes any run over this directory asked for (its shards are there).
     manifest["plan"]["passes"] = max(manifest["plan"].get("passes", 1), plan.passes)
+  lost = [
+    s["file"] for s in manifest["shards"] if not os.path.exists(os.path.join(out_dir, s["file"]))
+  ]
+  if lost:  # Named but deleted (to answer them again): they are answered again.
+    log(f"regenerate: {len(lost)} shards the manifest names are missing, answered again: {lost}")
+    manifest["shards"] = [s for s in manifest["shards"] if s["file"] not in lost]
   done = {shard["file"] for shard in manifest["shards"]}
   blocks = -(-len(rows) // plan.shard_prompts)
   total = blocks * plan.passes
@@ -537,6 +599,6 @@ def read_shards(out_dir: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]
     raise FileNotFoundError(f"No regenerated shards in {out_dir} (no {MANIFEST}).")
   shards = []
   for shard in manifest["shards"]:
-    with np.load(os.path.join(out_dir, shard["file"])) as f:
-      shards.append((f["tokens"].astype(np.int32), f["offsets"], f["prompt_lengths"]))
+    f = load_shard(out_dir, shard["file"])
+    shards.append((f["tokens"].astype(np.int32), f["offsets"], f["prompt_lengths"]))
   return shards

@@ -311,7 +311,10 @@ def train_on_answers(
   )
   train_cfg = trainer.config
   batches = answers.batches(shards, train_cfg.seq_len, train_cfg.batch_size, config.seed)
-  held = answers.batches(regenerate.read_shards(held_dir), train_cfg.seq_len, train_cfg.batch_size)
+  held_shards, trained = answers.without_trained_prompts(regenerate.read_shards(held_dir), shards)
+  if trained:
+    log(f"{name}: {trained} held-out answers left out of tau: their prompt is trained on")
+  held = answers.batches(held_shards, train_cfg.seq_len, train_cfg.batch_size)
   if not (
     answers.accepted_run(np.zeros_like(held.weights[:, 1:]), held.weights[:, 1:], K) >= 0
   ).any():

@@ -157,14 +157,15 @@ def batches(prompts: Prompts, batch_size: int) -> list[tuple[np.ndarray, np.ndar
 
 def encode(texts: list[str], tokenizer: Any, *, chat: bool = False) -> Prompts:
   """Tokenized and right-padded prompts (each a user message of the chat template with
-  ``chat``; BOS first where the tokenizer asks for it)."""
+  ``chat``; BOS first where the tokenizer asks for it, unless a template wrote the text: it
+  writes the special tokens it wants, as transformers' ``apply_chat_template`` does)."""
   if chat:
     if tokenizer.chat_template is None:
       raise ValueError(
         "sampling.chat_template is set but the pair's tokenizer has no chat template."
       )
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
-  if getattr(tokenizer, "add_bos", False):  # The model expects BOS first (tokenizer_config).
+  if getattr(tokenizer, "add_bos", False) and not chat:  # BOS first (tokenizer_config).
     ids = [tokenizer.encode(text, add_bos=True) for text in texts]
   else:
     ids = [tokenizer.encode(text) for text in texts]
