@@ -99,6 +99,17 @@ def test_expert_parallel_mesh_equals_one_device(mode):
   np.testing.assert_allclose(logits, expected, atol=5e-5, rtol=1e-5)
 
 
+def test_shard_map_refuses_experts_on_a_batch_axis():
+  """Each device would hold other rows and other experts, and the psum over that axis would
+  add outputs of different rows together (logits off by 2.0, no error, before the check)."""
+  config = moe_config(tensor_parallel="shard_map")
+  with sharding.use_rules({"expert": "data"}):
+    mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+    model = transformer.create(config, mesh, seed=5)
+    with sharding.use_mesh(mesh), pytest.raises(ValueError, match="expert axis 'data' also"):
+      model(jnp.asarray(PROMPTS))
+
+
 @pytest.mark.slow
 def test_speculative_sampling_over_an_moe_target_is_exact():
   """A target whose every layer routes among 4 experts (top 2) and a noisy copy as its draft:

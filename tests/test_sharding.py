@@ -112,6 +112,26 @@ def test_shard_map_refuses_heads_the_tensor_axis_does_not_divide():
     model(jnp.asarray(PROMPTS))
 
 
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
+    ({"act_batch": "data"}, "'act_batch' \\('data',\\) and 'cache_batch'"),
+    ({"cache_kv_heads": None}, "'cache_kv_heads' maps to \\(\\)"),
+    ({"kv_heads": None}, "'kv_heads' maps to \\(\\)"),
+    ({"act_length": "tensor"}, "'act_length' maps to"),
+  ],
+)
+def test_shard_map_refuses_rules_its_layout_cannot_run(overrides, message):
+  """Overrides jit partitions ('auto') but shard_map's blocks are not written for: one line,
+  not an error from inside JAX (or rows of the batch summed together)."""
+  config = tiny_config(tensor_parallel="shard_map")
+  with sharding.use_rules(overrides):
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    model = transformer.create(config, mesh)
+    with sharding.use_mesh(mesh), pytest.raises(ValueError, match=message):
+      model(jnp.asarray(PROMPTS))
+
+
 def _per_layer_collectives(mesh) -> dict:
   """Result shapes of the all-gathers, and the all-reduces, one more layer adds to a cached
   forward pass."""

@@ -46,6 +46,37 @@ def _tensor_axis() -> str:
   return axes[0]
 
 
+def _check_rules(tensor_axis: str, experts: bool) -> None:
+  """The layout shard_map's blocks are written for (module docstring), from the rules table:
+  rows split alike in the activations and the cache and never over the tensor (or expert)
+  axis, kv heads over the tensor axis, lengths and d_model whole. Other overrides are jit's
+  to partition ('auto'); under shard_map they would fail inside JAX or, with the experts on
+  a batch axis, sum different rows' outputs together."""
+  batch = sharding.mesh_axes_of("act_batch")
+  problems = []
+  if sharding.mesh_axes_of("cache_batch") != batch:
+    problems.append(f"'act_batch' {batch} and 'cache_batch' {sharding.mesh_axes_of('cache_batch')}")
+  reserved = {tensor_axis: "tensor"} | (
+    {axis: "expert" for axis in sharding.mesh_axes_of("expert")} if experts else {}
+  )
+  for axis, role in reserved.items():
+    if axis in batch:
+      problems.append(f"the {role} axis {axis!r} also splits the batch ('act_batch' {batch})")
+  for name in ("kv_heads", "cache_kv_heads"):
+    if sharding.mesh_axes_of(name) != (tensor_axis,):
+      problems.append(f"{name!r} maps to {sharding.mesh_axes_of(name)}, not ({tensor_axis!r},)")
+  for name in ("act_length", "act_embed"):
+    if sharding.mesh_axes_of(name):
+      problems.append(f"{name!r} maps to {sharding.mesh_axes_of(name)}, not ()")
+  if experts and tensor_axis in sharding.mesh_axes_of("expert"):
+    problems.append(f"the experts and the heads share the {tensor_axis!r} axis")
+  if problems:
+    raise ValueError(
+      "tensor_parallel='shard_map' runs the Megatron layout of the default rules; these "
+      f"overrides break it: {'; '.join(problems)}. Use tensor_parallel='auto' for them."
+    )
+
+
 def _tensor_parallel_size(config: TransformerConfig) -> int | None:
   """Tensor-parallel width when the block must run under shard_map, else None."""
   if config.tensor_parallel != "shard_map":
@@ -53,7 +84,9 @@ def _tensor_parallel_size(config: TransformerConfig) -> int | None:
   sizes = sharding.current_axis_sizes()
   if not sizes:
     return None
-  return sizes.get(_tensor_axis(), 1)
+  axis = _tensor_axis()
+  _check_rules(axis, bool(config.num_experts))
+  return sizes.get(axis, 1)
 
 
 def _check_divides(tp: int, what: str, size: int):
