@@ -49,6 +49,23 @@ def _model(num_layers, d_model, num_heads, vocab_size):
   m.tensor_parallel = "auto"  # 'auto' (jit partitions) or 'shard_map'.
   m.scan_layers = True  # One lax.scan over the stacked layers (False: a Python loop).
   m.attention_block_size = 256  # Read the KV cache in blocks up to the live position; 0: all.
+  # The rest of TransformerConfig, at its defaults (what the families of docs/hf.md set):
+  m.gelu_approximate = True  # GELU's tanh form.
+  m.query_pre_attn_scalar = None  # None: scores scaled by head_dim ** -0.5.
+  m.post_norms = False  # No norms after attention and the MLP (Gemma 2/3 have them).
+  m.sliding_window = None  # None: every layer attends to the whole cache.
+  m.sliding_window_pattern = 1  # With a window: every N-th layer is global.
+  m.qk_norm = False  # No RMSNorm on queries and keys (Qwen3, Gemma 3).
+  m.rope_local_theta = None  # None: sliding layers use rope_theta.
+  m.rope_scaling = "none"  # 'none', 'linear' or 'llama3'.
+  m.rope_scaling_factor = 1.0
+  m.rope_low_freq_factor = 1.0  # llama3 scaling only.
+  m.rope_high_freq_factor = 4.0  # llama3 scaling only.
+  m.rope_original_max_position = 8192  # llama3 scaling only.
+  m.num_experts = 0  # 0: a dense MLP; E: a mixture of E experts.
+  m.experts_per_token = 0  # Experts each token is routed to (top-k).
+  m.normalize_expert_weights = False  # Renormalise the top-k router weights.
+  m.moe_compute = "sparse"  # 'sparse' (the experts tokens select) or 'dense' (all).
   return m
 
 

@@ -209,6 +209,10 @@ def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
       "--config.sampling.topp=1",
       "--config.sampling.topp=1: the config has no field 'topp'; did you mean 'top_p'?",
     ),
+    (  # No near miss: ml_collections' KeyError named the field only ("'gpus'").
+      "--config.mesh.gpus=2",
+      "--config.mesh.gpus=2: the config has no field 'gpus' (--help lists every field)",
+    ),
     (
       "--config.speculative.num_draft_tokens=200",
       "--config.speculative.num_draft_tokens=200: must be <= sampling.max_new_tokens (8)",

@@ -189,6 +189,29 @@ def test_restore_on_a_different_mesh(trainer, uninterrupted):
       np.testing.assert_allclose(np.asarray(model(tokens)[0]), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_checkpoint_runs_as_the_run_asks_but_computes_as_saved(trainer, uninterrupted):
+  """--config.target.model.tensor_parallel (and the other run-time fields) reach a model loaded
+  from a checkpoint (they were ignored: it ran as saved); its architecture and dtype do not."""
+  import ml_collections
+
+  from specsamp.experiments.jobs import pair
+
+  directory, state = uninterrupted
+  tokens = BATCHES.at(0)[:, :-1]
+  expected = np.asarray(trainer.model(state.params)(tokens)[0])
+  mesh = sharding.make_mesh({"data": 4, "fsdp": 1, "tensor": 2}, jax.devices()[:8])
+  section = ml_collections.ConfigDict(
+    {"model": {"tensor_parallel": "shard_map", "scan_layers": False, "dtype": "bfloat16"}}
+  )
+  model = pair._load_checkpoint("target", directory, None, mesh, "latest", print, section=section)
+  assert (model.config.tensor_parallel, model.config.scan_layers) == ("shard_map", False)
+  assert model.config.dtype == MODEL.dtype  # What it computes in stays the checkpoint's.
+  with sharding.use_mesh(mesh):
+    np.testing.assert_allclose(np.asarray(model(tokens)[0]), expected, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="not \\['num_layers'\\]"):
+    checkpoint.load_model(directory, execution={"num_layers": 3})
+
+
 def test_missing_empty_and_corrupt_checkpoints_are_clear_errors(uninterrupted, tmp_path):
   with pytest.raises(FileNotFoundError, match="No checkpoint directory"):
     checkpoint.load_model(str(tmp_path / "nowhere"))

@@ -157,6 +157,12 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
         f"{_override_of(argv, hint.group(2))}: the config has no field {hint.group(2)!r}; did "
         f"you mean {hint.group(1)!r}? (--help lists every field)"
       )
+    missing = re.fullmatch(r"""["']*(\w+)["']*""", text.strip())
+    if missing:  # A KeyError without a near miss: ml_collections names only the field.
+      _exit_with_error(
+        f"{_override_of(argv, missing.group(1))}: the config has no field "
+        f"{missing.group(1)!r} (--help lists every field)"
+      )
     _exit_with_error(text)
   for name in list(flags.FLAGS):
     value = flags.FLAGS[name].value

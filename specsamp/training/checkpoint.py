@@ -350,6 +350,7 @@ def load_model(
   tokenizer: Any = None,
   role: str = "model",
   resume: str = "latest",
+  execution: Mapping[str, Any] | None = None,
 ) -> tuple[transformer.Transformer, dict[str, Any]]:
   """The one way to load a model: trained, distilled or imported from Hugging Face.
 
@@ -369,6 +370,8 @@ def load_model(
     role: what the model is ('target', 'draft'), for error messages.
     resume: without ``step``, 'latest' or 'latest_intact' (``RESUME``): whether a corrupt
       latest step is an error or is moved aside for the newest intact one.
+    execution: fields of ``EXECUTION_FIELDS`` to run the model with instead of the saved ones
+      (the tensor-parallel mode of this run's mesh, ...).
 
   Returns:
     (model, metadata).
@@ -382,6 +385,11 @@ def load_model(
   if expected_meta is not None:
     check_meta(meta, expected_meta, store.directory)
   config = config or TransformerConfig.from_config(meta["model"])
+  if execution:
+    unknown = sorted(set(execution) - set(EXECUTION_FIELDS))
+    if unknown:
+      raise ValueError(f"Only how a model runs may differ from its checkpoint, not {unknown}.")
+    config = config.replace(**execution)
   if tokenizer is not None:
     if meta.get("tokenizer") not in (None, tokenizer.fingerprint):
       raise CheckpointError(

@@ -218,6 +218,12 @@ def load_corpus(
   )
 
 
+# How a loaded checkpoint runs, taken from the run's config (``target.model`` / ``draft.model``):
+# EXECUTION_FIELDS but the activation dtype, a numeric choice the checkpoint keeps (an import's
+# ``--dtype``).
+RUNTIME_FIELDS = ("tensor_parallel", "scan_layers", "attention_block_size", "moe_compute")
+
+
 def _load_checkpoint(
   name: str,
   path: str,
@@ -227,12 +233,25 @@ def _load_checkpoint(
   log: Callable[[str], None],
   target: Any = None,
   check: Callable[[dict[str, Any]], None] | None = None,
+  section: ml_collections.ConfigDict | None = None,
 ):
   """A model from a checkpoint given in the config (a shipped folder is verified first),
   checked against the tokenizer, for a draft against its ``target``'s vocabulary, and by
-  ``check`` on its metadata."""
+  ``check`` on its metadata. It runs as ``section.model`` says (``RUNTIME_FIELDS``: the mode
+  and layout of this run, never what the model computes in, which stays the checkpoint's)."""
+  model_section = section.get("model") if section is not None else None
+  execution = {
+    field: model_section[field]
+    for field in RUNTIME_FIELDS
+    if model_section is not None and model_section.get(field) is not None
+  }
   model, meta = checkpoint.load_model(
-    shipped.resolve(path), mesh, tokenizer=tokenizer, role=name, resume=resume
+    shipped.resolve(path),
+    mesh,
+    tokenizer=tokenizer,
+    role=name,
+    resume=resume,
+    execution=execution,
   )
   if target is not None:
     model_protocol.check_same_vocabulary(target, model)
@@ -352,7 +371,7 @@ def _train_model(
   log: Callable[[str], None] = print,
 ):
   if section.get("checkpoint"):
-    return _load_checkpoint(name, section.checkpoint, tokenizer, mesh, resume, log)
+    return _load_checkpoint(name, section.checkpoint, tokenizer, mesh, resume, log, section=section)
   model_cfg = model_config(section, tokenizer)
   train_cfg = train.TrainConfig.from_config(section.train)
   # What the checkpoint must match to be reused: model, tokenizer and the data it was trained on.
@@ -567,7 +586,14 @@ def prepare(
   prepared = {}
   if drafts and config.draft.get("checkpoint"):
     prepared["checkpoint"] = _load_checkpoint(
-      "draft", config.draft.checkpoint, tokenizer, mesh, config.resume_from, log, target
+      "draft",
+      config.draft.checkpoint,
+      tokenizer,
+      mesh,
+      config.resume_from,
+      log,
+      target,
+      section=config.draft,
     )
   elif drafts:
     for mode in draft_modes or [config.draft.train.distill.mode]:
@@ -586,6 +612,7 @@ def prepare(
             mask_token=config.draft.train.distill.mask_token,
             log=log,
           ),
+          section=config.draft,
         )
         continue
       section = ml_collections.ConfigDict(config.draft.to_dict())
