@@ -81,6 +81,34 @@ def test_loss_decreases(trainer, uninterrupted):
   assert final < initial - 0.5, (initial, final)
 
 
+def test_a_mixture_of_experts_trains_densely_and_samples_sparsely(mesh, tmp_path):
+  """Reverse mode cannot differentiate the sparse path's loop over the selected experts (an
+  MoE target from the CLI failed at its first step): training runs them densely, the same
+  parameters, and the trained model comes back in the configured sparse execution."""
+  experts = dict(num_experts=4, experts_per_token=2)
+  model = tiny_config("llama", vocab_size=VOCAB, num_layers=1, d_model=32, ffn_dim=16, **experts)
+  trainer = train.Trainer(model, dataclasses.replace(CONFIG, steps=12), mesh)
+  initial = trainer.evaluate(trainer.init_state().params, EVAL)
+  state = train.fit(
+    trainer,
+    BATCHES,
+    EVAL,
+    checkpoint.Checkpoints(str(tmp_path), max_to_keep=1),
+    {"model": dataclasses.asdict(model)},
+    log=lambda _: None,
+  )
+  assert trainer.evaluate(state.params, EVAL) < initial
+  from flax import nnx
+
+  sparse, dense = trainer.model(state.params), nnx.merge(trainer.graphdef, state.params)
+  assert (sparse.config.moe_compute, dense.config.moe_compute) == ("sparse", "dense")
+  tokens = BATCHES.at(0)[:, :-1]
+  with sharding.use_mesh(mesh):
+    np.testing.assert_allclose(
+      np.asarray(sparse(tokens)[0]), np.asarray(dense(tokens)[0]), rtol=1e-5, atol=1e-5
+    )
+
+
 def test_interrupted_run_resumes_exactly(trainer, uninterrupted, tmp_path):
   _, reference = uninterrupted
   directory = str(tmp_path / "resumed")

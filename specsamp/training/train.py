@@ -285,14 +285,19 @@ class Trainer:
     self.graphdef, self.param_shardings = abstract.graphdef, abstract.shardings
     abstract_params = abstract.shapes
     self._sampling_graphdef = self.graphdef
+    # Training differentiates what sampling loops over (reverse mode cannot differentiate a
+    # while loop), so it runs those parts densely: execution fields, the same parameters, and
+    # ``model`` hands them back in the configured execution.
+    differentiable = model_config
     if config.distill_mode == "parallel":
       # The parallel layout is one tree call over a cache of K x seq_len slots, which a model
-      # would read in blocks (a while loop: reverse mode cannot differentiate it). Training
-      # attends densely; the block size is an execution field, so the parameters are the same
-      # and ``model`` hands them back in the configured execution.
-      dense = dataclasses.replace(model_config, attention_block_size=0)
+      # would read in blocks: training attends densely.
+      differentiable = dataclasses.replace(differentiable, attention_block_size=0)
+    if model_config.num_experts:  # The sparse path loops over the experts tokens selected.
+      differentiable = dataclasses.replace(differentiable, moe_compute="dense")
+    if differentiable != model_config:
       self.graphdef = sharding.abstract_model(
-        lambda rngs: transformer.Transformer(dense, rngs=rngs), mesh, seed
+        lambda rngs: transformer.Transformer(differentiable, rngs=rngs), mesh, seed
       ).graphdef
     replicated = NamedSharding(mesh, PartitionSpec())
     abstract_opt = jax.eval_shape(self.optimizer.init, abstract_params)
