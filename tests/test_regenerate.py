@@ -725,3 +725,30 @@ def test_damaged_lost_or_unreadable_answers_are_named_or_answered_again(target, 
     f.write("<<<<<<< HEAD\n")
   with pytest.raises(ValueError, match="manifest.json is not a regeneration manifest"):
     regenerate.read_shards(run)
+
+
+def test_the_shipped_prompt_set_is_the_one_the_shipped_answers_answered():
+  """The default set is read from the shipped snapshot on every interpreter (a set built from
+  Python 3.12's library has other functions at other lines): the shipped answers' ids are its
+  ids, split as it splits them."""
+  snapshot = instructions.default_prompts()
+  ids = {prompt.id for prompt in snapshot}
+  assert len(snapshot) == len(ids) == 17_171
+  shipped = os.path.join(os.path.dirname(instructions.SNAPSHOT), "smollm2_answers")
+  for split, held in (("train", False), ("held_out", True)):
+    manifest = regenerate.read_manifest(os.path.join(shipped, split))
+    answered = {
+      str(i)
+      for shard in manifest["shards"]
+      for i in regenerate.load_shard(os.path.join(shipped, split), shard["file"])["ids"]
+    }
+    assert answered <= ids and all(instructions.held_out(i) == held for i in answered)
+
+
+@pytest.mark.extended
+def test_the_shipped_prompt_set_is_what_python_3_11_builds():
+  import sys
+
+  if sys.version_info[:2] != (3, 11):
+    pytest.skip("The snapshot is Python 3.11's library; this interpreter's differs.")
+  assert instructions.built_prompts() == instructions.read_snapshot()

@@ -12,7 +12,9 @@ machine has:
 - a user's **JSONL** file instead (``--prompts``): one object per line with ``"prompt"`` (a user
   message) or ``"messages"`` (a list of chat messages).
 
-HumanEval's prompts are never in it: they are held out for evaluation. Each prompt has a stable
+The default set ships as a snapshot (``SNAPSHOT``: Python 3.11's library, 17,171 prompts), read
+on every interpreter, since another Python's library makes another set; ``built_prompts`` builds
+it from the running one. HumanEval's prompts are never in it: they are held out for evaluation. Each prompt has a stable
 id (its source and kind); ``held_out`` puts about one function (all three of its instructions)
 or chat prompt in ``HELD_OUT_EVERY`` aside, by a hash of the id, so the split does not change
 when the set grows.
@@ -202,9 +204,51 @@ def jsonl_prompts(path: str) -> list[Prompt]:
   return prompts
 
 
-def default_prompts(files: Sequence[str] | None = None) -> list[Prompt]:
-  """The standard library's instructions (or ``files``') and the repository's chat prompts."""
+# The default set as Python 3.11's standard library makes it, shipped: another Python's library
+# has other functions at other lines (3.12's gives 16,670 prompts, 16,959 ids differ from
+# 3.11's 17,171), so a set built from the running interpreter would not continue the shipped
+# answers, whose manifests name the set by its sha256 (``regenerate``).
+SNAPSHOT = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shipped", "prompts.jsonl.xz"
+)
+
+
+def built_prompts(files: Sequence[str] | None = None) -> list[Prompt]:
+  """The standard library's instructions (or ``files``') and the repository's chat prompts,
+  built from the running interpreter's library (``SNAPSHOT`` is this on Python 3.11)."""
   here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   chat_file = os.path.join(here, "configs", "prompts", "chat.txt")
   chat = chat_prompts(chat_file) if os.path.exists(chat_file) else []
   return stdlib_prompts(files) + chat
+
+
+def write_snapshot(prompts: Sequence[Prompt], path: str = SNAPSHOT) -> None:
+  """``prompts`` as xz-compressed JSON lines (id and messages), written atomically."""
+  import lzma
+
+  partial = path + ".partial"
+  with lzma.open(partial, "wt", encoding="utf-8", preset=9) as f:
+    for prompt in prompts:
+      f.write(json.dumps({"id": prompt.id, "messages": list(prompt.messages)}) + "\n")
+  os.replace(partial, path)
+
+
+def read_snapshot(path: str = SNAPSHOT) -> list[Prompt]:
+  import lzma
+
+  try:
+    with lzma.open(path, "rt", encoding="utf-8") as f:
+      records = [json.loads(line) for line in f]
+  except (OSError, EOFError, lzma.LZMAError, json.JSONDecodeError) as e:
+    raise ValueError(
+      f"{path}, the shipped prompt set, is damaged ({e}); restore it (git checkout)."
+    ) from None
+  return [Prompt(r["id"], tuple(r["messages"])) for r in records]
+
+
+def default_prompts(files: Sequence[str] | None = None) -> list[Prompt]:
+  """The prompt set: the shipped snapshot of Python 3.11's (``SNAPSHOT``), the same on every
+  interpreter; with ``files``, those files' instructions and the chat prompts, built here."""
+  if files is None and os.path.exists(SNAPSHOT):
+    return read_snapshot()
+  return built_prompts(files)
