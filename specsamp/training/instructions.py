@@ -14,10 +14,10 @@ machine has:
 
 The default set ships as a snapshot (``SNAPSHOT``: Python 3.11's library, 17,171 prompts), read
 on every interpreter, since another Python's library makes another set; ``built_prompts`` builds
-it from the running one. HumanEval's prompts are never in it: they are held out for evaluation. Each prompt has a stable
-id (its source and kind); ``held_out`` puts about one function (all three of its instructions)
-or chat prompt in ``HELD_OUT_EVERY`` aside, by a hash of the id, so the split does not change
-when the set grows.
+it from the running one. HumanEval's prompts are never in it: they are held out for
+evaluation. Each prompt has a stable id (its source and kind); ``held_out`` puts about one
+function (all three of its instructions) or chat prompt in ``HELD_OUT_EVERY`` aside, by a hash
+of the id, so the split does not change when the set grows.
 """
 
 from __future__ import annotations
