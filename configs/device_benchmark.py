@@ -1,7 +1,8 @@
 """The GPU benchmark (scripts/device_benchmark.sh): specsamp on one accelerator, in one call.
 
 Launch (on a machine with one GPU; writes $OUT/results.json and prints a table last):
-  OUT=benchmark_results/device bash scripts/device_benchmark.sh
+  bash scripts/device_benchmark.sh      # a lent machine: keep its $OUT, the folder that comes back
+  OUT=benchmark_results/device bash scripts/device_benchmark.sh      # a GPU of your own
   bash scripts/device_benchmark.sh --tiny            # the same code at tiny sizes, on a CPU
   python scripts/device_benchmark.py --config=configs/device_benchmark.py \
       --config.sections=gate,bandwidth,shaped --out=/tmp/device

