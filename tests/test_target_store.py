@@ -70,8 +70,15 @@ def test_a_stopped_build_resumes_and_a_stale_store_is_rebuilt(target, tmp_path):
     )
     assert "rebuilding" in logs[0]
     meta = json.loads((tmp_path / target_store.META).read_text())
-    assert meta["target"] == target_id
+    assert meta["target"].split()[0] == target_id
   np.testing.assert_array_equal(rebuilt, full)
+  # Another model of the same shape under the same id (another checkpoint): rebuilt, where
+  # the other model's features were read before.
+  other = transformer.create(CONFIG, seed=2)
+  for model in (other, target):
+    logs.clear()
+    target_store.build(model, rows, LAYERS, str(tmp_path), target_id="t", log=logs.append)
+    assert "rebuilding" in logs[0]
   assert sorted(os.listdir(tmp_path)) == sorted(
     [target_store.OUTPUTS, target_store.META, target_store.PROGRESS]
   )
@@ -88,6 +95,16 @@ def test_a_stopped_build_resumes_and_a_stale_store_is_rebuilt(target, tmp_path):
     )
     np.testing.assert_array_equal(again, full)
     assert "rebuilding" in logs[0]
+
+
+def test_a_head_reading_the_last_layer_stores_it_as_a_feature_and_as_the_last(target, tmp_path):
+  """feature_layers may name the last layer's output (N): captured once, stored in both places
+  (the store asked the model for layer N twice, refused as not distinct)."""
+  rows, layers = _rows(5), (1, 2, CONFIG.num_layers)
+  stored = target_store.build(target, rows, layers, str(tmp_path), target_id="t")
+  online = target(jnp.asarray(rows), capture_layers=layers)
+  np.testing.assert_allclose(stored[..., : 3 * 32], online.features, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(stored[..., 2 * 32 : 3 * 32], stored[..., 3 * 32 :])
 
 
 def test_new_rows_after_the_stored_ones_extend_the_store(target, tmp_path):

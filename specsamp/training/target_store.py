@@ -90,19 +90,34 @@ def _capture_fn(target: Any, layers: tuple[int, ...]):
   """A jitted [B, L] tokens -> [B, L, width] of the target's features and last-layer output.
   Only the first token's logits are formed (``logits_at``): the store needs none."""
   graphdef, state = nnx.split(target)
-  last = target.config.num_layers
+  last, d_model = target.config.num_layers, target.config.d_model
+  # A head may read the last layer's output among its features: captured once, stored twice.
+  captured = layers if last in layers else (*layers, last)
 
   @jax.jit
   def capture(state, tokens_BL):
     model = nnx.merge(graphdef, state)
     out = model(
       tokens_BL,
-      capture_layers=(*layers, last),
+      capture_layers=captured,
       logits_at=jnp.zeros(tokens_BL.shape[0], jnp.int32),
     )
+    if captured is layers:
+      at = layers.index(last) * d_model
+      return jnp.concatenate([out.features, out.features[..., at : at + d_model]], axis=-1)
     return out.features
 
   return lambda tokens_BL: capture(state, tokens_BL)
+
+
+def parameters_fingerprint(model: Any) -> str:
+  """A short hash of the first and last 64 values of every parameter's first and last rows
+  (exact bytes, no sums: the same on any mesh; no parameter is copied whole)."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)):
+    for part in (leaf[(0,) * (leaf.ndim - 1)][:64], leaf[(-1,) * (leaf.ndim - 1)][-64:]):
+      digest.update(np.asarray(jax.device_get(part)).tobytes())
+  return digest.hexdigest()[:16]
 
 
 def build(
@@ -123,7 +138,9 @@ def build(
   dtype = _numpy_dtype(target.config.activation_dtype)
   shape = [int(n) for n in sequences.shape] + [width(layers, target.config.d_model)]
   meta = {
-    "target": target_id,
+    # The answers' target id and the parameters in use: a store made by another model of the
+    # same shape (another checkpoint) is another target's.
+    "target": f"{target_id} {parameters_fingerprint(target)}",
     "layers": list(layers),
     "dtype": dtype.name,
     "shape": shape,
