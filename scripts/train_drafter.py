@@ -76,6 +76,12 @@ def main(argv):
       prepared=prepared,
     )
   if best.get("step") is None:
+    if _SHIP_ONLY.value:
+      raise ValueError(
+        f"--ship_only: {os.path.join(workdir, directory)} has no evaluation kept as best (no "
+        f"{answer_training.BEST}/{answer_training.BEST_JSON}): nothing to ship. Train first, or "
+        "check --config.answers.drafter."
+      )
     print("no evaluation yet: nothing kept as best", flush=True)
     return
   acc = " ".join(f"{a:.2f}" for a in best["acc"])

@@ -71,3 +71,13 @@ def test_held_out_prompts_come_from_the_prompt_files(tmp_path):
   longest = max(len(p.read_text()) for p in tmp_path.iterdir())  # One token per character.
   with pytest.raises(ValueError, match=f"fewer than 2 windows.*can be at most {longest}"):
     data.held_out_prompts(_CharTokenizer(), paths, num_prompts=2, prompt_tokens=10_000)
+
+
+def test_spread_evaluation_batches_are_whole_and_span_the_file():
+  """A partial last batch cannot be split over a mesh's data axis (a run on 4 devices failed at
+  its first evaluation): spread gives whole batches only, evenly over the file."""
+  batches = data.Batches(np.arange(11 * 3, dtype=np.int32).reshape(11, 3), batch_size=4)
+  spread = batches.spread(100)
+  assert [len(b) for b in spread] == [4, 4]
+  assert spread[0][0, 0] == 0 and spread[-1][-1, 0] == 10 * 3  # first and last rows
+  assert [len(b) for b in batches.spread(1)] == [4]

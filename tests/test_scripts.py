@@ -967,6 +967,11 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   model, meta = checkpoint.load_model(os.path.join(workdir, "draft_answers", "best"))
   assert meta["step"] == best["step"] and model.config.num_layers == 1
   assert [point["step"] for point in best["curve"]] == [2, 4]  # The learning curve.
+  # tau measured at another K does not compare with the best kept: refused, where the K = 2
+  # evaluations could never beat the K = 4 bar and the card read "tau(K=2) 4.451".
+  other_k = run_script("train_drafter.py", *train_args, "--config.answers.tau_draft_tokens=2")
+  assert other_k.returncode != 0 and "does not compare" in other_k.stderr, other_k.stderr[-2000:]
+  assert json.load(open(best_json)) == best
 
   def trained_and_shipped(drafter: str, kind: str) -> str:
     """``drafter`` trained on the answers and shipped (its card names ``kind``): the folder. A
@@ -999,6 +1004,14 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(trained_workdir
   assert "stored / online" in timed.stdout
   bare = run_script("train_drafter.py", *train_args, "--ship_only")
   assert bare.returncode != 0 and "give --ship_to" in bare.stdout + bare.stderr
+  untrained = run_script(  # No best to ship (a mistyped drafter): an error, not exit 0.
+    "train_drafter.py",
+    *train_args,
+    "--config.answers.drafter=parallel_head",
+    "--ship_only",
+    f"--ship_to={tmp_path / 'nothing'}",
+  )
+  assert untrained.returncode != 0 and "nothing to ship" in untrained.stderr
   card = open(os.path.join(folder, "CARD.md")).read()
   head_best = json.load(open(os.path.join(workdir, "feature_head_answers", "best", "best.json")))
   assert f"**{head_best['tau']:.3f}**" in card and "answer tokens" in card

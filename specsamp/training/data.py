@@ -188,10 +188,12 @@ class Batches:
     return self._rows(order[index * self.batch_size : (index + 1) * self.batch_size])
 
   def spread(self, num_batches: int) -> list:
-    """``num_batches`` batches of rows evenly spaced over the file (all of them when it holds
-    no more): a fixed evaluation set that samples the whole file, as ``first`` does not when
-    the file is ordered (regenerated answers are sorted by prompt length)."""
-    rows = min(num_batches * self.batch_size, len(self.sequences))
+    """``num_batches`` whole batches of rows evenly spaced over the file (as many as it holds,
+    when it holds fewer): a fixed evaluation set that samples the whole file, as ``first``
+    does not when the file is ordered (regenerated answers are sorted by prompt length)."""
+    # Whole batches only: a partial one cannot be split over a data axis (a mesh's devices).
+    whole = self.steps_per_epoch * self.batch_size
+    rows = min(num_batches * self.batch_size, whole)
     index = np.linspace(0, len(self.sequences) - 1, rows).round().astype(np.int64)
     return [self._rows(index[i : i + self.batch_size]) for i in range(0, rows, self.batch_size)]
 

@@ -17,6 +17,7 @@ greedy chain); the best by tau is kept, since acceptance can fall while the loss
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -314,7 +315,10 @@ def train_on_answers(
   held_shards, trained = answers.without_trained_prompts(regenerate.read_shards(held_dir), shards)
   if trained:
     log(f"{name}: {trained} held-out answers left out of tau: their prompt is trained on")
-  held = answers.batches(held_shards, train_cfg.seq_len, train_cfg.batch_size)
+  try:
+    held = answers.batches(held_shards, train_cfg.seq_len, train_cfg.batch_size)
+  except ValueError as e:  # Too few held-out answers for one batch: say whose they are.
+    raise ValueError(f"The held-out answers in {held_dir}: {e}") from None
   if not (
     answers.accepted_run(np.zeros_like(held.weights[:, 1:]), held.weights[:, 1:], K) >= 0
   ).any():
@@ -354,6 +358,22 @@ def train_on_answers(
     shutil.rmtree(os.path.join(directory, BEST))  # A fresh run: an older run's best is no bar.
   best_store = checkpoint.Checkpoints(os.path.join(directory, BEST), max_to_keep=1, log=log)
   best = read_best(directory) or {"tau": -1.0}
+  # What tau is measured on: a best measured otherwise (another K, other held-out rows or
+  # batches) is no bar for this run's evaluations, nor a tau to ship under this run's K.
+  measured = {
+    "K": K,
+    "rows_sha256": hashlib.sha256(
+      b"".join(np.ascontiguousarray(part).tobytes() for batch in evaluation for part in batch[:2])
+    ).hexdigest(),
+  }
+  if best.get("measured", measured) != measured:
+    raise ValueError(
+      f"{directory}'s best was measured at K={best['measured']['K']} on other held-out rows "
+      f"or K than this run's (K={K}, answers.tau_draft_tokens, eval_batches, the held-out "
+      "answers): its tau does not compare. Use another head or draft directory, or the "
+      "settings it was measured with."
+    )
+  best["measured"] = measured
   # Training time over every run (a resumed run adds to it), written at each evaluation and
   # when a run ends or is stopped (Ctrl-C included), once the run has a best to write it beside.
   clock = {"start": time.perf_counter(), "before": float(best.get("seconds_total", 0.0))}
