@@ -140,6 +140,8 @@ unpack)
   rm -rf "$WORKDIR_HERE/device_answers" && mkdir -p "$WORKDIR_HERE/device_answers"
   tar -C "$WORKDIR_HERE/device_answers" -xf "$FROM/answers.tar"
   for split in train held_out; do
+    # The held-out split travels only when the machine made it (none shipped).
+    [[ -f "$WORKDIR_HERE/device_answers/regenerated/$split/manifest.json" ]] || continue
     python3 -c "import sys; from specsamp.training import regenerate; regenerate.merge(*sys.argv[1:])" \
       "$WORKDIR_HERE/device_answers/regenerated/$split" "$SHIPPED/$split"
   done
