@@ -41,7 +41,7 @@ import numpy as np
 from specsamp import sharding
 from specsamp.hf import eagle
 from specsamp.models import transformer
-from specsamp.models.config import TransformerConfig
+from specsamp.models.config import EXECUTION_FIELDS, TransformerConfig
 from specsamp.models.feature_head import FeatureDraftModel, FeatureHeadConfig
 from specsamp.sampling import model_protocol, speculative
 from specsamp.training import checkpoint, data, feature_train, shipped, target_samples, train
@@ -221,7 +221,7 @@ def load_corpus(
 # How a loaded checkpoint runs, taken from the run's config (``target.model`` / ``draft.model``):
 # EXECUTION_FIELDS but the activation dtype, a numeric choice the checkpoint keeps (an import's
 # ``--dtype``).
-RUNTIME_FIELDS = ("tensor_parallel", "scan_layers", "attention_block_size", "moe_compute")
+RUNTIME_FIELDS = tuple(field for field in EXECUTION_FIELDS if field != "dtype")
 
 
 def _load_checkpoint(
