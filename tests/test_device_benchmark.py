@@ -121,6 +121,24 @@ def _results(speedup=2.1, efficiency=0.9, floor=1.2, peer_ratio=1.6, pass_ratio=
   }
 
 
+def test_the_device_wheels_are_checked_after_they_are_installed(tmp_path):
+  """install_wheels (scripts/device_wheels.sh) fails in one line naming the module when the
+  wheels did not bring it, and passes when the module imports."""
+
+  def install(module):
+    script = f"source {ROOT}/scripts/device_wheels.sh && install_wheels {tmp_path}/site {module}"
+    return subprocess.run(
+      ["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+
+  missing = install("json,specsamp_no_such_module")
+  assert missing.returncode == 1
+  assert "cannot import json,specsamp_no_such_module" in missing.stderr
+  assert "device_answers.sh pack" in missing.stderr
+  present = install("json")
+  assert present.returncode == 0, present.stderr
+
+
 @pytest.mark.parametrize(
   "changes, verdicts",
   [
