@@ -592,6 +592,63 @@ def test_a_shipped_draft_loads_in_bfloat16_and_a_corrupted_copy_is_refused(tmp_p
     shipped.resolve(lost)
 
 
+def test_a_card_reports_what_the_best_evaluation_was_trained_and_measured_on(tmp_path):
+  """The card's data, held-out sample and hardware are best.json's (recorded at the best
+  evaluation), not the workdir's answers when the card is written: a --ship_only after more
+  answers arrived, or on another machine, still tells what the head was trained on."""
+  from specsamp.experiments import config_files
+  from specsamp.experiments.jobs import answer_training
+
+  path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs/smollm2_pair.py")
+  config = config_files.load_module(path).get_config()
+  best = {
+    "step": 120,
+    "tau": 1.8,
+    "acc": [0.5, 0.4, 0.3, 0.2],
+    "tokens_seen": 245_760,
+    "seconds": 60.0,
+    "seconds_total": 90.0,
+    "curve": [{"step": 120, "tokens_seen": 245_760, "tau": 1.8}],
+    "data": {
+      "target": "smollm2:30x576",
+      "tokenizer": "2225e8fb",
+      "prompts_sha256": "ab" * 32,
+      "shards": 3,
+      "prompts": 384,
+      "answer_tokens": 51_234,
+      "settings": ["greedy", "nucleus"],
+      "regeneration_seconds": 7200.0,
+    },
+    "held_out": {
+      "answers": 127,
+      "left_out": 1,
+      "rows": 48,
+      "row_tokens": 257,
+      "answer_tokens": 9_876,
+    },
+    "hardware": "1 x NVIDIA H200 (gpu), 16 CPU cores",
+  }
+  # No answers in this workdir: everything comes from best.json.
+  card = answer_training.card(config, str(tmp_path), best, "feature")
+  assert "384 prompts" in card and "3 shards" in card and "51,234 answer tokens" in card
+  assert "2.00 h of" in card and "`smollm2:30x576`" in card
+  assert "48 rows of 257 tokens (9,876 answer tokens) spread over 127 held-out" in card
+  assert "1 more left out" in card and "NVIDIA H200" in card and "**1.800**" in card
+  assert "lacked them" not in card
+  # A best.json from before these were recorded: the workdir's manifests, and the card says so.
+  for split, prompts in (("train", 128), ("held_out", 128)):
+    folder = tmp_path / config.answers[f"{split}_dir"]
+    folder.mkdir(parents=True)
+    shard = dict(prompts=prompts, answer_tokens=1000, setting="greedy", seconds=36.0)
+    manifest = dict(target="t:1x2", tokenizer="ff", prompts_sha256="cd" * 32, shards=[shard])
+    (folder / regenerate.MANIFEST).write_text(json.dumps(manifest))
+  old = {k: v for k, v in best.items() if k not in ("data", "held_out", "hardware")}
+  card = answer_training.card(config, str(tmp_path), old, "feature")
+  assert "1 shards" in card and "1,000 answer tokens" in card and "`t:1x2`" in card
+  assert "rows of the 128 held-out greedy answers" in card
+  assert "Written from a best.json that lacked them" in card and "the hardware is" in card
+
+
 def test_an_unrolled_drafters_accepted_runs_are_the_chain_drafts_shifted_by_one():
   """A feature head's step k at row p drafts after x_<=p+1+k: flags laid out that way give the
   counts of a draft model's run from t = p + 1, and the same answer-token windows."""

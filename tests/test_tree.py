@@ -300,6 +300,9 @@ def test_sequoia_tree_is_the_best_tree_by_brute_force(acceptance):
   assert tree_lib.sequoia((0.8, 0.0), 5, 5).is_chain
   with pytest.raises(ValueError, match="acceptances in \\[0, 1\\]"):
     tree_lib.sequoia((1.2,), 4, 2)
+  # All acceptances 0: the best tree is empty, said as such (was "needs at least one node").
+  with pytest.raises(ValueError, match="are all 0, so every tree is expected to accept nothing"):
+    tree_lib.parse("sequoia:3x2@0,0")
 
 
 def test_rank_counts_follow_the_accepted_path():

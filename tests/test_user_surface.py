@@ -61,6 +61,13 @@ def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):
       dict(tree="dynamic:2x2", proposal="greedy", confidence_threshold=0.5),
       "confidence_threshold=0.5: must be 0 with a dynamic tree",
     ),
+    # Wider than the vocabulary, known before the pair trains.
+    (
+      dict(tree="dynamic:65x2", proposal="greedy", vocab_size=64),
+      "dynamic:65x2'.*one child per token .*\\(64\\)",
+    ),
+    (dict(tree="tree:65/distinct", vocab_size=64), "distinct siblings are at most .*'s 64"),
+    (dict(tree="tree:65/iid", vocab_size=64), None),  # i.i.d. siblings may repeat a token.
   ],
 )
 def test_tree_settings_are_checked_before_the_pair_is_prepared(changes, message):
@@ -68,8 +75,8 @@ def test_tree_settings_are_checked_before_the_pair_is_prepared(changes, message)
   refused wrongly (the review of 2026-11-29)."""
   config = code_pair.get_config()
   for name, value in changes.items():
-    section = config.sampling if name == "max_new_tokens" else config.speculative
-    section[name] = value
+    section = {"max_new_tokens": config.sampling, "vocab_size": config.target.model}
+    section.get(name, config.speculative)[name] = value
   if message is None:
     sample_job.check_settings(config)
   else:

@@ -291,6 +291,12 @@ def sequoia(
             share[r][m], choice[depth, r, m] = value, size
     best.append(share[0])
   size = max(range(num_nodes + 1), key=lambda m: (best[max_depth][m], -m))
+  if size == 0:  # Every rank's acceptance is 0: no node is ever expected to be accepted.
+    raise ValueError(
+      f"sequoia's acceptances {list(acceptance)} are all 0, so every tree is expected to "
+      "accept nothing and the best one is empty; give the acceptance per rank a run measured "
+      "(its summary's acceptance_at_rank), or sample without a tree"
+    )
 
   def children(depth: int, nodes: int) -> list:
     """The subtrees (lists of their children) under a node with ``nodes`` nodes below it."""

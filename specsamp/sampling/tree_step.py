@@ -75,17 +75,7 @@ def check_tree(
       f"A dynamic tree ({tree.describe()}) has per-row parents, which the token verifier "
       f"reads; verifier={verifier!r} walks a static tree. Use verifier='token'."
     )
-  if tree.dynamic and max(tree.widths) > target.vocab_size:
-    raise ValueError(
-      f"A dynamic tree's depth keeps at most one child per token of the vocabulary "
-      f"({target.vocab_size}), but {tree.describe()} asks for {max(tree.widths)}."
-    )
-  if not tree.dynamic and tree.distinct_siblings and tree.max_children > target.vocab_size:
-    raise ValueError(
-      f"A node's distinct siblings are at most the vocabulary's {target.vocab_size} tokens, but "
-      f"{tree.describe()} gives a node {tree.max_children} children (i.i.d. siblings, "
-      "'chains:' or '/iid', may repeat a token)."
-    )
+  check_widths(tree, target.vocab_size)
   model_protocol.check_tree_support(target, "target")
   drafter.check_tree(tree)
   return tree
@@ -233,3 +223,19 @@ def rank_counts(
     jnp.sum(rank_BNR * on_path_BN[:, :, None], axis=1),
     jnp.sum(rank_BNR * reached_BN[:, :, None], axis=1),
   )
+
+
+def check_widths(tree: TreeShape, vocab_size: int) -> None:
+  """Refuses a tree that asks for more distinct tokens at a node or a depth than the
+  vocabulary has (checked by the sampler, and by the scripts before anything trains)."""
+  if tree.dynamic and max(tree.widths) > vocab_size:
+    raise ValueError(
+      f"A dynamic tree's depth keeps at most one child per token of the vocabulary "
+      f"({vocab_size}), but {tree.describe()} asks for {max(tree.widths)}."
+    )
+  if not tree.dynamic and tree.distinct_siblings and tree.max_children > vocab_size:
+    raise ValueError(
+      f"A node's distinct siblings are at most the vocabulary's {vocab_size} tokens, but "
+      f"{tree.describe()} gives a node {tree.max_children} children (i.i.d. siblings, "
+      "'chains:' or '/iid', may repeat a token)."
+    )

@@ -374,6 +374,21 @@ def train_on_answers(
       "settings it was measured with."
     )
   best["measured"] = measured
+  # What the card reports (``card``), as this run saw it: a card written later, by
+  # ``--ship_only`` after more answers arrived or on another machine, still tells what the
+  # best evaluation was trained and measured on.
+  held_answers = sum(len(shard[2]) for shard in held_shards)
+  facts = {
+    "data": data_summary(manifest),
+    "held_out": {
+      "answers": held_answers,
+      "left_out": trained,
+      "rows": sum(len(batch[0]) for batch in evaluation),
+      "row_tokens": train_cfg.seq_len + 1,
+      "answer_tokens": int(sum(np.asarray(batch[1])[:, 1:].sum() for batch in evaluation)),
+    },
+    "hardware": hardware_summary(),
+  }
   # Training time over every run (a resumed run adds to it), written at each evaluation and
   # when a run ends or is stopped (Ctrl-C included), once the run has a best to write it beside.
   clock = {"start": time.perf_counter(), "before": float(best.get("seconds_total", 0.0))}
@@ -408,6 +423,7 @@ def train_on_answers(
         acc=[float(a) for a in acc],
         tokens_seen=tokens_seen,
         seconds=seconds,
+        **facts,
       )
       if with_lookup is not None:
         best["tau_with_lookup"] = with_lookup
@@ -468,20 +484,61 @@ def with_stored_outputs(
 # --- Shipping the best drafter. ----------------------------------------------------------------
 
 
+def data_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+  """The training answers of a manifest, as a card reports them."""
+  shards = manifest["shards"]
+  return {
+    "target": manifest["target"],
+    "tokenizer": manifest["tokenizer"],
+    "prompts_sha256": manifest["prompts_sha256"],
+    "shards": len(shards),
+    "prompts": sum(shard["prompts"] for shard in shards),
+    "answer_tokens": sum(shard["answer_tokens"] for shard in shards),
+    "settings": sorted({shard["setting"] for shard in shards}),
+    "regeneration_seconds": sum(shard["seconds"] for shard in shards),
+  }
+
+
+def hardware_summary() -> str:
+  """This process's devices and CPU cores, as a card reports them."""
+  devices = jax.devices()
+  return (
+    f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform}), {os.cpu_count()} CPU cores"
+  )
+
+
 def card(
   config: ml_collections.ConfigDict, workdir: str, best: dict[str, Any], drafter: str
 ) -> str:
   """A shipped drafter's CARD.md: what it drafts for, the data, the training, the hardware
-  and the held-out tau, from the run's manifests and best.json."""
+  and the held-out tau. The data, the held-out sample and the hardware are those the training
+  recorded in best.json when its best evaluation was made; a best.json from before these were
+  recorded falls back to the workdir's manifests and this machine, and the card says so."""
   section = config.answers
-  manifest = regenerate.read_manifest(os.path.join(workdir, section.train_dir))
-  held = regenerate.read_manifest(os.path.join(workdir, section.held_out_dir))
   _, _, train_section = drafter_sections(config, drafter)
-  devices = jax.devices()
-  answer_tokens = sum(shard["answer_tokens"] for shard in manifest["shards"])
-  prompts = sum(shard["prompts"] for shard in manifest["shards"])
-  settings = sorted({shard["setting"] for shard in manifest["shards"]})
-  regen_seconds = sum(shard["seconds"] for shard in manifest["shards"])
+  data = best.get("data")
+  held_out = best.get("held_out")
+  hardware = best.get("hardware")
+  notes = []
+  if data is None:
+    data = data_summary(regenerate.read_manifest(os.path.join(workdir, section.train_dir)))
+    notes.append("the data are the workdir's answers when the card was written")
+  if hardware is None:
+    hardware = hardware_summary()
+    notes.append("the hardware is the machine that wrote the card")
+  if held_out is None:
+    held = regenerate.read_manifest(os.path.join(workdir, section.held_out_dir))
+    held_sample = f"rows of the {sum(s['prompts'] for s in held['shards'])} held-out greedy answers"
+    notes.append("how many held-out rows tau saw was not recorded")
+  else:
+    held_sample = (
+      f"{held_out['rows']} rows of {held_out['row_tokens']} tokens ({held_out['answer_tokens']:,} "
+      f"answer tokens) spread over {held_out['answers']} held-out greedy answers"
+    )
+    if held_out["left_out"]:
+      held_sample += (
+        f" ({held_out['left_out']} more left out: their prompt is also a training prompt)"
+      )
   acc = ", ".join(f"{a:.3f}" for a in best["acc"])
   with_lookup = ""
   if "tau_with_lookup" in best:
@@ -495,27 +552,26 @@ def card(
   )
   kind = KINDS[drafter]
   last_step = max([point["step"] for point in best.get("curve", [])] or [best["step"]])
-  hardware = f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})"
-  held_prompts = sum(shard["prompts"] for shard in held["shards"])
-  held_tokens = sum(shard["answer_tokens"] for shard in held["shards"])
+  caveat = (
+    f"\n- **Written from a best.json that lacked them**: {'; '.join(notes)}." if notes else ""
+  )
   return f"""# A {kind} trained on the target's own answers
 
-- **Target**: `{manifest["target"]}` (tokenizer {manifest["tokenizer"]}).
-- **Data**: {prompts:,} prompts of `specsamp.training.instructions` answered by the target
-  (`scripts/regenerate.py`, settings {", ".join(settings)}; {len(manifest["shards"])} shards,
-  {answer_tokens:,} answer tokens, {regen_seconds / 3600:.2f} h of regeneration), prompts
-  sha256 `{manifest["prompts_sha256"][:16]}...`.
+- **Target**: `{data["target"]}` (tokenizer {data["tokenizer"]}).
+- **Data**: {data["prompts"]:,} prompts of `specsamp.training.instructions` answered by the target
+  (`scripts/regenerate.py`, settings {", ".join(data["settings"])}; {data["shards"]} shards,
+  {data["answer_tokens"]:,} answer tokens, {data["regeneration_seconds"] / 3600:.2f} h of
+  regeneration), prompts sha256 `{data["prompts_sha256"][:16]}...`.
 - **Training**: `scripts/train_drafter.py --config.answers.drafter={drafter}`; best at step
   {best["step"]} of {train_section.steps} planned, last evaluated at step {last_step} (batch
   {train_section.batch_size} x {train_section.seq_len} tokens, {best["tokens_seen"]:,} tokens
   seen, the loss on answer tokens only), {best.get("seconds", 0) / 60:.1f} min of training to
   it, {best.get("seconds_total", 0) / 60:.1f} min in all.
-- **Hardware**: {hardware}, {os.cpu_count()} CPU cores.
-- **tau(K={section.tau_draft_tokens})** on {held_prompts} held-out greedy answers
-  ({held_tokens:,} answer tokens):
+- **Hardware**: {hardware}.
+- **tau(K={section.tau_draft_tokens})** on {held_sample}:
   **{best["tau"]:.3f}** tokens per target call; acc_1..K {acc}.{with_lookup}
 - **Stored**: bfloat16 parameters, an orbax checkpoint; SHA256SUMS covers every file and is
-  checked before loading.
+  checked before loading.{caveat}
 
 | step | tokens seen | tau |
 |---|---|---|

@@ -239,6 +239,14 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
   for path, value, ok, allowed in checks:
     if not ok:
       raise ValueError(f"--config.{path}={value!r}: {allowed}")
+  target = config.get("target", {})
+  if tree is not None and not target.get("checkpoint") and "model" in target:
+    # A target trained here: its vocabulary is known before it trains (a checkpoint's is
+    # checked when the sampler is built, seconds after it loads).
+    try:
+      tree_step.check_widths(tree, target.model.vocab_size)
+    except ValueError as error:
+      raise ValueError(f"--config.speculative.tree={spec.tree!r}: {error}") from None
 
 
 def _parses(name: str) -> bool:
