@@ -84,6 +84,61 @@ def test_tree_settings_are_checked_before_the_pair_is_prepared(changes, message)
       sample_job.check_settings(config)
 
 
+@pytest.mark.parametrize(
+  "changes,message",
+  [
+    (dict(drafter="parallel", num_draft_tokens=8), "=8: drafter='parallel' drafts 8 positions"),
+    (dict(drafter="parallel", num_draft_tokens=8, draft_length="auto"), None),  # Capped.
+    (dict(drafter="parallel", num_draft_tokens=4), None),
+    (dict(drafter="parallel", tree="tree:2,1,1,1,1"), "trained to fill 4 \\(draft.train.distill"),
+    (dict(drafter="parallel_head", num_draft_tokens=4), "fill 3 \\(feature.train.ttt_steps\\)"),
+    (dict(drafter="parallel_seq", num_draft_tokens=4, head=3), "draft.sequential_head.num_draft"),
+    (dict(drafter="draft", num_draft_tokens=8), None),  # Sequential: any K.
+    (dict(drafter="feature", num_draft_tokens=8), None),
+  ],
+)
+def test_a_parallel_drafter_drafts_no_more_positions_than_it_was_trained_for(changes, message):
+  """Past its trained positions a parallel drafter reads placeholders it never learned: still
+  exact, rarely accepted. Refused before anything trains (the review of 2026-11-29: K = 8 ran
+  over 4 trained positions silently)."""
+  config = code_pair.get_config()
+  config.speculative.draft_length = changes.pop("draft_length", "fixed")
+  config.draft.sequential_head.num_draft_tokens = changes.pop("head", 4)
+  for name, value in changes.items():
+    config.speculative[name] = value
+  if message is None:
+    sample_job.check_settings(config)
+  else:
+    with pytest.raises(ValueError, match=message):
+      sample_job.check_settings(config)
+
+
+def test_a_parallel_checkpoint_says_how_many_positions_it_was_trained_for(tmp_path):
+  """A loaded parallel draft's count is its metadata's (scripts/train_drafter.py records it);
+  one that records none is not checked."""
+  from specsamp.experiments.jobs import drafter_specs
+  from specsamp.training import checkpoint
+
+  config = code_pair.get_config()
+  spec = drafter_specs.parse("parallel")
+  for name, meta, expected in (
+    ("two", {"parallel": {"mask_token": 3, "tokens": 2}}, 2),
+    ("none", {}, None),
+  ):
+    store = checkpoint.Checkpoints(str(tmp_path / name))
+    store.save(1, {"params": {"w": np.zeros(2, np.float32)}}, meta)
+    store.wait()
+    config.draft.parallel_checkpoint = str(tmp_path / name)
+    found = drafter_specs.trained_positions(spec, config)
+    assert (found and found[0]) == expected
+    assert drafter_specs.trained_positions(spec, config, read_checkpoints=False) is None
+  config.draft.parallel_checkpoint = str(tmp_path / "two")
+  config.speculative.drafter, config.speculative.num_draft_tokens = "parallel", 3
+  config.speculative.draft_length = "fixed"
+  with pytest.raises(ValueError, match="trained to fill 2 .*two's metadata"):
+    sample_job.check_trained_positions(config, drafter_specs.trained_positions(spec, config))
+
+
 def test_rows_past_the_training_context_are_warned():
   config = code_pair.get_config()  # Both models trained on 128-token sequences.
   assert sample_job.context_warnings(config, longest_prompt=64) == []  # 64 + 64 = 128

@@ -92,6 +92,34 @@ def parse(name: str) -> DrafterSpec:
   )
 
 
+def trained_positions(
+  spec: DrafterSpec, config: Any, read_checkpoints: bool = True
+) -> tuple[int, str] | None:
+  """(the draft positions a parallel drafter was trained to fill, the setting that says so).
+  A parallel drafter fills positions past them with placeholders it never learned to read:
+  still exact, rarely accepted. None for a sequential drafter (it drafts any K: each step
+  reads the draft before it), for a loaded checkpoint that records no count, and for any
+  checkpoint when ``read_checkpoints`` is False (the checks made before anything loads)."""
+  found = None
+  if spec.kind in ("parallel", "parallel_seq"):
+    path = config.draft.get("parallel_checkpoint", "")
+    if not path:
+      found = (config.draft.train.distill.parallel_tokens, "draft.train.distill.parallel_tokens")
+    elif read_checkpoints:
+      from specsamp.training import checkpoint, shipped
+
+      tokens = (checkpoint.Checkpoints(shipped.resolve(path)).read_meta().get("parallel") or {})
+      if tokens.get("tokens"):
+        found = (int(tokens["tokens"]), f"draft.parallel_checkpoint={path}'s metadata")
+    if spec.kind == "parallel_seq":
+      head = int(config.draft.sequential_head.num_draft_tokens)
+      if found is None or head < found[0]:
+        found = (head, "draft.sequential_head.num_draft_tokens")
+  elif spec.kind == "parallel_head" and not config.feature.get("parallel_checkpoint", ""):
+    found = (int(config.feature.train.ttt_steps), "feature.train.ttt_steps")
+  return found
+
+
 def make(
   spec: DrafterSpec,
   pair: Any,

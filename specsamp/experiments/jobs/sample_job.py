@@ -247,6 +247,30 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       tree_step.check_widths(tree, target.model.vocab_size)
     except ValueError as error:
       raise ValueError(f"--config.speculative.tree={spec.tree!r}: {error}") from None
+  name = spec.get("drafter", "draft")
+  if _parses(name):  # A checkpoint's count is read when it loads (``run``).
+    trained = drafter_specs.trained_positions(drafter_specs.parse(name), config, False)
+    check_trained_positions(config, trained)
+
+
+def check_trained_positions(config: ml_collections.ConfigDict, trained: Any) -> None:
+  """Refuses a fixed K (or a tree's depth) past the positions a parallel drafter was trained
+  to fill (``drafter_specs.trained_positions``); the automatic K stays within them."""
+  spec = config.speculative
+  tree = tree_of(config)
+  if trained is None or (tree is None and spec.get("draft_length", "fixed") == "auto"):
+    return
+  count, source = trained
+  flag, K = ("tree", spec.tree) if tree is not None else ("num_draft_tokens", spec.num_draft_tokens)
+  depth = tree.max_depth if tree is not None else K
+  if depth > count:
+    raise ValueError(
+      f"--config.speculative.{flag}={K!r}: drafter={spec.get('drafter', 'draft')!r} drafts "
+      f"{depth} positions per pass but was trained to fill {count} ({source}); past them it "
+      "reads placeholders it never learned (exact, but rarely accepted). Draft at most "
+      f"{count}, use --config.speculative.draft_length=auto (it stays within them), or train "
+      "more positions."
+    )
 
 
 def _parses(name: str) -> bool:
@@ -312,6 +336,8 @@ def run(
     log=log,
   )
   tokenizer = pair.tokenizer
+  trained = drafter_specs.trained_positions(drafter, config)
+  check_trained_positions(config, trained)
   draft = drafter_specs.make(
     drafter,
     pair,
@@ -355,8 +381,15 @@ def run(
   if auto and tree is not None:
     log(f"  draft length: the tree's depth, {tree.max_depth} (draft_length='auto' sizes chains)")
   elif auto:
+    largest = num_draft_tokens
+    if trained is not None and trained[0] < largest:
+      largest = trained[0]
+      log(
+        f"  draft length: at most {largest}, the positions the drafter was trained to fill "
+        f"({trained[1]})"
+      )
     choice = bench.choose_draft_length(
-      DRAFT, batches[0], num_draft_tokens, verifier=config.speculative.verifier, **common
+      DRAFT, batches[0], largest, verifier=config.speculative.verifier, **common
     )
     log(f"  draft length: {format_choice(choice)}")
     num_draft_tokens = choice["num_draft_tokens"]
