@@ -225,3 +225,26 @@ def test_the_rope_base_of_transformers_5s_config_form_is_read(target):
   config = {k: v for k, v in config.items() if k != "rope_theta"}
   form = dict(config, rope_parameters={"rope_type": "default", "rope_theta": 5e5})
   assert eagle.head_config(form, target).rope_theta == 5e5
+
+
+def test_a_published_eagle3_head_is_refused_as_a_parallel_head(tmp_path):
+  """--config.feature.parallel_checkpoint naming an EAGLE-3 folder loaded a sequential head
+  under the parallel head's name (it drafted K calls, benchmarks labelled it parallel)."""
+  import ml_collections
+  from conftest import tiny_config
+
+  from specsamp.experiments.jobs import pair as pair_lib
+  from specsamp.models import feature_head
+
+  target = transformer.create(tiny_config(mlp_activation="swiglu"), seed=0)
+  head = feature_head.create(
+    feature_head.FeatureHeadConfig(draft_vocab_size=64), target.config, seed=1
+  )
+  folder = str(tmp_path / "eagle")
+  eagle.save_eagle3(feature_head.FeatureDraftModel(head, target), folder)
+  section = ml_collections.ConfigDict(dict(checkpoint=folder, head=dict(parallel=True)))
+  with pytest.raises(ValueError, match="parallel feature head needs one trained for it"):
+    pair_lib._train_feature_head(section, target, None, None, None, str(tmp_path / "x"), 0, {})
+  section.head.parallel = False  # As the sequential head it is: loaded.
+  loaded = pair_lib._train_feature_head(section, target, None, None, None, str(tmp_path), 0, {})
+  assert not loaded.head.config.parallel

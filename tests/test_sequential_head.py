@@ -241,3 +241,61 @@ def test_a_stopped_training_run_resumes_to_the_unbroken_runs_head(small_pair, tm
     head_training.train(
       draft, target, batches, **dict(settings, steps=8), checkpoints=store, meta={"steps": 8},
     )  # fmt: skip
+
+
+def test_a_cached_head_is_not_reused_over_another_parallel_draft(tmp_path):
+  """The workdir's head records the frozen draft and the target it was trained over: a new
+  parallel draft of the same width is refused by name, where it loaded the old head silently
+  (the review of 2026-11-29)."""
+  import types
+
+  import ml_collections
+
+  from specsamp import sharding
+  from specsamp.experiments.jobs import pair as pair_lib
+  from specsamp.training.checkpoint import CheckpointError
+
+  config = ml_collections.ConfigDict()
+  config.seed, config.resume_from = 0, "latest"
+  config.draft = ml_collections.ConfigDict()
+  config.draft.sequential_head = ml_collections.ConfigDict(
+    dict(
+      steps=2, batch_size=2, seq_len=8, learning_rate=1e-3, num_draft_tokens=2, checkpoint_every=1
+    )
+  )
+  config.draft.train = ml_collections.ConfigDict(
+    dict(distill=ml_collections.ConfigDict(dict(mask_token=7, gamma=4.0)))
+  )
+  target = transformer.create(tiny_config(), seed=0)
+  stream = np.random.default_rng(0).integers(0, 200, 4000).astype(np.int32)
+  corpus = types.SimpleNamespace(train_stream=stream)
+  mesh = sharding.make_mesh({"data": -1})
+  directory = str(tmp_path / "head")
+  logs = []
+
+  def head(draft):
+    return pair_lib._sequential_head(
+      config, draft, target, lambda: corpus, directory, mesh, logs.append
+    )
+
+  first = transformer.create(tiny_config(num_layers=1), seed=1)
+  head(first)
+  head(first)
+  assert any("sequential head: loaded" in line for line in logs)
+  with pytest.raises(CheckpointError, match="different draft"):
+    head(transformer.create(tiny_config(num_layers=2), seed=2))
+
+
+def test_one_training_step_runs_and_a_head_of_another_width_is_refused(small_pair):
+  """steps=1 crashed inside optax (no decay steps left after the warmup); a head over a draft
+  of another width failed deep in tracing instead of naming the mismatch."""
+  target, draft = small_pair
+  stream = np.random.default_rng(0).integers(0, MASK, 400).astype(np.int32)
+  head = head_training.train(
+    draft, target, data.Batches.pack(stream, 16, 2), steps=1, learning_rate=1e-2,
+    num_draft_tokens=2, mask_token_id=MASK, log=lambda line: None,
+  )  # fmt: skip
+  ParallelDrafter(draft, mask_token_id=MASK, head=head).check(target)
+  other = _perturbed_head(draft.config.d_model * 2)
+  with pytest.raises(ValueError, match="reads .*-wide hidden states, but the parallel draft's"):
+    ParallelDrafter(draft, mask_token_id=MASK, head=other).check(target)

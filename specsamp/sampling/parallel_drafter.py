@@ -183,6 +183,12 @@ class ParallelDrafter(ModelDrafter):
         f"mask_token_id {self.mask_token_id} is not a row of the parallel draft's "
         f"{self.model.vocab_size}-token vocabulary."
       )
+    width = getattr(getattr(self.model, "config", None), "d_model", None)
+    if self.head is not None and width is not None and self.head.d_model != width:
+      raise ValueError(
+        f"The sequential head reads {self.head.d_model}-wide hidden states, but the parallel "
+        f"draft's are {width} wide: it was trained over another draft."
+      )
 
   def distributions(self, cache, tokens_BW, lengths_B, num_draft_tokens: int):
     """(logits_BKV, cache): q_1..q_K's logits from one call (only the last K positions through

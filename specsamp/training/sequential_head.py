@@ -89,8 +89,9 @@ def train(
   head = SequentialHead(draft.config.d_model, rngs=nnx.Rngs(seed))
   graphdef, params = nnx.split(head, nnx.Param)
   params = nnx.to_pure_dict(params)  # A plain dict: what optax and orbax see.
+  warmup = max(steps // 20, 1) if steps > 1 else 0  # One step: no room to warm up in.
   schedule = optax.warmup_cosine_decay_schedule(
-    0.0, learning_rate, max(steps // 20, 1), steps, learning_rate * 0.1
+    0.0, learning_rate, warmup, steps, learning_rate * 0.1
   )
   optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
   opt_state = optimizer.init(params)

@@ -1,4 +1,4 @@
-r"""The best a parallel drafter can do by predicting well: the target's own marginals (issue 39).
+r"""Where a distilled parallel drafter tends: the target's own marginals (issue 39).
 
 A parallel drafter draws every draft token x~_k of a call from a q_k fixed before the call, so
 q_k cannot depend on x~_1 .. x~_{k-1}. Trained with the target as teacher on the target's own
@@ -10,8 +10,15 @@ the law of what the target says at position k averaged over what it said before,
 drafter does not see. The verifier, though, accepts x~_k against p(. | c, x~_<k), the target
 given the drafts themselves, with probability min(1, p / m_k). At T > 0 the two differ wherever
 the target's next token depends on the one before, so even this drafter is rejected: the
-intrinsic loss of parallel drafting, which better training cannot remove. At T = 0 the target
-is deterministic, m_k is the one-hot of its greedy path, and the bound is K + 1.
+intrinsic loss of distilling a parallel drafter, which longer training toward m_k cannot
+remove. At T = 0 the target is deterministic, m_k is the one-hot of its greedy path, and the
+bound is K + 1.
+
+It is the limit of a drafter trained toward the marginals, not a cap on every parallel drafter:
+a q_k fixed before the call may accept more than m_k does. With x_1 = A or B at 1/3 and 2/3,
+and x_2 = 0 after A and 1 after B, the marginal q_2 = (1/3, 2/3) accepts x~_2 with
+probability 1/3 * 1/3 + 2/3 * 2/3 = 5/9, the point mass q_2 = (0, 1) with probability 2/3
+(the sequential head, ``models/sequential_head.py``, gets past it by letting q_k see x~_<k).
 
 ``marginal_drafter`` measures it at one context: m_k from ``paths`` continuations the target
 samples (the target's probabilities along each path, averaged: ``m^_k``), then ``chains`` draft

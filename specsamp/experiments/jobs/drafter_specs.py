@@ -108,7 +108,7 @@ def trained_positions(
     elif read_checkpoints:
       from specsamp.training import checkpoint, shipped
 
-      tokens = (checkpoint.Checkpoints(shipped.resolve(path)).read_meta().get("parallel") or {})
+      tokens = checkpoint.Checkpoints(shipped.resolve(path)).read_meta().get("parallel") or {}
       if tokens.get("tokens"):
         found = (int(tokens["tokens"]), f"draft.parallel_checkpoint={path}'s metadata")
     if spec.kind == "parallel_seq":

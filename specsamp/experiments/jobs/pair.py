@@ -426,11 +426,13 @@ def _train_feature_head(
       model = eagle.load_eagle3(path, target, mesh)
     else:
       model, _ = feature_train.load_head(path, target, mesh, resume=resume)
-      if model.head.config.parallel != section.head.get("parallel", False):
-        raise ValueError(
-          f"{section.checkpoint} holds a{' parallel' if model.head.config.parallel else ''} "
-          f"feature head; the {name} needs one trained for it."
-        )
+    # A published EAGLE-3 head drafts one token per call: as a parallel head it would draft
+    # sequentially under the parallel head's name.
+    if model.head.config.parallel != section.head.get("parallel", False):
+      raise ValueError(
+        f"{section.checkpoint} holds a{' parallel' if model.head.config.parallel else ''} "
+        f"feature head; the {name} needs one trained for it."
+      )
     log(f"{name}: loaded from {section.checkpoint}")
     return model
   head_config = FeatureHeadConfig.from_config(section.head)
@@ -683,9 +685,15 @@ def _sequential_head(config, draft, target, get_corpus, directory: str, mesh, lo
   ``checkpoint_every`` steps, and resumed from its newest step when a run was stopped."""
   from specsamp.models.sequential_head import SequentialHead
   from specsamp.training import sequential_head as head_training
+  from specsamp.training.target_store import parameters_fingerprint
 
   section = config.draft.sequential_head
   meta = {
+    # The frozen draft and the target it was trained over: another parallel draft (a new
+    # parallel_checkpoint, a retrained draft_parallel) of the same width is not this head's.
+    "draft": parameters_fingerprint(draft),
+    "target": parameters_fingerprint(target),
+    "gamma": float(config.draft.train.distill.gamma),
     "d_model": int(draft.config.d_model),
     "num_draft_tokens": int(section.num_draft_tokens),
     "mask_token": int(config.draft.train.distill.mask_token),
