@@ -681,3 +681,77 @@ def test_how_a_model_runs_is_no_part_of_its_export():
   assert architectures.to_hf(running) == architectures.to_hf(config)
   with pytest.raises(architectures.UnsupportedArchitecture, match="would change"):
     architectures.to_hf(config.replace(norm_plus_one=True))
+
+
+@pytest.mark.parametrize("model_type", architectures.SUPPORTED_MODEL_TYPES)
+def test_a_key_config_json_leaves_out_reads_as_transformers_default(model_type):
+  """The values that change no tensor's shape (so no error could catch them) are read as
+  transformers reads an absent key: Gemma 2's soft-caps and query scale, Phi-3's and Arcee's
+  norm eps, Arcee's activation (the review of 2026-11-29: Gemma 2 off by 0.92 relative)."""
+  from transformers import AutoConfig
+
+  hf_config = dict(
+    model_type=model_type,
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=8,
+  )
+  if model_type in ("gemma2", "gemma3_text"):
+    hf_config["hidden_activation"] = "gelu_pytorch_tanh"
+  if model_type == "qwen3_moe":
+    hf_config.update(moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
+  ours = architectures.from_hf(hf_config)
+  theirs = AutoConfig.for_model(**hf_config)
+  rope = getattr(theirs, "rope_parameters", None) or {}
+  rope = rope.get("full_attention", rope)
+  assert ours.norm_eps == theirs.rms_norm_eps
+  assert ours.rope_theta == rope.get("rope_theta", getattr(theirs, "rope_theta", None))
+  assert ours.tie_embeddings == theirs.tie_word_embeddings
+  if model_type in ("gemma2", "gemma3_text"):
+    assert ours.attn_logit_softcap == theirs.attn_logit_softcapping
+    assert ours.final_logit_softcap == theirs.final_logit_softcapping
+    assert ours.query_pre_attn_scalar == theirs.query_pre_attn_scalar
+  if model_type == "arcee":
+    assert theirs.hidden_act == "relu2" and ours.mlp_activation == "relu2"
+  if model_type == "qwen3_moe":
+    assert ours.normalize_expert_weights == theirs.norm_topk_prob
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text"])
+def test_a_gemma_without_a_sliding_window_exports_to_a_model_transformers_runs(
+  model_type, tmp_path
+):
+  """With no window the export wrote sliding_window null and no layer_types: transformers laid
+  out its default sliding layers and could not run them. Every layer is now a full one."""
+  import transformers
+
+  config = architectures.from_hf(
+    dict(
+      model_type=model_type,
+      vocab_size=hf_models.VOCAB,
+      hidden_size=32,
+      intermediate_size=48,
+      num_hidden_layers=3,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      head_dim=8,
+      hidden_activation="gelu_pytorch_tanh",
+      query_pre_attn_scalar=8,
+      layer_types=["full_attention"] * 3,
+    )
+  )
+  assert config.sliding_window is None
+  model = transformer.create(config, seed=0)
+  hf.export_model(model, str(tmp_path / "out"))
+  written = architectures.read_config(str(tmp_path / "out"))
+  assert written["layer_types"] == ["full_attention"] * 3
+  assert architectures.from_hf(written) == config
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+    str(tmp_path / "out"), attn_implementation="eager"
+  ).eval()
+  ours, _ = model(jnp.asarray(TOKENS))
+  assert relative_error(ours, torch_logits(reloaded, TOKENS)) < 1e-4

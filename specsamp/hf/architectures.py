@@ -186,6 +186,8 @@ def _rope(hf: Mapping[str, Any], model_type: str) -> dict[str, Any]:
 # gemma3_text, whose default is the family's own (mistral: every layer; qwen: the layers from
 # max_window_layers on; gemma2: every second; gemma3: 5 of every sliding_window_pattern = 6).
 _NO_WINDOW = ("llama", "arcee", "gemma")
+# transformers' (attn_logit_softcapping, final_logit_softcapping) when config.json has no key.
+_SOFTCAPS = {"gemma2": (50.0, 30.0), "gemma3_text": (None, None)}
 _DEFAULT_WINDOW = 4096  # transformers' sliding_window when config.json has no such key.
 _WINDOW_ON_EVERY_LAYER = ("phi3", "qwen3_moe")
 
@@ -283,7 +285,7 @@ def from_hf(
   if model_type in _SANDWICH:
     act_name = hf.get("hidden_activation") or hf.get("hidden_act")
   else:
-    act_name = hf.get("hidden_act", "silu")
+    act_name = hf.get("hidden_act", "relu2" if model_type == "arcee" else "silu")
     if model_type == "gemma" and act_name == "gelu":
       act_name = "gelu_pytorch_tanh"  # Gemma's legacy value; transformers maps it so too.
   if act_name not in _ACTIVATIONS:
@@ -340,7 +342,7 @@ def from_hf(
     head_dim=head_dim if head_dim != int(hf["hidden_size"]) // num_heads else None,
     mlp_activation=activation,
     gelu_approximate=approximate,
-    norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+    norm_eps=float(hf.get("rms_norm_eps", 1e-5 if model_type in ("phi3", "arcee") else 1e-6)),
     norm_plus_one=gemma,
     scale_embeddings=gemma,
     qkv_bias=model_type == "qwen2",
@@ -358,9 +360,10 @@ def from_hf(
   if model_type in _SANDWICH:
     fields.update(
       post_norms=True,
-      query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or head_dim),
-      attn_logit_softcap=hf.get("attn_logit_softcapping"),
-      final_logit_softcap=hf.get("final_logit_softcapping"),
+      # An absent key reads as transformers' default for the family (null: none).
+      query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256) or head_dim),
+      attn_logit_softcap=hf.get("attn_logit_softcapping", _SOFTCAPS[model_type][0]),
+      final_logit_softcap=hf.get("final_logit_softcapping", _SOFTCAPS[model_type][1]),
     )
   return TransformerConfig(**fields)
 
@@ -452,6 +455,12 @@ def to_hf(
     ]
     if model_type in _QWEN:
       hf["use_sliding_window"] = True
+  elif model_type in ("gemma2", "gemma3_text"):
+    # Without layer_types transformers lays out sliding layers by default (every second, 5 of
+    # 6) and, with a null window, cannot run them: every layer a full one, said so. Its forward
+    # builds the sliding mask all the same and needs a window for it, which no layer uses.
+    hf["layer_types"] = ["full_attention"] * config.num_layers
+    hf["sliding_window"] = _DEFAULT_WINDOW
   if model_type in _SANDWICH:
     scalar = config.query_pre_attn_scalar
     hf.update(
