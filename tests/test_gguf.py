@@ -253,6 +253,20 @@ def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(imported, tmp_p
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
   with pytest.raises(FileExistsError, match="already holds a checkpoint"):
     gguf.import_to_checkpoint(smollm2_path(), directory, one_device())
+  # A pair job's workdir holding this import: reused at its dtype, refused at another (it was
+  # reused silently in float32 when the job asked for bfloat16).
+  import ml_collections
+
+  from specsamp.experiments.jobs import pair as pair_lib
+
+  os.makedirs(tmp_path / "workdir")
+  os.symlink(directory, tmp_path / "workdir" / "target")
+  section = ml_collections.ConfigDict(dict(gguf=smollm2_path(), param_dtype="float32"))
+  workdir = str(tmp_path / "workdir")
+  assert pair_lib.import_gguf_target(section, workdir, one_device(), print).endswith("target")
+  section.param_dtype = "bfloat16"
+  with pytest.raises(checkpoint.CheckpointError, match="imported in float32, but the job asks"):
+    pair_lib.import_gguf_target(section, workdir, one_device(), print)
 
 
 def test_the_shipped_head_verifies_loads_on_the_file_and_drafts_exactly(imported, tmp_path):

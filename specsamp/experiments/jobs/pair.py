@@ -180,17 +180,24 @@ def import_gguf_target(
   path = os.path.abspath(gguf.resolve(section.gguf))
   directory = os.path.join(workdir, "target")
   store = checkpoint.Checkpoints(directory)
+  param_dtype = section.get("param_dtype", "float32")
   if store.latest_step() is None:
     log(f"target: importing {path} into {directory}")
-    gguf.import_to_checkpoint(
-      path, directory, mesh, param_dtype=section.get("param_dtype", "float32")
-    )
+    gguf.import_to_checkpoint(path, directory, mesh, param_dtype=param_dtype)
     return directory
-  source = store.read_meta().get("source", {})
+  meta = store.read_meta()
+  source = meta.get("source", {})
   if source.get("format") != "gguf" or source.get("path") != path:
     raise checkpoint.CheckpointError(
       f"{directory} holds a target from {source.get('path', 'training')}, not {path}; use "
       "another --workdir."
+    )
+  imported = (meta.get("model") or {}).get("param_dtype")
+  if imported != param_dtype:  # The import is the weights' dtype: no later cast restores it.
+    raise checkpoint.CheckpointError(
+      f"{directory} holds {path} imported in {imported}, but the job asks for "
+      f"--config.target.param_dtype={param_dtype}: use that dtype, another --workdir, or "
+      f"delete {directory} to import again."
     )
   return directory
 
