@@ -131,3 +131,35 @@ def test_a_corpus_a_tokenizer_cannot_learn_from_is_named_in_specsamps_flags():
   small = "too small for a tokenizer of vocab_size=5000 \\(it supports at most \\d+\\)"
   with pytest.raises(ValueError, match=small):
     Tokenizer.train(["def f(x):\n    return x\n"] * 3, vocab_size=5000)
+
+
+@pytest.mark.parametrize("add_bos_token", [None, False, True])
+def test_a_tokenizer_json_whose_post_processor_writes_bos_adds_it_as_transformers_does(
+  tmp_path, add_bos_token
+):
+  """Llama 3 puts <|begin_of_text|> in tokenizer.json's post-processor and says nothing in
+  tokenizer_config.json: prompts were encoded without it (the review of 2026-11-29). An
+  explicit add_bos_token still decides, as in transformers."""
+  tokenizers = pytest.importorskip("tokenizers")
+  from specsamp.training import tokenizer as tokenizer_lib
+
+  vocab = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1}
+  vocab.update({c: i + 2 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")})
+  backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+  backend.add_special_tokens(
+    [tokenizers.AddedToken(t, special=True) for t in ("<|begin_of_text|>", "<|end_of_text|>")]
+  )
+  backend.post_processor = tokenizers.processors.TemplateProcessing(
+    single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)]
+  )
+  backend.save(str(tmp_path / "tokenizer.json"))
+  config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+  if add_bos_token is not None:
+    config["add_bos_token"] = add_bos_token
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+  loaded = tokenizer_lib.load(str(tmp_path))
+  assert loaded.add_bos == (add_bos_token is not False)
+  # Without a post-processor that writes it, no BOS unless the config asks.
+  backend.post_processor = None
+  backend.save(str(tmp_path / "tokenizer.json"))
+  assert tokenizer_lib.load(str(tmp_path)).add_bos == bool(add_bos_token)

@@ -101,12 +101,19 @@ class BpeTokenizer:
         f"{path}: no eos_token in {config_path}; specsamp needs the end-of-sequence token."
       )
     bos = token_id("bos_token")
+    add_bos = config.get("add_bos_token")
+    if add_bos is None:  # As transformers then: BOS where tokenizer.json's post-processor puts
+      # one (Llama 3's TemplateProcessing writes <|begin_of_text|> before every text).
+      probe = "a"
+      with_specials = backend.encode(probe, add_special_tokens=True).ids
+      plain = backend.encode(probe, add_special_tokens=False).ids
+      add_bos = bos is not None and with_specials[:1] == [bos] != plain[:1]
     return cls(
       backend,
       eos_id=eos,
       bos_id=-1 if bos is None else bos,
       pad_id=token_id("pad_token"),
-      add_bos=bool(config.get("add_bos_token", False)),
+      add_bos=bool(add_bos),
       chat_template=config.get("chat_template"),
       path=path,
     )
