@@ -322,6 +322,20 @@ def test_bfloat16_checkpoint_imports_bit_exact(saved, tmp_path):
   np.testing.assert_array_equal(np.asarray(table).view(np.int16), expected)
   upcast, _ = hf.import_model(str(tmp_path), param_dtype="float32")
   assert upcast.embedder.table_VD[...].dtype == jnp.float32
+  # config.json without a dtype: the tensors' own (float32 before: twice the memory).
+  config = architectures.read_config(str(tmp_path))
+  for key in ("dtype", "torch_dtype"):
+    config.pop(key, None)
+  write_config(tmp_path, **config)
+  model, _ = hf.import_model(str(tmp_path))
+  assert model.config.param_dtype == "bfloat16"
+  np.testing.assert_array_equal(np.asarray(model.embedder.table_VD[...]).view(np.int16), expected)
+  # A config that names another dtype than the tensors': imported in the config's (as
+  # transformers' dtype='auto'), with a warning that says how to keep them as stored.
+  write_config(tmp_path, **config, dtype="float32")
+  with pytest.warns(UserWarning, match="says dtype float32, but the weights are stored in bf"):
+    model, _ = hf.import_model(str(tmp_path))
+  assert model.config.param_dtype == "float32"
 
 
 def test_orbax_checkpoint_round_trip(tmp_path):

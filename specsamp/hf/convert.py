@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -101,6 +102,28 @@ def import_model(
   return model, hf_config
 
 
+_SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def stored_dtype(hf_config: Mapping[str, Any], tensors: Any, source: str) -> str | None:
+  """The dtype weights import in when the caller names none: config.json's (``dtype``,
+  ``torch_dtype``), as transformers' dtype='auto' reads it, else the tensors' own when they
+  are all of one float dtype (a bfloat16 checkpoint without the key imported as float32 before,
+  twice its memory). A config that names another dtype than its tensors is warned about."""
+  said = architectures.checkpoint_dtype(hf_config)
+  names = tensors.dtype_names() if hasattr(tensors, "dtype_names") else set()
+  floats = {_SAFETENSORS_FLOATS[n] for n in names if n in _SAFETENSORS_FLOATS}
+  found = floats.pop() if len(floats) == 1 else None
+  if said and found and said != found:
+    warnings.warn(
+      f"{source}: config.json says dtype {said}, but the weights are stored in {found}; they "
+      f"import in {said} (as transformers' dtype='auto'); give param_dtype={found!r} to keep them "
+      "as stored.",
+      stacklevel=3,
+    )
+  return said or found
+
+
 def import_tensors(
   hf_config: Mapping[str, Any],
   tensors: Any,
@@ -115,6 +138,7 @@ def import_tensors(
   (``keys()`` and ``tensor(name)``: a safetensors ``Checkpoint``, or ``gguf.GgufTensors``),
   placed on ``mesh`` one device shard at a time; ``source`` names it in error messages."""
   hf_dir = source
+  param_dtype = param_dtype or stored_dtype(hf_config, tensors, source)
   config = architectures.from_hf(
     hf_config, param_dtype=param_dtype, dtype=dtype, tensor_parallel=tensor_parallel
   )
