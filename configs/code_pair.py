@@ -62,6 +62,7 @@ def _model(num_layers, d_model, num_heads, vocab_size):
   m.rope_low_freq_factor = 1.0  # llama3 scaling only.
   m.rope_high_freq_factor = 4.0  # llama3 scaling only.
   m.rope_original_max_position = 8192  # llama3 scaling only.
+  m.max_position = None  # The context the model was made for (HF max_position_embeddings).
   m.num_experts = 0  # 0: a dense MLP; E: a mixture of E experts.
   m.experts_per_token = 0  # Experts each token is routed to (top-k).
   m.normalize_expert_weights = False  # Renormalise the top-k router weights.

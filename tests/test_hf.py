@@ -1,6 +1,7 @@
 """Parity with Hugging Face transformers: logits, greedy generation, assisted generation,
 and the import / export / checkpoint paths with their errors."""
 
+import dataclasses
 import json
 import os
 
@@ -763,9 +764,44 @@ def test_a_gemma_without_a_sliding_window_exports_to_a_model_transformers_runs(
   hf.export_model(model, str(tmp_path / "out"))
   written = architectures.read_config(str(tmp_path / "out"))
   assert written["layer_types"] == ["full_attention"] * 3
-  assert architectures.from_hf(written) == config
+  assert architectures.from_hf(written) == config.replace(max_position=8192)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(
     str(tmp_path / "out"), attn_implementation="eager"
   ).eval()
   ours, _ = model(jnp.asarray(TOKENS))
   assert relative_error(ours, torch_logits(reloaded, TOKENS)) < 1e-4
+
+
+def test_max_position_embeddings_is_carried_from_import_to_export():
+  """The export wrote 8192 for every model (an imported Llama 3.1's 131072 too, which servers
+  size their context from); it is now the imported value, and for a model that records none,
+  its llama3 RoPE's scaled range, else 8192."""
+  base = dict(
+    model_type="llama",
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+  )
+  scaling = dict(
+    rope_type="llama3",
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+  )
+  imported = architectures.from_hf(
+    dict(base, max_position_embeddings=131072, rope_parameters=scaling)
+  )
+  assert imported.max_position == 131072
+  assert architectures.to_hf(imported)["max_position_embeddings"] == 131072
+  unknown = imported.replace(max_position=None)
+  assert architectures.to_hf(unknown)["max_position_embeddings"] == 65536
+  plain = architectures.from_hf(base)
+  assert (
+    plain.max_position is None and architectures.to_hf(plain)["max_position_embeddings"] == 8192
+  )
+  # Nothing is computed with it: a checkpoint's identity leaves it out.
+  saved = {"model": dataclasses.asdict(plain.replace(max_position=4096))}
+  checkpoint.check_meta(saved, {"model": dataclasses.asdict(plain)}, "here")

@@ -347,6 +347,7 @@ def from_hf(
     scale_embeddings=gemma,
     qkv_bias=model_type == "qwen2",
     tie_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
+    max_position=int(hf["max_position_embeddings"]) if hf.get("max_position_embeddings") else None,
     param_dtype=param_dtype,
     dtype=dtype or param_dtype,
     tensor_parallel=tensor_parallel,
@@ -444,7 +445,14 @@ def to_hf(
     "dtype": dtype or config.param_dtype,
     "attention_bias": config.qkv_bias,
     "mlp_bias": False,
-    "max_position_embeddings": 8192,
+    # The imported model's own; a model specsamp trained records none: its RoPE's scaled
+    # range for llama3 scaling, else 8192 (written; the model computes nothing with it).
+    "max_position_embeddings": config.max_position
+    or (
+      int(config.rope_original_max_position * config.rope_scaling_factor)
+      if config.rope_scaling == "llama3"
+      else 8192
+    ),
   }
   hf["sliding_window"] = None  # Explicitly: an absent key reads as 4096 in most families.
   if config.sliding_window is not None:
@@ -487,7 +495,9 @@ def to_hf(
   hf.update({key: value for key, value in (special_ids or {}).items() if value is not None})
   # How the model runs (its layers scanned or unrolled, ...) is no part of the checkpoint.
   execution = {name: getattr(config, name) for name in EXECUTION_FIELDS}
-  back = from_hf(hf, param_dtype=config.param_dtype).replace(**execution)
+  back = from_hf(hf, param_dtype=config.param_dtype).replace(
+    **execution, max_position=config.max_position
+  )
   if back != config:
     differ = {
       f.name: (getattr(config, f.name), getattr(back, f.name))

@@ -30,6 +30,8 @@ EXECUTION_FIELDS = (
   "attention_block_size",
   "moe_compute",
 )
+# What a model says about itself and computes nothing with: identity checks leave these out too.
+DESCRIPTIVE_FIELDS = ("max_position",)
 MLP_ACTIVATIONS = ("gelu", "relu", "relu2", "swiglu", "geglu")
 ROPE_SCALINGS = ("none", "linear", "llama3")
 TENSOR_PARALLEL_MODES = ("auto", "shard_map")
@@ -90,6 +92,9 @@ class TransformerConfig(ConfigFields):
       kept, a smooth ramp between).
     rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor,
     rope_original_max_position: the scaling's parameters (as in HF configs).
+    max_position: the context the model was made for (HF ``max_position_embeddings``: read on
+      import, written back on export, where servers size their context from it); None when
+      unknown. Nothing is computed with it.
     dtype: dtype of activations ('float32' on CPU, 'bfloat16' on accelerators).
     param_dtype: dtype parameters are stored in.
     tensor_parallel: 'auto' lets jit partition attention and MLP from the
@@ -135,6 +140,7 @@ class TransformerConfig(ConfigFields):
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_position: int = 8192
+  max_position: int | None = None
   dtype: str = "float32"
   param_dtype: str = "float32"
   tensor_parallel: str = "auto"
@@ -162,6 +168,10 @@ class TransformerConfig(ConfigFields):
       raise ValueError(
         f"mlp_activation must be one of {MLP_ACTIVATIONS}, got {self.mlp_activation!r}."
       )
+    if self.max_position is not None and (
+      not isinstance(self.max_position, int) or self.max_position < 1
+    ):
+      raise ValueError(f"max_position must be None or an int >= 1, got {self.max_position!r}.")
     if not isinstance(self.attention_block_size, int) or self.attention_block_size < 0:
       raise ValueError(
         f"attention_block_size must be an int >= 0, got {self.attention_block_size!r}."
