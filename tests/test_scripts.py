@@ -707,6 +707,10 @@ def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call
     assert report.settings["drafter"] == name
     stats = report.stats
     assert stats["draft_calls"] == stats["target_calls"], (name, stats)  # one call each
+    # The prediction charges that one call, 2K tokens wide, not K one-token steps.
+    K = report.settings["num_draft_tokens"]
+    assert report.draft_call["per_iteration"] == 1.0 and report.draft_call["tokens"] == 2 * K
+    assert f"1.00 draft calls of {2 * K} tokens" in sample_job.format_report(report)
 
 
 def test_drafter_names_parse_to_one_drafter_each_and_bad_ones_are_refused():

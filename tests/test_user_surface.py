@@ -320,3 +320,30 @@ def test_special_ids_sampler_fields_and_numpy_settings():
     model, prompts, lengths, jax.random.key(0), max_new_tokens=2, top_p=np.float32(0.5)
   )
   assert int(out.num_generated[0]) == 2
+
+
+def test_the_predicted_speedup_charges_the_drafting_calls_the_loop_made():
+  """K one-token draft steps per iteration was the charge for every drafter: a parallel
+  drafter makes one wider call, and a chain cut by max_new_tokens fewer steps."""
+  from specsamp.experiments.benchmarks import speedup
+
+  costs = speedup.StepCosts(
+    target_step_s=1.0, draft_step_s=0.1, target_score_s=1.5, num_draft_tokens=4
+  )
+  stats = {"alpha": 0.8, "num_draft_tokens": 4, "tokens_per_target_call": 3.0}
+  expected = speedup.expected_tokens_per_call(0.8, 4)
+
+  def report(draft_call, **settings):
+    return sample_job.SampleReport(
+      prompts=[], texts={}, tokens={}, autoregressive=None, speculative=None, stats=stats,
+      costs=costs, settings=settings, draft_call=draft_call,
+    )  # fmt: skip
+
+  assert report(None).predicted_speedup == pytest.approx(costs.predicted_speedup(0.8))
+  parallel = report({"tokens": 8, "seconds": 0.25, "per_iteration": 1.0})
+  assert parallel.predicted_speedup == pytest.approx(expected / (0.25 + 1.5))
+  capped = report({"tokens": 1, "seconds": 0.1, "per_iteration": 3.5})
+  assert capped.predicted_speedup == pytest.approx(expected / (0.35 + 1.5))
+  tree = report({"tokens": 1, "seconds": 0.1, "per_iteration": 4.0}, tree="tree:2,2,1,1")
+  assert tree.expected_tokens_per_call == 3.0
+  assert tree.predicted_speedup == pytest.approx(3.0 / (0.4 + 1.5))

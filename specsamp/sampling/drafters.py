@@ -183,6 +183,13 @@ class Drafter:
     on), or None for a drafter that calls no model (prompt lookup)."""
     return None
 
+  def call_tokens(self, num_draft_tokens: int) -> int:
+    """Tokens per row of one drafting call of ``step_model()`` at draft length K: 1 for a
+    drafter that calls its model once per draft token; a parallel drafter's one call is wider
+    (what the sample job times a drafting call at)."""
+    del num_draft_tokens
+    return 1
+
   def init(
     self,
     prompts_BT,

@@ -136,6 +136,10 @@ class FeatureDrafter(Drafter):
   def step_model(self) -> Any:
     return self.model.as_step_model()
 
+  def call_tokens(self, num_draft_tokens: int) -> int:
+    # A parallel head's one call: up to K + 1 caught-up pairs and K - 1 placeholders.
+    return 2 * num_draft_tokens if self.model.head.config.parallel else 1
+
   def empty_state(self, batch_size: int, cache_length: int) -> Any:
     return self.model.init_cache(batch_size, cache_length)  # The head's cache; init adds the rest.
 

@@ -190,6 +190,9 @@ class ParallelDrafter(ModelDrafter):
         f"draft's are {width} wide: it was trained over another draft."
       )
 
+  def call_tokens(self, num_draft_tokens: int) -> int:
+    return 2 * num_draft_tokens  # ``window``: K + 1 committed tokens and K - 1 placeholders.
+
   def distributions(self, cache, tokens_BW, lengths_B, num_draft_tokens: int):
     """(logits_BKV, cache): q_1..q_K's logits from one call (only the last K positions through
     the head when the model can: ``Transformer(logits_from=)``, 15% of the call on this CPU)."""

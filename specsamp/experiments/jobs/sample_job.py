@@ -40,16 +40,34 @@ class SampleReport:
   costs: speedup.StepCosts
   settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # What was sampled with.
   choice: dict[str, Any] | None = None  # The automatic draft length's choice and its reasons.
+  # One drafting call as the drafter makes it: {'tokens': its width per row, 'seconds': its
+  # time, 'per_iteration': the loop's measured calls per iteration}; None: K draft steps.
+  draft_call: dict[str, Any] | None = None
 
   @property
   def speedup(self) -> float:
     return self.autoregressive.ms_per_token / self.speculative.ms_per_token
 
   @property
+  def expected_tokens_per_call(self) -> float:
+    """E[tokens/call] at the run's alpha (a chain), or the measured tokens per call (a tree:
+    no closed form)."""
+    if self.settings.get("tree"):
+      return self.stats["tokens_per_target_call"]
+    return speedup.expected_tokens_per_call(self.stats["alpha"], self.stats["num_draft_tokens"])
+
+  @property
   def predicted_speedup(self) -> float:
-    if self.settings.get("tree"):  # No closed form: from the measured tokens per call.
-      return self.costs.predicted_from_tokens_per_call(self.stats["tokens_per_target_call"])
-    return self.costs.predicted_speedup(self.stats["alpha"])
+    """E[tokens/call] x a target step over an iteration's cost: the drafting calls the loop
+    made per iteration (measured: K for a chain drafted token by token, fewer where
+    max_new_tokens cut the last drafts, 1 for a parallel drafter) at the cost of one such
+    call, plus the scoring call."""
+    if self.draft_call is None:
+      draft_s = self.stats["num_draft_tokens"] * self.costs.draft_step_s
+    else:
+      draft_s = self.draft_call["per_iteration"] * self.draft_call["seconds"]
+    iteration_s = draft_s + self.costs.target_score_s
+    return self.expected_tokens_per_call * self.costs.target_step_s / iteration_s
 
 
 def _generated(outputs: list[Any]) -> list[list[int]]:
@@ -414,6 +432,18 @@ def run(
   tokens = {"autoregressive": _generated(ar.outputs), "speculative": _generated(sps.outputs)}
   scored = (num_draft_tokens if tree is None else tree.num_nodes) + 1
   costs = bench.step_costs(DRAFT, s.batch_size, num_draft_tokens, score_tokens=scored)
+  stats = speculative.summarize(sps.outputs)
+  draft_call = None
+  if num_draft_tokens:
+    width = draft.call_tokens(num_draft_tokens if tree is None else tree.max_depth)
+    calls = len(sps.outputs)  # One prefill each, of both models.
+    loop_iterations = max(stats["target_calls"] - calls, 1)
+    draft_call = {
+      "tokens": width,
+      "seconds": bench.step_s(DRAFT, s.batch_size, width),
+      "per_iteration": (stats["draft_calls"] - calls * draft.model_calls_per_prefill)
+      / loop_iterations,
+    }
   texts = {
     "prompt": [tokenizer.decode(p) for p in prompts.rows()],
     **{name: [tokenizer.decode(t) for t in ids] for name, ids in tokens.items()},
@@ -425,8 +455,9 @@ def run(
     tokens=tokens,
     autoregressive=ar,
     speculative=sps,
-    stats=speculative.summarize(sps.outputs),
+    stats=stats,
     costs=costs,
+    draft_call=draft_call,
     settings={
       "prompt_source": source,
       "temperature": s.temperature,
@@ -469,6 +500,7 @@ def report_json(report: SampleReport) -> dict[str, Any]:
     "speculative": report.speculative.summary(),
     "stats": report.stats,
     "costs": dataclasses.asdict(report.costs),
+    "draft_call": report.draft_call,
     "speedup": report.speedup,
     "predicted_speedup": report.predicted_speedup,
   }
@@ -531,9 +563,17 @@ def format_report(report: SampleReport, num_samples: int = 2) -> str:
     return "\n".join(lines)
   tree = report.settings.get("tree")
   expected = (
-    f"tokens/call {stats['tokens_per_target_call']:.2f} (measured: a tree has no closed form)"
+    f"tokens/call {report.expected_tokens_per_call:.2f} (measured: a tree has no closed form)"
     if tree
-    else f"E[tokens/call] {speedup.expected_tokens_per_call(stats['alpha'], num_draft_tokens):.2f}"
+    else f"E[tokens/call] {report.expected_tokens_per_call:.2f}"
+  )
+  call = report.draft_call
+  drafting = (
+    f"{num_draft_tokens} draft steps"
+    if call is None
+    else f"{call['per_iteration']:.2f} draft calls of {call['tokens']} token"
+    + ("s" if call["tokens"] > 1 else "")
+    + f" at {call['seconds'] * 1e3:.3f} ms"
   )
   per_position = " ".join(f"{a:.2f}" for a in stats["acceptance_at_position"])
   lines += [
@@ -549,7 +589,7 @@ def format_report(report: SampleReport, num_samples: int = 2) -> str:
     f"{costs.score_tokens} tokens {costs.target_score_s * 1e3:.3f} ms "
     f"({costs.score_ratio:.2f}x a step)",
     f"     predicted: {report.predicted_speedup:.2f}x = {expected} x target step / "
-    f"({num_draft_tokens} draft steps + scoring); efficiency (measured / predicted) "
+    f"({drafting} + scoring); efficiency (measured / predicted) "
     f"{report.speedup / report.predicted_speedup:.2f}",
   ]
   return "\n".join(lines)
