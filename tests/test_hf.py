@@ -796,6 +796,11 @@ def test_max_position_embeddings_is_carried_from_import_to_export():
   )
   assert imported.max_position == 131072
   assert architectures.to_hf(imported)["max_position_embeddings"] == 131072
+  # The scaling also in the legacy key transformers 4 and older converters read.
+  written = architectures.to_hf(imported)
+  assert written["rope_scaling"] == written["rope_parameters"]
+  assert written["rope_scaling"]["rope_type"] == "llama3"
+  assert architectures.to_hf(architectures.from_hf(base))["rope_scaling"] is None
   unknown = imported.replace(max_position=None)
   assert architectures.to_hf(unknown)["max_position_embeddings"] == 65536
   plain = architectures.from_hf(base)
@@ -805,3 +810,6 @@ def test_max_position_embeddings_is_carried_from_import_to_export():
   # Nothing is computed with it: a checkpoint's identity leaves it out.
   saved = {"model": dataclasses.asdict(plain.replace(max_position=4096))}
   checkpoint.check_meta(saved, {"model": dataclasses.asdict(plain)}, "here")
+  # No tokenizer: bos / eos written as null, not left to a family's default ids.
+  assert architectures.to_hf(plain)["eos_token_id"] is None
+  assert architectures.to_hf(plain, special_ids={"eos_token_id": 5})["eos_token_id"] == 5

@@ -441,6 +441,9 @@ def to_hf(
     "rms_norm_eps": config.norm_eps,
     "tie_word_embeddings": config.tie_embeddings,
     "rope_parameters": rope,
+    # The same scaling in the form transformers 4 and older converters read (transformers 5
+    # reads rope_parameters): without it they would run a scaled model unscaled.
+    "rope_scaling": None if config.rope_scaling == "none" else dict(rope),
     "rope_theta": config.rope_theta,
     "dtype": dtype or config.param_dtype,
     "attention_bias": config.qkv_bias,
@@ -492,6 +495,8 @@ def to_hf(
   # No pad id unless the tokenizer gives one: a family's default (Phi-3's 32000) may lie
   # outside the vocabulary, which transformers refuses as the embedding's padding_idx.
   hf["pad_token_id"] = None
+  # Nor bos / eos: a family's defaults (Arcee's 128000 / 128001) may be no token of this model.
+  hf["bos_token_id"] = hf["eos_token_id"] = None
   hf.update({key: value for key, value in (special_ids or {}).items() if value is not None})
   # How the model runs (its layers scanned or unrolled, ...) is no part of the checkpoint.
   execution = {name: getattr(config, name) for name in EXECUTION_FIELDS}
