@@ -163,3 +163,33 @@ def test_a_tokenizer_json_whose_post_processor_writes_bos_adds_it_as_transformer
   backend.post_processor = None
   backend.save(str(tmp_path / "tokenizer.json"))
   assert tokenizer_lib.load(str(tmp_path)).add_bos == bool(add_bos_token)
+
+
+@pytest.mark.parametrize(
+  "config, expected",
+  [
+    (None, False),  # A tokenizer specsamp trained: no BOS.
+    ({"tokenizer_class": "LlamaTokenizer"}, True),  # transformers' default for the class.
+    ({"tokenizer_class": "GemmaTokenizerFast"}, True),
+    ({"tokenizer_class": "LlamaTokenizer", "add_bos_token": False}, False),
+    ({"tokenizer_class": "T5Tokenizer"}, False),
+    ({"add_bos_token": True}, True),
+  ],
+)
+def test_an_hf_sentencepiece_tokenizer_adds_bos_as_transformers_does(
+  trained, tmp_path, config, expected
+):
+  """A Llama 2 or Gemma tokenizer.model went without BOS (the review of 2026-11-29); its
+  tokenizer_config.json decides, as in transformers, and an import keeps it."""
+  from specsamp.training import tokenizer as tokenizer_lib
+
+  (tmp_path / "tokenizer.model").write_bytes(trained.model_proto)
+  if config is not None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+  loaded = tokenizer_lib.load(str(tmp_path))
+  assert loaded.add_bos == expected
+  saved = tmp_path / "saved"
+  saved.mkdir()
+  loaded.save(str(saved))
+  assert tokenizer_lib.load(str(saved)).add_bos == expected
+  assert tokenizer_lib.load(str(saved)).fingerprint == trained.fingerprint

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -52,7 +53,7 @@ def _training_failure(message: str, vocab_size: int) -> str:
 class Tokenizer:
   """A SentencePiece model with BOS/EOS handling and a fingerprint."""
 
-  def __init__(self, model_proto: bytes, path: str | None = None):
+  def __init__(self, model_proto: bytes, path: str | None = None, add_bos: bool = False):
     self._processor = spm.SentencePieceProcessor()
     try:
       self._processor.LoadFromSerializedProto(model_proto)
@@ -62,6 +63,7 @@ class Tokenizer:
       ) from error
     self.model_proto = model_proto
     self.path = path
+    self.add_bos = add_bos  # Whether the model expects BOS before a prompt (``load``).
 
   @classmethod
   def load(cls, path: str) -> Tokenizer:
@@ -69,7 +71,7 @@ class Tokenizer:
     if not os.path.isfile(path):
       raise FileNotFoundError(f"No SentencePiece model at {path}.")
     with open(path, "rb") as f:
-      return cls(f.read(), path)
+      return cls(f.read(), path, add_bos=_adds_bos(os.path.dirname(path)))
 
   @classmethod
   def train(
@@ -175,9 +177,13 @@ class Tokenizer:
     return self._processor.IdToPiece(int(i))
 
   def save(self, directory: str) -> list[str]:
-    """Writes ``tokenizer.model`` into ``directory`` (atomically); returns its name."""
+    """Writes ``tokenizer.model`` into ``directory`` (atomically), and a tokenizer_config.json
+    saying ``add_bos_token`` when the model expects BOS; returns their names."""
     write_atomically(os.path.join(directory, MODEL_FILE), self.model_proto)
-    return [MODEL_FILE]
+    if not self.add_bos:
+      return [MODEL_FILE]
+    write_atomically(os.path.join(directory, CONFIG_FILE), json.dumps({"add_bos_token": True}))
+    return [MODEL_FILE, CONFIG_FILE]
 
 
 def decodable(
@@ -203,6 +209,35 @@ def write_atomically(path: str, data: bytes | str) -> None:
 
 
 MODEL_FILE = "tokenizer.model"
+CONFIG_FILE = "tokenizer_config.json"
+# SentencePiece tokenizers transformers gives BOS by default (add_bos_token=True) when their
+# tokenizer_config.json names the class and says nothing else.
+_BOS_BY_DEFAULT = (
+  "LlamaTokenizer",
+  "LlamaTokenizerFast",
+  "CodeLlamaTokenizer",
+  "CodeLlamaTokenizerFast",
+  "GemmaTokenizer",
+  "GemmaTokenizerFast",
+)
+
+
+def _adds_bos(directory: str) -> bool:
+  """Whether an HF directory's SentencePiece model expects BOS before a prompt: its
+  tokenizer_config.json's add_bos_token, else the class's default; none (a tokenizer specsamp
+  trained): no."""
+  path = os.path.join(directory, CONFIG_FILE)
+  if not os.path.isfile(path):
+    return False
+  with open(path, encoding="utf-8") as f:
+    try:
+      config = json.load(f)
+    except json.JSONDecodeError as error:
+      raise ValueError(f"{path} is not valid JSON: {error}") from None
+  default = config.get("tokenizer_class") in _BOS_BY_DEFAULT
+  return bool(config.get("add_bos_token", default))
+
+
 JSON_FILE = "tokenizer.json"
 
 
