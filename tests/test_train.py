@@ -288,6 +288,14 @@ def test_bad_train_configs():
     train.Trainer(
       MODEL, dataclasses.replace(CONFIG, distill_mode="token"), sharding.make_mesh({"data": -1})
     )
+  # A placeholder past the vocabulary embedded as non-finite logits and trained on them.
+  parallel = dataclasses.replace(
+    CONFIG, distill_mode="parallel", distill_mask_token=MODEL.vocab_size, distill_gamma=4.0
+  )
+  with pytest.raises(ValueError, match="mask_token=.* is not a row of the draft's"):
+    train.Trainer(
+      MODEL, parallel, sharding.make_mesh({"data": -1}), teacher=transformer.create(MODEL)
+    )
 
 
 def _teacher_forced_alpha(target, draft, tokens):

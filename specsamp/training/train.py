@@ -277,6 +277,11 @@ class Trainer:
           f"Teacher vocab_size {teacher.vocab_size} differs from the student's "
           f"{model_config.vocab_size}; distillation compares distributions."
         )
+    if config.distill_mode == "parallel" and config.distill_mask_token >= model_config.vocab_size:
+      raise ValueError(  # Its embedding row would be out of range: non-finite logits, no error.
+        f"distill.mask_token={config.distill_mask_token} is not a row of the draft's "
+        f"{model_config.vocab_size}-token vocabulary; use a row the tokenizer never emits."
+      )
     self.model_config, self.config, self.mesh, self.seed = model_config, config, mesh, seed
     self.optimizer = make_optimizer(config)
     abstract = sharding.abstract_model(
