@@ -53,13 +53,22 @@ class Hardware:
   interconnect_bandwidth: float  # Bytes/s per chip, one direction, for collectives.
   collective_latency_s: float  # Fixed cost of one small all-reduce (an assumption).
   memory_bytes: float  # HBM per chip.
+  # What a program may use of it, as the chip's compiler reports it ("exceeds available HBM
+  # (15.75G)" on a v5e): the firmware keeps the rest. None: all of memory_bytes.
+  usable_bytes: float | None = None
+
+  @property
+  def usable(self) -> float:
+    return self.memory_bytes if self.usable_bytes is None else self.usable_bytes
 
 
 PRESETS = {
   # Chen et al. used 16 of these. 1.2 TB/s and 275 TFLOP/s are Google's published numbers;
   # ICI ~300 GB/s per chip (6 links); decode collectives are tiny, so latency dominates.
-  "tpu_v4": Hardware("TPU v4", 1.2e12, 275e12, 300e9, 10e-6, 32 * 2**30),
-  "tpu_v5e": Hardware("TPU v5e", 819e9, 197e12, 200e9, 10e-6, 16 * 2**30),
+  # Usable HBM: libtpu's own limit in its refusals ("exceeds available HBM (30.75G)"), the
+  # limit a compiled program is held to (it does not refuse every program past it).
+  "tpu_v4": Hardware("TPU v4", 1.2e12, 275e12, 300e9, 10e-6, 32 * 2**30, 30.75 * 2**30),
+  "tpu_v5e": Hardware("TPU v5e", 819e9, 197e12, 200e9, 10e-6, 16 * 2**30, 15.75 * 2**30),
   # H100 SXM: HBM3 3.35 TB/s, 989 TFLOP/s dense bf16, NVLink 4 at 450 GB/s per direction.
   "h100": Hardware("H100 SXM", 3.35e12, 989e12, 450e9, 15e-6, 80e9),
   "h200": Hardware("H200", 4.8e12, 989e12, 450e9, 15e-6, 141e9),

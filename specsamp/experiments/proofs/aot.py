@@ -51,7 +51,7 @@ class Slice:
   hardware: perf_model.Hardware
 
 
-V5P = perf_model.Hardware("TPU v5p", 2.765e12, 459e12, 600e9, 10e-6, 95 * 2**30)
+V5P = perf_model.Hardware("TPU v5p", 2.765e12, 459e12, 600e9, 10e-6, 95 * 2**30, 95.74 * 2**30)
 
 # Cloud TPU names (cores for v4/v5p, as Google counts them; chips for v5e).
 SLICES = {
@@ -97,6 +97,9 @@ def slice_devices(name: str) -> list[Any]:
 def make_mesh(devices: list[Any], axes: dict[str, int]) -> jax.sharding.Mesh:
   """A mesh of ``sharding.MESH_AXES`` over ``devices``; -1 takes the rest."""
   sizes = dict(axes)
+  unknown = sorted(set(sizes) - set(sharding.MESH_AXES))
+  if unknown:
+    raise ValueError(f"Unknown mesh axes {unknown} in {sizes}; the axes are {sharding.MESH_AXES}.")
   known = int(np.prod([v for v in sizes.values() if v != -1]))
   for name, size in sizes.items():
     if size == -1:
@@ -196,6 +199,28 @@ def count_collectives(hlo: str, trips: Callable[[str], int] | None = None) -> di
     return totals
 
   return count(entry.group(1), ()) if entry else {}
+
+
+def compiler_refusal(error: Exception) -> str | None:
+  """The TPU compiler's one-line reason when it refused a program for HBM, else None."""
+  if not isinstance(error, jax.errors.JaxRuntimeError) or "RESOURCE_EXHAUSTED" not in str(error):
+    return None
+  return str(error).split("RESOURCE_EXHAUSTED:")[-1].strip().splitlines()[0]
+
+
+def compile_or_refuse(name: str, lowered: Any, where: str, **kwargs) -> Program:
+  """``compile_program``, with the compiler's HBM refusal as a ValueError in one line (the
+  scripts print it) instead of a traceback."""
+  try:
+    return compile_program(name, lowered, **kwargs)
+  except jax.errors.JaxRuntimeError as error:
+    message = compiler_refusal(error)
+    if message is None:
+      raise
+    raise ValueError(
+      f"The {name} does not fit {where}: {message}. Shard the model over more chips (a wider "
+      "tensor, expert or fsdp axis), use a larger slice, or lower the batch or cache."
+    ) from None
 
 
 def compile_program(name: str, lowered: Any, trips: Callable[[str], int] | None = None) -> Program:
@@ -457,7 +482,7 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
   spec = SLICES[topology]
   mesh = make_mesh(devices, {k: config.mesh.get(k, 1) for k in sharding.MESH_AXES})
   chips = len(devices)
-  hbm = spec.hardware.memory_bytes
+  hbm = spec.hardware.usable  # What libtpu lets a program use of the chip's HBM.
   target_cfg = model_config(config.target.model, config.aot.get("target_hf_config"))
   draft_cfg = model_config(config.draft.model, config.aot.get("draft_hf_config"))
   real_vocab = int(config.aot.get("real_vocab_size") or 0)
@@ -471,7 +496,8 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
       f"{s.max_new_tokens + num_draft_tokens + 1}."
     )
   log(
-    f"{topology}: {chips} chips ({devices[0].device_kind}, {hbm / 2**30:.0f} GiB HBM each), "
+    f"{topology}: {chips} chips ({devices[0].device_kind}, {hbm / 2**30:.2f} GiB of HBM usable "
+    "each), "
     f"mesh {dict(mesh.shape)}; target {target_cfg.num_layers} x {target_cfg.d_model}, draft "
     f"{draft_cfg.num_layers} x {draft_cfg.d_model}, {target_cfg.param_dtype}"
   )
@@ -479,7 +505,8 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
     "topology": topology,
     "chips": chips,
     "device_kind": devices[0].device_kind,
-    "hbm_bytes": hbm,
+    "hbm_bytes": spec.hardware.memory_bytes,
+    "usable_hbm_bytes": hbm,
     "mesh": dict(mesh.shape),
     "cache_length": cache_length,
     "num_draft_tokens": num_draft_tokens,
@@ -514,17 +541,18 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
         f"  {program.name:<28} batch {batch:>3}: compiled in {program.compile_s:6.1f} s; per "
         f"chip {row['argument_gib']:.2f} GiB arguments + {row['temp_gib']:.2f} temporaries + "
         f"{row['output_gib']:.3f} output = {row['total_gib']:.2f} GiB "
-        f"({'fits' if row['fits'] else 'DOES NOT FIT'} {hbm / 2**30:.0f} GiB)"
+        f"({'fits' if row['fits'] else 'DOES NOT FIT'} {hbm / 2**30:.2f} GiB)"
       )
       return program
 
     common = dict(prompt_length=prompt_length, max_new_tokens=s.max_new_tokens)
     record(
-      compile_program(
+      compile_or_refuse(
         "autoregressive loop",
         lower_autoregressive(
           target, mesh, batch=1, sampling=sampling, cache_length=cache_length, **common
         ),
+        f"{topology} with mesh {dict(mesh.shape)}",
       ),
       1,
     )
@@ -546,9 +574,9 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
       try:
         return record(compile_program(name, lowered), batch)
       except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" not in str(error):
+        message = compiler_refusal(error)
+        if message is None:
           raise
-        message = str(error).split("RESOURCE_EXHAUSTED:")[-1].strip().splitlines()[0]
         report["programs"].append(
           {
             "program": name,

@@ -8,9 +8,13 @@ Two programs a user runs to train an EAGLE-3-style head for their own model
   pass for its features and logits, ``ttt_steps`` unrolled head steps, the KL to the target,
   the AdamW update; the target's parameters sharded by ``train_mesh`` (FSDP: each chip holds
   1/n of them and gathers a layer at a time);
-- **the regeneration loop** (``autoregressive.AutoregressiveLoop``, what scripts/regenerate.py
-  runs): the target answering a batch of prompts, tensor-parallel (``regen_mesh``), as decoding
-  wants: no chip gathers another's weights.
+- **the regeneration loop** (``autoregressive.AutoregressiveLoop``, greedy): the target
+  answering a batch of prompts, tensor-parallel (``regen_mesh``), as decoding wants: no chip
+  gathers another's weights. scripts/regenerate.py decodes with the same model calls but in
+  ``compacting.generate``'s separately jitted start and advance steps (rows refilled as they
+  end), and half its answers at T = 0.8 / top-p 0.95 (which sorts the vocabulary's logits each
+  step): this program's memory and decode rate are the greedy decode's, its prefill not
+  counted (about 15% of the roofline on v5e-8).
 
 For each: compile time and memory per chip (against the chip's HBM), and a predicted rate:
 training tokens/s from the FLOPs a step must do (2 x the target's non-embedding parameters per
@@ -112,12 +116,13 @@ def run(hf_config: str, plan: Plan, log: Callable[[str], None] = print) -> dict[
     "chips": chips,
     "device_kind": devices[0].device_kind,
     "hbm_gib": hardware.memory_bytes / 2**30,
+    "usable_hbm_gib": hardware.usable / 2**30,
     "plan": dataclasses.asdict(plan),
     "programs": [],
   }
   log(
     f"{plan.topology}: {chips} chips ({devices[0].device_kind}, "
-    f"{hardware.memory_bytes / 2**30:.0f} GiB HBM each); target {target_cfg.num_layers} x "
+    f"{hardware.usable / 2**30:.2f} GiB of HBM usable each); target {target_cfg.num_layers} x "
     f"{target_cfg.d_model}, vocabulary {target_cfg.vocab_size:,}, {plan.param_dtype}"
   )
 
@@ -157,7 +162,9 @@ def _training_step(target_cfg: TransformerConfig, plan: Plan, devices, hardware)
     lowered = trainer._step.lower(
       trainer.abstract_state, batch, weights, nnx.split(target)[1], None
     )
-  program = aot.compile_program("head training step", lowered)
+  program = aot.compile_or_refuse(
+    "head training step", lowered, f"{plan.topology} with mesh {dict(mesh.shape)}"
+  )
   head_params = _parameters(
     lambda rngs: feature_head.FeatureHead(trainer.head_config, target_cfg, rngs=rngs)
   )
@@ -187,7 +194,9 @@ def _regeneration_loop(target_cfg: TransformerConfig, plan: Plan, devices, hardw
     sampling=SamplingConfig(0.0),
     cache_length=cache_length,
   )
-  program = aot.compile_program("regeneration loop", lowered)
+  program = aot.compile_or_refuse(
+    "regeneration loop", lowered, f"{plan.topology} with mesh {dict(mesh.shape)}"
+  )
   # The HBM bytes of one decode step at a full cache, counted from its optimized HLO
   # (``hlo_bytes``: each weight's reads, the cache, intermediates), beside the analytic count.
   _, counted = aot.count_call_bytes(
@@ -214,7 +223,7 @@ def _row(program: aot.Program, hardware: Any, mesh, *, tokens_per_s: float, **ex
     "total_gib": program.total_bytes / 2**30,
     "argument_gib": program.argument_bytes / 2**30,
     "temp_gib": program.temp_bytes / 2**30,
-    "fits": program.total_bytes <= hardware.memory_bytes,
+    "fits": program.total_bytes <= hardware.usable,
     "hlo_text_bytes": len(program.hlo),
     "tokens_per_s_roofline": tokens_per_s,
     "tokens_per_s_at_utilisation": tokens_per_s * UTILISATION,
