@@ -2,6 +2,7 @@
 mesh and fail clearly, and distillation raises the draft's acceptance."""
 
 import dataclasses
+import json
 import os
 import shutil
 
@@ -453,3 +454,91 @@ def test_teacher_pca_embedding_is_the_best_low_rank_table_and_starts_the_student
   np.testing.assert_allclose(start, expected, rtol=1e-6, atol=1e-6)
   with pytest.raises(ValueError, match="init_embedding must be one of"):
     dataclasses.replace(CONFIG, init_embedding="copy")
+
+
+def _wrapped_trainer(mesh, config, wrap):
+  """A Trainer whose train_step is ``wrap(original_step)``."""
+  trainer = train.Trainer(MODEL, config, mesh)
+  trainer.train_step = wrap(trainer.train_step)
+  return trainer
+
+
+def test_a_diverged_state_is_never_evaluated(mesh, tmp_path):
+  """At an evaluation step between two loss checks, the evaluation (and on_eval, which keeps
+  answer training's best) read NaN parameters before the finiteness check (review)."""
+  import jax.numpy as jnp
+
+  config = dataclasses.replace(CONFIG, steps=6, eval_every=3, log_every=10, checkpoint_every=3)
+
+  def wrap(step_fn):
+    def diverging(state, batch):
+      state, metrics = step_fn(state, batch)
+      if int(state.step) == 3:
+        state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params))
+      return state, metrics
+
+    return diverging
+
+  seen = []
+  store = checkpoint.Checkpoints(str(tmp_path / "run"))
+  with pytest.raises(FloatingPointError, match="not finite at step 3.*not evaluated or saved"):
+    train.fit(
+      _wrapped_trainer(mesh, config, wrap), BATCHES, EVAL, store, META,
+      log=lambda _: None, on_eval=lambda step, params: seen.append(step) or "",
+    )  # fmt: skip
+  assert seen == [] and store.all_steps() == []
+
+
+def test_ctrl_c_inside_a_step_is_a_clean_interrupt(mesh, tmp_path):
+  """A second Ctrl-C while a step runs left the state's donated buffers: a RuntimeError
+  ("Array has been deleted") or an UnboundLocalError instead of the interrupt (review)."""
+  config = dataclasses.replace(CONFIG, steps=6, eval_every=100, checkpoint_every=100)
+
+  def wrap(step_fn):
+    def interrupted(state, batch):
+      out = step_fn(state, batch)
+      if int(out[0].step) == 3:
+        raise KeyboardInterrupt  # After the step took (donated) the state.
+      return out
+
+    return interrupted
+
+  lines = []
+  store = checkpoint.Checkpoints(str(tmp_path / "run"))
+  with pytest.raises(KeyboardInterrupt):
+    train.fit(_wrapped_trainer(mesh, config, wrap), BATCHES, EVAL, store, META, log=lines.append)
+  assert store.all_steps() == []
+  assert any("interrupted inside step 3: nothing new to save" in line for line in lines), lines
+
+
+def test_a_batch_the_mesh_cannot_split_is_refused():
+  """batch 6 on data=8 ran replicated: every device computed the whole batch (review)."""
+  with pytest.raises(ValueError, match=r"batch_size=6 is not a multiple of the mesh's batch"):
+    train.Trainer(MODEL, dataclasses.replace(CONFIG, batch_size=6), sharding.make_mesh({"data": 8}))
+
+
+def test_the_pooled_evaluation_loss_counts_labels_only():
+  """Each batch's mean is over w[:, 1:]; the pooling weighed it by sum(w), one token more per
+  row (review)."""
+  first = (np.zeros((2, 4), np.int32), np.array([[1, 1, 1, 1], [1, 0, 0, 0]], np.float32))
+  second = (np.zeros((1, 4), np.int32), np.array([[1, 1, 0, 0]], np.float32))
+  # Labels: 3 + 0 in the first batch, 1 in the second.
+  assert train.mean_over_batches([2.0, 6.0], [first, second]) == pytest.approx(3.0)
+
+
+def test_a_finished_stage_is_reused_only_when_trained_as_asked():
+  """A workdir stage at its last step was loaded whatever the learning rate, temperature or
+  batch the config asked for (review); more steps than asked, or a field the checkpoint
+  predates, is no reason to refuse."""
+  from specsamp.experiments.jobs import pair as pair_lib
+
+  saved = {"train": json.loads(json.dumps(CONFIG.identity()))}
+  pair_lib.check_finished_training(saved, CONFIG, "stage")
+  pair_lib.check_finished_training(saved, dataclasses.replace(CONFIG, steps=10), "stage")
+  with pytest.raises(checkpoint.CheckpointError, match="different train: learning_rate"):
+    pair_lib.check_finished_training(
+      saved, dataclasses.replace(CONFIG, learning_rate=1e-4), "stage"
+    )
+  older = {"train": {k: v for k, v in saved["train"].items() if k != "learning_rate"}}
+  pair_lib.check_finished_training(older, dataclasses.replace(CONFIG, learning_rate=1e-4), "stage")
+  pair_lib.check_finished_training({}, CONFIG, "stage")  # No training recorded: not checked.

@@ -263,6 +263,7 @@ class FeatureTrainer:
         ("act_batch", "act_length"), (config.batch_size, config.seq_len + 1), dict(mesh.shape)
       ),
     )
+    train.check_batch_split(config.batch_size, mesh)
     self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
     self._step = jax.jit(
       self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated)

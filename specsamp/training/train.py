@@ -226,10 +226,27 @@ def stored_of(batch: Any) -> np.ndarray | None:
 def mean_over_batches(losses: Sequence[float], batches: Sequence[Any]) -> float:
   """The mean of per-batch means over every token: weighted batches count by their weights'
   sum (a batch of few answer tokens counts little), unweighted ones equally."""
-  sizes = [1.0 if w is None else float(np.sum(w)) for _, w in map(split_batch, batches)]
+  # A batch's loss is over its labels, w[:, 1:] (the first token is never one).
+  sizes = [
+    1.0 if w is None else float(np.sum(np.asarray(w)[:, 1:])) for _, w in map(split_batch, batches)
+  ]
   if not sum(sizes):
     raise ValueError("The evaluation batches hold no weighted token.")
   return float(np.dot(losses, sizes) / sum(sizes))
+
+
+def check_batch_split(batch_size: int, mesh: jax.sharding.Mesh) -> None:
+  """Refuses a batch the mesh's batch axes do not divide: the rules table would replicate it,
+  and every device would compute the whole batch (correct, and n times the work)."""
+  shape = dict(mesh.shape)
+  spec = sharding.logical_to_spec(("act_batch",), (math.prod(shape.values()),), shape)
+  axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],) if spec[0] else ()
+  ways = math.prod(shape[axis] for axis in axes)
+  if batch_size % ways:
+    raise ValueError(
+      f"batch_size={batch_size} is not a multiple of the mesh's batch axes {axes} ({ways} "
+      "devices): each would compute the whole batch. Use a multiple, or a smaller data axis."
+    )
 
 
 @struct.dataclass
@@ -331,6 +348,7 @@ class Trainer:
         ("act_batch", "act_length"), (config.batch_size, config.seq_len + 1), dict(mesh.shape)
       ),
     )
+    check_batch_split(config.batch_size, mesh)
     self._init_table = None
     if config.init_embedding == "teacher_pca":
       self._init_table = teacher_pca_embedding(
@@ -610,10 +628,14 @@ def fit(
   # one would leave nothing whole to save. The first Ctrl-C sets a flag the loop checks; a
   # second one interrupts at once.
   interrupt = _DeferredInterrupt()
+  metrics, whole = None, True  # whole: state holds a finished step (not donated buffers).
   try:
     while step < end:
       interrupt.check()
-      state, metrics = trainer.train_step(state, batches.at(step))
+      batch = batches.at(step)
+      whole = False  # The step donates the state's buffers until it returns.
+      state, metrics = trainer.train_step(state, batch)
+      whole = True
       step += 1
       window_steps += 1
       out_of_time = max_seconds is not None and time.perf_counter() - run_start >= max_seconds
@@ -641,6 +663,13 @@ def fit(
         )
         window_start, window_steps = now, 0
       if step % config.eval_every == 0 or step == config.steps or out_of_time:
+        # Before anything reads these parameters (an evaluation keeps its best: a diverged
+        # state must not become it).
+        if not _finite(metrics["loss"], state.params):
+          raise FloatingPointError(
+            f"{name}: the loss or the parameters are not finite at step {step}; lower the "
+            f"learning rate or check the data. Step {step} is not evaluated or saved."
+          )
         loss = trainer.evaluate(state.params, eval_batches)
         perplexity = (
           f"  perplexity {math.exp(loss):.2f}"
@@ -667,6 +696,11 @@ def fit(
     checkpoints.wait()
     if step in checkpoints.all_steps():  # Just saved by the periodic checkpoint.
       log(f"{name}: interrupted at step {step}, which is saved; resume from it.")
+    elif metrics is None or not whole:  # Inside a step (a second Ctrl-C): nothing whole to save.
+      log(
+        f"{name}: interrupted inside step {step + 1}: nothing new to save; the checkpoints "
+        f"saved before it are kept: {_saved_steps(checkpoints)}."
+      )
     elif not _finite(metrics["loss"], state.params):
       log(
         f"{name}: interrupted at step {step}, whose loss or parameters are not finite: not "

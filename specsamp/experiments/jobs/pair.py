@@ -296,6 +296,21 @@ def _parameters(config: TransformerConfig) -> int:
   return sharding.count_parameters(lambda rngs: transformer.Transformer(config, rngs=rngs))
 
 
+def check_finished_training(meta: dict, train_cfg: train.TrainConfig, directory: str) -> None:
+  """A finished stage is reused only when it was trained as the config asks (another learning
+  rate, distillation temperature or batch made another model, which was loaded silently):
+  ``fit``'s resume check, for a run that has nothing left to resume. ``steps`` is left out (a
+  stage trained further than asked is kept), and so are fields its checkpoint predates."""
+  saved = meta.get("train")
+  if not isinstance(saved, dict):
+    return
+  want = json.loads(json.dumps(train_cfg.identity()))
+  keys = sorted((set(saved) & set(want)) - {"steps"})
+  checkpoint.check_meta(
+    {"train": {k: saved[k] for k in keys}}, {"train": {k: want[k] for k in keys}}, directory
+  )
+
+
 def _fit_stage(
   name: str,
   directory: str,
@@ -317,6 +332,7 @@ def _fit_stage(
   )
   latest = store.latest_step()
   if latest is not None and latest >= train_cfg.steps:
+    check_finished_training(store.read_meta(), train_cfg, directory)
     model, saved = load(directory)
     if saved["step"] >= train_cfg.steps:
       log(f"{name}: loaded step {saved['step']} from {directory}")
@@ -332,9 +348,8 @@ def _fit_stage(
       log(f"{name}: {directory} holds no checkpoint; training from scratch")
     log(f"{name}: training {describe(corpus)} into {directory}")
   batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
-  eval_batches = data.Batches.pack(
-    corpus.eval_stream, train_cfg.seq_len, train_cfg.batch_size
-  ).first(train_cfg.eval_batches)
+  held = data.Batches.pack(corpus.eval_stream, train_cfg.seq_len, train_cfg.batch_size)
+  eval_batches = held.first(train_cfg.eval_batches or held.steps_per_epoch)  # 0: all of them.
   trainer = make_trainer(corpus)
   state = train.fit(trainer, batches, eval_batches, store, meta, name=name, log=log)
   return None, (trainer, state)
