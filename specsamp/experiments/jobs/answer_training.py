@@ -427,8 +427,11 @@ def train_on_answers(
       )
       if with_lookup is not None:
         best["tau_with_lookup"] = with_lookup
-      best_store.save(step, {"params": params}, meta)
-      best_store.wait()
+      # A resumed run may evaluate a step kept before it stopped (stopped between keeping it
+      # and writing best.json): the same parameters (resumes are exact), kept already.
+      if step not in best_store.all_steps():
+        best_store.save(step, {"params": params}, meta)
+        best_store.wait()
       line += "  (best)"
     write_best()
     return line
