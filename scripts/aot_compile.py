@@ -16,6 +16,7 @@ analysis (FLOPs, bytes accessed) and the paper's 14.1 ms and 1.8 ms.
 """
 
 import json
+import sys
 
 from specsamp.experiments.proofs import aot
 
@@ -41,7 +42,8 @@ def main(argv):
   print(aot.format_report(report))
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
-      json.dump(report, f, indent=1)
+      # The command that made it, so that a stored result can be made again exactly.
+      json.dump(dict(report, argv=["python", *sys.argv]), f, indent=1)
 
 
 if __name__ == "__main__":

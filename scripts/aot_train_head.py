@@ -12,6 +12,7 @@ tensor-parallel (decoding gathers no weights).
 """
 
 import json
+import sys
 
 from specsamp.experiments.proofs import aot
 
@@ -67,7 +68,8 @@ def main(argv):
   report = aot_training.run(_HF.value, plan, log=lambda line: print(line, flush=True))
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
-      json.dump(report, f, indent=1)
+      # The command that made it, so that a stored result can be made again exactly.
+      json.dump(dict(report, argv=["python", *sys.argv]), f, indent=1)
 
 
 if __name__ == "__main__":
