@@ -168,6 +168,9 @@ def test_a_placeholder_outside_the_vocabulary_is_refused(small_pair):
       max_new_tokens=2,
       num_draft_tokens=2,
     )
+  # None given: refused (the default was token 0, a real token of most vocabularies).
+  with pytest.raises(ValueError, match="needs mask_token_id: the placeholder token"):
+    ParallelDrafter(draft).check(target)
 
 
 @pytest.mark.slow

@@ -170,7 +170,7 @@ class ParallelDrafter(ModelDrafter):
     confidence_threshold, proposal: as ``ModelDrafter``.
   """
 
-  mask_token_id: int = 0
+  mask_token_id: int = -1  # None by default: token 0 is a real token of most vocabularies.
   # A sequential head (``models/sequential_head.py``): q_k for k >= 2 also sees the drafts
   # x~_1..x~_{k-1} through a small recurrence run after the pass (one head step per draft
   # token, no model call). None: the K draws are independent.
@@ -178,6 +178,11 @@ class ParallelDrafter(ModelDrafter):
 
   def check(self, target: Any) -> None:
     super().check(target)
+    if self.mask_token_id == -1:
+      raise ValueError(
+        "A ParallelDrafter needs mask_token_id: the placeholder token its draft was trained "
+        "with (distill.mask_token)."
+      )
     if not 0 <= self.mask_token_id < self.model.vocab_size:
       raise ValueError(
         f"mask_token_id {self.mask_token_id} is not a row of the parallel draft's "
