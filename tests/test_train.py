@@ -247,6 +247,11 @@ def test_missing_empty_and_corrupt_checkpoints_are_clear_errors(uninterrupted, t
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError, match="holds no finished checkpoint"):
     checkpoint.Checkpoints(str(tmp_path / "empty")).read_meta()
+  # An HF model's folder given where a checkpoint goes: how to import it (was "Train first").
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match="another format: import it first .*import_hf.py"):
+    checkpoint.load_model(str(tmp_path / "hf"))
   directory, _ = uninterrupted
   copy = tmp_path / "corrupt"
   os.system(f"cp -r {directory} {copy}")

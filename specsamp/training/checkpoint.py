@@ -156,10 +156,16 @@ class Checkpoints:
     if not os.path.isdir(self.directory):
       raise FileNotFoundError(f"No checkpoint directory at {self.directory}.")
     if not steps:
+      entries = sorted(os.listdir(self.directory))
+      hint = "Train first, or point at the right directory."
+      if "config.json" in entries or any(e.endswith((".safetensors", ".gguf")) for e in entries):
+        hint = (  # A model in another format: say how to bring it in.
+          "It holds a model in another format: import it first (python scripts/import_hf.py "
+          f"--hf_dir={self.directory} --output=NEW_DIR; a GGUF file: scripts/import_gguf.py, "
+          "or the pair config's target.gguf)."
+        )
       raise FileNotFoundError(
-        f"{self.directory} holds no finished checkpoint (entries: "
-        f"{sorted(os.listdir(self.directory))[:8]}). Train first, or point at the right "
-        "directory."
+        f"{self.directory} holds no finished checkpoint (entries: {entries[:8]}). {hint}"
       )
     if step is None:
       return max(steps)
