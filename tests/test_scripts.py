@@ -336,7 +336,11 @@ def test_export_and_import_scripts_round_trip_the_trained_pair(trained_workdir, 
   )
   assert result.returncode == 0, result.stderr[-3000:]
   again, meta = checkpoint.load_model(back)
-  assert again.config == ours.config and meta["source"]["model_type"] == "arcee"
+  # The same model; the import reads the context the export wrote (8192: a pair trained here
+  # records none), a descriptive field no identity check compares.
+  assert again.config.max_position == 8192
+  assert again.config.replace(max_position=None) == ours.config
+  assert meta["source"]["model_type"] == "arcee"
   for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(again)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
