@@ -409,6 +409,21 @@ def test_latest_intact_moves_a_corrupt_step_aside_and_resumes_exactly(
   assert os.listdir(f"{copy}.corrupt") == [str(latest)]  # the cut copy is kept, not deleted
 
 
+def test_latest_intact_moves_nothing_when_no_step_reads(uninterrupted, tmp_path):
+  """Steps that all fail to read the same way (a changed structure, not one corrupt step) were
+  moved aside one by one, all but the oldest (review): now the error stands, nothing moved."""
+  directory, _ = uninterrupted
+  copy = tmp_path / "run"
+  shutil.copytree(directory, copy)
+  steps = checkpoint.Checkpoints(str(copy)).all_steps()
+  other = {"params": {"w": jax.ShapeDtypeStruct((3,), np.float32)}}
+  store = checkpoint.Checkpoints(str(copy), resume="latest_intact")
+  with pytest.raises(checkpoint.CheckpointError):
+    store.restore(other)
+  assert checkpoint.Checkpoints(str(copy)).all_steps() == steps
+  assert not os.path.exists(f"{copy}.corrupt")
+
+
 def test_a_checkpoint_of_unrolled_layers_loads_stacked(tmp_path):
   """Checkpoints written before the blocks were stacked ('blocks/<i>/...') load unchanged on
   disk: each layer is restored and stacked onto the mesh."""

@@ -218,14 +218,25 @@ class Checkpoints:
     step that reads, moving each corrupt newer one aside."""
     if step is not None or self.resume == "latest":
       return read(self._step_to_read(step))
-    while True:
-      latest = self._step_to_read(None)
+    latest = self._step_to_read(None)
+    try:
+      return read(latest)
+    except CheckpointError as error:
+      first = error
+    # The newest older step that reads; the steps above it are moved aside only then. When
+    # none reads, no step is corrupt on its own (a run or a code change that reads them all
+    # differently, e.g. another optimizer): the error stands and nothing is moved.
+    failed = {latest: first}
+    for older in sorted((s for s in self.all_steps() if s < latest), reverse=True):
       try:
-        return read(latest)
+        result = read(older)
       except CheckpointError as error:
-        if not [s for s in self.all_steps() if s < latest]:
-          raise
-        self._move_aside(latest, error)
+        failed[older] = error
+        continue
+      for newer in sorted(failed, reverse=True):
+        self._move_aside(newer, failed[newer])
+      return result
+    raise first
 
   def _move_aside(self, step: int, error: Exception) -> None:
     if jax.process_count() > 1:
