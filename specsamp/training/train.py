@@ -633,6 +633,22 @@ def fit(
   # second one interrupts at once.
   interrupt = _DeferredInterrupt()
   metrics, whole = None, True  # whole: state holds a finished step (not donated buffers).
+  finite_at = None  # The step whose loss and parameters were last found finite.
+
+  def refuse_if_diverged(refused: str) -> None:
+    """Raises before a diverged state is evaluated or saved (orbax keeps the last
+    keep_checkpoints steps, so NaN saves between two loss checks would push out the good ones;
+    an evaluation may keep its state as the best). Read once per step."""
+    nonlocal finite_at
+    if finite_at == step:
+      return
+    if not _finite(metrics["loss"], state.params):
+      raise FloatingPointError(
+        f"{name}: the loss or the parameters are not finite at step {step}; lower the "
+        f"learning rate or check the data. Step {step} is not {refused}."
+      )
+    finite_at = step
+
   try:
     while step < end:
       interrupt.check()
@@ -667,13 +683,7 @@ def fit(
         )
         window_start, window_steps = now, 0
       if step % config.eval_every == 0 or step == config.steps or out_of_time:
-        # Before anything reads these parameters (an evaluation keeps its best: a diverged
-        # state must not become it).
-        if not _finite(metrics["loss"], state.params):
-          raise FloatingPointError(
-            f"{name}: the loss or the parameters are not finite at step {step}; lower the "
-            f"learning rate or check the data. Step {step} is not evaluated or saved."
-          )
+        refuse_if_diverged("evaluated or saved")
         loss = trainer.evaluate(state.params, eval_batches)
         perplexity = (
           f"  perplexity {math.exp(loss):.2f}"
@@ -683,13 +693,7 @@ def fit(
         extra = f"  {on_eval(step, state.params)}" if on_eval is not None else ""
         log(f"{name} eval  step {step:>5}  loss {loss:.3f}{perplexity}{extra}")
       if step % config.checkpoint_every == 0 or step == end:
-        # Never save a diverged state: orbax keeps the last keep_checkpoints steps, so NaN
-        # saves between two loss checks (every log_every steps) would push out the good ones.
-        if not _finite(metrics["loss"], state.params):
-          raise FloatingPointError(
-            f"{name}: the loss or the parameters are not finite at step {step}; lower the "
-            f"learning rate or check the data. Step {step} is not saved."
-          )
+        refuse_if_diverged("saved")
         checkpoints.save(step, _as_items(state), meta)
   except FloatingPointError as error:
     checkpoints.wait()  # An earlier step's save finishes before the error reaches the user.
