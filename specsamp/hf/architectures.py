@@ -37,7 +37,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from specsamp.models.config import DTYPES, EXECUTION_FIELDS, TransformerConfig
+from specsamp.models.config import DTYPES, NOT_IDENTITY_FIELDS, TransformerConfig
 
 SUPPORTED_MODEL_TYPES = (
   "llama",
@@ -498,11 +498,10 @@ def to_hf(
   # Nor bos / eos: a family's defaults (Arcee's 128000 / 128001) may be no token of this model.
   hf["bos_token_id"] = hf["eos_token_id"] = None
   hf.update({key: value for key, value in (special_ids or {}).items() if value is not None})
-  # How the model runs (its layers scanned or unrolled, ...) is no part of the checkpoint.
-  execution = {name: getattr(config, name) for name in EXECUTION_FIELDS}
-  back = from_hf(hf, param_dtype=config.param_dtype).replace(
-    **execution, max_position=config.max_position
-  )
+  # How the model runs (its layers scanned or unrolled, ...) and what it only says about itself
+  # (max_position, which the export writes a value for even when it is None) need no match.
+  kept = {name: getattr(config, name) for name in NOT_IDENTITY_FIELDS}
+  back = from_hf(hf, param_dtype=config.param_dtype).replace(**kept)
   if back != config:
     differ = {
       f.name: (getattr(config, f.name), getattr(back, f.name))

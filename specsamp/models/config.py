@@ -32,6 +32,9 @@ EXECUTION_FIELDS = (
 )
 # What a model says about itself and computes nothing with: identity checks leave these out too.
 DESCRIPTIVE_FIELDS = ("max_position",)
+# What a model's identity leaves out (checkpoint checks, a head's record of its target, the
+# export's round trip): how it runs, and what it only says about itself.
+NOT_IDENTITY_FIELDS = EXECUTION_FIELDS + DESCRIPTIVE_FIELDS
 MLP_ACTIVATIONS = ("gelu", "relu", "relu2", "swiglu", "geglu")
 ROPE_SCALINGS = ("none", "linear", "llama3")
 TENSOR_PARALLEL_MODES = ("auto", "shard_map")

@@ -21,8 +21,8 @@ from typing import Any
 
 from specsamp.training import tokenizer
 
-TOKENIZER_JSON = "tokenizer.json"
-CONFIG_JSON = "tokenizer_config.json"
+TOKENIZER_JSON = tokenizer.JSON_FILE
+CONFIG_JSON = tokenizer.CONFIG_FILE  # The HF file beside it: specials, add_bos_token, template.
 
 
 def _tokenizers_module():

@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 
 from specsamp import sharding
 from specsamp.models import transformer
-from specsamp.models.config import DESCRIPTIVE_FIELDS, EXECUTION_FIELDS, TransformerConfig
+from specsamp.models.config import EXECUTION_FIELDS, NOT_IDENTITY_FIELDS, TransformerConfig
 
 
 class CheckpointError(ValueError):
@@ -334,7 +334,7 @@ def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: 
       want = dataclasses.asdict(TransformerConfig.from_config(want))
       saved = dataclasses.asdict(TransformerConfig.from_config(saved))
       saved, want = (
-        {k: v for k, v in config.items() if k not in EXECUTION_FIELDS + DESCRIPTIVE_FIELDS}
+        {k: v for k, v in config.items() if k not in NOT_IDENTITY_FIELDS}
         for config in (saved, want)
       )
     if saved != want:

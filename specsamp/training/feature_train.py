@@ -398,7 +398,7 @@ def head_meta(head_config: FeatureHeadConfig, target: Any) -> dict[str, Any]:
   target_model = {
     k: v
     for k, v in dataclasses.asdict(target.config).items()
-    if k not in checkpoint.EXECUTION_FIELDS + checkpoint.DESCRIPTIVE_FIELDS
+    if k not in checkpoint.NOT_IDENTITY_FIELDS
   }
   meta = {
     "head": dataclasses.asdict(head_config.resolve(target.config)),
