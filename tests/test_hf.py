@@ -64,6 +64,18 @@ def imported(saved):
   return get
 
 
+def minimal_config(model_type: str, **fields) -> dict:
+  """A config.json dict with only the shapes every family needs, and ``fields``."""
+  shapes = dict(
+    vocab_size=hf_models.VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+  )
+  return {"model_type": model_type, **shapes, **fields}
+
+
 def relative_error(ours, reference) -> float:
   """max |ours - ref| / max |ref|: the error relative to the logits' scale."""
   return float(np.abs(np.asarray(ours) - reference).max() / np.abs(reference).max())
@@ -491,13 +503,9 @@ def test_published_config_forms_of_the_new_families():
   rope_scaling / sliding_window_pattern and Qwen3-MoE's num_experts; Qwen3 without
   use_sliding_window has no window whatever layer_types says."""
   gemma3 = architectures.from_hf(
-    dict(
-      model_type="gemma3_text",
-      vocab_size=97,
-      hidden_size=32,
-      intermediate_size=48,
+    minimal_config(
+      "gemma3_text",
       num_hidden_layers=12,
-      num_attention_heads=4,
       num_key_value_heads=2,
       head_dim=8,
       rope_theta=1_000_000.0,
@@ -514,17 +522,13 @@ def test_published_config_forms_of_the_new_families():
   assert [gemma3.layer_window(i) for i in range(12)] == [512] * 5 + [None] + [512] * 5 + [None]
   assert gemma3.qk_norm and gemma3.post_norms and gemma3.norm_plus_one
   qwen3_moe = architectures.from_hf(
-    dict(
-      model_type="qwen3_moe",
-      vocab_size=97,
-      hidden_size=32,
-      intermediate_size=6144,
+    minimal_config(
+      "qwen3_moe",
+      intermediate_size=6144,  # The dense layers' width of the published form: unused here.
       moe_intermediate_size=16,
       num_experts=128,
       num_experts_per_tok=8,
       norm_topk_prob=True,
-      num_hidden_layers=2,
-      num_attention_heads=4,
       num_key_value_heads=2,
       head_dim=8,
       sliding_window=None,
@@ -534,14 +538,7 @@ def test_published_config_forms_of_the_new_families():
   )
   assert (qwen3_moe.num_experts, qwen3_moe.experts_per_token, qwen3_moe.ffn_dim) == (128, 8, 16)
   # No sliding_window key: transformers' default, 4096 (null is no window).
-  mistral = dict(
-    model_type="mistral",
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-  )
+  mistral = minimal_config("mistral")
   assert architectures.from_hf(mistral).sliding_window == 4096
   assert architectures.from_hf(dict(mistral, sliding_window=None)).sliding_window is None
   assert qwen3_moe.normalize_expert_weights and qwen3_moe.sliding_window is None
@@ -705,16 +702,7 @@ def test_a_key_config_json_leaves_out_reads_as_transformers_default(model_type):
   norm eps, Arcee's activation (the review of 2026-11-29: Gemma 2 off by 0.92 relative)."""
   from transformers import AutoConfig
 
-  hf_config = dict(
-    model_type=model_type,
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    head_dim=8,
-  )
+  hf_config = minimal_config(model_type, num_hidden_layers=4, num_key_value_heads=4, head_dim=8)
   if model_type in ("gemma2", "gemma3_text"):
     hf_config["hidden_activation"] = "gelu_pytorch_tanh"
   if model_type == "qwen3_moe":
@@ -745,13 +733,9 @@ def test_a_gemma_without_a_sliding_window_exports_to_a_model_transformers_runs(
   import transformers
 
   config = architectures.from_hf(
-    dict(
-      model_type=model_type,
-      vocab_size=hf_models.VOCAB,
-      hidden_size=32,
-      intermediate_size=48,
+    minimal_config(
+      model_type,
       num_hidden_layers=3,
-      num_attention_heads=4,
       num_key_value_heads=2,
       head_dim=8,
       hidden_activation="gelu_pytorch_tanh",
@@ -776,14 +760,7 @@ def test_max_position_embeddings_is_carried_from_import_to_export():
   """The export wrote 8192 for every model (an imported Llama 3.1's 131072 too, which servers
   size their context from); it is now the imported value, and for a model that records none,
   its llama3 RoPE's scaled range, else 8192."""
-  base = dict(
-    model_type="llama",
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-  )
+  base = minimal_config("llama")
   scaling = dict(
     rope_type="llama3",
     factor=8.0,
