@@ -85,6 +85,30 @@ def test_sharded_run_equals_one_device(family, mode, batch_axis, block):
   np.testing.assert_array_equal(out.tokens, expected.tokens)
 
 
+@pytest.mark.parametrize("mode", ["auto", "shard_map"])
+def test_a_mask_per_row_is_split_with_its_rows(mode):
+  """A tree call with one mask per row (packed training sequences, ``attention.segment_call``;
+  a dynamic tree) on a data x tensor mesh: each row keeps its own mask. shard_map replicated
+  the [B, T, M] mask while splitting the rows (the review of 2026-11-29)."""
+  from specsamp.models import attention
+
+  config = tiny_config(tensor_parallel=mode)
+  single = transformer.create(config, seed=5)
+  mesh = sharding.make_mesh({"data": 2, "tensor": 4})
+  sharded = transformer.create(config, mesh, seed=5)
+  segments = jnp.asarray([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 2, 2], [0] * 6])
+  positions, call = attention.segment_call(segments)
+  tokens = jnp.asarray(PROMPTS)
+  expected = single(tokens, positions, tree=call).logits
+  with sharding.use_mesh(mesh):
+    logits = jax.jit(lambda model, t, p, c: model(t, p, tree=c).logits)(
+      sharded, tokens, positions, call
+    )
+  np.testing.assert_allclose(logits, expected, atol=5e-5, rtol=1e-5)
+  alone = single(tokens[2:3, 1:4]).logits  # Row 2's second sequence, as a row of its own.
+  np.testing.assert_allclose(logits[2, 1:4], alone[0], atol=5e-5, rtol=1e-5)
+
+
 def _all_reduces(num_layers: int, mesh, scan_layers: bool = False) -> int:
   config = tiny_config(num_layers=num_layers, tensor_parallel="shard_map", scan_layers=scan_layers)
   model = transformer.create(config, mesh)

@@ -171,7 +171,7 @@ def test_a_heads_loss_and_greedy_counts_are_the_same_from_the_store(
     checkpoint.default_mesh(),
     mapping,
   )
-  stored = target_store.build(target, rows, LAYERS, str(tmp_path), target_id="t")
+  stored = target_store.build(target, rows, LAYERS, str(tmp_path), target_id="t", weights=weights)
   online = Batches(rows, 4, weights=weights)
   offline = dataclasses.replace(online, stored=stored)
   state = trainer.init_state()
@@ -181,7 +181,7 @@ def test_a_heads_loss_and_greedy_counts_are_the_same_from_the_store(
   )
   np.testing.assert_array_equal(
     trainer.greedy_correct(params, offline.first(1)[0], 3),
-    trainer.greedy_correct(params, rows, 3),
+    trainer.greedy_correct(params, online.first(1)[0], 3),
   )
   # One optimizer step each way lands on the same parameters.
   after_online, metrics_online = trainer.train_step(state, online.at(0))

@@ -60,6 +60,30 @@ class TreeCall:
     return jnp.broadcast_to(self.mask_TM[None], (batch, *self.mask_TM.shape))
 
 
+def segment_positions(segments_BL: jax.Array) -> jax.Array:
+  """[B, L] each token's position within its segment of the row (rows that hold several
+  sequences back to back, ``segments_BL`` their ids, equal along a sequence): 0 at a
+  segment's first token, and at the row's first."""
+  length = segments_BL.shape[1]
+  index_L = jnp.arange(length, dtype=jnp.int32)
+  first_B1 = jnp.ones_like(segments_BL[:, :1], bool)
+  starts_BL = jnp.concatenate([first_B1, segments_BL[:, 1:] != segments_BL[:, :-1]], axis=1)
+  return index_L - jax.lax.cummax(jnp.where(starts_BL, index_L, 0), axis=1)
+
+
+def segment_call(segments_BL: jax.Array) -> tuple[jax.Array, TreeCall]:
+  """(positions [B, L], tree call) of a pass with no cache over rows that hold several
+  sequences back to back (``segments_BL``: their ids): token t sees the tokens of its own
+  sequence up to itself, at positions counted from that sequence's start (as if each sequence
+  were a row of its own: RoPE scores depend on distance, and a sequence sees nothing else)."""
+  batch, length = segments_BL.shape
+  index_L = jnp.arange(length, dtype=jnp.int32)
+  causal_LL = index_L[:, None] >= index_L[None, :]
+  mask_BLL = causal_LL[None] & (segments_BL[:, :, None] == segments_BL[:, None, :])
+  call = TreeCall(root_B=jnp.zeros((batch,), jnp.int32), offsets_T=index_L, mask_TM=mask_BLL)
+  return segment_positions(segments_BL), call
+
+
 def _visible(slots_S, positions_BT, window, tree: TreeCall | None = None):
   """[B, T, S]: slot s is visible to a query at position p iff s <= p (and s > p - window);
   in a tree call, iff s is before the root's slot, or a tree slot ``tree.mask_TM`` marks."""

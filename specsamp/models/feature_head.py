@@ -39,7 +39,7 @@ from flax import nnx
 from specsamp import sharding
 from specsamp.config_fields import ConfigFields
 from specsamp.models import kv_cache
-from specsamp.models.attention import TreeCall, attention_forward
+from specsamp.models.attention import TreeCall, attention_forward, segment_positions
 from specsamp.models.config import TransformerConfig
 from specsamp.models.kv_cache import KVCache
 from specsamp.models.layers import (
@@ -249,7 +249,12 @@ class FeatureHead(nnx.Module):
     return jnp.broadcast_to(pair_2D[0], shape), jnp.broadcast_to(pair_2D[1], shape)
 
   def unrolled(
-    self, embedded_KBSD: jax.Array, fused_BSD: jax.Array, steps: int, parallel: bool = False
+    self,
+    embedded_KBSD: jax.Array,
+    fused_BSD: jax.Array,
+    steps: int,
+    parallel: bool = False,
+    segments_BS: jax.Array | None = None,
   ) -> list[jax.Array]:
     """Training-time test (EAGLE-3): ``steps`` unrolled passes over a whole sequence, no cache.
     ``parallel``: steps k >= 1 take the placeholder pair instead of (h^{k-1}, the next token):
@@ -261,6 +266,10 @@ class FeatureHead(nnx.Module):
     <= p (the true context) and to its own chain's keys of steps 1..k (row p only): exactly
     what the head sees at inference after k draft steps from position p.
 
+    ``segments_BS``: which sequence each row belongs to, for rows that hold several back to
+    back (packed training rows, ``training.answers``): row p then attends only to the rows
+    <= p of its own sequence, at RoPE positions counted from that sequence's start.
+
     Returns:
       [h^0, ..., h^{steps-1}], each [B, S, D].
     """
@@ -271,13 +280,18 @@ class FeatureHead(nnx.Module):
     inv_freq = rope_frequencies(layer)
     scale = (layer.query_pre_attn_scalar or head_dim) ** -0.5
     causal_SS = jnp.tril(jnp.ones((length, length), bool))
+    within_BS = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    if segments_BS is not None:  # One sequence's rows only, positions from its start.
+      causal_SS = causal_SS[None] & (segments_BS[:, :, None] == segments_BS[:, None, :])
+      causal_SS = causal_SS[:, None, None]  # [B, 1, 1, S, T] against the scores' [B, K, R, S, T].
+      within_BS = segment_positions(segments_BS)
     outputs, chain_keys, chain_values, x_BSD = [], [], [], fused_BSD
     for k in range(steps):
       embedded_BSD = embedded_KBSD[k]
       if parallel and k >= 1:
         embedded_BSD, x_BSD = self.placeholders(batch, length, fused_BSD.dtype)
       a_BSE = self._inputs(embedded_BSD, x_BSD)
-      positions_BS = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32) + k, (batch, length))
+      positions_BS = within_BS + k
       dtype = a_BSE.dtype
       q_BSNH = apply_rope(
         jnp.einsum("BSE,ENH->BSNH", a_BSE, self.q_ENH[...].astype(dtype)), positions_BS, inv_freq

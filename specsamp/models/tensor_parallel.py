@@ -185,9 +185,13 @@ def attention_block(
     weight_specs,
     scalar,
     None if window is None else scalar,
-    None  # A tree call: roots split like the positions' rows, its mask replicated.
-    if tree is None
-    else TreeCall(_spec(("act_batch",), tree.root_B), scalar, scalar),
+    None  # A tree call: roots split like the positions' rows, one mask for all replicated,
+    if tree is None  # a mask per row (a dynamic tree, packed sequences) split with its row.
+    else TreeCall(
+      _spec(("act_batch",), tree.root_B),
+      scalar,
+      scalar if tree.mask_TM.ndim == 2 else _spec(("act_batch", None, None), tree.mask_TM),
+    ),
   )
   return jax.shard_map(body, in_specs=in_specs, out_specs=(x_spec, cache_spec, cache_spec))(
     x_BTD,

@@ -21,14 +21,25 @@ drafts only after the positions where the previous iteration stopped, a sample o
 that this mean weighs evenly, so the tokens per call it measures can differ somewhat. The mean
 is over answer positions whose K next tokens are all answer tokens of the row; a packed row
 starts mid-sequence, so its first positions see a shortened context.
+
+**One sequence's context.** A row holds several sequences back to back. Every training and tau
+pass over a row keeps them apart (``packed_call``): a token attends to the tokens of its own
+sequence only, at positions counted from that sequence's start, as a sampler's row holds one
+prompt and its answer from position 0. A new sequence begins where a prompt token (weight 0)
+follows an answer token (weight 1); ``stream`` refuses a sequence with an empty prompt or
+answer, which would hide that boundary.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from specsamp.models import attention
+from specsamp.models.attention import TreeCall
 from specsamp.training import data
 
 
@@ -38,6 +49,12 @@ def stream(
   """(tokens, answer) streams: every shard's sequences back to back, and 1 on answer tokens."""
   tokens, answer = [], []
   for shard_tokens, offsets, prompt_lengths in shards:
+    lengths = np.diff(offsets)
+    if np.any(np.asarray(prompt_lengths) < 1) or np.any(lengths - prompt_lengths < 1):
+      raise ValueError(
+        "A regenerated shard holds a sequence with an empty prompt or an empty answer: a "
+        "packed row's sequences are told apart where a prompt token follows an answer token."
+      )
     tokens.append(shard_tokens)
     weights = np.ones(len(shard_tokens), np.float32)
     for start, length in zip(offsets[:-1], prompt_lengths):
@@ -84,6 +101,29 @@ def batches(
   packed = data.Batches.pack(tokens, seq_len, batch_size, seed)
   weights = answer[: packed.sequences.size].reshape(packed.sequences.shape)
   return data.Batches(packed.sequences, batch_size, seed, weights=weights)
+
+
+# How a pass over packed rows reads them (module docstring): recorded with what is trained and
+# measured, so that a checkpoint, a best tau or a target store made before the sequences of a
+# row were kept apart (2026-11-30) is not taken for one made since.
+CONTEXT = "per_sequence"
+
+
+def segments(weights_BL: jax.Array | np.ndarray) -> jax.Array:
+  """[B, L] int32: which sequence of its packed row each token belongs to (module docstring):
+  0 from the row's first token, one more at each prompt token that follows an answer token."""
+  answer_BL = jnp.asarray(weights_BL) > 0
+  begins_BL = ~answer_BL[:, 1:] & answer_BL[:, :-1]
+  first_B1 = jnp.zeros((answer_BL.shape[0], 1), jnp.int32)
+  return jnp.concatenate([first_B1, jnp.cumsum(begins_BL, axis=1, dtype=jnp.int32)], axis=1)
+
+
+def packed_call(weights_BL: jax.Array | np.ndarray) -> tuple[jax.Array, TreeCall]:
+  """(positions [B, L], tree call) for a model's pass over packed answer rows (no cache): token
+  t sees the tokens of its own sequence up to itself, at positions from that sequence's start
+  (module docstring; ``attention.segment_call``). ``weights_BL``: the answer weights of the
+  tokens the pass reads."""
+  return attention.segment_call(segments(weights_BL))
 
 
 def accepted_run(correct_BT: np.ndarray, valid_BT: np.ndarray, K: int) -> np.ndarray:
@@ -172,8 +212,7 @@ def lookup_accepted(
   tokens_BL = np.asarray(tokens_BL)
   answer_BL = np.asarray(weights_BL, np.float32) > 0
   B, L = tokens_BL.shape
-  begins = ~answer_BL[:, 1:] & answer_BL[:, :-1]
-  segment_BL = np.concatenate([np.zeros((B, 1), int), np.cumsum(begins, axis=1)], axis=1)
+  segment_BL = np.asarray(segments(answer_BL))
   source_BL = np.full((B, L), -1)  # Where the copied continuation after x_<=t begins.
   for n in range(min_ngram, max_ngram + 1):  # Longer n-grams override shorter, as there.
     if n > L:

@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from specsamp import sharding
 from specsamp.models.feature_head import FeatureDraftModel, FeatureHead, FeatureHeadConfig
-from specsamp.training import checkpoint, train
+from specsamp.training import answers, checkpoint, train
 from specsamp.training.train import TrainConfig, TrainState
 
 
@@ -75,17 +75,25 @@ def _join(floats: dict, rest: dict) -> dict:
 
 
 def target_outputs(
-  model: FeatureDraftModel, tokens_BT: jax.Array, stored_BTS: jax.Array | None = None
+  model: FeatureDraftModel,
+  tokens_BT: jax.Array,
+  stored_BTS: jax.Array | None = None,
+  weights_BT: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """(the teacher's logits [B, L, V_h] over the head's vocabulary: the draft vocabulary when
   reduced, the target's features [B, L, F]) on ``tokens``: from one pass of the target, or
   from its stored outputs on those rows (``target_store``: the features, then the last
-  layer's output, which the target's final norm and head turn into the teacher)."""
+  layer's output, which the target's final norm and head turn into the teacher). With the
+  rows' answer ``weights``, the target reads each packed sequence apart (``answers``)."""
   head, target = model.head, model.target
   layers = head.config.feature_layers
   ids = head.draft_to_target[...] if head.config.draft_vocab_size else None
   if stored_BTS is None:
-    scored = target(tokens_BT, capture_layers=layers)
+    if weights_BT is None:
+      scored = target(tokens_BT, capture_layers=layers)
+    else:
+      positions_BT, call = answers.packed_call(weights_BT)
+      scored = target(tokens_BT, positions_BT, tree=call, capture_layers=layers)
     teacher_BTV = scored.logits if ids is None else scored.logits[..., ids]
     features_BTF = scored.features
   else:
@@ -97,20 +105,28 @@ def target_outputs(
 
 
 def _unrolled_hidden(
-  model: FeatureDraftModel, tokens_BT: jax.Array, steps: int, stored_BTS: jax.Array | None = None
+  model: FeatureDraftModel,
+  tokens_BT: jax.Array,
+  steps: int,
+  stored_BTS: jax.Array | None = None,
+  weights_BT: jax.Array | None = None,
 ) -> tuple[jax.Array, list[jax.Array]]:
   """(the teacher's logits [B, L, V_h] over the head's vocabulary, the head's hidden states of
   its ``steps`` unrolled steps) over ``tokens``: row p of step k drafts after x_<=p+1+k, fed
-  the true tokens."""
+  the true tokens; with the rows' answer ``weights``, within row p's own sequence."""
   head, target = model.head, model.target
   length = tokens_BT.shape[1]
-  teacher_BTV, features_BTF = target_outputs(model, tokens_BT, stored_BTS)
+  teacher_BTV, features_BTF = target_outputs(model, tokens_BT, stored_BTS, weights_BT)
   padded_BT = jnp.pad(tokens_BT, ((0, 0), (0, steps + 1)))
   embedded = jnp.stack(
     [target.embedder.encode(padded_BT[:, 1 + k : 1 + k + length]) for k in range(steps)]
   )
   hidden = head.unrolled(
-    jax.lax.stop_gradient(embedded), head.fuse(features_BTF), steps, parallel=head.config.parallel
+    jax.lax.stop_gradient(embedded),
+    head.fuse(features_BTF),
+    steps,
+    parallel=head.config.parallel,
+    segments_BS=None if weights_BT is None else answers.segments(weights_BT),
   )
   return teacher_BTV, hidden
 
@@ -125,11 +141,16 @@ def _step_logits(model: FeatureDraftModel, h_BTD: jax.Array) -> jax.Array:
 def step_weights(weights_BT: jax.Array | None, length: int, k: int) -> jax.Array:
   """[B or 1, L] weight of row p at unrolled step k: 0 where its target position p + 1 + k is
   past the row; with per-token ``weights`` (answer tokens 1, ``answers``), the weight of the
-  token it predicts, x_{p+2+k} (0 past the row), as the draft's loss weighs x_{t+1}."""
+  token it predicts, x_{p+2+k} (0 past the row), as the draft's loss weighs x_{t+1}, and 0
+  where that token lies in another of the row's packed sequences than row p."""
   valid_1T = (jnp.arange(length) + 1 + k < length)[None].astype(jnp.float32)
   if weights_BT is None:
     return valid_1T
-  return jnp.pad(weights_BT[:, 2 + k :], ((0, 0), (0, 2 + k))).astype(jnp.float32) * valid_1T
+  segments_BT = answers.segments(weights_BT)
+  ahead = ((0, 0), (0, 2 + k))
+  same_BT = jnp.pad(segments_BT[:, 2 + k :], ahead, constant_values=-1) == segments_BT
+  predicted_BT = jnp.pad(weights_BT[:, 2 + k :], ahead).astype(jnp.float32)
+  return jnp.where(same_BT, predicted_BT, 0.0) * valid_1T
 
 
 def ttt_loss(
@@ -145,7 +166,7 @@ def ttt_loss(
   ``weights`` (``step_weights``), each step's KL is their weighted mean; with the target's
   ``stored`` outputs on the rows (``target_store``), the target does not run."""
   length = tokens_BT.shape[1]
-  teacher_BTV, hidden = _unrolled_hidden(model, tokens_BT, steps, stored_BTS)
+  teacher_BTV, hidden = _unrolled_hidden(model, tokens_BT, steps, stored_BTS, weights_BT)
   total, metrics = 0.0, {}
   for k, h_BTD in enumerate(hidden):
     teacher_k = jnp.pad(teacher_BTV[:, 1 + k :], ((0, 0), (0, 1 + k), (0, 0)))
@@ -163,14 +184,19 @@ def ttt_loss(
 
 
 def greedy_steps_correct(
-  model: FeatureDraftModel, tokens_BT: jax.Array, steps: int, stored_BTS: jax.Array | None = None
+  model: FeatureDraftModel,
+  tokens_BT: jax.Array,
+  steps: int,
+  stored_BTS: jax.Array | None = None,
+  weights_BT: jax.Array | None = None,
 ) -> jax.Array:
   """[steps, B, L]: whether step k's argmax at row p (drafting after x_<=p+1+k, the true tokens
   fed) is the next true token x_{p+2+k} (False past the row). On greedy answers, where that
   token is the target's argmax, a K-token greedy chain the head drafts after x_<=p+1 accepts
-  the run of True over k = 0.. (``answers.accepted_unrolled``)."""
+  the run of True over k = 0.. (``answers.accepted_unrolled``). With the rows' answer
+  ``weights``, each chain reads its own packed sequence only."""
   length = tokens_BT.shape[1]
-  _, hidden = _unrolled_hidden(model, tokens_BT, steps, stored_BTS)
+  _, hidden = _unrolled_hidden(model, tokens_BT, steps, stored_BTS, weights_BT)
   head = model.head
   padded_BT = jnp.pad(tokens_BT, ((0, 0), (0, steps + 2)))
   correct = []
@@ -270,7 +296,7 @@ class FeatureTrainer:
     )
     self._eval = jax.jit(self._eval_fn, out_shardings=replicated)
     self._greedy_correct = jax.jit(
-      self._greedy_correct_fn, static_argnums=3, out_shardings=replicated
+      self._greedy_correct_fn, static_argnums=4, out_shardings=replicated
     )
 
   def _model(self, params, target_state) -> FeatureDraftModel:
@@ -322,8 +348,9 @@ class FeatureTrainer:
     floats, rest = _split(params, self._float_keys)
     return self._loss(floats, rest, batch_BT, weights_BT, target_state, stored_BTS)[0]
 
-  def _greedy_correct_fn(self, params, batch_BT, target_state, steps, stored_BTS):
-    return greedy_steps_correct(self._model(params, target_state), batch_BT, steps, stored_BTS)
+  def _greedy_correct_fn(self, params, batch_BT, weights_BT, target_state, steps, stored_BTS):
+    model = self._model(params, target_state)
+    return greedy_steps_correct(model, batch_BT, steps, stored_BTS, weights_BT)
 
   # --- host API (what ``train.fit`` calls) ----------------------------------------------------
   def init_state(self) -> TrainState:
@@ -373,17 +400,9 @@ class FeatureTrainer:
   def greedy_correct(self, params, batch, steps: int) -> np.ndarray:
     """[steps, B, L] ``greedy_steps_correct`` of the head ``params`` on ``batch``: tokens, or a
     ``data.Batches`` batch (its stored target outputs used when it has them)."""
-    tokens = train.split_batch(batch)[0]
+    tokens, weights, target_state, stored = self._place_all(batch)
     with sharding.use_mesh(self.mesh):
-      return np.asarray(
-        self._greedy_correct(
-          params,
-          self.place(tokens),
-          self._target[1],
-          steps,
-          self.place_stored(train.stored_of(batch)),
-        )
-      )
+      return np.asarray(self._greedy_correct(params, tokens, weights, target_state, steps, stored))
 
   def head(self, params) -> FeatureHead:
     return nnx.merge(self.graphdef, params)

@@ -28,7 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp.models import attention
 from specsamp.models.attention import TreeCall
+from specsamp.training import answers
 
 
 def layout(seq_len: int, num_draft_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -48,11 +50,18 @@ def layout(seq_len: int, num_draft_tokens: int) -> tuple[np.ndarray, np.ndarray]
   return mask, position_T.astype(np.int32)
 
 
-def parallel_logits(model, tokens_BL: jax.Array, num_draft_tokens: int, mask_token_id: int):
-  """[B, K, L, V]: the logits of every query (m, j) of the layout in one tree call."""
+def parallel_logits(
+  model,
+  tokens_BL: jax.Array,
+  num_draft_tokens: int,
+  mask_token_id: int,
+  weights_BL: jax.Array | None = None,
+):
+  """[B, K, L, V]: the logits of every query (m, j) of the layout in one tree call
+  (``weights_BL``: see ``parallel_call``)."""
   batch, length = tokens_BL.shape
-  logits_BTV = parallel_call(model, tokens_BL, num_draft_tokens, mask_token_id).logits
-  return logits_BTV.reshape(batch, num_draft_tokens, length, -1)
+  out = parallel_call(model, tokens_BL, num_draft_tokens, mask_token_id, weights_BL=weights_BL)
+  return out.logits.reshape(batch, num_draft_tokens, length, -1)
 
 
 def parallel_hidden(model, tokens_BL: jax.Array, num_draft_tokens: int, mask_token_id: int):
@@ -69,19 +78,38 @@ def parallel_call(
   num_draft_tokens: int,
   mask_token_id: int,
   capture_layers: tuple[int, ...] = (),
+  weights_BL: jax.Array | None = None,
 ):
-  """The model's output over the layout's K L tokens (``layout``) as one tree call."""
+  """The model's output over the layout's K L tokens (``layout``) as one tree call. With the
+  answer weights of packed rows' tokens (``answers``), query (m, j) sees only the real tokens
+  of its anchor x_{j-m}'s own sequence, at positions counted from that sequence's start, as a
+  sampler's row holds one prompt and its answer (``answers.packed_call``)."""
   batch, length = tokens_BL.shape
   mask_TT, positions_T = layout(length, num_draft_tokens)
   placeholders = jnp.full((batch, (num_draft_tokens - 1) * length), mask_token_id, tokens_BL.dtype)
   tokens_BT = jnp.concatenate([tokens_BL, placeholders], axis=1)
   total = tokens_BT.shape[1]
+  mask = jnp.asarray(mask_TT)
+  positions_BT = jnp.broadcast_to(jnp.asarray(positions_T), (batch, total))
+  if weights_BL is not None:
+    segments_BL = answers.segments(weights_BL)
+    # Token t = (m, j): its anchor a = j - m (the query's last real token; a = j for a real one).
+    m_T = jnp.repeat(jnp.arange(num_draft_tokens), length)
+    has_anchor_T = jnp.asarray(positions_T) >= m_T
+    anchor_T = jnp.maximum(jnp.asarray(positions_T) - m_T, 0)
+    sequence_BT = segments_BL[:, anchor_T]
+    # A real slot is seen only from its own sequence; placeholders as the layout has them.
+    real_T = m_T == 0
+    same_BTT = sequence_BT[:, :, None] == sequence_BT[:, None, :]
+    mask = mask[None] & (same_BTT | ~real_T[None, None, :])
+    # Placeholder (m, a + m) sits m past its anchor's position within the anchor's sequence.
+    within_BL = attention.segment_positions(segments_BL)
+    positions_BT = jnp.where(has_anchor_T[None], within_BL[:, anchor_T] + m_T, positions_BT)
   call = TreeCall(
     root_B=jnp.zeros((batch,), jnp.int32),
     offsets_T=jnp.arange(total, dtype=jnp.int32),
-    mask_TM=jnp.asarray(mask_TT),
+    mask_TM=mask,
   )
-  positions_BT = jnp.broadcast_to(jnp.asarray(positions_T), (batch, total))
   cache = model.init_cache(batch, total)
   if capture_layers:
     return model(tokens_BT, positions_BT, cache, tree=call, capture_layers=capture_layers)
@@ -93,18 +121,33 @@ def position_weights(num_draft_tokens: int, gamma: float) -> np.ndarray:
   return np.exp(-np.arange(num_draft_tokens) / gamma).astype(np.float32)
 
 
+def query_weights(weights_BL1: jax.Array | None, num_draft_tokens: int) -> jax.Array | None:
+  """[B, K, L] the weight of query (m, j) of packed answer rows, from the weights of a row's
+  L + 1 tokens: the weight of the token it predicts, x_{j+1}, and 0 where that token lies in
+  another sequence than its anchor x_{j-m} (``answers``; None: unweighted)."""
+  if weights_BL1 is None:
+    return None
+  segments_BL1 = answers.segments(weights_BL1)
+  length = weights_BL1.shape[1] - 1
+  anchor_KL = jnp.maximum(jnp.arange(length)[None, :] - jnp.arange(num_draft_tokens)[:, None], 0)
+  same_BKL = segments_BL1[:, anchor_KL] == segments_BL1[:, None, 1:]
+  return jnp.where(same_BKL, weights_BL1[:, None, 1:], 0.0)
+
+
 def _weighted_position_mean(
   loss_BKL: jax.Array, weights_K: jax.Array, token_weights_BL: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
   """(weighted mean, per-position mean [K]) of a per-query loss, each segment m over its
   queries j >= m (the ones with a real token visible). ``token_weights_BL``: the weight of the
   token query (m, j) predicts, x_{j+1} (on regenerated answers, 1 on answer tokens and 0 on
-  the prompt); None counts every query alike."""
+  the prompt), or [B, K, L] per query (``query_weights``); None counts every query alike."""
   segments, length = loss_BKL.shape[1], loss_BKL.shape[2]
   valid_KL = jnp.arange(length)[None, :] >= jnp.arange(segments)[:, None]
   counted_BKL = jnp.broadcast_to(valid_KL[None], loss_BKL.shape).astype(loss_BKL.dtype)
   if token_weights_BL is not None:
-    counted_BKL = counted_BKL * token_weights_BL[:, None, :].astype(loss_BKL.dtype)
+    if token_weights_BL.ndim == 2:
+      token_weights_BL = token_weights_BL[:, None, :]
+    counted_BKL = counted_BKL * token_weights_BL.astype(loss_BKL.dtype)
   loss_K = (counted_BKL * loss_BKL).sum((0, 2)) / jnp.maximum(counted_BKL.sum((0, 2)), 1e-9)
   weights_K = jnp.asarray(weights_K)
   return (weights_K * loss_K).sum() / weights_K.sum(), loss_K

@@ -10,7 +10,9 @@ That costs a matrix product over those columns instead of the whole target.
 
   DIRECTORY/outputs.bin    [rows, seq_len + 1, (len(layers) + 1) * d_model] in the activation
                            dtype, row-major: the features, then the last layer's output
-  DIRECTORY/meta.json      target, layers, dtype, shape, and a sha256 of the rows' tokens
+  DIRECTORY/meta.json      target, layers, dtype, shape, how the pass read the rows (each
+                           packed sequence apart, ``answers.packed_call``), and a sha256 of
+                           the rows' tokens and answer weights
   DIRECTORY/progress.json  rows written so far (renamed into place after each chunk)
 
 The rows are written in chunks and flushed before ``progress.json`` names them, so a stopped
@@ -39,6 +41,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
+
+from specsamp.training import answers
 
 OUTPUTS, META, PROGRESS = "outputs.bin", "meta.json", "progress.json"
 
@@ -71,19 +75,33 @@ def _read_json(path: str) -> dict[str, Any] | None:
   return value if isinstance(value, dict) else None
 
 
-def _extends(stored: dict[str, Any] | None, meta: dict[str, Any], sequences: np.ndarray) -> bool:
+def _rows_sha256(sequences: np.ndarray, weights: np.ndarray | None, rows: int) -> str:
+  """The hash of the first ``rows`` rows: their tokens, and their answer weights when the pass
+  keeps their sequences apart (the weights tell the sequences apart)."""
+  digest = hashlib.sha256(sequences[:rows].tobytes())
+  if weights is not None:
+    digest.update(weights[:rows].tobytes())
+  return digest.hexdigest()
+
+
+def _extends(
+  stored: dict[str, Any] | None,
+  meta: dict[str, Any],
+  sequences: np.ndarray,
+  weights: np.ndarray | None,
+) -> bool:
   """Whether a store made with ``stored`` holds the first rows of ``sequences`` (``meta``'s
   rows): the same target, layers, dtype and row length, fewer rows, and those rows' tokens
   exactly the first of these (more shards pack into the same rows, then new ones after them)."""
   if stored is None or stored == meta:
     return False
-  same = ("target", "layers", "dtype")
+  same = ("target", "layers", "dtype", "context")
   if any(stored.get(key) != meta[key] for key in same) or stored["shape"][1:] != meta["shape"][1:]:
     return False
   old_rows = int(stored["shape"][0])
   if not 0 < old_rows < meta["shape"][0]:
     return False
-  return hashlib.sha256(sequences[:old_rows].tobytes()).hexdigest() == stored["rows_sha256"]
+  return _rows_sha256(sequences, weights, old_rows) == stored["rows_sha256"]
 
 
 def _capture_fn(target: Any, layers: tuple[int, ...]):
@@ -95,10 +113,15 @@ def _capture_fn(target: Any, layers: tuple[int, ...]):
   captured = layers if last in layers else (*layers, last)
 
   @jax.jit
-  def capture(state, tokens_BL):
+  def capture(state, tokens_BL, weights_BL):
     model = nnx.merge(graphdef, state)
+    positions_BL, call = None, None
+    if weights_BL is not None:  # Each packed sequence read apart (``answers.packed_call``).
+      positions_BL, call = answers.packed_call(weights_BL)
     out = model(
       tokens_BL,
+      positions_BL,
+      tree=call,
       capture_layers=captured,
       logits_at=jnp.zeros(tokens_BL.shape[0], jnp.int32),
     )
@@ -107,7 +130,7 @@ def _capture_fn(target: Any, layers: tuple[int, ...]):
       return jnp.concatenate([out.features, out.features[..., at : at + d_model]], axis=-1)
     return out.features
 
-  return lambda tokens_BL: capture(state, tokens_BL)
+  return lambda tokens_BL, weights_BL=None: capture(state, tokens_BL, weights_BL)
 
 
 def parameters_fingerprint(model: Any) -> str:
@@ -127,14 +150,18 @@ def build(
   directory: str,
   *,
   target_id: str,
+  weights: np.ndarray | None = None,
   chunk_rows: int = 8,
   log: Callable[[str], None] = print,
 ) -> np.ndarray:
   """The target's outputs on every row of ``sequences`` ([N, L] tokens), built (or completed,
   or extended by appended rows) in ``directory``; returns them read-only as a memory map
-  [N, L, width]."""
+  [N, L, width]. ``weights``: the rows' answer weights ([N, L], ``answers``): the target then
+  reads each packed sequence apart, as the head's training pass does."""
   layers = tuple(int(layer) for layer in layers)
   sequences = np.ascontiguousarray(sequences, np.int32)
+  if weights is not None:
+    weights = np.ascontiguousarray(weights, np.float32)
   dtype = _numpy_dtype(target.config.activation_dtype)
   shape = [int(n) for n in sequences.shape] + [width(layers, target.config.d_model)]
   meta = {
@@ -144,13 +171,15 @@ def build(
     "layers": list(layers),
     "dtype": dtype.name,
     "shape": shape,
-    "rows_sha256": hashlib.sha256(sequences.tobytes()).hexdigest(),
+    # How the pass read the rows: each packed sequence apart (answer rows), or whole rows.
+    "context": "whole_rows" if weights is None else answers.CONTEXT,
+    "rows_sha256": _rows_sha256(sequences, weights, len(sequences)),
   }
   os.makedirs(directory, exist_ok=True)
   path = os.path.join(directory, OUTPUTS)
   progress = _read_json(os.path.join(directory, PROGRESS))
   stored_meta = _read_json(os.path.join(directory, META))
-  if progress is not None and _extends(stored_meta, meta, sequences):
+  if progress is not None and _extends(stored_meta, meta, sequences, weights):
     # New shards appended rows after the stored ones: keep those, compute only the new rows.
     old_rows = stored_meta["shape"][0]
     log(f"target outputs: {directory} holds the first {old_rows:,} rows; extending it")
@@ -187,10 +216,10 @@ def build(
     )
     for row in range(done, total, chunk_rows):
       stop = min(row + chunk_rows, total)
-      tokens = sequences[row:stop]
-      if len(tokens) < chunk_rows:  # One compiled shape: pad the last chunk with its first row.
-        tokens = np.concatenate([tokens, np.repeat(tokens[:1], chunk_rows - len(tokens), 0)])
-      outputs[row:stop] = np.asarray(capture(jnp.asarray(tokens)))[: stop - row]
+      chunk = [sequences[row:stop]] + ([] if weights is None else [weights[row:stop]])
+      if stop - row < chunk_rows:  # One compiled shape: pad the last chunk with its first row.
+        chunk = [np.concatenate([a, np.repeat(a[:1], chunk_rows - len(a), 0)]) for a in chunk]
+      outputs[row:stop] = np.asarray(capture(*map(jnp.asarray, chunk)))[: stop - row]
       outputs.flush()
       _write_json(os.path.join(directory, PROGRESS), {"rows": stop})
       if (stop - first) % (chunk_rows * 16) == 0 or stop == total:

@@ -44,7 +44,7 @@ from specsamp.config_fields import ConfigFields
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive
-from specsamp.training import checkpoint, parallel
+from specsamp.training import answers, checkpoint, parallel
 from specsamp.training.data import Batches
 
 DISTILL_MODES = ("none", "token", "sequence", "parallel")
@@ -213,6 +213,21 @@ def distillation_kl(
   return weighted_mean(kl_BT, weights_BT)
 
 
+def _label_weights(weights_BT: jax.Array | None) -> jax.Array | None:
+  """The weight of each label x_1.. of a row's tokens' weights (None: unweighted)."""
+  return None if weights_BT is None else weights_BT[:, 1:]
+
+
+def packed_logits(model: Any, tokens_BT: jax.Array, weights_BT: jax.Array | None = None):
+  """A model's logits over rows with no cache: one causal pass, or with the answer weights of
+  the tokens it reads, a pass that keeps a packed row's sequences apart
+  (``answers.packed_call``)."""
+  if weights_BT is None:
+    return model(tokens_BT).logits
+  positions_BT, call = answers.packed_call(weights_BT)
+  return model(tokens_BT, positions_BT, tree=call).logits
+
+
 def split_batch(batch: Any) -> tuple[np.ndarray, np.ndarray | None]:
   """(tokens, weights or None) of a ``data.Batches`` batch."""
   return batch[:2] if isinstance(batch, tuple) else (batch, None)
@@ -375,22 +390,22 @@ class Trainer:
       step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params)
     )
 
-  def _logits(self, params, tokens_BT):
-    logits_BTV, _ = nnx.merge(self.graphdef, params)(tokens_BT)
-    return logits_BTV
+  def _logits(self, params, tokens_BT, weights_BT=None):
+    return packed_logits(nnx.merge(self.graphdef, params), tokens_BT, weights_BT)
 
-  def _teacher_logits(self, teacher_state, inputs_BT):
+  def _teacher_logits(self, teacher_state, inputs_BT, weights_BT=None):
     """The frozen teacher's logits (no gradient flows into them)."""
     teacher_graphdef, _ = self._teacher
-    teacher_BTV, _ = nnx.merge(teacher_graphdef, teacher_state)(inputs_BT)
-    return jax.lax.stop_gradient(teacher_BTV)
+    teacher = nnx.merge(teacher_graphdef, teacher_state)
+    return jax.lax.stop_gradient(packed_logits(teacher, inputs_BT, weights_BT))
 
-  def _parallel_logits(self, params, inputs_BT):
+  def _parallel_logits(self, params, inputs_BT, weights_BT=None):
     return parallel.parallel_logits(
       nnx.merge(self.graphdef, params),
       inputs_BT,
       self.config.distill_parallel_tokens,
       self.config.distill_mask_token,
+      weights_BT,
     )
 
   def _parallel_weights(self):
@@ -398,26 +413,28 @@ class Trainer:
 
   def _loss(self, params, batch_BT, weights_BT, teacher_state):
     inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
-    weights_BT = None if weights_BT is None else weights_BT[:, 1:]  # Each target's weight.
+    # Answer rows: each pass keeps the row's sequences apart (``answers.packed_call``).
+    read_BT = None if weights_BT is None else weights_BT[:, :-1]
     if self.config.distill_mode == "parallel":  # Answer-weighted by the token each query predicts.
-      student_BKLV = self._parallel_logits(params, inputs_BT)
+      student_BKLV = self._parallel_logits(params, inputs_BT, read_BT)
       kl, kl_K = parallel.parallel_kl(
         student_BKLV,
-        self._teacher_logits(teacher_state, inputs_BT),
+        self._teacher_logits(teacher_state, inputs_BT, read_BT),
         self._parallel_weights(),
         self.config.distill_temperature,
-        weights_BT,
+        parallel.query_weights(weights_BT, self.config.distill_parallel_tokens),
       )
-      ce = cross_entropy(student_BKLV[:, 0], targets_BT, weights_BT)
+      ce = cross_entropy(student_BKLV[:, 0], targets_BT, _label_weights(weights_BT))
       return kl, {"ce": ce, "kl": kl, **{f"kl_{k + 1}": kl_K[k] for k in range(kl_K.shape[0])}}
-    logits_BTV = self._logits(params, inputs_BT)
+    weights_BT = _label_weights(weights_BT)
+    logits_BTV = self._logits(params, inputs_BT, read_BT)
     ce = cross_entropy(logits_BTV, targets_BT, weights_BT)
     top1 = weighted_mean((logits_BTV.argmax(-1) == targets_BT).astype(jnp.float32), weights_BT)
     if self.config.distill_mode != "token":
       return ce, {"ce": ce, "top1": top1}
     kl = distillation_kl(
       logits_BTV,
-      self._teacher_logits(teacher_state, inputs_BT),
+      self._teacher_logits(teacher_state, inputs_BT, read_BT),
       self.config.distill_temperature,
       weights_BT,
     )
@@ -433,24 +450,27 @@ class Trainer:
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def _eval_fn(self, params, batch_BT, weights_BT):
-    weights_BT = None if weights_BT is None else weights_BT[:, 1:]
+    read_BT = None if weights_BT is None else weights_BT[:, :-1]
     if self.config.distill_mode == "parallel":  # Weighted over the draft positions.
       return parallel.parallel_cross_entropy(
-        self._parallel_logits(params, batch_BT[:, :-1]),
+        self._parallel_logits(params, batch_BT[:, :-1], read_BT),
         batch_BT[:, 1:],
         self._parallel_weights(),
-        weights_BT,
+        parallel.query_weights(weights_BT, self.config.distill_parallel_tokens),
       )
-    return cross_entropy(self._logits(params, batch_BT[:, :-1]), batch_BT[:, 1:], weights_BT)
+    logits_BTV = self._logits(params, batch_BT[:, :-1], read_BT)
+    return cross_entropy(logits_BTV, batch_BT[:, 1:], _label_weights(weights_BT))
 
-  def _greedy_correct_fn(self, params, batch_BT):
+  def _greedy_correct_fn(self, params, batch_BT, weights_BT=None):
     """[B, T] whether the argmax after each prefix is the next token (``answers.tau``); a
-    parallel draft's [K, B, T], one row per draft position (``parallel.greedy_correct``)."""
+    parallel draft's [K, B, T], one row per draft position (``parallel.greedy_correct``).
+    With answer ``weights``, each prefix is read within its own sequence of the row."""
+    read_BT = None if weights_BT is None else weights_BT[:, :-1]
     if self.config.distill_mode == "parallel":
       return parallel.greedy_correct(
-        self._parallel_logits(params, batch_BT[:, :-1]), batch_BT[:, 1:]
+        self._parallel_logits(params, batch_BT[:, :-1], read_BT), batch_BT[:, 1:]
       )
-    return self._logits(params, batch_BT[:, :-1]).argmax(-1) == batch_BT[:, 1:]
+    return self._logits(params, batch_BT[:, :-1], read_BT).argmax(-1) == batch_BT[:, 1:]
 
   # --- host API -------------------------------------------------------------------------------
   def init_state(self) -> TrainState:
@@ -502,10 +522,12 @@ class Trainer:
       losses = [float(self._eval(params, *self._place_both(b))) for b in batches]
     return mean_over_batches(losses, batches)
 
-  def greedy_correct(self, params, batch: np.ndarray) -> np.ndarray:
-    """[B, L] whether the model's argmax after each prefix of ``batch`` is its next token."""
+  def greedy_correct(self, params, batch) -> np.ndarray:
+    """[B, L] whether the model's argmax after each prefix of ``batch`` is its next token:
+    tokens, or a ``data.Batches`` batch of answer rows (each prefix read within its own
+    sequence, ``answers.packed_call``)."""
     with sharding.use_mesh(self.mesh):
-      return np.asarray(self._greedy_correct(params, self.place(batch)))
+      return np.asarray(self._greedy_correct(params, *self._place_both(batch)))
 
   def model(self, params) -> transformer.Transformer:
     """The Transformer with these parameters (for sampling)."""

@@ -225,6 +225,10 @@ def _drafter_setup(
     "plan": {k: v for k, v in manifest["plan"].items() if k != "passes"},
     "target": manifest["target"],
     "prompts_sha256": manifest["prompts_sha256"],
+    # Each pass reads a packed row's sequences apart (``answers.packed_call``); a checkpoint
+    # without this was trained with every row attending across its sequences (before
+    # 2026-11-30), and is not resumed as this run's.
+    "context": answers.CONTEXT,
   }
   train_cfg = check_optimisation(config, drafter)
   if drafter in ("draft", "parallel"):
@@ -239,8 +243,8 @@ def _drafter_setup(
     count = answers.accepted_parallel if drafter == "parallel" else answers.accepted_run
 
     def accepted(params, batch):
-      tokens, weights = train.split_batch(batch)
-      return count(trainer.greedy_correct(params, tokens), weights[:, 1:] > 0, K)
+      weights = train.split_batch(batch)[1]
+      return count(trainer.greedy_correct(params, batch), weights[:, 1:] > 0, K)
 
     if drafter == "parallel":
       meta["parallel"] = {  # The placeholder check_optimisation matched to the job's.
@@ -362,16 +366,17 @@ def train_on_answers(
   # batches) is no bar for this run's evaluations, nor a tau to ship under this run's K.
   measured = {
     "K": K,
+    "context": answers.CONTEXT,
     "rows_sha256": hashlib.sha256(
       b"".join(np.ascontiguousarray(part).tobytes() for batch in evaluation for part in batch[:2])
     ).hexdigest(),
   }
   if best.get("measured", measured) != measured:
     raise ValueError(
-      f"{directory}'s best was measured at K={best['measured']['K']} on other held-out rows "
-      f"or K than this run's (K={K}, answers.tau_draft_tokens, eval_batches, the held-out "
-      "answers): its tau does not compare. Use another head or draft directory, or the "
-      "settings it was measured with."
+      f"{directory}'s best was measured at K={best['measured']['K']} on other held-out rows, "
+      f"K or context than this run's (K={K}, answers.tau_draft_tokens, eval_batches, the "
+      "held-out answers; before 2026-11-30 a row's sequences saw each other): its tau does "
+      "not compare. Use another head or draft directory, or the settings it was measured with."
     )
   best["measured"] = measured
   # What the card reports (``card``), as this run saw it: a card written later, by
@@ -479,6 +484,7 @@ def with_stored_outputs(
     trainer.head_config.feature_layers,
     os.path.join(workdir, section.target_outputs_dir, split),
     target_id=target_id,
+    weights=rows.weights,
     log=log,
   )
   return dataclasses.replace(rows, stored=outputs)
