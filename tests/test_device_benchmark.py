@@ -27,6 +27,7 @@ DRAFT_1B = os.path.join(ROOT, "configs/hf/llama-3.2-1b/config.json")
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: this file's tests of the sections, gates and goals.
 def test_the_tiny_benchmark_runs_from_the_shell_script(tmp_path):
   """The script's sweep at tiny sizes: rows for every setting, the table and the goals."""
   env = {**script_env(1), "OUT": str(tmp_path)}

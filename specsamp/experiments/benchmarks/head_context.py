@@ -1,0 +1,77 @@
+"""A feature head's offline tau on the held-out answers, read two ways: each packed sequence
+apart (``answers.packed_call``, how training and tau read rows since 2026-11-30), and whole rows
+read causally (how they were read before, every sequence seeing the ones before it in its row).
+
+  python scripts/head_tau_by_context.py --config=configs/smollm2_pair.py
+
+The head is ``config.feature.checkpoint`` (SmolLM2's: the shipped head) unless given; the rows
+are what ``scripts/train_drafter.py`` measures tau on (the held-out answers without those whose
+prompt a training shard holds, ``eval_batches`` batches spread over them), so the two taus
+differ by the context alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from specsamp.experiments.jobs import answer_training
+from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.training import answers, feature_train, regenerate, shipped
+
+
+def compare(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  head: str | None = None,
+  log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+  """{'K', 'rows', 'head', 'per_sequence': {'tau', 'acc'}, 'whole_rows': {...}}."""
+  section = config.answers
+  train_dir = os.path.join(workdir, section.train_dir)
+  held_dir = os.path.join(workdir, section.held_out_dir)
+  prepared = pair_lib.prepare(config, workdir, drafts=False, log=log)
+  if section.get("shipped_dir"):
+    for split, split_dir in (("train", train_dir), ("held_out", held_dir)):
+      regenerate.seed(os.path.join(section.shipped_dir, split), split_dir, log)
+  head = head or config.feature.checkpoint
+  if not head:
+    raise ValueError("No head to measure: give --head, or set config.feature.checkpoint.")
+  model, _ = feature_train.load_head(shipped.resolve(head), prepared.target)
+  train_cfg = answer_training.check_optimisation(config, "feature")
+  K = section.tau_draft_tokens
+  held_shards, removed = answers.without_trained_prompts(
+    regenerate.read_shards(held_dir), regenerate.read_shards(train_dir)
+  )
+  held = answers.batches(held_shards, train_cfg.seq_len, train_cfg.batch_size)
+  evaluation = held.spread(train_cfg.eval_batches or held.steps_per_epoch)
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def correct(state, tokens_BL, weights_BL):
+    merged = nnx.merge(graphdef, state)
+    return feature_train.greedy_steps_correct(merged, tokens_BL, K, None, weights_BL)
+
+  counts: dict[str, list[np.ndarray]] = {"per_sequence": [], "whole_rows": []}
+  for tokens, weights in (batch[:2] for batch in evaluation):
+    for name, read in (("per_sequence", weights), ("whole_rows", None)):
+      steps = np.asarray(correct(state, tokens, read))
+      counts[name].append(answers.accepted_unrolled(steps, weights, K))
+  result: dict[str, Any] = {
+    "K": K,
+    "head": head,
+    "rows": int(sum(len(batch[0]) for batch in evaluation)),
+    "row_tokens": train_cfg.seq_len + 1,
+    "held_out_left_out": removed,
+  }
+  for name, accepted in counts.items():
+    tau, acc = answers.tau(accepted, K)
+    result[name] = {"tau": float(tau), "acc": [float(a) for a in acc]}
+    log(f"{name}: tau(K={K}) {tau:.4f}, acc_1..{K} " + " ".join(f"{a:.3f}" for a in acc))
+  return result
