@@ -1,7 +1,8 @@
 """Packed answer rows keep their sequences apart (training/answers.py): every training and tau
 pass over a row that holds several sequences computes, for each of them, what a pass over that
-sequence alone computes. Before 2026-11-30 a row's later sequences attended to the ones before
-(the review of 2026-11-29); the plain causal pass is checked to differ, so these can fail."""
+sequence alone computes. Before the fix (2026-11-29, fifteenth session) a row's later sequences
+attended to the ones before (the review of 2026-11-29); the plain causal pass is checked to
+differ, so these can fail."""
 
 import jax
 import jax.numpy as jnp

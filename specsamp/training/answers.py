@@ -105,7 +105,7 @@ def batches(
 
 # How a pass over packed rows reads them (module docstring): recorded with what is trained and
 # measured, so that a checkpoint, a best tau or a target store made before the sequences of a
-# row were kept apart (2026-11-30) is not taken for one made since.
+# row were kept apart (the fifteenth session, 2026-11-29) is not taken for one made since.
 CONTEXT = "per_sequence"
 
 

@@ -1,6 +1,7 @@
 """A feature head's offline tau on the held-out answers, read two ways: each packed sequence
-apart (``answers.packed_call``, how training and tau read rows since 2026-11-30), and whole rows
-read causally (how they were read before, every sequence seeing the ones before it in its row).
+apart (``answers.packed_call``, how training and tau read rows since 2026-11-29's fifteenth
+session), and whole rows read causally (how they were read before, every sequence seeing the
+ones before it in its row).
 
   python scripts/head_tau_by_context.py --config=configs/smollm2_pair.py
 

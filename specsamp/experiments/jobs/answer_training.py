@@ -227,7 +227,7 @@ def _drafter_setup(
     "prompts_sha256": manifest["prompts_sha256"],
     # Each pass reads a packed row's sequences apart (``answers.packed_call``); a checkpoint
     # without this was trained with every row attending across its sequences (before
-    # 2026-11-30), and is not resumed as this run's.
+    # the fifteenth session of 2026-11-29), and is not resumed as this run's.
     "context": answers.CONTEXT,
   }
   train_cfg = check_optimisation(config, drafter)
@@ -375,8 +375,9 @@ def train_on_answers(
     raise ValueError(
       f"{directory}'s best was measured at K={best['measured']['K']} on other held-out rows, "
       f"K or context than this run's (K={K}, answers.tau_draft_tokens, eval_batches, the "
-      "held-out answers; before 2026-11-30 a row's sequences saw each other): its tau does "
-      "not compare. Use another head or draft directory, or the settings it was measured with."
+      "held-out answers; a best from before 2026-11-29's fix read a row's sequences together): "
+      "its tau does not compare. Use another head or draft directory, or the settings it was "
+      "measured with."
     )
   best["measured"] = measured
   # What the card reports (``card``), as this run saw it: a card written later, by
