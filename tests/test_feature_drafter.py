@@ -301,6 +301,35 @@ def test_a_trained_head_saves_loads_and_refuses_another_target(target, tmp_path)
     feature_train.load_head(str(tmp_path / "model"), target)
 
 
+def test_a_head_for_a_bfloat16_target_trains_in_float32_and_loads_in_bfloat16(tmp_path):
+  """The head's own parameters and Adam moments are float32 master weights whatever the
+  target's dtype: an update too small for bfloat16 still moves them. Loaded for sampling, the
+  head takes its target's dtype."""
+  target = transformer.create(CONFIG.replace(param_dtype="bfloat16", dtype="bfloat16"), seed=1)
+  stream = np.asarray(jax.random.randint(jax.random.key(1), (3000,), 0, 64))
+  config = feature_train.FeatureTrainConfig(
+    steps=1, batch_size=2, seq_len=16, learning_rate=1e-5, warmup_steps=0, ttt_steps=2
+  )
+  head_config = feature_head.FeatureHeadConfig()
+  trainer = feature_train.FeatureTrainer(head_config, target, config, checkpoint.default_mesh())
+  state = trainer.init_state()
+  floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)]
+  assert floats and all(x.dtype == jnp.float32 for x in floats)
+  before = np.asarray(state.params["fc_FD"])
+  batches = Batches.pack(stream, 16, 2)
+  after, _ = trainer.train_step(state, batches.at(0))
+  moved = np.asarray(after.params["fc_FD"]) != before
+  # A bfloat16 weight would not have moved: the step is below its rounding.
+  rounded = np.asarray(after.params["fc_FD"]).astype(jnp.bfloat16) != before.astype(jnp.bfloat16)
+  assert moved.mean() > 0.5 and rounded.mean() < 0.1 * moved.mean()
+  store = checkpoint.Checkpoints(str(tmp_path / "head"))
+  store.save(1, {"params": after.params}, dict(feature_train.head_meta(head_config, target)))
+  store.wait()
+  model, _ = feature_train.load_head(str(tmp_path / "head"), target)
+  assert model.head.fc_FD[...].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(model.head.fc_FD[...], after.params["fc_FD"].astype(jnp.bfloat16))
+
+
 def test_target_samples_are_corpus_prompts_and_the_targets_continuations(target):
   """The stream holds, back to back, corpus windows and what the target sampled after each
   (the same draws as autoregressive.generate with the same key and batch)."""

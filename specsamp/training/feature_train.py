@@ -237,6 +237,11 @@ class FeatureTrainer:
     self.config, self.mesh, self.seed = config, mesh, seed
     self.head_config = head_config.resolve(target.config)
     self.target_config = target.config
+    # The head's own parameters, and with them its Adam moments, train in float32 whatever the
+    # target's parameter dtype (master weights; the head still computes in the target's
+    # activation dtype). In bfloat16, an update below 2^-8 of its weight rounds away: a head
+    # for a bfloat16 target (an HF import) trained so. Loading casts to the target's dtype.
+    self.head_target_config = target.config.replace(param_dtype="float32")
     if bool(self.head_config.draft_vocab_size) != (draft_to_target is not None):
       raise ValueError(
         "A reduced draft vocabulary (draft_vocab_size > 0) needs its draft_to_target map, and "
@@ -253,7 +258,7 @@ class FeatureTrainer:
     self.optimizer = train.make_optimizer(config)
 
     def factory(rngs):
-      return FeatureHead(self.head_config, self.target_config, rngs=rngs)
+      return FeatureHead(self.head_config, self.head_target_config, rngs=rngs)
 
     abstract = sharding.abstract_model(factory, mesh, seed)
     self.graphdef, self.param_shardings = abstract.graphdef, abstract.shardings
@@ -318,7 +323,7 @@ class FeatureTrainer:
     return loss, metrics
 
   def _init_fn(self, draft_to_target=None) -> TrainState:
-    head = FeatureHead(self.head_config, self.target_config, rngs=nnx.Rngs(self.seed))
+    head = FeatureHead(self.head_config, self.head_target_config, rngs=nnx.Rngs(self.seed))
     if draft_to_target is not None:
       head.draft_to_target[...] = draft_to_target
     params = train.params_of(head)
