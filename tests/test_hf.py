@@ -790,3 +790,27 @@ def test_max_position_embeddings_is_carried_from_import_to_export():
   # No tokenizer: bos / eos written as null, not left to a family's default ids.
   assert architectures.to_hf(plain)["eos_token_id"] is None
   assert architectures.to_hf(plain, special_ids={"eos_token_id": 5})["eos_token_id"] == 5
+
+
+def test_every_id_that_ends_generation_is_exported_and_imported(tmp_path):
+  """A tokenizer with several stop ids (an imported Llama 3's or Gemma's generation_config):
+  the export lists them all in generation_config.json (transformers reads the list), and an
+  import of that folder keeps them."""
+  from test_regenerate import word_tokenizer
+  from transformers import GenerationConfig
+
+  from specsamp.training import tokenizer as tokenizer_lib
+
+  source = tmp_path / "source"
+  word_tokenizer().save(str(source))
+  (source / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 9]}))
+  tokenizer = tokenizer_lib.load(str(source))
+  config = transformer.TransformerConfig(
+    vocab_size=64, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2, ffn_dim=64
+  )
+  model = transformer.create(config, seed=0)
+  convert.export_model(model, str(tmp_path / "hf"), tokenizer=tokenizer)
+  assert GenerationConfig.from_pretrained(tmp_path / "hf").eos_token_id == [2, 9]
+  assert json.loads((tmp_path / "hf" / "config.json").read_text())["eos_token_id"] == 2
+  hf.import_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "ckpt"))
+  assert tokenizer_lib.load(str(tmp_path / "ckpt")).stop_ids == (2, 9)

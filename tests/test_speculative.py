@@ -131,6 +131,29 @@ def test_the_uncapped_histogram_leaves_out_the_iterations_max_new_tokens_cut(tar
 
 
 @pytest.mark.slow
+def test_a_row_stops_at_the_first_of_several_eos_ids(target, drafts):
+  """eos_id as a list (an HF generation_config's: Llama 3's end of text and of a turn): a row
+  ends after the first token that is any of them, in both loops alike."""
+  free = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=12, temperature=0)
+  first, second = int(free.generated(0)[5]), int(free.generated(1)[2])
+  stops = [first, second]
+  expected = []
+  for row in range(len(PROMPTS)):
+    generated = [int(t) for t in free.generated(row)]
+    ends = [i for i, t in enumerate(generated) if t in stops]
+    expected.append(ends[0] + 1 if ends else len(generated))
+  assert min(expected) < 12 and len(set(expected)) > 1
+  options = dict(max_new_tokens=12, temperature=0, eos_id=stops, pad_id=-1)
+  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), **options)
+  np.testing.assert_array_equal(ar.num_generated, expected)
+  out = speculative_generate(
+    target, drafts["close"], PROMPTS, LENGTHS, jax.random.key(0), num_draft_tokens=3, **options
+  )
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  one = generate(target, PROMPTS, LENGTHS, jax.random.key(0), **dict(options, eos_id=first))
+  assert int(one.num_generated.sum()) > int(ar.num_generated.sum())  # The second id counts.
+
+
 def test_eos_and_max_new_tokens_stop_rows_independently(target, drafts):
   free = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=15, temperature=0)
   eos = int(free.generated(0)[4])

@@ -193,3 +193,28 @@ def test_an_hf_sentencepiece_tokenizer_adds_bos_as_transformers_does(
   loaded.save(str(saved))
   assert tokenizer_lib.load(str(saved)).add_bos == expected
   assert tokenizer_lib.load(str(saved)).fingerprint == trained.fingerprint
+
+
+def test_an_hf_folders_generation_config_lists_the_ids_that_end_generation(tmp_path):
+  """Llama 3's and Gemma's generation_config.json end generation at several ids (end of text,
+  end of turn): the tokenizer's stop ids hold them all, decoding stops at any, and saving
+  keeps them (as generation_config.json beside the tokenizer). A bad list is one line."""
+  from test_regenerate import word_tokenizer
+
+  from specsamp.training import tokenizer as tokenizer_lib
+  from specsamp.training.bpe_tokenizer import BpeTokenizer
+
+  folder = tmp_path / "hf"
+  assert word_tokenizer().save(str(folder)) == ["tokenizer.json", "tokenizer_config.json"]
+  assert BpeTokenizer.load(str(folder)).stop_ids == (2,)  # No generation_config: the EOS.
+  (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [9, 2, 9, 1]}))
+  loaded = tokenizer_lib.load(str(folder))
+  assert loaded.eos_id == 2 and loaded.stop_ids == (2, 9, 1)
+  ids = loaded.encode("w3 w4") + [9] + loaded.encode("w5")
+  assert loaded.decode(ids) == loaded.decode(loaded.encode("w3 w4"))
+  again = tmp_path / "again"
+  assert "generation_config.json" in loaded.save(str(again))
+  assert tokenizer_lib.load(str(again)).stop_ids == (2, 9, 1)
+  (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 64]}))
+  with pytest.raises(ValueError, match=r"eos_token_id must be a token id or a list of them"):
+    tokenizer_lib.load(str(folder))

@@ -293,15 +293,19 @@ def test_padding_ids_are_ignored_and_ids_must_be_integers():
 
 
 def test_special_ids_sampler_fields_and_numpy_settings():
-  """eos_id and pad_id are checked in one line (a list of EOS ids or a None pad failed as a
-  bare int() deep in the loop; an EOS past the vocabulary never stopped a row); a Sampler is
-  frozen (a reassigned target was silently ignored); NumPy scalars are sampling settings."""
+  """eos_id and pad_id are checked in one line (a None pad failed as a bare int() deep in the
+  loop; an EOS past the vocabulary never stopped a row); a list of EOS ids is several stop ids
+  (tests/test_speculative.py); a Sampler is frozen (a reassigned target was silently ignored);
+  NumPy scalars are sampling settings."""
   model = transformer.create(tiny_config(vocab_size=32), seed=0)
   prompts, lengths = np.array([[5, 9]]), np.array([2])
+  several = "eos_id must be None, one token id or a non-empty list of token ids, each in"
   for ids, message in (
-    (dict(eos_id=[3, 11]), r"eos_id must be None or one token id in \[0, 32\), got \[3, 11\]"),
-    (dict(eos_id=32), "eos_id must be None or one token id"),
-    (dict(eos_id=3.0), "eos_id must be None or one token id"),
+    (dict(eos_id=[3, 32]), several + r" \[0, 32\), got \[3, 32\]"),
+    (dict(eos_id=[]), several),
+    (dict(eos_id=32), several),
+    (dict(eos_id=3.0), several),
+    (dict(eos_id=[3, True]), several),
     (dict(pad_id=None), "pad_id must be an int"),
   ):
     with pytest.raises(ValueError, match=message):

@@ -371,10 +371,14 @@ def export_model(
     names = safetensors_io.write_sharded(output_dir, tensors(), max_shard_bytes)
     with open(os.path.join(output_dir, "config.json"), "w") as f:
       json.dump(hf_config, f, indent=2)
-    with open(os.path.join(output_dir, "generation_config.json"), "w") as f:
-      json.dump(dict(ids), f, indent=2)
+    generation = dict(ids)
     if tokenizer is not None:
       tokenizer.save(output_dir)
+      stops = list(getattr(tokenizer, "stop_ids", (tokenizer.eos_id,)))
+      if len(stops) > 1:  # Every id that ends generation (Llama 3's, Gemma's), as HF lists them.
+        generation["eos_token_id"] = stops
+    with open(os.path.join(output_dir, "generation_config.json"), "w") as f:
+      json.dump(generation, f, indent=2)
   except BaseException:
     # A failed export (a tensor that overflows the dtype, Ctrl-C) leaves no half model: what
     # it wrote is removed, and the folders it made; a failure to remove hides no error.

@@ -368,6 +368,9 @@ def tokenizer(file: GgufFile):
     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
     chat_template=meta.get("tokenizer.chat_template"),
     path=file.path,
+    # llama.cpp's end-of-turn and end-of-message tokens end generation too (Llama 3's
+    # <|eot_id|> and <|eom_id|> beside <|end_of_text|>).
+    stop_ids=[i for i in (special("eot"), special("eom")) if i is not None],
   )
 
 

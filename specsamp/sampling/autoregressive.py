@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -200,23 +201,52 @@ def check_cache_fits(model: Any, rows: int, cache_length: int) -> None:
   )
 
 
-def check_token_ids(eos_id: Any, pad_id: Any, vocab_size: int) -> tuple[int | None, int]:
-  """(eos_id, pad_id) as ints: ``eos_id`` None (never stop) or one id in [0, vocab_size),
-  ``pad_id`` any int (it only fills the output). An HF config's list of EOS ids, a None pad id
-  or a float are refused in one line (they failed as a bare int() deep in the loop, and an EOS
-  id past the vocabulary never stopped a row)."""
-  if eos_id is not None and (
-    isinstance(eos_id, bool)
-    or not isinstance(eos_id, (int, np.integer))
-    or not 0 <= eos_id < vocab_size
+def stop_ids(eos_id: Any) -> tuple[int, ...] | None:
+  """``eos_id`` as the tuple of ids that end a row: None (never), one id, or several (an HF
+  generation_config's list: Llama 3's end of text and end of turn, Gemma's <eos> and
+  <end_of_turn>), in order, each once."""
+  if eos_id is None:
+    return None
+  ids = [eos_id] if isinstance(eos_id, (int, np.integer)) else list(eos_id)
+  return tuple(dict.fromkeys(int(i) for i in ids))
+
+
+def is_stop(tokens: jax.Array, eos_ids: int | Sequence[int]) -> jax.Array:
+  """Whether each token is one of ``eos_ids`` (static: one comparison per id)."""
+  eos_ids = stop_ids(eos_ids)
+  ended = tokens == eos_ids[0]
+  for eos in eos_ids[1:]:
+    ended = ended | (tokens == eos)
+  return ended
+
+
+def check_token_ids(
+  eos_id: Any, pad_id: Any, vocab_size: int
+) -> tuple[tuple[int, ...] | None, int]:
+  """(eos ids, pad_id): ``eos_id`` None (never stop), one id, or a non-empty sequence of ids
+  (a row ends after emitting any of them; ``stop_ids``), each in [0, vocab_size); ``pad_id``
+  any int (it only fills the output). A None pad id, a float or an EOS id past the vocabulary
+  (which never stopped a row) are refused in one line (they failed as a bare int() deep in
+  the loop)."""
+
+  def is_id(value: Any) -> bool:
+    return (
+      isinstance(value, (int, np.integer))
+      and not isinstance(value, bool)
+      and 0 <= value < vocab_size
+    )
+
+  several = isinstance(eos_id, (list, tuple, np.ndarray))
+  if eos_id is not None and not (
+    all(is_id(i) for i in eos_id) and len(eos_id) > 0 if several else is_id(eos_id)
   ):
     raise ValueError(
-      f"eos_id must be None or one token id in [0, {vocab_size}), got {eos_id!r} (for several "
-      "EOS ids, pass the one the prompts' template ends turns with)."
+      f"eos_id must be None, one token id or a non-empty list of token ids, each in "
+      f"[0, {vocab_size}), got {eos_id!r}."
     )
   if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
     raise ValueError(f"pad_id must be an int (it fills each row after its end), got {pad_id!r}.")
-  return None if eos_id is None else int(eos_id), int(pad_id)
+  return stop_ids(eos_id), int(pad_id)
 
 
 def prefill(
@@ -263,13 +293,13 @@ class StepOptions:
 
   Attributes:
     sampling: the warping sampled from.
-    eos_id: a row ends after emitting this id (None: never).
+    eos_id: a row ends after emitting this id, or any of these ids (None: never).
     pad_id: fills each row after its last token.
     max_new_tokens: tokens generated per row at most.
   """
 
   sampling: SamplingConfig
-  eos_id: int | None
+  eos_id: tuple[int, ...] | None
   pad_id: int
   max_new_tokens: int
 
@@ -293,7 +323,7 @@ def start(
   tokens_BW = tokens_BW.at[jnp.arange(batch), prompt_lengths_B].set(first_B)
   done_B = jnp.full((batch,), options.max_new_tokens == 1)
   if options.eos_id is not None:
-    done_B = done_B | (first_B == options.eos_id)
+    done_B = done_B | is_stop(first_B, options.eos_id)
   return LoopState(
     step=jnp.int32(1),
     tokens=tokens_BW,
@@ -325,7 +355,7 @@ def advance(
   lengths_B = state.lengths + active_B
   done_B = state.done | (lengths_B - prompt_lengths_B >= options.max_new_tokens)
   if options.eos_id is not None:
-    done_B = done_B | (active_B & (next_B == options.eos_id))
+    done_B = done_B | (active_B & is_stop(next_B, options.eos_id))
   return LoopState(
     step=state.step + 1,
     tokens=tokens_BW,
@@ -344,7 +374,7 @@ class AutoregressiveLoop:
     model_static: the model's structure (``model_protocol.split_model``).
     max_new_tokens: tokens generated per row at most.
     sampling: the warping sampled from.
-    eos_id: a row ends after emitting this id (None: never).
+    eos_id: a row ends after emitting this id, or any of these ids (None: never).
     pad_id: fills each row after its last token.
     cache_length: KV cache slots per row.
   """
@@ -352,7 +382,7 @@ class AutoregressiveLoop:
   model_static: Any
   max_new_tokens: int
   sampling: SamplingConfig
-  eos_id: int | None
+  eos_id: tuple[int, ...] | None
   pad_id: int
   cache_length: int
 
@@ -363,7 +393,7 @@ class AutoregressiveLoop:
     *,
     max_new_tokens: int,
     sampling: SamplingConfig,
-    eos_id: int | None,
+    eos_id: int | Sequence[int] | None,
     pad_id: int,
     cache_length: int,
   ) -> tuple[AutoregressiveLoop, Any]:
@@ -374,7 +404,7 @@ class AutoregressiveLoop:
       model_static=static,
       max_new_tokens=int(max_new_tokens),
       sampling=sampling,
-      eos_id=None if eos_id is None else int(eos_id),
+      eos_id=stop_ids(eos_id),
       pad_id=int(pad_id),
       cache_length=int(cache_length),
     )
@@ -440,7 +470,7 @@ def generate(
   temperature: float = 1.0,
   top_k: int = 0,
   top_p: float = 1.0,
-  eos_id: int | None = None,
+  eos_id: int | Sequence[int] | None = None,
   pad_id: int = 0,
   cache_length: int | None = None,
   check_nan: bool = True,
@@ -454,7 +484,7 @@ def generate(
     rng: a JAX random key; step t uses ``fold_in(rng, t)``.
     max_new_tokens: tokens generated per row at most.
     temperature, top_k, top_p: the warping (see ``warping.SamplingConfig``); 0 is greedy.
-    eos_id: a row stops after emitting this id (kept in its output).
+    eos_id: a row stops after emitting this id, or any of these ids (kept in its output).
     pad_id: fills each row after its last token.
     cache_length: KV cache slots per row; default T + max_new_tokens.
     check_nan: raise ``FloatingPointError`` if the model gave NaN logits (one host check;

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -155,7 +155,7 @@ def generate(
   temperature: float = 1.0,
   top_k: int = 0,
   top_p: float = 1.0,
-  eos_id: int | None = None,
+  eos_id: int | Sequence[int] | None = None,
   pad_id: int = 0,
   cache_length: int | None = None,
   chunk_steps: int = 8,
@@ -208,7 +208,7 @@ def generate(
     int(chunk_steps),
     autoregressive.StepOptions(
       SamplingConfig(temperature, top_k, top_p),
-      None if eos_id is None else int(eos_id),
+      autoregressive.stop_ids(eos_id),
       int(pad_id),
       int(max_new_tokens),
     ),

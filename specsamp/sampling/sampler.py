@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -69,7 +70,7 @@ class Sampler:
     target: a decode-protocol model.
     draft: a ``drafters.Drafter``, a decode-protocol draft model, or None (autoregressive
       only).
-    eos_id: a row stops after emitting this id.
+    eos_id: a row stops after emitting this id, or any of these ids.
     pad_id: fills each row after its last token.
     check_nan: raise ``FloatingPointError`` on NaN logits (one host check per call).
 
@@ -80,7 +81,7 @@ class Sampler:
 
   target: Any
   draft: Any = None
-  eos_id: int | None = None
+  eos_id: int | Sequence[int] | None = None
   pad_id: int = 0
   check_nan: bool = True
 
@@ -153,7 +154,7 @@ class Sampler:
       sampling=sampling,
       verifier=verifier,
       schedule=schedule,
-      eos_id=None if self.eos_id is None else int(self.eos_id),
+      eos_id=autoregressive.stop_ids(self.eos_id),
       pad_id=int(self.pad_id),
       cache_length=int(cache_length),
       tree=tree,
@@ -197,7 +198,7 @@ class Sampler:
       model_static=self._target_split[0],
       max_new_tokens=int(max_new_tokens),
       sampling=sampling,
-      eos_id=None if self.eos_id is None else int(self.eos_id),
+      eos_id=autoregressive.stop_ids(self.eos_id),
       pad_id=int(self.pad_id),
       cache_length=int(cache_length),
     )

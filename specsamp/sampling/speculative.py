@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -52,8 +53,10 @@ from specsamp.sampling.autoregressive import (
   check_prompts,
   check_token_ids,
   initial_tokens,
+  is_stop,
   prefill,
   run_loop,
+  stop_ids,
 )
 from specsamp.sampling.statistics import (  # noqa: F401 (re-exported)
   STATISTICS,
@@ -98,7 +101,7 @@ def append(
   accepted_B: jax.Array,
   next_token_B: jax.Array,
   limit_B: jax.Array,
-  eos_id: int | None,
+  eos_id: tuple[int, ...] | None,
   pad_id: int,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Writes each active row's accepted drafts and its emitted token after its last token.
@@ -111,7 +114,7 @@ def append(
     accepted_B: n, the draft tokens accepted per row.
     next_token_B: the emitted token per row.
     limit_B: the most tokens a row may take (what max_new_tokens leaves it).
-    eos_id: a row ends after emitting this id (None: never).
+    eos_id: a row ends after emitting this id, or any of these ids (None: never).
     pad_id: written past each row's appended tokens.
 
   Returns:
@@ -128,7 +131,7 @@ def append(
   count_B = jnp.minimum(accepted_B + 1, limit_B)
   ended_B = jnp.zeros_like(active_B)
   if eos_id is not None:
-    is_eos_BG1 = (emitted_BG1 == eos_id) & (offsets_G1 < count_B[:, None])
+    is_eos_BG1 = is_stop(emitted_BG1, eos_id) & (offsets_G1 < count_B[:, None])
     ended_B = jnp.any(is_eos_BG1, axis=1)
     count_B = jnp.where(ended_B, jnp.argmax(is_eos_BG1, axis=1) + 1, count_B)
   count_B = jnp.where(active_B, count_B, 0)
@@ -175,7 +178,7 @@ class SpeculativeLoop:
     sampling: the warping both models sample with.
     verifier: 'token', 'block' or 'synthetic' (greedy sampling verifies by argmax).
     schedule: the draft-length schedule, one of SCHEDULES.
-    eos_id: a row ends after emitting this id (None: never).
+    eos_id: a row ends after emitting this id, or any of these ids (None: never).
     pad_id: fills each row after its last token.
     cache_length: KV cache slots per row.
     tree: a tree proposal's shape (``tree.py``), or None for a single chain of K; with a
@@ -192,7 +195,7 @@ class SpeculativeLoop:
   sampling: SamplingConfig
   verifier: str
   schedule: str
-  eos_id: int | None
+  eos_id: tuple[int, ...] | None
   pad_id: int
   cache_length: int
   tree: TreeShape | None = None
@@ -209,7 +212,7 @@ class SpeculativeLoop:
     sampling: SamplingConfig,
     verifier: str,
     schedule: str,
-    eos_id: int | None,
+    eos_id: int | Sequence[int] | None,
     pad_id: int,
     cache_length: int,
     tree: TreeShape | None = None,
@@ -227,7 +230,7 @@ class SpeculativeLoop:
       sampling=sampling,
       verifier=verifier,
       schedule=schedule,
-      eos_id=None if eos_id is None else int(eos_id),
+      eos_id=stop_ids(eos_id),
       pad_id=int(pad_id),
       cache_length=int(cache_length),
       tree=tree,
@@ -534,7 +537,7 @@ def speculative_generate(
   top_p: float = 1.0,
   verifier: str = "token",
   schedule: str = "fixed",
-  eos_id: int | None = None,
+  eos_id: int | Sequence[int] | None = None,
   pad_id: int = 0,
   cache_length: int | None = None,
   check_nan: bool = True,
@@ -561,7 +564,7 @@ def speculative_generate(
       the loop's cost can be timed at a chosen acceptance rate.
     schedule: the draft length per row: 'fixed' (K) or 'heuristic' (HF's
       +2 / -1 rule within [1, K]); see the module docstring.
-    eos_id: a row stops after emitting this id (kept in its output).
+    eos_id: a row stops after emitting this id, or any of these ids (kept in its output).
     pad_id: fills each row after its last token.
     cache_length: KV cache slots per row; default T + max_new_tokens + K + 1.
     check_nan: raise ``FloatingPointError`` if either model produced NaN logits

@@ -49,6 +49,7 @@ class BpeTokenizer:
     add_bos: bool = False,
     chat_template: str | None = None,
     path: str | None = None,
+    stop_ids: Sequence[int] = (),
   ):
     self.backend = backend
     size = backend.get_vocab_size(with_added_tokens=True)
@@ -58,6 +59,10 @@ class BpeTokenizer:
     if eos_id < 0:
       raise ValueError(f"The tokenizer at {path} names no end-of-sequence token.")
     self._eos_id, self._bos_id, self._pad_id = eos_id, bos_id, pad_id
+    for i in stop_ids:
+      if not 0 <= int(i) < size:
+        raise ValueError(f"Stop id {i} is outside the tokenizer's {size} tokens ({path}).")
+    self._stop_ids = tuple(dict.fromkeys([eos_id, *(int(i) for i in stop_ids)]))
     self.add_bos = add_bos  # Whether the model expects BOS before a prompt.
     self.chat_template = chat_template
     self._template_cache = None  # (template text, compiled template): _compiled_template.
@@ -116,6 +121,7 @@ class BpeTokenizer:
       add_bos=bool(add_bos),
       chat_template=config.get("chat_template"),
       path=path,
+      stop_ids=tokenizer.read_stop_ids(os.path.dirname(path), eos, backend.get_vocab_size(True)),
     )
 
   def save(self, directory: str) -> list[str]:
@@ -136,7 +142,7 @@ class BpeTokenizer:
     files = {TOKENIZER_JSON: self.backend.to_str(), CONFIG_JSON: json.dumps(config, indent=2)}
     for name, text in files.items():
       tokenizer.write_atomically(os.path.join(directory, name), text)
-    return list(files)
+    return [*files, *tokenizer.write_stop_ids(directory, self.stop_ids)]
 
   @property
   def vocab_size(self) -> int:
@@ -145,6 +151,13 @@ class BpeTokenizer:
   @property
   def eos_id(self) -> int:
     return self._eos_id
+
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """The ids that end generation: the EOS first, then any others an HF model's
+    generation_config.json lists (``tokenizer.read_stop_ids``) or a GGUF file names (its
+    end-of-turn and end-of-message tokens)."""
+    return self._stop_ids
 
   @property
   def bos_id(self) -> int:
@@ -173,7 +186,7 @@ class BpeTokenizer:
   def decode(self, ids: Sequence[int]) -> str:
     """Text of ``ids``, stopping at the first EOS; special and out-of-vocabulary ids are dropped
     (a model's vocabulary may be padded past the tokenizer's)."""
-    kept = tokenizer.decodable(ids, self.eos_id, self.vocab_size, self._special.__contains__)
+    kept = tokenizer.decodable(ids, self.stop_ids, self.vocab_size, self._special.__contains__)
     return self.backend.decode(kept, skip_special_tokens=True)
 
   def id_to_piece(self, i: int) -> str:

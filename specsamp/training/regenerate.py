@@ -240,7 +240,7 @@ def _answer_group(
   rows: list[np.ndarray],
   plan: Plan,
   setting: str,
-  eos_id: int,
+  eos_id: Sequence[int],
   pad_id: int,
   key,
   width_step: int,
@@ -258,7 +258,7 @@ def _answer_group(
 
   def finished(indices, row_tokens, ends):
     for i, row, end in zip(indices, row_tokens, ends):
-      ended = bool(end > lengths[i] and row[end - 1] == eos_id)
+      ended = bool(end > lengths[i] and int(row[end - 1]) in eos_id)
       on_answer(int(i), np.concatenate([rows[i], row[lengths[i] : end]]), ended)
 
   out = compacting.generate(
@@ -581,7 +581,7 @@ def regenerate(
       [shards[index]["rows"][position] for index, position in places],
       plan,
       setting,
-      tokenizer.eos_id,
+      tokenizer.stop_ids,
       tokenizer.pad_id,
       jax.random.fold_in(jax.random.key(plan.seed), group[0]),
       width_step,

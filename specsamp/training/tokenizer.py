@@ -19,7 +19,9 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
+import numpy as np
 import sentencepiece as spm
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -53,7 +55,13 @@ def _training_failure(message: str, vocab_size: int) -> str:
 class Tokenizer:
   """A SentencePiece model with BOS/EOS handling and a fingerprint."""
 
-  def __init__(self, model_proto: bytes, path: str | None = None, add_bos: bool = False):
+  def __init__(
+    self,
+    model_proto: bytes,
+    path: str | None = None,
+    add_bos: bool = False,
+    stop_ids: Sequence[int] = (),
+  ):
     self._processor = spm.SentencePieceProcessor()
     try:
       self._processor.LoadFromSerializedProto(model_proto)
@@ -64,6 +72,7 @@ class Tokenizer:
     self.model_proto = model_proto
     self.path = path
     self.add_bos = add_bos  # Whether the model expects BOS before a prompt (``load``).
+    self._stop_ids = tuple(dict.fromkeys([self.eos_id, *(int(i) for i in stop_ids)]))
 
   @classmethod
   def load(cls, path: str) -> Tokenizer:
@@ -71,7 +80,10 @@ class Tokenizer:
     if not os.path.isfile(path):
       raise FileNotFoundError(f"No SentencePiece model at {path}.")
     with open(path, "rb") as f:
-      return cls(f.read(), path, add_bos=_adds_bos(os.path.dirname(path)))
+      tokenizer = cls(f.read(), path, add_bos=_adds_bos(os.path.dirname(path)))
+    stops = read_stop_ids(os.path.dirname(path), tokenizer.eos_id, tokenizer.vocab_size)
+    tokenizer._stop_ids = stops
+    return tokenizer
 
   @classmethod
   def train(
@@ -155,6 +167,12 @@ class Tokenizer:
     return self._processor.eos_id()
 
   @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """The ids that end generation: the EOS first, then any others an HF model's
+    generation_config.json lists (``read_stop_ids``)."""
+    return self._stop_ids
+
+  @property
   def fingerprint(self) -> str:
     """A short hash of the serialized model: equal fingerprints, equal tokenization."""
     return hashlib.sha256(self.model_proto).hexdigest()[:16]
@@ -170,7 +188,7 @@ class Tokenizer:
   def decode(self, ids: Sequence[int]) -> str:
     """Text of ``ids``, stopping at the first EOS; special and out-of-vocabulary ids are dropped
     (a model's vocabulary may be padded past the tokenizer's)."""
-    kept = decodable(ids, self.eos_id, self.vocab_size, self._processor.IsControl)
+    kept = decodable(ids, self.stop_ids, self.vocab_size, self._processor.IsControl)
     return self._processor.DecodeIds(kept)
 
   def id_to_piece(self, i: int) -> str:
@@ -180,20 +198,60 @@ class Tokenizer:
     """Writes ``tokenizer.model`` into ``directory`` (atomically), and a tokenizer_config.json
     saying ``add_bos_token`` when the model expects BOS; returns their names."""
     write_atomically(os.path.join(directory, MODEL_FILE), self.model_proto)
+    written = [MODEL_FILE, *write_stop_ids(directory, self.stop_ids)]
     if not self.add_bos:
-      return [MODEL_FILE]
+      return written
     write_atomically(os.path.join(directory, CONFIG_FILE), json.dumps({"add_bos_token": True}))
-    return [MODEL_FILE, CONFIG_FILE]
+    return [*written, CONFIG_FILE]
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def read_stop_ids(directory: str, eos_id: int, vocab_size: int) -> tuple[int, ...]:
+  """The ids that end generation: ``eos_id``, then the ``eos_token_id`` entries of a
+  ``generation_config.json`` in ``directory`` (an HF model's: Llama 3's end of text and of a
+  turn, Gemma's <eos> and <end_of_turn>), each once; only ``eos_id`` without the file."""
+  path = os.path.join(directory, GENERATION_CONFIG)
+  listed: Any = []
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      listed = json.load(f).get("eos_token_id")
+    listed = [] if listed is None else listed
+    listed = [listed] if isinstance(listed, int) else listed
+    if not isinstance(listed, list) or not all(
+      isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in listed
+    ):
+      raise ValueError(
+        f"{path}: eos_token_id must be a token id or a list of them, each in "
+        f"[0, {vocab_size}), got {listed!r}."
+      )
+  return tuple(dict.fromkeys([int(eos_id), *listed]))
+
+
+def write_stop_ids(directory: str, stop_ids: Sequence[int]) -> list[str]:
+  """Writes the stop ids beyond the first (the EOS) as ``generation_config.json``'s
+  ``eos_token_id`` list, as an HF model folder holds them; returns the names written."""
+  if len(stop_ids) <= 1:
+    return []
+  text = json.dumps({"eos_token_id": [int(i) for i in stop_ids]}, indent=2)
+  write_atomically(os.path.join(directory, GENERATION_CONFIG), text)
+  return [GENERATION_CONFIG]
 
 
 def decodable(
-  ids: Sequence[int], eos_id: int, vocab_size: int, is_special: Callable[[int], bool]
+  ids: Sequence[int],
+  eos_id: int | Sequence[int],
+  vocab_size: int,
+  is_special: Callable[[int], bool],
 ) -> list[int]:
-  """The ids a tokenizer decodes: up to the first EOS, without special ids and ids past the
-  tokenizer's vocabulary (a model's vocabulary may be padded past it)."""
+  """The ids a tokenizer decodes: up to the first EOS (or any of the stop ids), without
+  special ids and ids past the tokenizer's vocabulary (a model's vocabulary may be padded
+  past it)."""
+  stops = {int(eos_id)} if isinstance(eos_id, (int, np.integer)) else {int(i) for i in eos_id}
   kept = []
   for i in (int(i) for i in ids):
-    if i == eos_id:
+    if i in stops:
       break
     if 0 <= i < vocab_size and not is_special(i):
       kept.append(i)

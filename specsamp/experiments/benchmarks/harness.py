@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -70,7 +70,7 @@ class Bench:
     cache_slots: int,
     seed: int = 0,
     drafters: dict[str, Any] | None = None,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
   ):
     self.pair = pair
     self.cache_slots = int(cache_slots)

@@ -157,7 +157,7 @@ def compare(
     max_new_tokens=max_new_tokens,
     temperature=temperature,
     top_p=top_p,
-    eos_id=tokenizer.eos_id,
+    eos_id=tokenizer.stop_ids,
     pad_id=tokenizer.pad_id,
   )
   result = measure(target, rows, batch_size, options, repeats, log, width_step)

@@ -392,7 +392,7 @@ def run(
     cache_slots=prompts.tokens.shape[1] + s.max_new_tokens + scored,
     seed=s.seed,
     drafters={DRAFT: draft},
-    eos_id=tokenizer.eos_id if s.use_eos else None,
+    eos_id=tokenizer.stop_ids if s.use_eos else None,
   )
   choice = None
   auto = config.speculative.get("draft_length", "fixed") == "auto"
