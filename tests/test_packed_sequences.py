@@ -57,12 +57,26 @@ def test_a_sequence_with_an_empty_prompt_or_answer_is_refused():
     answers.stream([(tokens, np.array([0, 3, 6]), np.array([0, 1]))])
 
 
+SPANS = [(b, start, stop) for b, spans in SEQUENCES.items() for start, stop in spans]
+
+
+def _alone() -> np.ndarray:
+  """Every sequence as a row of its own from position 0, padded after its end to the row's
+  width (in one call: a causal pass's positions never see what follows them)."""
+  rows = np.zeros((len(SPANS), TOKENS.shape[1]), np.int32)
+  for i, (b, start, stop) in enumerate(SPANS):
+    rows[i, : stop - start] = TOKENS[b, start:stop]
+  return rows
+
+
 def _each_sequence(row_value, alone_value):
-  """Compares a packed row's values with each sequence's own, sequence by sequence."""
-  for b, spans in SEQUENCES.items():
-    for start, stop in spans:
-      alone = alone_value(TOKENS[b, start:stop][None])
-      np.testing.assert_allclose(row_value[b, start:stop], alone[0], rtol=2e-5, atol=2e-5)
+  """Compares a packed row's values with each sequence's own (``alone_value`` of ``_alone``'s
+  rows), sequence by sequence."""
+  alone = alone_value(_alone())
+  for i, (b, start, stop) in enumerate(SPANS):
+    np.testing.assert_allclose(
+      row_value[b, start:stop], alone[i, : stop - start], rtol=2e-5, atol=2e-5
+    )
 
 
 def test_the_draft_and_the_teacher_read_each_sequence_as_if_alone(target):
@@ -74,21 +88,29 @@ def test_the_draft_and_the_teacher_read_each_sequence_as_if_alone(target):
   assert not np.allclose(causal[0, 10:16], alone[0], atol=1e-3)
 
 
+def test_a_sliding_window_counts_within_each_packed_sequence():
+  """A model whose window (4) is shorter than the row: each packed sequence still reads as if
+  alone, its window counted within it (a packed call of more slots than the window was
+  refused as a tree the window could not see, review of 2026-11-29)."""
+  windowed = transformer.create(CONFIG.replace(sliding_window=4), seed=1)
+  packed = train.packed_logits(windowed, jnp.asarray(TOKENS), jnp.asarray(WEIGHTS))
+  _each_sequence(np.asarray(packed), lambda t: np.asarray(windowed(jnp.asarray(t)).logits))
+  whole = np.asarray(transformer.create(CONFIG, seed=1)(jnp.asarray(TOKENS[0, 2:10][None])).logits)
+  assert not np.allclose(np.asarray(packed)[0, 2:10], whole[0], atol=1e-3)  # The window acts.
+
+
 def test_a_parallel_drafts_queries_read_their_anchors_sequence_only(target):
   K, mask = 3, 63
   packed = np.asarray(
     parallel.parallel_logits(target, jnp.asarray(TOKENS), K, mask, jnp.asarray(WEIGHTS))
   )
+  alone = np.asarray(parallel.parallel_logits(target, jnp.asarray(_alone()), K, mask))
   checked = 0
-  for b, spans in SEQUENCES.items():
-    for start, stop in spans:
-      alone = np.asarray(
-        parallel.parallel_logits(target, jnp.asarray(TOKENS[b, start:stop][None]), K, mask)
-      )
-      for m in range(K):
-        for j in range(start + m, stop):  # Query (m, j): its anchor j - m inside the sequence.
-          np.testing.assert_allclose(packed[b, m, j], alone[0, m, j - start], rtol=2e-5, atol=2e-5)
-          checked += 1
+  for i, (b, start, stop) in enumerate(SPANS):
+    for m in range(K):
+      for j in range(start + m, stop):  # Query (m, j): its anchor j - m inside the sequence.
+        np.testing.assert_allclose(packed[b, m, j], alone[i, m, j - start], rtol=2e-5, atol=2e-5)
+        checked += 1
   assert checked == 78  # Every query whose anchor lies in the row.
   # A query counts only where the token it predicts, x_{j+1}, is in its anchor's sequence.
   weights_BL1 = np.concatenate([WEIGHTS, np.ones((2, 1), np.float32)], axis=1)
@@ -115,16 +137,13 @@ def test_a_heads_unrolled_steps_and_its_targets_outputs_read_each_sequence_alone
     np.asarray(teacher),
     lambda tokens: np.asarray(feature_train.target_outputs(model, jnp.asarray(tokens))[0]),
   )
+  _, alone = feature_train._unrolled_hidden(model, jnp.asarray(_alone()), steps)
   checked = 0
-  for b, spans in SEQUENCES.items():
-    for start, stop in spans:
-      _, alone = feature_train._unrolled_hidden(
-        model, jnp.asarray(TOKENS[b, start:stop][None]), steps
-      )
-      for k in range(steps):
-        for p in range(start, stop - 2 - k):
-          np.testing.assert_allclose(packed[k][b, p], alone[k][0, p - start], rtol=2e-5, atol=2e-5)
-          checked += 1
+  for i, (b, start, stop) in enumerate(SPANS):
+    for k in range(steps):
+      for p in range(start, stop - 2 - k):  # Row p's chain has read x_<=p+1+k, in its sequence.
+        np.testing.assert_allclose(packed[k][b, p], alone[k][i, p - start], rtol=2e-5, atol=2e-5)
+        checked += 1
   assert checked > 20
   # A step's weight is 0 where the token it predicts, x_{p+2+k}, is in another sequence.
   weight = np.asarray(feature_train.step_weights(jnp.asarray(WEIGHTS), 16, 0))

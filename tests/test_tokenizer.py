@@ -215,6 +215,14 @@ def test_an_hf_folders_generation_config_lists_the_ids_that_end_generation(tmp_p
   again = tmp_path / "again"
   assert "generation_config.json" in loaded.save(str(again))
   assert tokenizer_lib.load(str(again)).stop_ids == (2, 9, 1)
-  (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 64]}))
+  # A prompt's turns are read whole when asked (the main job shows its prompts so).
+  assert loaded.decode(ids, stop=False) == "w3 w4 w3 w5"  # Id 9 is w3.
+  # Ids past the tokenizer's own (a model's added tokens: Phi-3's <|end|> past its
+  # tokenizer.model) are kept for the sampler to check against the model; the BOS is never
+  # a stop (a generation_config written with a family's default ids).
+  (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [70, 5, 2]}))
+  assert BpeTokenizer(loaded.backend, eos_id=2, bos_id=5, stop_ids=[70]).stop_ids == (2, 70)
+  assert tokenizer_lib.read_stop_ids(str(folder), 2, bos_id=5) == (2, 70)
+  (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, -1]}))
   with pytest.raises(ValueError, match=r"eos_token_id must be a token id or a list of them"):
     tokenizer_lib.load(str(folder))

@@ -313,6 +313,8 @@ def test_special_ids_sampler_fields_and_numpy_settings():
     with pytest.raises(ValueError, match=message):
       Sampler(model, **ids)
   sampler = Sampler(model, eos_id=np.int64(3))
+  for eos in (np.array(3), np.array([3, 11]), (3, 11)):  # NumPy ids and tuples alike.
+    Sampler(model, eos_id=eos)
   with pytest.raises(dataclasses.FrozenInstanceError):
     sampler.target = transformer.create(tiny_config(vocab_size=32), seed=7)
   sampling = SamplingConfig(np.float32(0.5), np.int64(5), np.float64(0.9))

@@ -42,11 +42,15 @@ class TreeCall:
     offsets_T: [T] int32, each call token's slot after the root's (static per tree).
     mask_TM: [T, M] bool, token t sees tree slot root + m iff ``mask_TM[t, m]``; or
       [B, T, M], one mask per row (a dynamic tree).
+    packed: sequences packed back to back in the call's slots (``segment_call``): a sliding
+      window then counts slots (the distance within a sequence), not the positions, which
+      restart at each sequence.
   """
 
   root_B: jax.Array
   offsets_T: jax.Array
   mask_TM: jax.Array
+  packed: bool = struct.field(pytree_node=False, default=False)
 
   @property
   def num_slots(self) -> int:
@@ -80,7 +84,9 @@ def segment_call(segments_BL: jax.Array) -> tuple[jax.Array, TreeCall]:
   index_L = jnp.arange(length, dtype=jnp.int32)
   causal_LL = index_L[:, None] >= index_L[None, :]
   mask_BLL = causal_LL[None] & (segments_BL[:, :, None] == segments_BL[:, None, :])
-  call = TreeCall(root_B=jnp.zeros((batch,), jnp.int32), offsets_T=index_L, mask_TM=mask_BLL)
+  call = TreeCall(
+    root_B=jnp.zeros((batch,), jnp.int32), offsets_T=index_L, mask_TM=mask_BLL, packed=True
+  )
   return segment_positions(segments_BL), call
 
 
@@ -102,7 +108,9 @@ def _visible(slots_S, positions_BT, window, tree: TreeCall | None = None):
     marked_BTS = marked_BTS & inside_BS[:, None, :]
     visible_BTS = (offset_BS < 0)[:, None, :] | marked_BTS
   if window is not None:
-    visible_BTS = visible_BTS & (slots_S[None, None, :] > positions_BT[:, :, None] - window)
+    # A packed call's query sits at its slot (the mask keeps it in its own sequence there).
+    query_BT = write_slots(positions_BT, tree) if tree is not None and tree.packed else positions_BT
+    visible_BTS = visible_BTS & (slots_S[None, None, :] > query_BT[:, :, None] - window)
   return visible_BTS
 
 

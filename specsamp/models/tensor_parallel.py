@@ -191,6 +191,7 @@ def attention_block(
       _spec(("act_batch",), tree.root_B),
       scalar,
       scalar if tree.mask_TM.ndim == 2 else _spec(("act_batch", None, None), tree.mask_TM),
+      packed=tree.packed,
     ),
   )
   return jax.shard_map(body, in_specs=in_specs, out_specs=(x_spec, cache_spec, cache_spec))(

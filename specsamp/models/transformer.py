@@ -355,7 +355,7 @@ def _check_tree_call(config: TransformerConfig, tree: TreeCall, length: int) -> 
     )
   windows = [w for w in (config.layer_windows() or ()) if w is not None]
   tree_slots = tree.num_slots
-  if windows and min(windows) < tree_slots:
+  if windows and min(windows) < tree_slots and not tree.packed:
     raise ValueError(
       f"A tree of {tree_slots} slots needs sliding windows of at least {tree_slots} slots "
       f"(the smallest is {min(windows)}): a window is checked on slots, which a tree's "

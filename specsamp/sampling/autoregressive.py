@@ -207,7 +207,7 @@ def stop_ids(eos_id: Any) -> tuple[int, ...] | None:
   <end_of_turn>), in order, each once."""
   if eos_id is None:
     return None
-  ids = [eos_id] if isinstance(eos_id, (int, np.integer)) else list(eos_id)
+  ids = [eos_id] if np.ndim(eos_id) == 0 else list(eos_id)
   return tuple(dict.fromkeys(int(i) for i in ids))
 
 
@@ -236,7 +236,8 @@ def check_token_ids(
       and 0 <= value < vocab_size
     )
 
-  several = isinstance(eos_id, (list, tuple, np.ndarray))
+  several = isinstance(eos_id, (list, tuple, np.ndarray)) and np.ndim(eos_id) == 1
+  eos_id = eos_id.item() if isinstance(eos_id, np.ndarray) and eos_id.ndim == 0 else eos_id
   if eos_id is not None and not (
     all(is_id(i) for i in eos_id) and len(eos_id) > 0 if several else is_id(eos_id)
   ):

@@ -60,8 +60,8 @@ class BpeTokenizer:
       raise ValueError(f"The tokenizer at {path} names no end-of-sequence token.")
     self._eos_id, self._bos_id, self._pad_id = eos_id, bos_id, pad_id
     for i in stop_ids:
-      if not 0 <= int(i) < size:
-        raise ValueError(f"Stop id {i} is outside the tokenizer's {size} tokens ({path}).")
+      if int(i) < 0:
+        raise ValueError(f"Stop id {i} is not a token id ({path}).")
     self._stop_ids = tuple(dict.fromkeys([eos_id, *(int(i) for i in stop_ids)]))
     self.add_bos = add_bos  # Whether the model expects BOS before a prompt.
     self.chat_template = chat_template
@@ -121,7 +121,7 @@ class BpeTokenizer:
       add_bos=bool(add_bos),
       chat_template=config.get("chat_template"),
       path=path,
-      stop_ids=tokenizer.read_stop_ids(os.path.dirname(path), eos, backend.get_vocab_size(True)),
+      stop_ids=tokenizer.read_stop_ids(os.path.dirname(path), eos, -1 if bos is None else bos),
     )
 
   def save(self, directory: str) -> list[str]:
@@ -183,10 +183,12 @@ class BpeTokenizer:
       ids = ids + [self.eos_id]
     return ids
 
-  def decode(self, ids: Sequence[int]) -> str:
-    """Text of ``ids``, stopping at the first EOS; special and out-of-vocabulary ids are dropped
-    (a model's vocabulary may be padded past the tokenizer's)."""
-    kept = tokenizer.decodable(ids, self.stop_ids, self.vocab_size, self._special.__contains__)
+  def decode(self, ids: Sequence[int], *, stop: bool = True) -> str:
+    """Text of ``ids``, stopping at the first stop id (``stop``: False reads past them, as a
+    chat prompt's turns); special and out-of-vocabulary ids are dropped (a model's vocabulary
+    may be padded past the tokenizer's)."""
+    stops = self.stop_ids if stop else ()
+    kept = tokenizer.decodable(ids, stops, self.vocab_size, self._special.__contains__)
     return self.backend.decode(kept, skip_special_tokens=True)
 
   def id_to_piece(self, i: int) -> str:

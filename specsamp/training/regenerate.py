@@ -452,7 +452,11 @@ def regenerate(
   identity = {
     "version": VERSION,
     "target": target_id,
-    "tokenizer": tokenizer.fingerprint,
+    # With several stop ids, the answers end at any of them: another run than one that stops
+    # at the EOS alone (the identity of a single-stop tokenizer is its fingerprint, as before).
+    "tokenizer": tokenizer.fingerprint
+    if len(tokenizer.stop_ids) == 1
+    else f"{tokenizer.fingerprint} stops {list(tokenizer.stop_ids)}",
     "plan": dataclasses.asdict(plan),
     "prompts": len(rows),
     "prompts_sha256": digest.hexdigest(),

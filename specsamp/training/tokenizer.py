@@ -81,7 +81,7 @@ class Tokenizer:
       raise FileNotFoundError(f"No SentencePiece model at {path}.")
     with open(path, "rb") as f:
       tokenizer = cls(f.read(), path, add_bos=_adds_bos(os.path.dirname(path)))
-    stops = read_stop_ids(os.path.dirname(path), tokenizer.eos_id, tokenizer.vocab_size)
+    stops = read_stop_ids(os.path.dirname(path), tokenizer.eos_id, tokenizer.bos_id)
     tokenizer._stop_ids = stops
     return tokenizer
 
@@ -185,10 +185,12 @@ class Tokenizer:
       ids = ids + [self.eos_id]
     return ids
 
-  def decode(self, ids: Sequence[int]) -> str:
-    """Text of ``ids``, stopping at the first EOS; special and out-of-vocabulary ids are dropped
-    (a model's vocabulary may be padded past the tokenizer's)."""
-    kept = decodable(ids, self.stop_ids, self.vocab_size, self._processor.IsControl)
+  def decode(self, ids: Sequence[int], *, stop: bool = True) -> str:
+    """Text of ``ids``, stopping at the first stop id (``stop``: False reads past them, as a
+    chat prompt's turns); special and out-of-vocabulary ids are dropped (a model's vocabulary
+    may be padded past the tokenizer's)."""
+    stops = self.stop_ids if stop else ()
+    kept = decodable(ids, stops, self.vocab_size, self._processor.IsControl)
     return self._processor.DecodeIds(kept)
 
   def id_to_piece(self, i: int) -> str:
@@ -208,10 +210,13 @@ class Tokenizer:
 GENERATION_CONFIG = "generation_config.json"
 
 
-def read_stop_ids(directory: str, eos_id: int, vocab_size: int) -> tuple[int, ...]:
+def read_stop_ids(directory: str, eos_id: int, bos_id: int = -1) -> tuple[int, ...]:
   """The ids that end generation: ``eos_id``, then the ``eos_token_id`` entries of a
   ``generation_config.json`` in ``directory`` (an HF model's: Llama 3's end of text and of a
-  turn, Gemma's <eos> and <end_of_turn>), each once; only ``eos_id`` without the file."""
+  turn, Gemma's <eos> and <end_of_turn>), each once; only ``eos_id`` without the file. An id
+  may lie past a SentencePiece model's pieces (Phi-3's <|end|> is one of the model's added
+  tokens): the sampler checks them against the model's vocabulary. The BOS is left out (a
+  generation_config written with a family's default ids, not this tokenizer's)."""
   path = os.path.join(directory, GENERATION_CONFIG)
   listed: Any = []
   if os.path.isfile(path):
@@ -220,13 +225,12 @@ def read_stop_ids(directory: str, eos_id: int, vocab_size: int) -> tuple[int, ..
     listed = [] if listed is None else listed
     listed = [listed] if isinstance(listed, int) else listed
     if not isinstance(listed, list) or not all(
-      isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in listed
+      isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in listed
     ):
       raise ValueError(
-        f"{path}: eos_token_id must be a token id or a list of them, each in "
-        f"[0, {vocab_size}), got {listed!r}."
+        f"{path}: eos_token_id must be a token id or a list of them (ints >= 0), got {listed!r}."
       )
-  return tuple(dict.fromkeys([int(eos_id), *listed]))
+  return tuple(dict.fromkeys([int(eos_id), *(i for i in listed if i != bos_id)]))
 
 
 def write_stop_ids(directory: str, stop_ids: Sequence[int]) -> list[str]:
@@ -248,7 +252,7 @@ def decodable(
   """The ids a tokenizer decodes: up to the first EOS (or any of the stop ids), without
   special ids and ids past the tokenizer's vocabulary (a model's vocabulary may be padded
   past it)."""
-  stops = {int(eos_id)} if isinstance(eos_id, (int, np.integer)) else {int(i) for i in eos_id}
+  stops = {int(eos_id)} if np.ndim(eos_id) == 0 else {int(i) for i in eos_id}
   kept = []
   for i in (int(i) for i in ids):
     if i in stops:

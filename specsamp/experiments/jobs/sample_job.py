@@ -445,7 +445,7 @@ def run(
       / loop_iterations,
     }
   texts = {
-    "prompt": [tokenizer.decode(p) for p in prompts.rows()],
+    "prompt": [tokenizer.decode(p, stop=False) for p in prompts.rows()],  # Every turn.
     **{name: [tokenizer.decode(t) for t in ids] for name, ids in tokens.items()},
   }
   return SampleReport(
