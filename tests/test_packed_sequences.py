@@ -48,6 +48,17 @@ def test_a_new_sequence_begins_where_a_prompt_token_follows_an_answer_token():
   assert bool(call.mask_TM[0, 9, 2]) and not bool(call.mask_TM[0, 9, 10])
 
 
+def test_tau_counts_a_heads_chain_only_within_its_rows_sequence():
+  """Row p of a head drafts from the target's feature at p: its chain counts only where the
+  tokens it drafts are answer tokens of p's own sequence. Row 1's second sequence has a
+  one-token prompt (x_8): row 7, the end of the first sequence, would otherwise count x_9 and
+  x_10, which training weighs 0."""
+  correct = np.ones((2, 2, 16), bool)  # [K, B, L]: every step right.
+  accepted = answers.accepted_unrolled(correct, WEIGHTS, 2)
+  assert accepted[1, 7] == -1 and accepted[1, 8] == 2 and accepted[1, 2] == 2
+  assert accepted[1, 10] == -1  # x_12, a prompt token.
+
+
 def test_a_sequence_with_an_empty_prompt_or_answer_is_refused():
   """Its boundary could not be told from the weights."""
   tokens = np.arange(6, dtype=np.int32)

@@ -651,7 +651,9 @@ def test_a_card_reports_what_the_best_evaluation_was_trained_and_measured_on(tmp
 
 def test_an_unrolled_drafters_accepted_runs_are_the_chain_drafts_shifted_by_one():
   """A feature head's step k at row p drafts after x_<=p+1+k: flags laid out that way give the
-  counts of a draft model's run from t = p + 1, and the same answer-token windows."""
+  counts of a draft model's run from t = p + 1, and the same answer-token windows, but for a
+  row whose chain reaches into the next sequence (here one-token prompts: a single weight 0
+  begins a sequence), which reads another sequence's feature at p."""
   rng = np.random.default_rng(0)
   B, L, K = 3, 20, 4
   correct_BT = rng.random((B, L)) < 0.7
@@ -663,7 +665,10 @@ def test_an_unrolled_drafters_accepted_runs_are_the_chain_drafts_shifted_by_one(
       if p + 1 + k < L - 1:
         steps[k, :, p] = correct_BT[:, p + 1 + k]
   unrolled = answers.accepted_unrolled(steps, weights_BT, K)
-  np.testing.assert_array_equal(unrolled[:, : L - 2], chain[:, 1 : L - 1])
+  sequence = np.pad(np.asarray(answers.segments(weights_BT)), ((0, 0), (0, K)), constant_values=-1)
+  crosses = sequence[:, : L - 2] != sequence[:, 1 + K : 1 + K + L - 2]
+  assert crosses.any() and (chain[:, 1 : L - 1][crosses] >= 0).any()  # Such rows occur here.
+  np.testing.assert_array_equal(unrolled[:, : L - 2], np.where(crosses, -1, chain[:, 1 : L - 1]))
   assert (unrolled[:, L - 2 :] == -1).all() and (unrolled >= 0).any()
   with pytest.raises(ValueError, match="cannot measure"):
     answers.accepted_unrolled(steps[:2], weights_BT, K)

@@ -185,7 +185,9 @@ def accepted_unrolled(correct_KBT: np.ndarray, weights_BT: np.ndarray, K: int) -
   flags (``feature_train.greedy_steps_correct``: ``correct[k, b, p]``, step k at row p drafts
   after x_<=p+1+k and is right when it predicts x_{p+2+k}): the run of True over k, capped at
   K, for the chain drafted after x_<=p+1; -1 where x_{p+2}..x_{p+1+K} are not all answer tokens
-  (``weights`` 1) of the row."""
+  (``weights`` 1) of row p's own sequence (the target's feature at p is the head's context: a
+  one-token prompt would otherwise let row p of one sequence count the next one's answer, which
+  training weighs 0, ``feature_train.step_weights``)."""
   correct_KBT = np.asarray(correct_KBT, bool)
   if correct_KBT.shape[0] < K:
     raise ValueError(f"{correct_KBT.shape[0]} unrolled steps cannot measure a chain of K={K}.")
@@ -194,6 +196,9 @@ def accepted_unrolled(correct_KBT: np.ndarray, weights_BT: np.ndarray, K: int) -
   answer = np.zeros((B, L + K + 2), bool)
   answer[:, :L] = np.asarray(weights_BT, np.float32) > 0
   window = np.lib.stride_tricks.sliding_window_view(answer[:, 2:], K, axis=1)[:, :L].all(-1)
+  sequence = np.full((B, L + K + 2), -1)
+  sequence[:, :L] = np.asarray(segments(weights_BT))
+  window &= sequence[:, :L] == sequence[:, 1 + K : 1 + K + L]  # x_{p+1+K} in p's sequence.
   return np.where(window, accepted, -1)
 
 
