@@ -223,6 +223,17 @@ def test_an_hf_folders_generation_config_lists_the_ids_that_end_generation(tmp_p
   (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [70, 5, 2]}))
   assert BpeTokenizer(loaded.backend, eos_id=2, bos_id=5, stop_ids=[70]).stop_ids == (2, 70)
   assert tokenizer_lib.read_stop_ids(str(folder), 2, bos_id=5) == (2, 70)
+  # A stop id the model cannot emit is named with its file before anything samples.
+  model_vocab = 64
+  with pytest.raises(ValueError, match=r"include \[70\], past the model's 64 tokens: .*generation"):
+    tokenizer_lib.check_stop_ids(tokenizer_lib.load(str(folder)), model_vocab)
+  # Regeneration's identity names several stop ids; training on the answers needs the same
+  # tokenization only (the fingerprint).
+  from specsamp.training import regenerate
+
+  several = tokenizer_lib.load(str(again))
+  assert regenerate.tokenizer_identity(several) == f"{several.fingerprint} stops [2, 9, 1]"
+  assert regenerate.tokenizer_identity(word_tokenizer()) == word_tokenizer().fingerprint
   (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, -1]}))
   with pytest.raises(ValueError, match=r"eos_token_id must be a token id or a list of them"):
     tokenizer_lib.load(str(folder))

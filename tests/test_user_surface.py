@@ -306,6 +306,7 @@ def test_special_ids_sampler_fields_and_numpy_settings():
     (dict(eos_id=32), several),
     (dict(eos_id=3.0), several),
     (dict(eos_id=[3, True]), several),
+    (dict(eos_id=[2, [3]]), several),  # Ragged: not a list of ids.
     (dict(pad_id=None), "pad_id must be an int"),
   ):
     with pytest.raises(ValueError, match=message):

@@ -236,7 +236,10 @@ def check_token_ids(
       and 0 <= value < vocab_size
     )
 
-  several = isinstance(eos_id, (list, tuple, np.ndarray)) and np.ndim(eos_id) == 1
+  try:
+    several = isinstance(eos_id, (list, tuple, np.ndarray)) and np.ndim(eos_id) == 1
+  except ValueError:  # A ragged list (NumPy cannot shape it): not a list of ids.
+    several = False
   eos_id = eos_id.item() if isinstance(eos_id, np.ndarray) and eos_id.ndim == 0 else eos_id
   if eos_id is not None and not (
     all(is_id(i) for i in eos_id) and len(eos_id) > 0 if several else is_id(eos_id)

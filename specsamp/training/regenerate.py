@@ -47,6 +47,7 @@ import numpy as np
 
 from specsamp.sampling import compacting
 from specsamp.training import instructions
+from specsamp.training import tokenizer as tokenizer_lib
 
 SETTINGS = {"greedy": (0.0, 1.0), "nucleus": (0.8, 0.95), "t1": (1.0, 1.0)}
 """Sampling settings by name: (temperature, top_p)."""
@@ -281,6 +282,17 @@ def _answer_group(
 
 
 IDENTITY = ("version", "target", "tokenizer", "plan", "prompts", "prompts_sha256")
+
+
+def tokenizer_identity(tokenizer: Any) -> str:
+  """A manifest's ``tokenizer``: the tokenizer's fingerprint, and with several stop ids, those
+  (the answers end at any of them: another run than one that stops at the EOS alone; a
+  single-stop tokenizer's identity is its fingerprint, as before they existed)."""
+  if len(tokenizer.stop_ids) == 1:
+    return tokenizer.fingerprint
+  return f"{tokenizer.fingerprint} stops {list(tokenizer.stop_ids)}"
+
+
 """The manifest's keys that say which run made a directory (``_resumable`` compares them)."""
 
 
@@ -434,6 +446,7 @@ def regenerate(
     log: progress lines.
   """
   began = time.perf_counter()
+  tokenizer_lib.check_stop_ids(tokenizer, target.vocab_size)
   chosen = [p for p in prompts if instructions.held_out(p.id) == (plan.split == "held_out")]
   if not chosen:
     raise ValueError(
@@ -452,11 +465,7 @@ def regenerate(
   identity = {
     "version": VERSION,
     "target": target_id,
-    # With several stop ids, the answers end at any of them: another run than one that stops
-    # at the EOS alone (the identity of a single-stop tokenizer is its fingerprint, as before).
-    "tokenizer": tokenizer.fingerprint
-    if len(tokenizer.stop_ids) == 1
-    else f"{tokenizer.fingerprint} stops {list(tokenizer.stop_ids)}",
+    "tokenizer": tokenizer_identity(tokenizer),
     "plan": dataclasses.asdict(plan),
     "prompts": len(rows),
     "prompts_sha256": digest.hexdigest(),

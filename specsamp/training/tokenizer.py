@@ -243,6 +243,19 @@ def write_stop_ids(directory: str, stop_ids: Sequence[int]) -> list[str]:
   return [GENERATION_CONFIG]
 
 
+def check_stop_ids(tokenizer: Any, vocab_size: int) -> None:
+  """Refuses stop ids the model cannot emit (an HF folder's generation_config.json naming ids
+  past the model's vocabulary), naming where they come from."""
+  past = [i for i in tokenizer.stop_ids if i >= vocab_size]
+  if past:
+    raise ValueError(
+      f"The tokenizer's stop ids {list(tokenizer.stop_ids)} include {past}, past the model's "
+      f"{vocab_size} tokens: they come from the eos_token_id of the generation_config.json "
+      f"beside the tokenizer ({tokenizer.path}). Correct that file, or sample without "
+      "stopping at EOS (--config.sampling.use_eos=False)."
+    )
+
+
 def decodable(
   ids: Sequence[int],
   eos_id: int | Sequence[int],

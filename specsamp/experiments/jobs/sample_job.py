@@ -25,6 +25,7 @@ from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.sampling import calibration, proposals, speculative, tree_step, warping
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.tree import TreeShape
+from specsamp.training import tokenizer as tokenizer_lib
 
 DRAFT = "draft"  # The drafter sampled with, by its name in the harness.
 
@@ -386,6 +387,8 @@ def run(
   # One harness, one kept-cache sampler for both loops (benchmarks/harness.py): models split
   # once, compiled loops and KV caches kept between calls; K = 0 is its autoregressive loop.
   batches = prompts_lib.batches(prompts, s.batch_size)
+  if s.use_eos:
+    tokenizer_lib.check_stop_ids(tokenizer, pair.target.vocab_size)
   scored = (num_draft_tokens if tree is None else tree.num_nodes) + 1
   bench = Bench(
     pair,
