@@ -118,11 +118,16 @@ def segments(weights_BL: jax.Array | np.ndarray) -> jax.Array:
   return jnp.concatenate([first_B1, jnp.cumsum(begins_BL, axis=1, dtype=jnp.int32)], axis=1)
 
 
-def packed_call(weights_BL: jax.Array | np.ndarray) -> tuple[jax.Array, TreeCall]:
+def packed_call(
+  weights_BL: jax.Array | np.ndarray | None,
+) -> tuple[jax.Array | None, TreeCall | None]:
   """(positions [B, L], tree call) for a model's pass over packed answer rows (no cache): token
   t sees the tokens of its own sequence up to itself, at positions from that sequence's start
   (module docstring; ``attention.segment_call``). ``weights_BL``: the answer weights of the
-  tokens the pass reads."""
+  tokens the pass reads; None (unweighted rows, a corpus): (None, None), the plain causal pass,
+  so every caller passes the pair on as ``model(tokens, positions, tree=call)``."""
+  if weights_BL is None:
+    return None, None
   return attention.segment_call(segments(weights_BL))
 
 

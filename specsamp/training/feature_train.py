@@ -89,11 +89,8 @@ def target_outputs(
   layers = head.config.feature_layers
   ids = head.draft_to_target[...] if head.config.draft_vocab_size else None
   if stored_BTS is None:
-    if weights_BT is None:
-      scored = target(tokens_BT, capture_layers=layers)
-    else:
-      positions_BT, call = answers.packed_call(weights_BT)
-      scored = target(tokens_BT, positions_BT, tree=call, capture_layers=layers)
+    positions_BT, call = answers.packed_call(weights_BT)
+    scored = target(tokens_BT, positions_BT, tree=call, capture_layers=layers)
     teacher_BTV = scored.logits if ids is None else scored.logits[..., ids]
     features_BTF = scored.features
   else:

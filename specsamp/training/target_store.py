@@ -115,9 +115,7 @@ def _capture_fn(target: Any, layers: tuple[int, ...]):
   @jax.jit
   def capture(state, tokens_BL, weights_BL):
     model = nnx.merge(graphdef, state)
-    positions_BL, call = None, None
-    if weights_BL is not None:  # Each packed sequence read apart (``answers.packed_call``).
-      positions_BL, call = answers.packed_call(weights_BL)
+    positions_BL, call = answers.packed_call(weights_BL)  # Each packed sequence read apart.
     out = model(
       tokens_BL,
       positions_BL,

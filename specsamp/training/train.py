@@ -218,12 +218,16 @@ def _label_weights(weights_BT: jax.Array | None) -> jax.Array | None:
   return None if weights_BT is None else weights_BT[:, 1:]
 
 
+def _input_weights(weights_BT: jax.Array | None) -> jax.Array | None:
+  """The weight of each input x_..L-1 of a row's tokens' weights: what tells the sequences of
+  a packed row apart for the pass that reads them (None: unweighted)."""
+  return None if weights_BT is None else weights_BT[:, :-1]
+
+
 def packed_logits(model: Any, tokens_BT: jax.Array, weights_BT: jax.Array | None = None):
   """A model's logits over rows with no cache: one causal pass, or with the answer weights of
   the tokens it reads, a pass that keeps a packed row's sequences apart
   (``answers.packed_call``)."""
-  if weights_BT is None:
-    return model(tokens_BT).logits
   positions_BT, call = answers.packed_call(weights_BT)
   return model(tokens_BT, positions_BT, tree=call).logits
 
@@ -414,7 +418,7 @@ class Trainer:
   def _loss(self, params, batch_BT, weights_BT, teacher_state):
     inputs_BT, targets_BT = batch_BT[:, :-1], batch_BT[:, 1:]
     # Answer rows: each pass keeps the row's sequences apart (``answers.packed_call``).
-    read_BT = None if weights_BT is None else weights_BT[:, :-1]
+    read_BT = _input_weights(weights_BT)
     if self.config.distill_mode == "parallel":  # Answer-weighted by the token each query predicts.
       student_BKLV = self._parallel_logits(params, inputs_BT, read_BT)
       kl, kl_K = parallel.parallel_kl(
@@ -450,7 +454,7 @@ class Trainer:
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def _eval_fn(self, params, batch_BT, weights_BT):
-    read_BT = None if weights_BT is None else weights_BT[:, :-1]
+    read_BT = _input_weights(weights_BT)
     if self.config.distill_mode == "parallel":  # Weighted over the draft positions.
       return parallel.parallel_cross_entropy(
         self._parallel_logits(params, batch_BT[:, :-1], read_BT),
@@ -465,7 +469,7 @@ class Trainer:
     """[B, T] whether the argmax after each prefix is the next token (``answers.tau``); a
     parallel draft's [K, B, T], one row per draft position (``parallel.greedy_correct``).
     With answer ``weights``, each prefix is read within its own sequence of the row."""
-    read_BT = None if weights_BT is None else weights_BT[:, :-1]
+    read_BT = _input_weights(weights_BT)
     if self.config.distill_mode == "parallel":
       return parallel.greedy_correct(
         self._parallel_logits(params, batch_BT[:, :-1], read_BT), batch_BT[:, 1:]
