@@ -73,7 +73,9 @@ def _first_draft_q(drafter, target, prompts, n):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["feature", "model"])
+@pytest.mark.parametrize(  # The feature head's case is the extended command's.
+  "kind", [pytest.param("feature", marks=pytest.mark.extended), "model"]
+)
 def test_calibration_logits_are_what_the_drafter_drafts_its_first_token_from(target, kind):
   """Entry s of ``Drafter.first_draft_logits`` predicts token s+1 (model) or s+2 (head), with
   the target's argmax there: after a prompt of n tokens, the first draft token's q is the

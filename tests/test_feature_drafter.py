@@ -105,12 +105,13 @@ def test_training_time_test_unroll_is_what_the_head_sees_when_drafting(target):
 
 @pytest.mark.parametrize(
   "draft_vocab_size, num_draft_tokens, tree, proposal",
-  [
-    (0, 1, None, "sampled"),
+  [  # The suite: a chain, a static tree over a draft vocabulary, a dynamic tree.
+    pytest.param(0, 1, None, "sampled", marks=pytest.mark.extended),
     (0, 4, None, "sampled"),
-    (40, 1, None, "sampled"),
-    (40, 4, None, "sampled"),
-    (40, 3, "chains:2x3/distinct", "greedy"),  # Trees grown by the head, in either mode.
+    pytest.param(40, 1, None, "sampled", marks=pytest.mark.extended),
+    pytest.param(40, 4, None, "sampled", marks=pytest.mark.extended),
+    # Trees grown by the head, in either mode.
+    pytest.param(40, 3, "chains:2x3/distinct", "greedy", marks=pytest.mark.extended),
     (40, 3, "tree:2,2,1", "sampled"),
     (0, 3, "dynamic:3,3,2@0.2", "greedy"),  # EAGLE-2: parents chosen per row, sharper ranks.
   ],
@@ -141,8 +142,13 @@ def test_greedy_speculative_equals_autoregressive(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(  # The dynamic tree's case is the extended command's.
-  "tree", [None, "tree:3,2,1", pytest.param("dynamic:8,4,2", marks=pytest.mark.extended)]
+@pytest.mark.parametrize(  # The chain's and the dynamic tree's cases are the extended command's.
+  "tree",
+  [
+    pytest.param(None, marks=pytest.mark.extended),
+    "tree:3,2,1",
+    pytest.param("dynamic:8,4,2", marks=pytest.mark.extended),
+  ],
 )
 def test_the_head_reads_the_targets_features_along_the_accepted_path(target, tree):
   """After a sampled run (T=1, so paths go through later siblings), the head's pending
@@ -245,7 +251,9 @@ def test_frequent_tokens_picks_the_most_common_ids():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft_vocab_size", [0, 40])
+@pytest.mark.parametrize(  # The whole vocabulary's case is the extended command's.
+  "draft_vocab_size", [pytest.param(0, marks=pytest.mark.extended), 40]
+)
 def test_training_lowers_the_unrolled_kl_and_keeps_the_map(target, draft_vocab_size):
   stream = np.asarray(jax.random.randint(jax.random.key(0), (6000,), 0, 64))
   config = feature_train.FeatureTrainConfig(

@@ -80,7 +80,9 @@ def test_when_every_row_copies_the_head_only_catches_up(head_model):
   )
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.0])
+@pytest.mark.parametrize(  # The greedy case is the extended command's.
+  "temperature", [1.0, pytest.param(0.0, marks=pytest.mark.extended)]
+)
 def test_head_draft_tokens_caps_the_heads_rows_and_not_the_copies(head_model, temperature):
   """With head_draft_tokens=2 at K=3 the copying row still proposes 3, and the head's row the
   first 2 of what it drafts uncapped, with their q (same key)."""
@@ -97,7 +99,10 @@ def test_head_draft_tokens_caps_the_heads_rows_and_not_the_copies(head_model, te
   assert int(capped.model_calls) < int(full.model_calls)
 
 
-@pytest.mark.parametrize(("num_draft_tokens", "head_draft_tokens"), [(2, 0), (5, 2)])
+@pytest.mark.parametrize(  # The uncapped K=2 case is the extended command's.
+  ("num_draft_tokens", "head_draft_tokens"),
+  [pytest.param(2, 0, marks=pytest.mark.extended), (5, 2)],
+)
 def test_greedy_speculative_equals_autoregressive(head_model, num_draft_tokens, head_draft_tokens):
   target = head_model.target
   prompts = jnp.concatenate([PROMPTS, jnp.asarray([[5, 0, 0, 0, 0, 0, 0]], jnp.int32)])

@@ -151,11 +151,11 @@ _GEMMA2 = dict(
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "family,changes",
-  [
-    ("chinchilla", {}),
+  [  # The suite: Llama and Gemma 2; the other families are the extended command's.
+    pytest.param("chinchilla", {}, marks=pytest.mark.extended),
     ("llama", {}),
-    ("qwen2", {}),
-    ("gemma", {}),
+    pytest.param("qwen2", {}, marks=pytest.mark.extended),
+    pytest.param("gemma", {}, marks=pytest.mark.extended),
     ("gemma", _GEMMA2),  # Gemma 2: sandwich norms, alternating sliding windows, soft-caps.
   ],
 )
@@ -189,10 +189,10 @@ def test_scanned_layers_equal_unrolled_layers(family, changes):
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "family,changes",
-  [
-    ("chinchilla", {}),
+  [  # The suite: GQA and Gemma 2's windows; the other families are the extended command's.
+    pytest.param("chinchilla", {}, marks=pytest.mark.extended),
     ("llama", {"num_kv_heads": 2}),  # GQA
-    ("qwen2", {}),
+    pytest.param("qwen2", {}, marks=pytest.mark.extended),
     ("gemma", _GEMMA2),  # windows (of 3 slots, so early blocks drop out) and soft-caps
   ],
 )

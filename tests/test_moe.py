@@ -81,7 +81,9 @@ PROMPTS = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0]])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["auto", "shard_map"])
+@pytest.mark.parametrize(  # jit's partitioner's case is the extended command's.
+  "mode", [pytest.param("auto", marks=pytest.mark.extended), "shard_map"]
+)
 def test_expert_parallel_mesh_equals_one_device(mode):
   """Experts split 2 ways over the 'expert' axis (x tensor 2 x data 2 on 8 devices): the
   logits of the whole model equal one device's; 'auto' runs the dense path under jit's

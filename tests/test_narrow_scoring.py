@@ -3,7 +3,8 @@ positions that holds every row's proposal. The narrow call computes what the ful
 at its positions; greedy sampling equals autoregressive with every drafter that stops early
 (prompt lookup's misses, a confidence stop of a draft model and of the feature head); the
 statistics count the widths; the errors. The sampled law is the certificate's ``narrow``
-cases (tests/test_certify.py runs the quick one and the planted bug ``narrow_one_short``)."""
+cases (tests/test_certify.py runs the quick one; the planted bug ``narrow_one_short`` is the
+extended command's)."""
 
 import jax
 import jax.numpy as jnp
@@ -92,10 +93,12 @@ def _drafters(models):
   }
 
 
-NAMES = [
+NAMES = [  # The suite: lookup alone, and the head's confidence stop with lookup; the draft's
+  # confidence stop (certified in test_certify.py's narrow case) and the head's alone are the
+  # extended command's.
   "lookup",
-  "draft, confidence stop",
-  "feature, confidence stop",
+  pytest.param("draft, confidence stop", marks=pytest.mark.extended),
+  pytest.param("feature, confidence stop", marks=pytest.mark.extended),
   "feature+lookup, confidence stop",
 ]
 
@@ -168,7 +171,9 @@ def test_errors(models):
     drafter_specs.make(drafter_specs.parse("lookup"), None, confidence_threshold=0.5)
 
 
-@pytest.mark.parametrize("name", ["lookup", "feature+lookup, confidence stop"])
+@pytest.mark.parametrize(  # Lookup alone is the extended command's.
+  "name", [pytest.param("lookup", marks=pytest.mark.extended), "feature+lookup, confidence stop"]
+)
 def test_narrow_scoring_draws_what_full_scoring_draws_for_the_same_key(models, name):
   """The width changes no number the verifier reads, and no random draw: for the same key the
   sampled tokens are the same (the certificate's feature+lookup case gave the same G with both

@@ -75,13 +75,16 @@ def test_each_q_is_the_models_distribution_after_the_committed_tokens_and_placeh
 
 # Every q_k comes from one call before any draft is drawn: exact with real q under token,
 # block and tree verification (scripts/certify.py certifies the same at 10^6 draws).
-# Block verification's case is the extended command's (the suite keeps a chain and a tree).
+# Block verification's and the tree's cases are the extended command's (the suite keeps the
+# chain; a parallel draft's tree, with a sequential head, is test_sequential_head.py's).
 EXACT_CASES = [  # (verifier, tree, sampling, proposal)
   ("token", None, warping.SamplingConfig(1.0), "sampled"),
   pytest.param(
     "block", None, warping.SamplingConfig(0.7, top_p=0.9), "sampled", marks=pytest.mark.extended
   ),
-  ("traversal", "tree:2,2,1", warping.SamplingConfig(1.0), "sampled"),
+  pytest.param(
+    "traversal", "tree:2,2,1", warping.SamplingConfig(1.0), "sampled", marks=pytest.mark.extended
+  ),
 ]
 
 

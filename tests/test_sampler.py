@@ -32,7 +32,9 @@ def _prompts(seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize(  # The greedy case is the extended command's.
+  "temperature", [pytest.param(0.0, marks=pytest.mark.extended), 1.0]
+)
 def test_kept_caches_give_the_fresh_calls_tokens_and_statistics(pair, temperature):
   target, draft = pair
   sampler = Sampler(target, draft)

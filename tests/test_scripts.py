@@ -606,7 +606,9 @@ def test_sampling_and_prompt_seeds_are_separate_from_training(trained_workdir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lookup:2", "self:1"])
+@pytest.mark.parametrize(  # Self-speculation's case is the extended command's (test_drafters.py).
+  "name", ["lookup:2", pytest.param("self:1", marks=pytest.mark.extended)]
+)
 def test_the_main_job_samples_with_drafters_that_need_no_draft_model(
   trained_workdir, tmp_path, name
 ):
@@ -668,56 +670,66 @@ def test_when_no_k_pays_the_job_times_the_autoregressive_loop_once(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(  # The suite: the parallel draft; the two heads are extended.
+  "name, stage, needle",
+  [
+    ("parallel", "draft_parallel", "parallel distillation): "),
+    pytest.param(
+      "parallel_seq", "sequential_head", "sequential head: ", marks=pytest.mark.extended
+    ),
+    pytest.param(
+      "parallel_head",
+      "feature_head_parallel",
+      "parallel feature head: ",
+      marks=pytest.mark.extended,
+    ),
+  ],
+)
 def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call(
-  trained_workdir, tmp_path
+  trained_workdir, tmp_path, name, stage, needle
 ):
   """--config.speculative.drafter=parallel / parallel_seq / parallel_head: the first run trains
-  the parallel draft (draft_parallel/), its sequential head (sequential_head/, over the parallel
-  draft the previous round left) or the parallel feature head (feature_head_parallel/), the next
-  loads it (the pair the job prepares); one draft call per iteration; greedy output equals
-  the autoregressive loop's."""
+  the parallel draft (draft_parallel/), its sequential head (sequential_head/, over a parallel
+  draft trained first) or the parallel feature head (feature_head_parallel/), the next loads it
+  (the pair the job prepares); one draft call per iteration; greedy output equals the
+  autoregressive loop's."""
   from specsamp.experiments.jobs import drafter_specs, sample_job
   from specsamp.experiments.jobs import pair as pair_lib
 
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
-  for name, stage, needle in (
-    ("parallel", "draft_parallel", "parallel distillation): "),
-    ("parallel_seq", "sequential_head", "sequential head: "),
-    ("parallel_head", "feature_head_parallel", "parallel feature head: "),
-  ):
-    config = _test_pair_config()
-    config.speculative.drafter = name
-    config.sampling.temperature = 0.0
-    if name == "parallel_head":  # At most the positions its training unrolls (refused past).
-      config.speculative.num_draft_tokens = config.feature.train.ttt_steps
-    logs = []
-    report = sample_job.run(config, str(copy), log=logs.append)
-    assert any(needle + "training" in line for line in logs), (name, logs)
-    assert stage in os.listdir(copy)
-    spec = drafter_specs.parse(name)
-    logs = []
-    pair_lib.prepare(  # What sample_job.run prepares, now loaded.
-      config,
-      str(copy),
-      drafts=spec.needs_draft,
-      draft_modes=spec.draft_modes,
-      feature_head=spec.needs_feature_head,
-      parallel_head=spec.needs_parallel_head,
-      sequential_head=spec.needs_sequential_head,
-      log=logs.append,
-    )
-    assert not any(needle + "training" in line for line in logs), (name, logs)
-    assert any(needle + "loaded" in line for line in logs), (name, logs)
-    assert report.tokens["speculative"] == report.tokens["autoregressive"], name
-    assert report.settings["drafter"] == name
-    stats = report.stats
-    assert stats["draft_calls"] == stats["target_calls"], (name, stats)  # one call each
-    # The prediction charges that one call, 2K tokens wide, not K one-token steps.
-    K = report.settings["num_draft_tokens"]
-    assert report.draft_call["per_iteration"] == 1.0 and report.draft_call["tokens"] == 2 * K
-    assert f"1.00 draft calls of {2 * K} tokens" in sample_job.format_report(report)
+  config = _test_pair_config()
+  config.speculative.drafter = name
+  config.sampling.temperature = 0.0
+  if name == "parallel_head":  # At most the positions its training unrolls (refused past).
+    config.speculative.num_draft_tokens = config.feature.train.ttt_steps
+  logs = []
+  report = sample_job.run(config, str(copy), log=logs.append)
+  assert any(needle + "training" in line for line in logs), (name, logs)
+  assert stage in os.listdir(copy)
+  spec = drafter_specs.parse(name)
+  logs = []
+  pair_lib.prepare(  # What sample_job.run prepares, now loaded.
+    config,
+    str(copy),
+    drafts=spec.needs_draft,
+    draft_modes=spec.draft_modes,
+    feature_head=spec.needs_feature_head,
+    parallel_head=spec.needs_parallel_head,
+    sequential_head=spec.needs_sequential_head,
+    log=logs.append,
+  )
+  assert not any(needle + "training" in line for line in logs), (name, logs)
+  assert any(needle + "loaded" in line for line in logs), (name, logs)
+  assert report.tokens["speculative"] == report.tokens["autoregressive"], name
+  assert report.settings["drafter"] == name
+  stats = report.stats
+  assert stats["draft_calls"] == stats["target_calls"], (name, stats)  # one call each
+  # The prediction charges that one call, 2K tokens wide, not K one-token steps.
+  K = report.settings["num_draft_tokens"]
+  assert report.draft_call["per_iteration"] == 1.0 and report.draft_call["tokens"] == 2 * K
+  assert f"1.00 draft calls of {2 * K} tokens" in sample_job.format_report(report)
 
 
 def test_drafter_names_parse_to_one_drafter_each_and_bad_ones_are_refused():

@@ -99,9 +99,12 @@ def test_teacher_forcing_is_the_drafting_recurrence(small_pair):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # Block verification's case is the extended command's.
   "verifier, sampling",
-  [("token", warping.SamplingConfig(1.0)), ("block", warping.SamplingConfig(0.7, top_p=0.9))],
+  [
+    ("token", warping.SamplingConfig(1.0)),
+    pytest.param("block", warping.SamplingConfig(0.7, top_p=0.9), marks=pytest.mark.extended),
+  ],
 )
 def test_samples_follow_the_exact_target_distribution(small_pair, verifier, sampling):
   target, draft = small_pair
@@ -119,8 +122,8 @@ def test_samples_follow_the_exact_target_distribution(small_pair, verifier, samp
   assert_follows(counts, target, EXACT_PROMPT, sampling)
 
 
-# The suite rejects this planted bug (sequential_head_pass_q) in tests/test_certify.py's
-# certificate; this enumeration run of the same bug is the extended command's.
+# This planted bug (sequential_head_pass_q, rejected at 5x its threshold) is the extended
+# command's, here by enumeration and in tests/test_certify.py's quick certificate.
 @pytest.mark.slow
 @pytest.mark.extended
 def test_reporting_the_pass_q_for_corrected_draws_is_rejected(small_pair):
@@ -207,7 +210,10 @@ def test_each_tree_node_reports_the_q_corrected_along_its_own_path(small_pair):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tree, proposal", [("tree:2,1", "sampled"), ("dynamic:2x2", "greedy")])
+@pytest.mark.parametrize(  # The dynamic tree's case is the extended command's.
+  "tree, proposal",
+  [("tree:2,1", "sampled"), pytest.param("dynamic:2x2", "greedy", marks=pytest.mark.extended)],
+)
 def test_trees_follow_the_exact_target_distribution(small_pair, tree, proposal):
   target, draft = small_pair
   head = _perturbed_head(draft.config.d_model)

@@ -154,7 +154,9 @@ def test_batches_carry_the_stored_rows_in_their_order(target, tmp_path):
     Batches(rows[:, :-1], 3, weights=np.ones((8, 16), np.float32), stored=stored)
 
 
-@pytest.mark.parametrize("draft_vocab_size", [0, 40])
+@pytest.mark.parametrize(  # The whole vocabulary's case is the extended command's.
+  "draft_vocab_size", [pytest.param(0, marks=pytest.mark.extended), 40]
+)
 def test_a_heads_loss_and_greedy_counts_are_the_same_from_the_store(
   target, tmp_path, draft_vocab_size
 ):

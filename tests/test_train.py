@@ -311,7 +311,9 @@ def _teacher_forced_alpha(target, draft, tokens):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["token", "sequence"])
+@pytest.mark.parametrize(  # Sequence-level distillation's case is the extended command's.
+  "mode", ["token", pytest.param("sequence", marks=pytest.mark.extended)]
+)
 def test_distillation_raises_acceptance_over_an_untrained_draft(trainer, uninterrupted, mode):
   _, target_state = uninterrupted
   target = trainer.model(target_state.params)
