@@ -112,19 +112,23 @@ def deselect_extended(config, items):
   return kept
 
 
-# The longest test files (seconds of test time, README test command on 2 cores, 2026-11-27).
-# With ``--dist loadfile`` a worker takes the next file when it is free, in collection order:
-# files collected last and long leave the other worker idle at the end (one worker idled for
-# minutes in a 20-minute run), so the longest go first.
+# The longest test files (seconds of test time, README test command on 2 cores, 2026-11-29's
+# sixteenth session). With ``--dist loadfile`` a worker takes the next file when it is free, in
+# collection order: files collected last and long leave the other worker idle at the end (one
+# worker idled for minutes in a 20-minute run), so the longest go first.
 LONGEST_FIRST = (
-  "test_scripts.py",  # 279 s in many tests
-  "test_parallel_drafter.py",  # 72 s
-  "test_feature_drafter.py",  # 56 s
-  "test_speculative.py",  # 51 s
-  "test_sharding.py",  # 41 s
-  "test_gguf.py",  # 39 s
-  "test_certify.py",  # 39 s
-  "test_certify_trees.py",  # 38 s
+  "test_scripts.py",  # 193 s in many tests
+  "test_certify.py",  # 91 s
+  "test_sequential_head.py",  # 84 s
+  "test_speculative.py",  # 75 s
+  "test_parallel_drafter.py",  # 71 s
+  "test_feature_drafter.py",  # 65 s
+  "test_hf.py",  # 64 s
+  "test_narrow_scoring.py",  # 58 s
+  "test_sharding.py",  # 56 s
+  "test_compacting.py",  # 55 s
+  "test_gguf.py",  # 53 s
+  "test_certify_trees.py",  # 48 s
 )
 
 

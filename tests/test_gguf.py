@@ -275,12 +275,14 @@ def test_import_to_checkpoint_writes_the_model_and_its_tokenizer(imported, tmp_p
     pair_lib.import_gguf_target(section, workdir, one_device(), print)
 
 
-def test_the_shipped_head_verifies_loads_on_the_file_and_drafts_exactly(imported, tmp_path):
+@pytest.mark.parametrize(  # The head alone is the extended command's.
+  "kind", ["feature+lookup", pytest.param("feature", marks=pytest.mark.extended)]
+)
+def test_the_shipped_head_verifies_loads_on_the_file_and_drafts_exactly(imported, tmp_path, kind):
   """specsamp/shipped/smollm2_head (trained on SmolLM2's own answers, CARD.md): its sums check,
   it loads onto the imported file (bfloat16 on disk, float32 here), greedy speculative sampling
-  with it (alone, and with prompt lookup first) equals autoregressive and accepts some of its
-  drafts; a copy with one flipped byte
-  is refused before anything loads."""
+  with it (with prompt lookup first, the config's drafter, or alone) equals autoregressive and
+  accepts some of its drafts; a copy with one flipped byte is refused before anything loads."""
   import shutil
 
   from specsamp.sampling import speculative
@@ -295,26 +297,27 @@ def test_the_shipped_head_verifies_loads_on_the_file_and_drafts_exactly(imported
   assert head.head.fc_FD[...].dtype == jnp.float32
   # The prompt, then its first 5 tokens again: feature+lookup (the config's default drafter)
   # copies after the repeated 2-gram and drafts with the head elsewhere.
-  for drafter, prompt in (
-    (FeatureDrafter(head), PROMPT),
-    (LookupFeatureDrafter(head), np.concatenate([PROMPT, PROMPT[:, :5]], axis=1)),
-  ):
-    lengths = np.array([prompt.shape[1]], np.int32)
-    expected = autoregressive.generate(
-      model, prompt, lengths, jax.random.key(0), max_new_tokens=16, temperature=0.0
-    )
-    out = speculative.speculative_generate(
-      model,
-      drafter,
-      prompt,
-      lengths,
-      jax.random.key(1),
-      max_new_tokens=16,
-      num_draft_tokens=3,
-      temperature=0.0,
-    )
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
-    assert out.summary()["tokens_per_target_call"] > 1.0
+  runs = {
+    "feature": (FeatureDrafter(head), PROMPT),
+    "feature+lookup": (LookupFeatureDrafter(head), np.concatenate([PROMPT, PROMPT[:, :5]], axis=1)),
+  }
+  drafter, prompt = runs[kind]
+  lengths = np.array([prompt.shape[1]], np.int32)
+  expected = autoregressive.generate(
+    model, prompt, lengths, jax.random.key(0), max_new_tokens=16, temperature=0.0
+  )
+  out = speculative.speculative_generate(
+    model,
+    drafter,
+    prompt,
+    lengths,
+    jax.random.key(1),
+    max_new_tokens=16,
+    num_draft_tokens=3,
+    temperature=0.0,
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
+  assert out.summary()["tokens_per_target_call"] > 1.0
   copy = str(tmp_path / "copy")
   shutil.copytree(folder, copy)
   flip_a_byte(largest_file(copy))

@@ -256,11 +256,12 @@ def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "verifier, tree, block_size, narrow",
-  [  # A tree, with blocked cache reads; the chains' cases are the extended command's.
+  [  # The suite: narrow scoring (13 s); block verification's chain and a tree with blocked
+    # cache reads (15 and 22 s) are the extended command's.
     pytest.param("block", None, 0, False, marks=pytest.mark.extended),
     # Narrow scoring: a confidence stop makes the widths vary, each a sharded scoring call.
-    pytest.param("token", None, 0, True, marks=pytest.mark.extended),
-    ("traversal", "tree:2,1,1", 4, False),
+    ("token", None, 0, True),
+    pytest.param("traversal", "tree:2,1,1", 4, False, marks=pytest.mark.extended),
   ],
 )
 def test_sharded_speculative_equals_one_device(verifier, tree, block_size, narrow):
