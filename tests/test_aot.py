@@ -149,8 +149,23 @@ def test_largest_batch_is_verified_by_compiling(second_fits):
   second = 4 if second_fits else 16
   programs = {("token", 1): _fake(12 * gib), ("token", second): compile_at(second)}
   compiled.clear()
-  assert aot._largest_batch(programs, 32 * gib, compile_at) == 11
+  assert aot._largest_batch(programs, 32 * gib, compile_at) == (11, True)
   assert len(compiled) <= 4 and 11 in compiled
+
+
+def test_a_largest_batch_found_before_the_compiles_ran_out_is_a_lower_bound():
+  """The search stops after ``max_compiles``: a batch that fit with the next one untried (here
+  one compile, the linear guess 11, which fits; 12 untried) is reported as "at least 11",
+  never as the largest (the Qwen3-30B-A3B report of 2026-11-29 said 4, with 5 untried and 6
+  too large, where 5 had fit in 2026-11-25's compile)."""
+  gib = 2**30
+  compile_at = lambda batch: _fake((10 + 2 * batch) * gib) if batch <= 11 else None
+  programs = {("token", 1): _fake(12 * gib), ("token", 2): _fake(14 * gib)}
+  largest, exact = aot._largest_batch(programs, 32 * gib, compile_at, max_compiles=1)
+  assert (largest, exact) == (11, False)
+  report = {"largest_batch": largest, "largest_batch_exact": exact}
+  assert aot._largest_batch_words(report).startswith("at least 11")
+  assert aot._largest_batch_words({"largest_batch": 11, "largest_batch_exact": True}) == "11"
 
 
 def test_head_training_and_regeneration_compile_for_a_slice(tmp_path):

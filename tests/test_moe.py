@@ -3,6 +3,9 @@ float64 per-token reference, the sparse path reading only the selected experts, 
 parallelism on a mesh, and speculative sampling over an MoE target staying exact.
 (Parity with transformers' Qwen3-MoE is in test_hf.py.)"""
 
+import collections
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 from conftest import EXACT_VOCAB, assert_follows, sampled_counts, tiny_config
 
 from specsamp import sharding
+from specsamp.experiments.benchmarks import perf_model
 from specsamp.models import moe, transformer
 from specsamp.models.layers import activation_fn
 from specsamp.sampling import warping
@@ -154,3 +158,40 @@ def test_the_scoring_benchmark_counts_the_experts_each_call_selects():
   dense = config.replace(num_experts=0, experts_per_token=0)
   step, score = (perf_model.call_cost(dense, hardware, mesh, 1, t, 64) for t in (1, 5))
   assert score.weight_bytes - step.weight_bytes == 4 * dense.d_model * 4  # The 4 more inputs.
+
+
+def _busiest_chip_by_enumeration(experts: int, k: int, chips: int) -> float:
+  """E[max over chips of the experts one token selects there]: every k-subset, equally likely."""
+  per_chip = experts // chips
+  total = 0
+  subsets = list(itertools.combinations(range(experts), k))
+  for subset in subsets:
+    total += max(collections.Counter(e // per_chip for e in subset).values())
+  return total / len(subsets)
+
+
+def test_a_call_waits_for_the_chip_that_holds_the_most_selected_experts():
+  """``perf_model.busiest_chip_experts``: one token's k experts land unevenly on the expert
+  axis's chips, and the call waits for the chip holding the most (exact enumeration: 12 experts
+  on 4 chips, 3 per token; and Qwen3-30B-A3B's 8 of 128 on 8 chips by the multivariate
+  hypergeometric, 2.5297); more tokens select more, up to every expert of a chip; one chip is
+  ``expected_experts``; ``call_cost`` reads the busiest chip's experts, not the mean."""
+  small = moe_config(num_experts=12, experts_per_token=3)
+  exact = _busiest_chip_by_enumeration(12, 3, 4)
+  assert perf_model.busiest_chip_experts(small, 1, 4) == pytest.approx(exact, abs=0.02)
+  assert exact > perf_model.expected_experts(small, 1) / 4
+  qwen3 = moe_config(num_experts=128, experts_per_token=8)
+  assert perf_model.busiest_chip_experts(qwen3, 1, 8) == pytest.approx(2.5297, abs=0.02)
+  counts = [perf_model.busiest_chip_experts(qwen3, t, 8) for t in (1, 2, 5, 9, 400)]
+  assert counts == sorted(counts) and counts[-1] == 16.0
+  assert perf_model.busiest_chip_experts(qwen3, 5, 1) == perf_model.expected_experts(qwen3, 5)
+  with pytest.raises(ValueError, match="do not split evenly"):
+    perf_model.busiest_chip_experts(qwen3, 1, 3)
+  hardware = perf_model.PRESETS["tpu_v5e"]
+  call = perf_model.call_cost(small, hardware, perf_model.MeshShape(expert=4), 1, 1, 64)
+  mean = perf_model.call_cost(small, hardware, perf_model.MeshShape(expert=1), 1, 1, 64)
+  per_expert = perf_model.parameter_counts(small)["expert_per_layer"] * 4 * small.num_layers
+  # One chip reads expected_experts(1) = 3 experts; the busiest of 4 reads `exact` of them.
+  assert call.weight_bytes - (mean.weight_bytes - 3 * per_expert) == pytest.approx(
+    exact * per_expert, rel=0.01
+  )

@@ -604,7 +604,7 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
       log(f"  launched ops per speculative iteration: {report['ops_per_iteration']}")
       experts = 0.0
       if target_cfg.num_experts:
-        experts = perf_model.expected_experts(target_cfg, 1) / mesh.shape["expert"]
+        experts = perf_model.busiest_chip_experts(target_cfg, 1, mesh.shape["expert"])
       report["loop_materialised"] = loop_materialised(
         counted,
         target_cfg,
@@ -619,12 +619,12 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
           f"{m['times']:g} ({m['op_name'] or 'no scope'})"
         )
     if config.aot.get("fit_batch"):
-      report["largest_batch"] = _largest_batch(
+      report["largest_batch"], report["largest_batch_exact"] = _largest_batch(
         speculative_programs,
         hbm,
         lambda batch: speculative_program(verifiers[0], batch, "speculative loop (largest)"),
       )
-      log(f"  largest batch that fits: {report['largest_batch']}")
+      log(f"  largest batch that fits: {_largest_batch_words(report)}")
 
     # Per-step costs: collectives from the scanned decode step (its layer loop runs L times),
     # FLOPs and bytes from unrolled programs, against HBM bandwidth and the performance model.
@@ -658,8 +658,8 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
       if isinstance(model, model_protocol.PaddedVocabulary):
         model = model.model
       experts = 0.0
-      if model_cfg.num_experts:  # The experts a call's tokens select, spread over 'expert'.
-        experts = perf_model.expected_experts(model_cfg, tokens) / expert
+      if model_cfg.num_experts:  # The experts a call's tokens select on the busiest chip.
+        experts = perf_model.busiest_chip_experts(model_cfg, tokens, expert)
       _, counted = count_call_bytes(model_cfg, model, mesh, tokens, cache_length, experts)
       row = call_bytes_row(counted)
       flops, bytes_accessed = _step_costs(model_cfg, mesh, 1, tokens, cache_length)
@@ -709,11 +709,12 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
 
 def _largest_batch(
   programs: dict, hbm: int, compile_at: Callable[[int], Program | None], max_compiles: int = 4
-) -> int:
+) -> tuple[int, bool]:
   """The largest batch whose speculative program fits ``hbm`` per chip, verified by
-  compiling it. The first guess is linear in the batch through the two smallest fitting
-  sizes; then bisection between the largest size that fit and the smallest that did not,
-  at most ``max_compiles`` compiles in all."""
+  compiling it, and whether it is the largest: True when the next batch was compiled and did
+  not fit, False when the ``max_compiles`` compiles ran out first (then it is a lower bound).
+  The first guess is linear in the batch through the two smallest fitting sizes; then
+  bisection between the largest size that fit and the smallest that did not."""
   fits = {b: p.total_bytes <= hbm for (_, b), p in programs.items() if p is not None}
   fits.update({b: False for (_, b), p in programs.items() if p is None})
   fitting = sorted(
@@ -740,7 +741,15 @@ def _largest_batch(
       guess = low + 1
     program = compile_at(guess)
     fits[guess] = program is not None and program.total_bytes <= hbm
-  return max((b for b, ok in fits.items() if ok), default=0)
+  largest = max((b for b, ok in fits.items() if ok), default=0)
+  return largest, fits.get(largest + 1) is False
+
+
+def _largest_batch_words(report: dict) -> str:
+  """``largest_batch`` in words: the batch, and "at least" when the search stopped short."""
+  if report.get("largest_batch_exact", True):
+    return str(report["largest_batch"])
+  return f"at least {report['largest_batch']} (the search's compiles ran out before the next)"
 
 
 def format_report(report: dict) -> str:
@@ -782,7 +791,11 @@ def format_report(report: dict) -> str:
     f"{report['topology']} ({report['chips']} x {report['device_kind']}, mesh {report['mesh']}), "
     f"cache {report['cache_length']} slots, K = {report['num_draft_tokens']}\n\n{programs}\n\n"
     f"collectives per target decode step: {report['collectives_per_target_step']}"
-    + (f"; largest batch that fits: {report['largest_batch']}" if "largest_batch" in report else "")
+    + (
+      f"; largest batch that fits: {_largest_batch_words(report)}"
+      if "largest_batch" in report
+      else ""
+    )
     + f"\n\n{steps}\n\na parallel draft pass of K = {report['num_draft_tokens']} (width "
     f"{2 * report['num_draft_tokens']}) costs {report['parallel_pass_draft_steps']:.3f} draft "
     "steps by the roofline"
