@@ -234,6 +234,9 @@ def test_an_hf_folders_generation_config_lists_the_ids_that_end_generation(tmp_p
   several = tokenizer_lib.load(str(again))
   assert regenerate.tokenizer_identity(several) == f"{several.fingerprint} stops [2, 9, 1]"
   assert regenerate.tokenizer_identity(word_tokenizer()) == word_tokenizer().fingerprint
+  for tokenizer in (several, word_tokenizer()):
+    identity = regenerate.tokenizer_identity(tokenizer)
+    assert regenerate.tokenization_of(identity) == tokenizer.fingerprint
   (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, -1]}))
   with pytest.raises(ValueError, match=r"eos_token_id must be a token id or a list of them"):
     tokenizer_lib.load(str(folder))

@@ -282,6 +282,7 @@ def _answer_group(
 
 
 IDENTITY = ("version", "target", "tokenizer", "plan", "prompts", "prompts_sha256")
+"""The manifest's keys that say which run made a directory (``_resumable`` compares them)."""
 
 
 def tokenizer_identity(tokenizer: Any) -> str:
@@ -293,7 +294,10 @@ def tokenizer_identity(tokenizer: Any) -> str:
   return f"{tokenizer.fingerprint} stops {list(tokenizer.stop_ids)}"
 
 
-"""The manifest's keys that say which run made a directory (``_resumable`` compares them)."""
+def tokenization_of(identity: str) -> str:
+  """The fingerprint in a manifest's ``tokenizer`` (``tokenizer_identity``): how its answers
+  were tokenized, whichever stop ids they ended at."""
+  return identity.split(" stops ")[0]
 
 
 def _save_shard(path: str, arrays: dict[str, np.ndarray]) -> None:

@@ -109,7 +109,7 @@ def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, di
     if manifest["plan"]["split"] != split:
       raise ValueError(f"{directory} holds the {manifest['plan']['split']} split, not {split}.")
     # Tokenized alike (the fingerprint); the stop ids the answers ended at may differ.
-    if manifest["tokenizer"].split(" ")[0] != tokenizer.fingerprint:
+    if regenerate.tokenization_of(manifest["tokenizer"]) != tokenizer.fingerprint:
       raise ValueError(
         f"{directory} was tokenized by {manifest['tokenizer']}, not the pair's tokenizer "
         f"({tokenizer.fingerprint})."
