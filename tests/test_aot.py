@@ -168,6 +168,9 @@ def test_a_largest_batch_found_before_the_compiles_ran_out_is_a_lower_bound():
   assert aot._largest_batch_words({"largest_batch": 11, "largest_batch_exact": True}) == "11"
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: the loops' compile for v4-8 above (the same
+# topology, the same HBM and HLO count); docs/benchmarks/aot_head_*.json are its full runs.
 def test_head_training_and_regeneration_compile_for_a_slice(tmp_path):
   """A tiny Llama's EAGLE-3-style head training step (FSDP over 4 chips) and regeneration loop
   (tensor-parallel) compile for v4-8 and fit, with the rates' arithmetic spelled out."""

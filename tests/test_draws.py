@@ -253,6 +253,7 @@ def test_the_two_stage_race_of_a_large_vocabulary_follows_its_probabilities(voca
   )
 
 
+@pytest.mark.extended  # scripts/benchmark_draws.py's measurement: a benchmark's own check.
 def test_the_draw_benchmark_times_both_races():
   """scripts/benchmark_draws.py's measurement at tiny sizes: a record per (vocab, batch) with
   both races timed, the block of ``race_block`` and which race ``categorical`` runs."""

@@ -132,6 +132,8 @@ def test_speculative_sampling_over_an_moe_target_is_exact():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # scripts/benchmark_moe.py's measurement: a benchmark's own check (the
+# MoE target's exactness and its expert-parallel mesh stay in the suite).
 def test_the_scoring_benchmark_counts_the_experts_each_call_selects():
   """scripts/benchmark_moe.py's measurement on a tiny MoE: a 1-token call selects exactly k
   experts per layer, a 5-token call between k and min(E, 5k); both paths time every call."""

@@ -137,6 +137,7 @@ def test_nan_logits_raise_and_drop_the_caches(pair):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # scripts/benchmark_loop.py's phases: a benchmark's own check.
 def test_loop_benchmark_parts_and_op_counts(pair):
   target, draft = pair
   sampling = SamplingConfig(1.0)

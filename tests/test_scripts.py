@@ -883,6 +883,9 @@ def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: the regenerate-and-train test below trains a head,
+# ships it and loads it in the main job (greedy equal to autoregressive); test_calibration.py
+# fits the rank temperature '@fit' asks for.
 def test_the_feature_head_trains_once_and_samples_exactly_greedy(trained_workdir, tmp_path):
   """speculative.drafter='feature': the head trains on the cached target on the first run
   (into its own stage, the target untouched), loads on the next (growing a dynamic tree of

@@ -256,11 +256,12 @@ def test_block_accepts_more_than_token_wise_on_the_small_pair(small_pair):
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "verifier, tree, block_size, narrow",
-  [  # The suite: narrow scoring (13 s); block verification's chain and a tree with blocked
-    # cache reads (15 and 22 s) are the extended command's.
+  [  # The extended command's (reduced in the suite: test_outputs_are_replicated_on_a_data_mesh
+    # samples on a data x tensor mesh as on one device; test_sharding.py's shard_map models equal
+    # one device): block verification's chain, narrow scoring, a tree with blocked cache reads.
     pytest.param("block", None, 0, False, marks=pytest.mark.extended),
     # Narrow scoring: a confidence stop makes the widths vary, each a sharded scoring call.
-    ("token", None, 0, True),
+    pytest.param("token", None, 0, True, marks=pytest.mark.extended),
     pytest.param("traversal", "tree:2,1,1", 4, False, marks=pytest.mark.extended),
   ],
 )
@@ -356,21 +357,22 @@ def test_statistics_do_not_count_tokens_discarded_after_eos():
 
 
 def test_outputs_are_replicated_on_a_data_mesh(target, drafts):
-  """Every output is replicated, so any host of a multi-host mesh can read it."""
+  """Every output is replicated, so any host of a multi-host mesh can read it; the mesh's
+  sampled tokens and statistics are one device's for the same key."""
   mesh = sharding.make_mesh({"data": 4, "tensor": 2})
+  kwargs = dict(max_new_tokens=4, num_draft_tokens=2)
   with sharding.use_mesh(mesh):
     out = speculative_generate(
-      target,
-      drafts["close"],
-      PROMPTS,
-      LENGTHS,
-      jax.random.key(0),
-      max_new_tokens=4,
-      num_draft_tokens=2,
+      target, drafts["close"], PROMPTS, LENGTHS, jax.random.key(0), **kwargs
     )
     ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=4)
   for name, array in [*vars(out).items(), *vars(ar).items()]:
     assert array.sharding.is_fully_replicated, name
+  alone = speculative_generate(
+    target, drafts["close"], PROMPTS, LENGTHS, jax.random.key(0), **kwargs
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(alone.tokens))
+  assert out.summary() == alone.summary()
 
 
 def test_prompt_ids_outside_the_vocabulary_are_refused_by_both_samplers(target):

@@ -136,6 +136,8 @@ def pair():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: test_tree_verification.py's chain-shaped tree
+# verified bit for bit as the chain verifier, and the greedy trees' identity below.
 def test_a_chain_shaped_tree_gives_the_chain_path_tokens(pair):
   target, draft = pair
   common = dict(max_new_tokens=13, num_draft_tokens=3, eos_id=7)
