@@ -1052,6 +1052,17 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
   head_best = json.load(open(os.path.join(workdir, "feature_head_answers", "best", "best.json")))
   assert f"**{head_best['tau']:.3f}**" in card and "answer tokens" in card
   assert f"**{head_best['tau_with_lookup']:.3f}**" in card  # feature+lookup's tau.
+  # scripts/head_tau_by_context.py's measurement on the shipped head: read per sequence, the
+  # rows train_drafter measured tau on give its best tau; read as whole rows, a tau of its own.
+  from specsamp.experiments.benchmarks import head_context
+
+  config = _test_pair_config()
+  config.answers.shipped_dir = str(shipped)
+  by_context = head_context.compare(config, workdir, folder, log=lambda line: None)
+  assert by_context["K"] == 4 and by_context["rows"] > 0
+  assert by_context["per_sequence"]["tau"] == pytest.approx(head_best["tau"], abs=1e-6)
+  for read in ("per_sequence", "whole_rows"):
+    assert 1.0 <= by_context[read]["tau"] <= 5.0 and len(by_context[read]["acc"]) == 4
   from specsamp.experiments.jobs import sample_job
 
   def greedy_run(drafter: str, section: str, field: str, folder: str):
