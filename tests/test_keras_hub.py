@@ -11,7 +11,12 @@ from test_scripts import run_script
 
 from specsamp.experiments.peers import compare_keras_hub, keras_hub_peer
 
-keras_hub_peer.modules()  # The test command installs keras-hub (--no-deps) on JAX: no skip.
+
+@pytest.fixture(scope="module", autouse=True)
+def _keras_hub_is_installed():
+  """The test command installs keras-hub (--no-deps) on JAX: no skip. Imported in the worker
+  that runs these tests, not at collection (keras costs every worker about 3 s there)."""
+  keras_hub_peer.modules()
 
 
 @pytest.fixture(scope="module")
