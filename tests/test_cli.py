@@ -34,14 +34,20 @@ global_batch = jax.make_array_from_callback(  # ... and hands over only its devi
     batch.shape, spec, lambda index: rows.append(index) or batch[index])
 total = jax.jit(lambda x: x.sum(), out_shardings=jax.sharding.NamedSharding(
     mesh, jax.sharding.PartitionSpec()))(global_batch)
-print(jax.process_index(), jax.device_count(), len(rows), int(total.addressable_data(0)))
+# Each process's own "timing"; agreed, every process has process 0's.
+from specsamp.experiments.benchmarks import timing
+one = timing.agreed(0.25 + jax.process_index())
+several = timing.agreed([3 + jax.process_index(), 0.5 * (1 + jax.process_index())])
+print(jax.process_index(), jax.device_count(), len(rows), int(total.addressable_data(0)), one,
+      *several)
 """
 
 
 @pytest.mark.slow
 def test_two_processes_join_one_mesh(tmp_path):
   """--distributed=manual for real: two CPU processes of 2 devices form one 4-device mesh, each
-  places only its own rows of a global batch, and a jitted reduction sees all of it."""
+  places only its own rows of a global batch, and a jitted reduction sees all of it; a timing
+  ``timing.agreed`` shares is process 0's on both (a number and a list)."""
   import socket
   import subprocess
   import sys
@@ -66,4 +72,5 @@ def test_two_processes_join_one_mesh(tmp_path):
   for worker, (_, err) in zip(workers, results):
     assert worker.returncode == 0, err[-2000:]
   lines = sorted(out.strip().splitlines()[-1] for out, _ in results)
-  assert lines == ["0 4 2 276", "1 4 2 276"]  # 4 devices, 2 local shards each, sum of 0..23.
+  # 4 devices, 2 local shards each, sum of 0..23; process 0's 0.25, 3 and 0.5 on both.
+  assert lines == ["0 4 2 276 0.25 3 0.5", "1 4 2 276 0.25 3 0.5"]

@@ -167,16 +167,18 @@ class Bench:
       calls=probe_calls,
       first_index=timing.WARMUP_INDEX + 1,
     )
-    ar_s = statistics.median(timed["autoregressive"].seconds)
+    # Process 0's seconds on every process of a multi-host run: the K chosen from them picks
+    # the loop every process then runs (timing.agreed). The outputs are the same everywhere.
+    ar_s, *probe_s = timing.agreed(
+      [statistics.median(timed[name].seconds) for name in ("autoregressive", *lengths)]
+    )
     outputs = [o for k in lengths for o in timed[k].outputs]
     pooled = lambda name: sum(np.asarray(getattr(o, name)).sum(-1) for o in outputs)
     probes = [
       draft_length.Probe(
-        k,
-        statistics.median(timed[k].seconds),
-        statistics.median(int(o.target_calls) - 1 for o in timed[k].outputs),
+        k, seconds, statistics.median(int(o.target_calls) - 1 for o in timed[k].outputs)
       )
-      for k in lengths
+      for k, seconds in zip(lengths, probe_s)
     ]
     if len(probes) > 1:
       cost = draft_length.IterationCost.fit(probes)
