@@ -35,11 +35,13 @@ global_batch = jax.make_array_from_callback(  # ... and hands over only its devi
 total = jax.jit(lambda x: x.sum(), out_shardings=jax.sharding.NamedSharding(
     mesh, jax.sharding.PartitionSpec()))(global_batch)
 # Each process's own "timing"; agreed, every process has process 0's.
-from specsamp.experiments.benchmarks import timing
-one = timing.agreed(0.25 + jax.process_index())
-several = timing.agreed([3 + jax.process_index(), 0.5 * (1 + jax.process_index())])
+from specsamp import multihost
+one = multihost.agreed(0.25 + jax.process_index())
+several = multihost.agreed([3 + jax.process_index(), 0.5 * (1 + jax.process_index())])
+# Process 1's clock says 11 s have passed, process 0's 1 s: neither stops at a 5 s budget.
+late = multihost.out_of_time(0.0, 1.0 + 10 * jax.process_index(), 5.0)
 print(jax.process_index(), jax.device_count(), len(rows), int(total.addressable_data(0)), one,
-      *several)
+      *several, late)
 """
 
 
@@ -47,7 +49,7 @@ print(jax.process_index(), jax.device_count(), len(rows), int(total.addressable_
 def test_two_processes_join_one_mesh(tmp_path):
   """--distributed=manual for real: two CPU processes of 2 devices form one 4-device mesh, each
   places only its own rows of a global batch, and a jitted reduction sees all of it; a timing
-  ``timing.agreed`` shares is process 0's on both (a number and a list)."""
+  ``multihost.agreed`` shares is process 0's on both (a number and a list)."""
   import socket
   import subprocess
   import sys
@@ -72,5 +74,13 @@ def test_two_processes_join_one_mesh(tmp_path):
   for worker, (_, err) in zip(workers, results):
     assert worker.returncode == 0, err[-2000:]
   lines = sorted(out.strip().splitlines()[-1] for out, _ in results)
-  # 4 devices, 2 local shards each, sum of 0..23; process 0's 0.25, 3 and 0.5 on both.
-  assert lines == ["0 4 2 276 0.25 3 0.5", "1 4 2 276 0.25 3 0.5"]
+  # 4 devices, 2 local shards each, sum of 0..23; process 0's 0.25, 3, 0.5 and clock on both.
+  assert lines == ["0 4 2 276 0.25 3 0.5 False", "1 4 2 276 0.25 3 0.5 False"]
+
+
+def test_a_time_budget_in_one_process_is_its_own_clock():
+  from specsamp import multihost
+
+  assert multihost.agreed(0.5) == 0.5 and multihost.agreed([1, 2.5]) == [1, 2.5]
+  assert not multihost.out_of_time(10.0, 14.9, 5.0) and multihost.out_of_time(10.0, 15.0, 5.0)
+  assert not multihost.out_of_time(0.0, 1e9, None)  # No budget.

@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from specsamp import multihost
 from specsamp.sampling import compacting
 from specsamp.training import instructions
 from specsamp.training import tokenizer as tokenizer_lib
@@ -575,7 +576,7 @@ def regenerate(
       nonlocal out_of_time
       shard = shards[places[k][0]]
       if shard["began"] is None:
-        if max_seconds is not None and time.perf_counter() - began >= max_seconds:
+        if multihost.out_of_time(began, time.perf_counter(), max_seconds):
           log(
             f"regenerate: {max_seconds:g} s spent; stopping before shard_{places[k][0]:05d}.npz "
             "(resume to go on)"

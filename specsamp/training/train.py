@@ -39,7 +39,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from specsamp import sharding
+from specsamp import multihost, sharding
 from specsamp.config_fields import ConfigFields
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
@@ -684,7 +684,7 @@ def fit(
       whole = True
       step += 1
       window_steps += 1
-      out_of_time = max_seconds is not None and time.perf_counter() - run_start >= max_seconds
+      out_of_time = multihost.out_of_time(run_start, time.perf_counter(), max_seconds)
       if out_of_time and step < end:
         log(f"{name}: {max_seconds:g} s spent; stopping at step {step} (resume to go on)")
         end = step

@@ -36,7 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specsamp import sharding
+from specsamp import multihost, sharding
 from specsamp.experiments.benchmarks import speedup, timing
 from specsamp.sampling import draft_length, drafters
 from specsamp.sampling import statistics as sampling_statistics
@@ -168,8 +168,8 @@ class Bench:
       first_index=timing.WARMUP_INDEX + 1,
     )
     # Process 0's seconds on every process of a multi-host run: the K chosen from them picks
-    # the loop every process then runs (timing.agreed). The outputs are the same everywhere.
-    ar_s, *probe_s = timing.agreed(
+    # the loop every process then runs (multihost.agreed). The outputs are the same everywhere.
+    ar_s, *probe_s = multihost.agreed(
       [statistics.median(timed[name].seconds) for name in ("autoregressive", *lengths)]
     )
     outputs = [o for k in lengths for o in timed[k].outputs]

@@ -10,9 +10,6 @@ median (robust to a noisy neighbour on a shared CPU).
   time_calls              seconds per model call, as a jitted chain of dependent
                           calls (each fed the argmax of the previous logits, so
                           nothing is hoisted or cached away)
-  agreed                  a measurement as process 0 made it, on every process: what a
-                          timing decides (a chain's length, the automatic K) must pick
-                          the same program on every host of a multi-host run
   measure_memory_bandwidth  bytes/s reading a large array (the decode floor)
   measure_copy_bandwidth  bytes/s read and written copying a large array (an accelerator's
                           achievable HBM bandwidth, as device-to-device copies are quoted)
@@ -32,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp import multihost
 from specsamp.sampling import model_protocol
 
 WARMUP_INDEX = 1_000_000
@@ -125,27 +123,6 @@ def time_sampler(
   return time_interleaved({name: sample}, inputs, calls, count)[name]
 
 
-def agreed(values: Any) -> Any:
-  """``values`` (a number, or a sequence of numbers) as process 0 measured them, on every
-  process of a multi-host run; themselves in a one-process run. Every process must call it,
-  at the same point.
-
-  Each process times on its own clock, and a choice made from a timing picks a program: how
-  many calls ``time_calls`` chains (a static trip count), which K the automatic draft length
-  samples with. Processes that chose differently run different SPMD programs, whose
-  collectives do not match: two CPU processes sampling one batch aborted in gloo ("Received
-  data size doesn't match expected size", 2026-11-30), and a TPU slice's hosts would wait
-  for each other forever. So every timing that decides something is process 0's."""
-  if jax.process_count() == 1:
-    return values
-  from jax.experimental import multihost_utils
-
-  shared = np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(values, np.float64)))
-  if np.ndim(values) == 0:
-    return type(values)(shared)
-  return [type(v)(s) for v, s in zip(values, shared.tolist())]
-
-
 def median_seconds(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
   """Median wall seconds of ``fn()`` (synchronised), after ``warmup`` untimed calls."""
   if repeats < 1:
@@ -212,7 +189,7 @@ def time_calls(
   (the default pair's 7 ms target step: 32, as always; SmolLM2's 90 ms step on a 2-core CPU: 2,
   where 32 made every measured cost take 17 s; a step over CHAIN_SECONDS / 2 is timed alone, its
   one-call chain compiled once). Across the processes of a multi-host run the chain's length and
-  the result are process 0's (``agreed``): the length is the program's static trip count."""
+  the result are process 0's (``multihost.agreed``): the length is a static trip count."""
   graphdef, state = model_protocol.split_model(model)
   cache = model.init_cache(batch_size, cache_length)
   tokens_BT = jnp.ones((batch_size, num_tokens), jnp.int32)
@@ -220,10 +197,11 @@ def time_calls(
   run = lambda calls: _chain(graphdef, state, tokens_BT, cache, start, calls)
   warm = False
   if num_calls is None:
-    one = agreed(median_seconds(lambda: run(1), repeats=1))  # Its warm-up compiles the chain.
+    # One timed call (its warm-up call compiles the chain) says how many calls to chain.
+    one = multihost.agreed(median_seconds(lambda: run(1), repeats=1))
     num_calls = int(np.clip(CHAIN_SECONDS // max(one, 1e-9), 1, 32))
     warm = num_calls == 1
-  return agreed(
+  return multihost.agreed(
     median_seconds(lambda: run(num_calls), repeats, warmup=0 if warm else 1) / num_calls
   )
 

@@ -1,0 +1,38 @@
+"""What every process of a multi-host run must decide alike.
+
+Every host runs the same command (docs/cloud_tpu.md), and every jitted program over the global
+mesh is one SPMD program that all of them must run, in the same order. A choice made on one
+host's clock (a timing, a time budget) can differ between hosts; hosts that chose differently
+run different programs, whose collectives never match: two CPU processes sampling one batch
+aborted in gloo ("Received data size doesn't match expected size", 2026-11-30) when their step
+timings chained different numbers of calls, and a TPU slice's hosts would wait for each other
+forever. ``agreed`` makes such a measurement process 0's on every host before anything is
+decided from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def agreed(values: Any) -> Any:
+  """``values`` (a number, or a sequence of numbers) as process 0 measured them, on every
+  process of a multi-host run; themselves in a one-process run. Every process must call it, at
+  the same point (it is a collective)."""
+  if jax.process_count() == 1:
+    return values
+  from jax.experimental import multihost_utils
+
+  shared = np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(values, np.float64)))
+  if np.ndim(values) == 0:
+    return type(values)(shared)
+  return [type(v)(s) for v, s in zip(values, shared.tolist())]
+
+
+def out_of_time(started: float, now: float, max_seconds: float | None) -> bool:
+  """Whether ``max_seconds`` (None: no limit) have passed since ``started`` by process 0's
+  clock: a run that stops on its time stops at the same step on every host."""
+  return max_seconds is not None and agreed(now - started) >= max_seconds
