@@ -34,5 +34,8 @@ def agreed(values: Any) -> Any:
 
 def out_of_time(started: float, now: float, max_seconds: float | None) -> bool:
   """Whether ``max_seconds`` (None: no limit) have passed since ``started`` by process 0's
-  clock: a run that stops on its time stops at the same step on every host."""
+  clock: a run that stops on its time stops at the same step on every host. With a budget on
+  several processes each check is a small collective that waits for the work queued before it,
+  so a training loop with a budget no longer dispatches a step before the last one ends;
+  without a budget, or in one process, it costs nothing."""
   return max_seconds is not None and agreed(now - started) >= max_seconds
