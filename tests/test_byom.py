@@ -13,7 +13,7 @@ from specsamp.sampling import generate, speculative_generate
 
 
 @pytest.fixture(scope="module")
-def MyLM():  # noqa: N802 (the page's class)
+def MyLM():
   """The page's model class. The page runs when a test asks for it, not when the module is
   collected: every test worker collects every module, and the page's example samples (about 5 s
   of each worker's collection, 2026-11-30)."""
@@ -21,7 +21,7 @@ def MyLM():  # noqa: N802 (the page's class)
 
 
 @pytest.mark.slow
-def test_a_users_own_flax_model_runs_speculatively(MyLM):  # noqa: N803
+def test_a_users_own_flax_model_runs_speculatively(MyLM):
   target = MyLM(50, 2, 2, 8, rngs=nnx.Rngs(0))
   draft = MyLM(50, 1, 2, 8, rngs=nnx.Rngs(1))
   prompts = np.array([[5, 9, 14, 3], [8, 8, 31, 0]])
