@@ -39,3 +39,32 @@ def out_of_time(started: float, now: float, max_seconds: float | None) -> bool:
   so a training loop with a budget no longer dispatches a step before the last one ends;
   without a budget, or in one process, it costs nothing."""
   return max_seconds is not None and agreed(now - started) >= max_seconds
+
+
+class RaisedAnywhere:
+  """A flag any process may raise (a Ctrl-C that reached some hosts), seen by every process at
+  the same check.
+
+  ``check(raised)`` returns whether any process had raised the flag by the *previous* check.
+  Each check starts an all-reduce of this process's flag over every device and returns the one
+  started by the check before: every process gets the same answer at the same check, a step
+  later than its own flag, and nothing waits for the step just dispatched (reading the previous
+  all-reduce waits only for the step before it). In one process it is the flag itself, at
+  once. Every process must call ``check`` at the same points (it is a collective)."""
+
+  def __init__(self):
+    self._pending: jax.Array | None = None
+    self._reduce = None
+
+  def check(self, raised: bool) -> bool:
+    if jax.process_count() == 1:
+      return bool(raised)
+    if self._reduce is None:
+      mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("all",))
+      self._spread = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("all"))
+      replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      self._reduce = jax.jit(lambda flags: flags.any(), out_shardings=replicated)
+    local = np.full((jax.local_device_count(),), bool(raised))
+    flags = jax.make_array_from_process_local_data(self._spread, local, (jax.device_count(),))
+    previous, self._pending = self._pending, self._reduce(flags)
+    return previous is not None and bool(np.asarray(previous.addressable_data(0)))

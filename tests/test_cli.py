@@ -40,8 +40,11 @@ one = multihost.agreed(0.25 + jax.process_index())
 several = multihost.agreed([3 + jax.process_index(), 0.5 * (1 + jax.process_index())])
 # Process 1's clock says 11 s have passed, process 0's 1 s: neither stops at a 5 s budget.
 late = multihost.out_of_time(0.0, 1.0 + 10 * jax.process_index(), 5.0)
+# A Ctrl-C that reached process 1 alone, before its second check: both see it at the third.
+interrupt = multihost.RaisedAnywhere()
+seen = [interrupt.check(jax.process_index() == 1 and i == 1) for i in range(4)]
 print(jax.process_index(), jax.device_count(), len(rows), int(total.addressable_data(0)), one,
-      *several, late)
+      *several, late, "".join("x" if s else "." for s in seen))
 """
 
 
@@ -49,7 +52,8 @@ print(jax.process_index(), jax.device_count(), len(rows), int(total.addressable_
 def test_two_processes_join_one_mesh(tmp_path):
   """--distributed=manual for real: two CPU processes of 2 devices form one 4-device mesh, each
   places only its own rows of a global batch, and a jitted reduction sees all of it; a timing
-  ``multihost.agreed`` shares is process 0's on both (a number and a list)."""
+  ``multihost.agreed`` shares is process 0's on both (a number and a list); a flag one process
+  raises (``multihost.RaisedAnywhere``, a Ctrl-C) is seen by both at the same check."""
   import socket
   import subprocess
   import sys
@@ -74,8 +78,9 @@ def test_two_processes_join_one_mesh(tmp_path):
   for worker, (_, err) in zip(workers, results):
     assert worker.returncode == 0, err[-2000:]
   lines = sorted(out.strip().splitlines()[-1] for out, _ in results)
-  # 4 devices, 2 local shards each, sum of 0..23; process 0's 0.25, 3, 0.5 and clock on both.
-  assert lines == ["0 4 2 276 0.25 3 0.5 False", "1 4 2 276 0.25 3 0.5 False"]
+  # 4 devices, 2 local shards each, sum of 0..23; process 0's 0.25, 3, 0.5 and clock on both;
+  # process 1's interrupt seen by both at the check after it.
+  assert lines == ["0 4 2 276 0.25 3 0.5 False ..x.", "1 4 2 276 0.25 3 0.5 False ..x."]
 
 
 def test_a_time_budget_in_one_process_is_its_own_clock():
@@ -84,3 +89,5 @@ def test_a_time_budget_in_one_process_is_its_own_clock():
   assert multihost.agreed(0.5) == 0.5 and multihost.agreed([1, 2.5]) == [1, 2.5]
   assert not multihost.out_of_time(10.0, 14.9, 5.0) and multihost.out_of_time(10.0, 15.0, 5.0)
   assert not multihost.out_of_time(0.0, 1e9, None)  # No budget.
+  interrupt = multihost.RaisedAnywhere()  # One process: its own flag, at once.
+  assert [interrupt.check(raised) for raised in (False, True, False)] == [False, True, False]

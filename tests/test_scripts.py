@@ -839,6 +839,70 @@ def test_ctrl_c_during_training_saves_and_exits_cleanly(trained_workdir, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: test_cli.py's two processes (RaisedAnywhere).
+def test_ctrl_c_on_one_host_stops_every_host_at_the_same_step(trained_workdir, tmp_path):
+  """2 processes x 2 CPU devices train the target (jax.distributed over gloo); a Ctrl-C reaches
+  process 1 only. Both stop before the same step, save it together and exit with 130: one host
+  stopping alone would save (a collective) while the other steps."""
+  import signal
+  import socket
+
+  workdir, _ = trained_workdir
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  shutil.rmtree(copy / "target")
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  workers = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-u",
+        os.path.join(ROOT, "scripts", "train.py"),
+        "--config=configs/code_pair.py:test",
+        f"--workdir={copy}",
+        "--config.mesh.data=4",
+        "--config.target.train.steps=100000",
+        "--config.target.train.log_every=1",
+        "--distributed=manual",
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      cwd=ROOT,
+      env=script_env(2),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )  # fmt: skip
+    for i in range(2)
+  ]
+  seen = []
+  try:
+    for line in workers[1].stdout:
+      seen.append(line)
+      if "target step" in line:
+        break
+    workers[1].send_signal(signal.SIGINT)
+    # Without the agreement the hosts hang (process 1 in the save, process 0 in its next step).
+    results = [worker.communicate(timeout=180) for worker in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+  steps = []
+  for worker, (out, err), before in zip(workers, results, ("", "".join(seen))):
+    assert worker.returncode == 130, err[-3000:]
+    found = re.findall(r"target: interrupted at step (\d+)", before + out)
+    assert len(found) == 1, out[-2000:]
+    steps.append(int(found[0]))
+  assert steps[0] == steps[1], steps
+  from specsamp.training import checkpoint
+
+  assert checkpoint.Checkpoints(str(copy / "target")).latest_step() == steps[0]
+
+
+@pytest.mark.slow
 @pytest.mark.extended  # Reduced in the suite: tests/test_benchmark_trees.py, in process.
 def test_tree_benchmark_times_every_setting_resumes_and_prints_the_tables(
   trained_workdir, tmp_path

@@ -578,6 +578,7 @@ class _DeferredInterrupt:
   def __init__(self):
     self.requested = False
     self.previous = None
+    self.anywhere = multihost.RaisedAnywhere()
     if threading.current_thread() is threading.main_thread():
       self.previous = signal.signal(signal.SIGINT, self._handle)
 
@@ -586,7 +587,11 @@ class _DeferredInterrupt:
     self.restore()  # A second Ctrl-C interrupts at once.
 
   def check(self) -> None:
-    if self.requested:
+    """Raises KeyboardInterrupt once a Ctrl-C has reached this process or, on several, any
+    of them (``multihost.RaisedAnywhere``: every host stops before the same step, one step
+    after the first host saw it, so the interrupted state's save is one collective all
+    of them join)."""
+    if self.anywhere.check(self.requested):
       raise KeyboardInterrupt
 
   def restore(self) -> None:
