@@ -12,6 +12,9 @@ decided from it.
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 from typing import Any
 
 import jax
@@ -41,6 +44,17 @@ def out_of_time(started: float, now: float, max_seconds: float | None) -> bool:
   return max_seconds is not None and agreed(now - started) >= max_seconds
 
 
+def any_process(flag: bool) -> bool:
+  """Whether ``flag`` is set on any process of a multi-host run (itself in one process). Every
+  process must call it at the same point; it waits for the work queued before it, so it suits
+  a rare check (a shard's start), where ``RaisedAnywhere`` suits one per step."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils
+
+  return bool(np.asarray(multihost_utils.process_allgather(np.asarray([bool(flag)]))).any())
+
+
 class RaisedAnywhere:
   """A flag any process may raise (a Ctrl-C that reached some hosts), seen by every process at
   the same check.
@@ -68,3 +82,42 @@ class RaisedAnywhere:
     flags = jax.make_array_from_process_local_data(self._spread, local, (jax.device_count(),))
     previous, self._pending = self._pending, self._reduce(flags)
     return previous is not None and bool(np.asarray(previous.addressable_data(0)))
+
+
+class DeferredInterrupt:
+  """The first Ctrl-C (SIGINT) as a flag that a loop reads at its safe points, agreed across the
+  processes of a multi-host run; a second Ctrl-C interrupts at once, as usual. Installed by
+  the constructor in the main thread (elsewhere SIGINT keeps raising KeyboardInterrupt) and
+  taken down by ``restore``. ``notice``, if given, is printed to stderr at the first Ctrl-C
+  (when the next safe point may be minutes away)."""
+
+  def __init__(self, notice: str = ""):
+    self.requested = False
+    self.notice = notice
+    self.previous = None
+    self.anywhere = RaisedAnywhere()
+    if threading.current_thread() is threading.main_thread():
+      self.previous = signal.signal(signal.SIGINT, self._handle)
+
+  def _handle(self, signum, frame):
+    self.requested = True
+    self.restore()  # A second Ctrl-C interrupts at once.
+    if self.notice:
+      print(self.notice, file=sys.stderr, flush=True)
+
+  def check(self) -> None:
+    """Raises KeyboardInterrupt once a Ctrl-C has reached this process or, on several, any of
+    them (``RaisedAnywhere``: every host stops at the same check, one check after the first
+    host saw it). For a check at every step."""
+    if self.anywhere.check(self.requested):
+      raise KeyboardInterrupt
+
+  def requested_anywhere(self) -> bool:
+    """Whether a Ctrl-C has reached any process, agreed now (``any_process``): for a rare
+    check."""
+    return any_process(self.requested)
+
+  def restore(self) -> None:
+    if self.previous is not None:
+      signal.signal(signal.SIGINT, self.previous)
+      self.previous = None

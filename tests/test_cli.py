@@ -43,8 +43,10 @@ late = multihost.out_of_time(0.0, 1.0 + 10 * jax.process_index(), 5.0)
 # A Ctrl-C that reached process 1 alone, before its second check: both see it at the third.
 interrupt = multihost.RaisedAnywhere()
 seen = [interrupt.check(jax.process_index() == 1 and i == 1) for i in range(4)]
+# Agreed at once (a shard's start): set on process 1 only, or on none.
+anywhere = [multihost.any_process(jax.process_index() == 1), multihost.any_process(False)]
 print(jax.process_index(), jax.device_count(), len(rows), int(total.addressable_data(0)), one,
-      *several, late, "".join("x" if s else "." for s in seen))
+      *several, late, "".join("x" if s else "." for s in seen + anywhere))
 """
 
 
@@ -53,7 +55,8 @@ def test_two_processes_join_one_mesh(tmp_path):
   """--distributed=manual for real: two CPU processes of 2 devices form one 4-device mesh, each
   places only its own rows of a global batch, and a jitted reduction sees all of it; a timing
   ``multihost.agreed`` shares is process 0's on both (a number and a list); a flag one process
-  raises (``multihost.RaisedAnywhere``, a Ctrl-C) is seen by both at the same check."""
+  raises (``multihost.RaisedAnywhere``, a Ctrl-C) is seen by both at the same check, and at once
+  by ``multihost.any_process``."""
   import socket
   import subprocess
   import sys
@@ -80,7 +83,7 @@ def test_two_processes_join_one_mesh(tmp_path):
   lines = sorted(out.strip().splitlines()[-1] for out, _ in results)
   # 4 devices, 2 local shards each, sum of 0..23; process 0's 0.25, 3, 0.5 and clock on both;
   # process 1's interrupt seen by both at the check after it.
-  assert lines == ["0 4 2 276 0.25 3 0.5 False ..x.", "1 4 2 276 0.25 3 0.5 False ..x."]
+  assert lines == ["0 4 2 276 0.25 3 0.5 False ..x.x.", "1 4 2 276 0.25 3 0.5 False ..x.x."]
 
 
 def test_a_time_budget_in_one_process_is_its_own_clock():
@@ -91,3 +94,4 @@ def test_a_time_budget_in_one_process_is_its_own_clock():
   assert not multihost.out_of_time(0.0, 1e9, None)  # No budget.
   interrupt = multihost.RaisedAnywhere()  # One process: its own flag, at once.
   assert [interrupt.check(raised) for raised in (False, True, False)] == [False, True, False]
+  assert multihost.any_process(True) and not multihost.any_process(False)

@@ -323,6 +323,40 @@ def test_a_run_resumes_with_another_batch_size_and_stops_on_its_time(target, tmp
     )
 
 
+def test_a_ctrl_c_begins_no_new_shard_and_a_resumed_run_answers_the_rest(target, tmp_path):
+  """The first Ctrl-C: the shards begun are answered and written, none begins after it, the
+  run raises KeyboardInterrupt (the scripts exit with 130) and SIGINT is Python's again; a
+  resumed run answers the rest as an uninterrupted run does."""
+  import signal
+
+  tokenizer = word_tokenizer()
+  plan = regenerate.Plan(
+    settings=("greedy",), batch_size=2, max_prompt_tokens=32, max_new_tokens=4, shard_prompts=2
+  )
+  made = prompts(14)
+  out, logs = str(tmp_path / "shards"), []
+
+  def log(line: str) -> None:
+    logs.append(line)
+    if line.startswith("regenerate: shard_00000.npz ("):  # The first shard written: Ctrl-C.
+      os.kill(os.getpid(), signal.SIGINT)
+
+  with pytest.raises(KeyboardInterrupt):
+    regenerate.regenerate(target, tokenizer, made, out, plan, target_id="t", log=log)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  stopped = [line for line in logs if "interrupted; stopping before" in line]
+  assert len(stopped) == 1 and "resume to go on" in logs[-1], logs
+  written = regenerate.read_manifest(out)["shards"]
+  full = regenerate.regenerate(target, tokenizer, made, out, plan, target_id="t", log=print)
+  assert 1 <= len(written) < len(full["shards"]) and full["shards"][: len(written)] == written
+  alone = str(tmp_path / "uninterrupted")
+  regenerate.regenerate(target, tokenizer, made, alone, plan, target_id="t", log=print)
+  for shard in full["shards"]:
+    with np.load(os.path.join(out, shard["file"])) as a:
+      with np.load(os.path.join(alone, shard["file"])) as b:
+        np.testing.assert_array_equal(a["tokens"], b["tokens"])
+
+
 def test_a_second_pass_answers_every_prompt_with_the_other_setting(target, tmp_path):
   """passes=2 extends a finished one-pass run: its shards stay, and the new ones answer the
   same blocks of prompts, each with the setting its block did not have, so every prompt is

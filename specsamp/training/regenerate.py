@@ -507,7 +507,7 @@ def regenerate(
   # Shards of one setting answer together, so that waiting prompts refill the batch across
   # them: at least GROUP_BATCHES batches' prompts in a group (a shard's own tail would idle).
   per_group = max(1, -(-GROUP_BATCHES * plan.batch_size // plan.shard_prompts))
-  out_of_time = False
+  out_of_time = interrupted = False
 
   def write(index: int, shard: dict[str, Any]) -> None:
     """Shard ``index``, all its prompts answered: written, then named in the manifest."""
@@ -550,63 +550,80 @@ def regenerate(
     if warning:
       log(f"regenerate: {warning}")
 
-  while pending and not out_of_time:
-    setting = plan.setting(pending[0], blocks)
-    group = [i for i in pending if plan.setting(i, blocks) == setting][:per_group]
-    pending = [i for i in pending if i not in group]
-    shards, places = {}, []  # places[k]: (shard, its k-th prompt by length) of the group's k.
-    for index in group:
-      first = (index % blocks) * plan.shard_prompts
-      shard_ids = ids[first : first + plan.shard_prompts]
-      shard_rows = rows[first:][: plan.shard_prompts]
-      by_length = sorted(range(len(shard_rows)), key=lambda i: len(shard_rows[i]))
-      shards[index] = {
-        "setting": setting,
-        "ids": [shard_ids[i] for i in by_length],
-        "rows": [shard_rows[i] for i in by_length],
-        "answers": [None] * len(by_length),
-        "finished": [False] * len(by_length),
-        "left": len(by_length),
-        "began": None,
-      }
-      places += [(index, k) for k in range(len(by_length))]
+  # The first Ctrl-C begins no new shard; the shards begun are answered and written, then the
+  # run stops (a second Ctrl-C stops it at once, losing those). Agreed across hosts.
+  interrupt = multihost.DeferredInterrupt(
+    "regenerate: Ctrl-C: the shards begun are answered and written, then the run stops "
+    "(Ctrl-C again to stop at once, losing them)"
+  )
+  try:
+    while pending and not (out_of_time or interrupted):
+      setting = plan.setting(pending[0], blocks)
+      group = [i for i in pending if plan.setting(i, blocks) == setting][:per_group]
+      pending = [i for i in pending if i not in group]
+      shards, places = {}, []  # places[k]: (shard, its k-th prompt by length) of the group's k.
+      for index in group:
+        first = (index % blocks) * plan.shard_prompts
+        shard_ids = ids[first : first + plan.shard_prompts]
+        shard_rows = rows[first:][: plan.shard_prompts]
+        by_length = sorted(range(len(shard_rows)), key=lambda i: len(shard_rows[i]))
+        shards[index] = {
+          "setting": setting,
+          "ids": [shard_ids[i] for i in by_length],
+          "rows": [shard_rows[i] for i in by_length],
+          "answers": [None] * len(by_length),
+          "finished": [False] * len(by_length),
+          "left": len(by_length),
+          "began": None,
+        }
+        places += [(index, k) for k in range(len(by_length))]
 
-    def admit(k: int) -> bool:
-      """A shard begun is finished; none begins once ``max_seconds`` are spent."""
-      nonlocal out_of_time
-      shard = shards[places[k][0]]
-      if shard["began"] is None:
-        if multihost.out_of_time(began, time.perf_counter(), max_seconds):
-          log(
-            f"regenerate: {max_seconds:g} s spent; stopping before shard_{places[k][0]:05d}.npz "
-            "(resume to go on)"
-          )
-          out_of_time = True
-          return False
-        shard["began"] = time.perf_counter()
-      return True
+      def admit(k: int) -> bool:
+        """A shard begun is finished; none begins once ``max_seconds`` are spent or after a
+        Ctrl-C."""
+        nonlocal out_of_time, interrupted
+        shard = shards[places[k][0]]
+        if shard["began"] is None:
+          if interrupt.requested_anywhere():
+            log(f"regenerate: interrupted; stopping before shard_{places[k][0]:05d}.npz")
+            interrupted = True
+            return False
+          if multihost.out_of_time(began, time.perf_counter(), max_seconds):
+            log(
+              f"regenerate: {max_seconds:g} s spent; stopping before shard_{places[k][0]:05d}.npz "
+              "(resume to go on)"
+            )
+            out_of_time = True
+            return False
+          shard["began"] = time.perf_counter()
+        return True
 
-    def on_answer(k: int, sequence: np.ndarray, ended: bool) -> None:
-      index, position = places[k]
-      shard = shards[index]
-      shard["answers"][position], shard["finished"][position] = sequence, ended
-      shard["left"] -= 1
-      if not shard["left"]:
-        write(index, shard)
+      def on_answer(k: int, sequence: np.ndarray, ended: bool) -> None:
+        index, position = places[k]
+        shard = shards[index]
+        shard["answers"][position], shard["finished"][position] = sequence, ended
+        shard["left"] -= 1
+        if not shard["left"]:
+          write(index, shard)
 
-    _answer_group(
-      target,
-      [shards[index]["rows"][position] for index, position in places],
-      plan,
-      setting,
-      tokenizer.stop_ids,
-      tokenizer.pad_id,
-      jax.random.fold_in(jax.random.key(plan.seed), group[0]),
-      width_step,
-      compact,
-      admit,
-      on_answer,
-    )
+      _answer_group(
+        target,
+        [shards[index]["rows"][position] for index, position in places],
+        plan,
+        setting,
+        tokenizer.stop_ids,
+        tokenizer.pad_id,
+        jax.random.fold_in(jax.random.key(plan.seed), group[0]),
+        width_step,
+        compact,
+        admit,
+        on_answer,
+      )
+  finally:
+    interrupt.restore()
+  if interrupted:
+    log(f"regenerate: {len(manifest['shards'])}/{total} shards written; resume to go on")
+    raise KeyboardInterrupt
   return manifest
 
 

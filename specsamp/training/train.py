@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import signal
-import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -571,35 +569,6 @@ def _as_items(state: TrainState) -> dict[str, Any]:
   return {"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}}
 
 
-class _DeferredInterrupt:
-  """SIGINT as a flag, checked between training steps (main thread only; elsewhere, and
-  after the first Ctrl-C, SIGINT raises KeyboardInterrupt as usual)."""
-
-  def __init__(self):
-    self.requested = False
-    self.previous = None
-    self.anywhere = multihost.RaisedAnywhere()
-    if threading.current_thread() is threading.main_thread():
-      self.previous = signal.signal(signal.SIGINT, self._handle)
-
-  def _handle(self, signum, frame):
-    self.requested = True
-    self.restore()  # A second Ctrl-C interrupts at once.
-
-  def check(self) -> None:
-    """Raises KeyboardInterrupt once a Ctrl-C has reached this process or, on several, any
-    of them (``multihost.RaisedAnywhere``: every host stops before the same step, one step
-    after the first host saw it, so the interrupted state's save is one collective all
-    of them join)."""
-    if self.anywhere.check(self.requested):
-      raise KeyboardInterrupt
-
-  def restore(self) -> None:
-    if self.previous is not None:
-      signal.signal(signal.SIGINT, self.previous)
-      self.previous = None
-
-
 def fit(
   trainer: Trainer,
   batches: Batches,
@@ -660,9 +629,10 @@ def fit(
   window_start, window_steps, run_start = time.perf_counter(), 0, time.perf_counter()
   step = start
   # Ctrl-C lands between steps: a step donates the state's buffers, so an interrupt inside
-  # one would leave nothing whole to save. The first Ctrl-C sets a flag the loop checks; a
+  # one would leave nothing whole to save. The first Ctrl-C sets a flag the loop checks (on
+  # several hosts, every host stops before the same step, which all of them save together); a
   # second one interrupts at once.
-  interrupt = _DeferredInterrupt()
+  interrupt = multihost.DeferredInterrupt()
   metrics, whole = None, True  # whole: state holds a finished step (not donated buffers).
   finite_at = None  # The step whose loss and parameters were last found finite.
 
