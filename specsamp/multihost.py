@@ -12,6 +12,7 @@ decided from it.
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import threading
@@ -68,20 +69,25 @@ class RaisedAnywhere:
 
   def __init__(self):
     self._pending: jax.Array | None = None
-    self._reduce = None
 
   def check(self, raised: bool) -> bool:
     if jax.process_count() == 1:
       return bool(raised)
-    if self._reduce is None:
-      mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("all",))
-      self._spread = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("all"))
-      replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-      self._reduce = jax.jit(lambda flags: flags.any(), out_shardings=replicated)
+    spread, reduce = _any_over_devices()
     local = np.full((jax.local_device_count(),), bool(raised))
-    flags = jax.make_array_from_process_local_data(self._spread, local, (jax.device_count(),))
-    previous, self._pending = self._pending, self._reduce(flags)
+    flags = jax.make_array_from_process_local_data(spread, local, (jax.device_count(),))
+    previous, self._pending = self._pending, reduce(flags)
     return previous is not None and bool(np.asarray(previous.addressable_data(0)))
+
+
+@functools.cache
+def _any_over_devices() -> tuple[jax.sharding.Sharding, Any]:
+  """(a sharding of one flag per device, the jitted OR of them replicated on every device): one
+  program per process, whichever loop checks."""
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("all",))
+  spread = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("all"))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return spread, jax.jit(lambda flags: flags.any(), out_shardings=replicated)
 
 
 class DeferredInterrupt:
