@@ -8,6 +8,12 @@ aborted in gloo ("Received data size doesn't match expected size", 2026-11-30) w
 timings chained different numbers of calls, and a TPU slice's hosts would wait for each other
 forever. ``agreed`` makes such a measurement process 0's on every host before anything is
 decided from it.
+
+A Ctrl-C is the same kind of choice: it reaches the hosts at different moments, or only some
+of them, and a host that stopped alone to save (a collective) while the others stepped hung two
+CPU processes (2026-11-30). ``DeferredInterrupt`` stops every host at the same point: the same
+step (``RaisedAnywhere``, an all-reduce read one check later) or the same shard
+(``any_process``, agreed at once).
 """
 
 from __future__ import annotations
