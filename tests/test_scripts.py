@@ -1173,3 +1173,65 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
   folder = trained_and_shipped("parallel_head", "parallel feature head")
   _, logs = greedy_run("parallel_head", "feature", "parallel_checkpoint", folder)
   assert any(f"parallel feature head: loaded from {folder}" in line for line in logs), logs
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # Reduced in the suite: test_cli.py's two processes (any_process).
+def test_multi_host_regeneration_writes_what_one_process_writes(trained_workdir, tmp_path):
+  """2 processes x 2 CPU devices answer a user's JSONL prompts into one shared directory
+  (jax.distributed over gloo): both finish, and the shards and manifest are those of a
+  one-process run (greedy answers, token for token)."""
+  import json
+  import socket
+
+  workdir, _ = trained_workdir
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text(
+    "".join(json.dumps({"prompt": f"def g{i}(x):\n    return x * {i}"}) + "\n" for i in range(40))
+  )
+  flags = [
+    "--config=configs/code_pair.py:test", f"--workdir={workdir}", f"--prompts={prompts}",
+    "--batch_size=8", "--shard_prompts=16", "--max_new_tokens=12", "--max_prompt_tokens=64",
+    "--settings=greedy", "--config.mesh.data=4",
+  ]  # fmt: skip
+  single = run_script("regenerate.py", *flags, f"--out={tmp_path / 'one'}", devices=4)
+  assert single.returncode == 0, single.stderr[-3000:]
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  workers = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        os.path.join(ROOT, "scripts", "regenerate.py"),
+        *flags,
+        f"--out={tmp_path / 'two'}",
+        "--distributed=manual",
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      cwd=ROOT,
+      env=script_env(2),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )  # fmt: skip
+    for i in range(2)
+  ]
+  try:
+    results = [worker.communicate(timeout=300) for worker in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+  for worker, (_, err) in zip(workers, results):
+    assert worker.returncode == 0, err[-3000:]
+  one, two = (json.load(open(tmp_path / d / "manifest.json")) for d in ("one", "two"))
+  assert [s["file"] for s in two["shards"]] == [s["file"] for s in one["shards"]]
+  assert not [name for name in os.listdir(tmp_path / "two") if "partial" in name]
+  for shard in one["shards"]:
+    with (
+      np.load(tmp_path / "one" / shard["file"]) as a,
+      np.load(tmp_path / "two" / shard["file"]) as b,
+    ):
+      np.testing.assert_array_equal(a["tokens"], b["tokens"])

@@ -128,7 +128,11 @@ def encode(
 
 
 def _write_atomic(path: str, write: Callable[[str], None]) -> None:
-  partial = path + ".partial"
+  """Writes ``path`` whole or not at all: into a partial file of this process's own, renamed
+  into place. On several hosts every process writes the same shard and manifest into the one
+  shared directory (the answers are replicated); with one partial name for all of them, one
+  process would truncate another's file mid-write and the second rename would find nothing."""
+  partial = f"{path}.partial{os.getpid()}"
   write(partial)
   os.replace(partial, path)
 
