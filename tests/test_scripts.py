@@ -34,6 +34,60 @@ def run_script(script, *args, devices=None):
   return WARM.run([os.path.join(ROOT, "scripts", script), *args], script_env(devices), ROOT, 300)
 
 
+def start_two_processes(script, *args, devices):
+  """scripts/``script`` started twice, as processes 0 and 1 of one jax.distributed run (gloo,
+  a free localhost port), each on ``devices`` simulated CPU devices: the Popen objects."""
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  return [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-u",
+        os.path.join(ROOT, "scripts", script),
+        *args,
+        "--distributed=manual",
+        f"--coordinator_address=localhost:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      cwd=ROOT,
+      env=script_env(devices),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )  # fmt: skip
+    for i in range(2)
+  ]
+
+
+def interrupt_when(worker, marker):
+  """Reads ``worker``'s output up to the first line holding ``marker``, then sends it SIGINT:
+  the lines read."""
+  import signal
+
+  seen = []
+  for line in worker.stdout:
+    seen.append(line)
+    if marker in line:
+      break
+  worker.send_signal(signal.SIGINT)
+  return "".join(seen)
+
+
+def finish(workers, timeout=180):
+  """(stdout, stderr) of each worker once it exits; every worker is killed if one does not
+  exit in time (hosts waiting on each other hang rather than fail)."""
+  try:
+    return [worker.communicate(timeout=timeout) for worker in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+
+
 @pytest.fixture(scope="module")
 def trained_workdir(tmp_path_factory):
   """The micro pair trained once by scripts/train.py (both drafts), shared by the tests."""
@@ -484,7 +538,6 @@ def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
   the sample job and its statistics run on every host, and the tokens equal a one-process
   8-device run's."""
   import json
-  import socket
 
   workdir, _ = trained_workdir
   flags = [
@@ -497,31 +550,10 @@ def test_multi_host_sampling_equals_one_process(trained_workdir, tmp_path):
   ]
   single = run_script("sample.py", *flags, f"--output={tmp_path / 'single.json'}")
   assert single.returncode == 0, single.stderr[-3000:]
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  env = script_env(devices=4)
-  workers = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        os.path.join(ROOT, "scripts", "sample.py"),
-        *flags,
-        "--distributed=manual",
-        f"--coordinator_address=localhost:{port}",
-        "--num_processes=2",
-        f"--process_id={i}",
-        f"--output={tmp_path / 'multi.json'}",
-      ],
-      cwd=ROOT,
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  results = [worker.communicate(timeout=300) for worker in workers]
+  workers = start_two_processes(
+    "sample.py", *flags, f"--output={tmp_path / 'multi.json'}", devices=4
+  )
+  results = finish(workers, timeout=300)
   for worker, (out, err) in zip(workers, results):
     assert worker.returncode == 0, err[-3000:]
     assert "of 8 devices" in out and "tokens/target call:" in out
@@ -844,54 +876,22 @@ def test_ctrl_c_on_one_host_stops_every_host_at_the_same_step(trained_workdir, t
   """2 processes x 2 CPU devices train the target (jax.distributed over gloo); a Ctrl-C reaches
   process 1 only. Both stop before the same step, save it together and exit with 130: one host
   stopping alone would save (a collective) while the other steps."""
-  import signal
-  import socket
-
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
   shutil.copytree(workdir, copy)
   shutil.rmtree(copy / "target")
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  workers = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        "-u",
-        os.path.join(ROOT, "scripts", "train.py"),
-        "--config=configs/code_pair.py:test",
-        f"--workdir={copy}",
-        "--config.mesh.data=4",
-        "--config.target.train.steps=100000",
-        "--config.target.train.log_every=1",
-        "--distributed=manual",
-        f"--coordinator_address=localhost:{port}",
-        "--num_processes=2",
-        f"--process_id={i}",
-      ],
-      cwd=ROOT,
-      env=script_env(2),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )  # fmt: skip
-    for i in range(2)
-  ]
-  seen = []
+  workers = start_two_processes(
+    "train.py", "--config=configs/code_pair.py:test", f"--workdir={copy}",
+    "--config.mesh.data=4", "--config.target.train.steps=100000",
+    "--config.target.train.log_every=1", devices=2,
+  )  # fmt: skip
+  # Without the agreement the hosts hang (process 1 in the save, process 0 in its next step).
   try:
-    for line in workers[1].stdout:
-      seen.append(line)
-      if "target step" in line:
-        break
-    workers[1].send_signal(signal.SIGINT)
-    # Without the agreement the hosts hang (process 1 in the save, process 0 in its next step).
-    results = [worker.communicate(timeout=180) for worker in workers]
+    seen = interrupt_when(workers[1], "target step")
   finally:
-    for worker in workers:
-      worker.kill()
+    results = finish(workers)
   steps = []
-  for worker, (out, err), before in zip(workers, results, ("", "".join(seen))):
+  for worker, (out, err), before in zip(workers, results, ("", seen)):
     assert worker.returncode == 130, err[-3000:]
     found = re.findall(r"target: interrupted at step (\d+)", before + out)
     assert len(found) == 1, out[-2000:]
@@ -1176,13 +1176,17 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # Reduced in the suite: test_cli.py's two processes (any_process).
-def test_multi_host_regeneration_writes_what_one_process_writes(trained_workdir, tmp_path):
+@pytest.mark.extended  # Reduced in the suite: test_regenerate.py (one process), test_cli.py.
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_multi_host_regeneration_writes_what_one_process_writes(
+  trained_workdir, tmp_path, interrupted
+):
   """2 processes x 2 CPU devices answer a user's JSONL prompts into one shared directory
-  (jax.distributed over gloo): both finish, and the shards and manifest are those of a
-  one-process run (greedy answers, token for token)."""
+  (jax.distributed over gloo): the shards and manifest are a one-process run's (greedy
+  answers, token for token). ``interrupted``: a Ctrl-C reaches process 1 after its first shard;
+  both begin no new shard, write the ones begun and exit with 130, and a second run on both
+  answers the rest."""
   import json
-  import socket
 
   workdir, _ = trained_workdir
   prompts = tmp_path / "prompts.jsonl"
@@ -1191,47 +1195,30 @@ def test_multi_host_regeneration_writes_what_one_process_writes(trained_workdir,
   )
   flags = [
     "--config=configs/code_pair.py:test", f"--workdir={workdir}", f"--prompts={prompts}",
-    "--batch_size=8", "--shard_prompts=16", "--max_new_tokens=12", "--max_prompt_tokens=64",
+    "--batch_size=4", "--shard_prompts=4", "--max_new_tokens=12", "--max_prompt_tokens=64",
     "--settings=greedy", "--config.mesh.data=4",
   ]  # fmt: skip
   single = run_script("regenerate.py", *flags, f"--out={tmp_path / 'one'}", devices=4)
   assert single.returncode == 0, single.stderr[-3000:]
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    port = s.getsockname()[1]
-  workers = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        os.path.join(ROOT, "scripts", "regenerate.py"),
-        *flags,
-        f"--out={tmp_path / 'two'}",
-        "--distributed=manual",
-        f"--coordinator_address=localhost:{port}",
-        "--num_processes=2",
-        f"--process_id={i}",
-      ],
-      cwd=ROOT,
-      env=script_env(2),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )  # fmt: skip
-    for i in range(2)
-  ]
-  try:
-    results = [worker.communicate(timeout=300) for worker in workers]
-  finally:
-    for worker in workers:
-      worker.kill()
-  for worker, (_, err) in zip(workers, results):
+  two = [*flags, f"--out={tmp_path / 'two'}"]
+  if interrupted:
+    workers = start_two_processes("regenerate.py", *two, devices=2)
+    try:
+      interrupt_when(workers[1], "regenerate: shard_00000.npz (")
+    finally:
+      results = finish(workers)
+    for worker, (out, err) in zip(workers, results):
+      assert worker.returncode == 130 and "interrupted." in err, err[-3000:]
+      assert "stopping before shard_" in out, out[-2000:]
+    stopped = json.load(open(tmp_path / "two" / "manifest.json"))["shards"]
+    assert 1 <= len(stopped) < len(json.load(open(tmp_path / "one" / "manifest.json"))["shards"])
+  workers = start_two_processes("regenerate.py", *two, devices=2)
+  for worker, (_, err) in zip(workers, finish(workers)):
     assert worker.returncode == 0, err[-3000:]
   one, two = (json.load(open(tmp_path / d / "manifest.json")) for d in ("one", "two"))
   assert [s["file"] for s in two["shards"]] == [s["file"] for s in one["shards"]]
   assert not [name for name in os.listdir(tmp_path / "two") if "partial" in name]
   for shard in one["shards"]:
-    with (
-      np.load(tmp_path / "one" / shard["file"]) as a,
-      np.load(tmp_path / "two" / shard["file"]) as b,
-    ):
-      np.testing.assert_array_equal(a["tokens"], b["tokens"])
+    with np.load(tmp_path / "one" / shard["file"]) as a:
+      with np.load(tmp_path / "two" / shard["file"]) as b:
+        np.testing.assert_array_equal(a["tokens"], b["tokens"])
