@@ -59,7 +59,7 @@ def start_two_processes(script, *args, devices):
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
-    )  # fmt: skip
+    )
     for i in range(2)
   ]
 
@@ -1182,10 +1182,10 @@ def test_multi_host_regeneration_writes_what_one_process_writes(
   trained_workdir, tmp_path, interrupted
 ):
   """2 processes x 2 CPU devices answer a user's JSONL prompts into one shared directory
-  (jax.distributed over gloo): the shards and manifest are a one-process run's (greedy
-  answers, token for token). ``interrupted``: a Ctrl-C reaches process 1 after its first shard;
-  both begin no new shard, write the ones begun and exit with 130, and a second run on both
-  answers the rest."""
+  (jax.distributed over gloo): the same shard files as a one-process run's, greedy answers
+  equal token for token, and no partial file left. ``interrupted``: a Ctrl-C reaches process 1
+  after its first shard; both begin no new shard, write the ones begun and exit with 130, and a
+  second run on both answers the rest."""
   import json
 
   workdir, _ = trained_workdir
