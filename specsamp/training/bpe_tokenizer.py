@@ -19,6 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from specsamp import files
 from specsamp.training import tokenizer
 
 TOKENIZER_JSON = tokenizer.JSON_FILE
@@ -139,10 +140,10 @@ class BpeTokenizer:
       config["pad_token"] = self.id_to_piece(self._pad_id)
     if self.chat_template is not None:
       config["chat_template"] = self.chat_template
-    files = {TOKENIZER_JSON: self.backend.to_str(), CONFIG_JSON: json.dumps(config, indent=2)}
-    for name, text in files.items():
-      tokenizer.write_atomically(os.path.join(directory, name), text)
-    return [*files, *tokenizer.write_stop_ids(directory, self.stop_ids)]
+    texts = {TOKENIZER_JSON: self.backend.to_str(), CONFIG_JSON: json.dumps(config, indent=2)}
+    for name, text in texts.items():
+      files.write_atomically(os.path.join(directory, name), text)
+    return [*texts, *tokenizer.write_stop_ids(directory, self.stop_ids)]
 
   @property
   def vocab_size(self) -> int:

@@ -31,6 +31,7 @@ import re
 import textwrap
 from collections.abc import Iterable, Sequence
 
+from specsamp import files
 from specsamp.training import data
 
 KINDS = ("explain", "document", "complete")
@@ -226,11 +227,12 @@ def write_snapshot(prompts: Sequence[Prompt], path: str = SNAPSHOT) -> None:
   """``prompts`` as xz-compressed JSON lines (id and messages), written atomically."""
   import lzma
 
-  partial = path + ".partial"
-  with lzma.open(partial, "wt", encoding="utf-8", preset=9) as f:
-    for prompt in prompts:
-      f.write(json.dumps({"id": prompt.id, "messages": list(prompt.messages)}) + "\n")
-  os.replace(partial, path)
+  def write(partial: str) -> None:
+    with lzma.open(partial, "wt", encoding="utf-8", preset=9) as f:
+      for prompt in prompts:
+        f.write(json.dumps({"id": prompt.id, "messages": list(prompt.messages)}) + "\n")
+
+  files.write_atomically(path, write)
 
 
 def read_snapshot(path: str = SNAPSHOT) -> list[Prompt]:

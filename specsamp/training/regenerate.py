@@ -45,7 +45,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from specsamp import multihost
+from specsamp import files, multihost
 from specsamp.sampling import compacting
 from specsamp.training import instructions
 from specsamp.training import tokenizer as tokenizer_lib
@@ -127,16 +127,6 @@ def encode(
   return ids, rows, skipped
 
 
-def _write_atomic(path: str, write: Callable[[str], None]) -> None:
-  """Writes ``path`` whole or not at all: into a partial file of this process's own, renamed
-  into place. On several hosts every process writes the same shard and manifest into the one
-  shared directory (the answers are replicated); with one partial name for all of them, one
-  process would truncate another's file mid-write and the second rename would find nothing."""
-  partial = f"{path}.partial{os.getpid()}"
-  write(partial)
-  os.replace(partial, path)
-
-
 def read_manifest(out_dir: str) -> dict[str, Any] | None:
   path = os.path.join(out_dir, MANIFEST)
   if not os.path.exists(path):
@@ -180,11 +170,9 @@ def _intact(directory: str, name: str) -> bool:
 
 
 def _write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
-  def write(path):
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(manifest, f, indent=1)
-
-  _write_atomic(os.path.join(out_dir, MANIFEST), write)
+  # On several hosts every process writes the same shards and manifest into the one shared
+  # directory (the answers are replicated): files.write_atomically's partial files are per process.
+  files.write_json(os.path.join(out_dir, MANIFEST), manifest)
 
 
 REPEAT_NGRAM = 4
@@ -346,7 +334,9 @@ def merge(from_dir: str, to_dir: str, log: Callable[[str], None] = print) -> int
   os.makedirs(to_dir, exist_ok=True)
   for shard in new:
     arrays = load_shard(from_dir, shard["file"])
-    _write_atomic(os.path.join(to_dir, shard["file"]), lambda path, a=arrays: _save_shard(path, a))
+    files.write_atomically(
+      os.path.join(to_dir, shard["file"]), lambda path, a=arrays: _save_shard(path, a)
+    )
   if broken:
     log(f"regenerate: {len(broken)} missing or damaged shards in {to_dir} replaced from {from_dir}")
   ours["shards"] = sorted(ours["shards"] + new, key=lambda s: s["file"])
@@ -525,7 +515,7 @@ def regenerate(
       "finished": np.asarray(shard["finished"]),
       "ids": np.asarray(shard["ids"]),
     }
-    _write_atomic(os.path.join(out_dir, name), lambda path, a=arrays: _save_shard(path, a))
+    files.write_atomically(os.path.join(out_dir, name), lambda path, a=arrays: _save_shard(path, a))
     seconds = time.perf_counter() - shard["began"]
     answer_tokens = int(offsets[-1] - prompt_lengths.sum())
     counts = [repeated_ngrams(s[n:]) for s, n in zip(sequences, prompt_lengths)]

@@ -42,6 +42,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from specsamp import files
 from specsamp.training import answers
 
 OUTPUTS, META, PROGRESS = "outputs.bin", "meta.json", "progress.json"
@@ -54,12 +55,6 @@ def width(layers: tuple[int, ...], d_model: int) -> int:
 
 def _numpy_dtype(dtype: Any) -> np.dtype:
   return np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(dtype)
-
-
-def _write_json(path: str, value: dict[str, Any]) -> None:
-  with open(path + ".partial", "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1)
-  os.replace(path + ".partial", path)
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -183,7 +178,7 @@ def build(
     log(f"target outputs: {directory} holds the first {old_rows:,} rows; extending it")
     with open(path, "r+b") as f:
       f.truncate(int(np.prod(shape)) * dtype.itemsize)
-    _write_json(os.path.join(directory, META), meta)
+    files.write_json(os.path.join(directory, META), meta)
     stored_meta = meta
   size = int(np.prod(shape)) * dtype.itemsize
   if (
@@ -199,10 +194,10 @@ def build(
     for name in (PROGRESS, META, OUTPUTS):
       if os.path.exists(os.path.join(directory, name)):
         os.remove(os.path.join(directory, name))
-    _write_json(os.path.join(directory, META), meta)
+    files.write_json(os.path.join(directory, META), meta)
     np.memmap(path, dtype, "w+", shape=tuple(shape)).flush()
     progress = {"rows": 0}
-    _write_json(os.path.join(directory, PROGRESS), progress)
+    files.write_json(os.path.join(directory, PROGRESS), progress)
   done, total = int(progress["rows"]), shape[0]
   if done < total:
     outputs = np.memmap(path, dtype, "r+", shape=tuple(shape))
@@ -219,7 +214,7 @@ def build(
         chunk = [np.concatenate([a, np.repeat(a[:1], chunk_rows - len(a), 0)]) for a in chunk]
       outputs[row:stop] = np.asarray(capture(*map(jnp.asarray, chunk)))[: stop - row]
       outputs.flush()
-      _write_json(os.path.join(directory, PROGRESS), {"rows": stop})
+      files.write_json(os.path.join(directory, PROGRESS), {"rows": stop})
       if (stop - first) % (chunk_rows * 16) == 0 or stop == total:
         seconds = time.perf_counter() - start
         log(

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
+from specsamp.files import write_atomically
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
@@ -273,14 +275,6 @@ def decodable(
     if 0 <= i < vocab_size and not is_special(i):
       kept.append(i)
   return kept
-
-
-def write_atomically(path: str, data: bytes | str) -> None:
-  """Writes ``data`` to ``path`` through a temporary file, so a reader never sees half of it."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path + ".tmp", "wb") as f:
-    f.write(data.encode() if isinstance(data, str) else data)
-  os.replace(path + ".tmp", path)
 
 
 MODEL_FILE = "tokenizer.model"

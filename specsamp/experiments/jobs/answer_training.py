@@ -29,6 +29,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from specsamp import files
 from specsamp.experiments.jobs import drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.models.feature_head import FeatureHeadConfig
@@ -406,10 +407,7 @@ def train_on_answers(
 
   def write_best() -> None:
     if jax.process_index() == 0 and "step" in best:  # One writer; renamed into place.
-      path = os.path.join(directory, BEST, BEST_JSON)
-      with open(path + ".partial", "w", encoding="utf-8") as f:
-        json.dump(best, f, indent=1)
-      os.replace(path + ".partial", path)
+      files.write_json(os.path.join(directory, BEST, BEST_JSON), best)
 
   def on_eval(step: int, params: Any) -> str:
     tau, acc, with_lookup = measure_tau(accepted, params, evaluation, K, lookups)

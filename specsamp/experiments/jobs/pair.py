@@ -38,7 +38,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from specsamp import sharding
+from specsamp import files, sharding
 from specsamp.hf import eagle
 from specsamp.models import transformer
 from specsamp.models.config import EXECUTION_FIELDS, TransformerConfig
@@ -152,7 +152,7 @@ def load_tokenizer(
     model_type=config.tokenizer.model_type,
     seed=config.seed,
   )
-  tokenizer_lib.write_atomically(source_path, json.dumps(source, indent=2).encode())
+  files.write_atomically(source_path, json.dumps(source, indent=2))
   return tokenizer
 
 

@@ -37,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specsamp import files
 from specsamp.sampling import drafters, speculative, warping
 from specsamp.testing import exactness
-from specsamp.training import tokenizer
 
 
 def support_distribution(
@@ -131,7 +131,7 @@ def draw(
     if path:
       buffer = io.BytesIO()
       np.save(buffer, rows)
-      tokenizer.write_atomically(path, buffer.getvalue())
+      files.write_atomically(path, buffer.getvalue())
     chunks.append(rows)
     if log:
       log(f"  chunk {index + 1}: {(index + 1) * chunk:,} rows, {time.perf_counter() - start:.0f} s")

@@ -1,0 +1,47 @@
+"""Atomic file writes: whoever reads a file (a resumed run, another host, a user) finds it whole
+or not at all.
+
+Every file specsamp writes for later (tokenizers, checkpoints' sidecars, answer shards and their
+manifest, the target store's metadata, the best drafter's record, the prompt snapshot) goes
+through ``write_atomically``: into a partial file of this process's own, renamed into place. The
+partial name carries the process id because on several hosts every process may write the same
+file into one shared directory (regeneration's answers are replicated): with one name for all of
+them, one process would truncate another's file mid-write and the second rename would find
+nothing. A write that fails, or a Ctrl-C in the middle of one, removes its partial file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+
+def partial_path(path: str) -> str:
+  """The partial file this process writes ``path`` through."""
+  return f"{path}.partial{os.getpid()}"
+
+
+def write_atomically(path: str, data: bytes | str | Callable[[str], None]) -> None:
+  """Writes ``path`` whole or not at all. ``data`` is the file's bytes, its text (UTF-8), or a
+  function that writes the file at the path it is given (``np.savez`` into an open file, an
+  ``lzma`` stream)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  partial = partial_path(path)
+  try:
+    if callable(data):
+      data(partial)
+    else:
+      with open(partial, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    os.replace(partial, path)
+  except BaseException:
+    if os.path.exists(partial):
+      os.remove(partial)
+    raise
+
+
+def write_json(path: str, value: Any, indent: int = 1) -> None:
+  """``value`` as JSON at ``path``, written atomically."""
+  write_atomically(path, json.dumps(value, indent=indent))
