@@ -425,6 +425,52 @@ def test_bad_input_gives_clear_errors(target):
     speculative_generate(target, bad, PROMPTS, LENGTHS, key, **kwargs)
 
 
+@pytest.mark.parametrize("broken", ["+inf at one token", "-inf at every token"])
+def test_infinite_logits_are_refused_as_nan_logits_are(broken):
+  """+inf logits (float16 overflow) and a row that is -inf at every token are no distribution.
+  Until 2026-11-30 only NaN was caught: a draft with +inf at one token drafted it with an
+  acceptance of 1.0 and no error (its q a NaN), and the autoregressive loop drew token 0 on."""
+  target = random_bigram(100, 0)
+  table = random_bigram(100, 1).logits_VV
+  if broken.startswith("+inf"):
+    table = table.at[:, 5].set(jnp.inf)
+  else:
+    table = table.at[40].set(-jnp.inf)  # The row after prompt 0's last token.
+  bad = random_bigram(100, 1).replace(logits_VV=table)
+  key, kwargs = jax.random.key(0), dict(max_new_tokens=4)
+  with pytest.raises(FloatingPointError, match="NaN logits .*or \\+inf"):
+    speculative_generate(target, bad, PROMPTS, LENGTHS, key, num_draft_tokens=2, **kwargs)
+  with pytest.raises(FloatingPointError, match="NaN logits"):
+    speculative_generate(bad, target, PROMPTS, LENGTHS, key, num_draft_tokens=2, **kwargs)
+  with pytest.raises(FloatingPointError, match="NaN logits"):
+    generate(bad, PROMPTS, LENGTHS, key, **kwargs)
+  masked = table.at[:, 5].set(-jnp.inf) if broken.startswith("+inf") else table.at[40, 4].set(0.0)
+  generate(bad.replace(logits_VV=masked), PROMPTS, LENGTHS, key, **kwargs)  # -inf alone is a mask.
+
+
+@pytest.mark.parametrize("width", [10, 6])
+def test_logits_wider_or_narrower_than_the_declared_vocabulary_are_refused(width):
+  """A model whose logits are not ``vocab_size`` wide: autoregressive sampling emitted ids past
+  the vocabulary and the speculative loop failed in a broadcast deep inside JAX (2026-11-30)."""
+  from bigram import Bigram
+
+  odd = Bigram(jax.random.normal(jax.random.key(0), (8, width)))  # Declares 8 (its rows).
+  prompts, lengths, key = np.array([[3, 1]]), np.array([2]), jax.random.key(0)
+  match = f"Bigram declares vocab_size=8 but its logits are {width} wide"
+  with pytest.raises(ValueError, match=match):
+    generate(odd, prompts, lengths, key, max_new_tokens=3)
+  with pytest.raises(ValueError, match=match):
+    speculative_generate(
+      random_bigram(8, 1), odd, prompts, lengths, key, max_new_tokens=3, num_draft_tokens=2
+    )
+
+
+def test_the_logits_check_flags_rows_not_masked_tokens():
+  logits = jnp.zeros((4, 2, 3)).at[0, 1, 2].set(-jnp.inf)  # A masked token: fine.
+  logits = logits.at[1, 0, 1].set(jnp.nan).at[2, 1, 0].set(jnp.inf).at[3, 0].set(-jnp.inf)
+  assert model_protocol.has_nan(logits).tolist() == [False, True, True, True]
+
+
 @pytest.mark.parametrize("rate", [0.0, 0.6, 1.0])
 def test_synthetic_acceptance_follows_the_iid_law(rate):
   """Benchmark mode: accepted counts are truncated-geometric with the chosen rate, whatever the

@@ -278,6 +278,13 @@ def prefill(
   else:
     out = model_protocol.score(model, prompts_BT, positions_BT, cache, capture_layers)
     last_BV = jnp.take_along_axis(out.logits, last_B[:, None, None], axis=1)[:, 0]
+  if last_BV.shape[-1] != model.vocab_size:  # Static: refused while tracing.
+    raise ValueError(
+      f"{type(model).__name__} declares vocab_size={model.vocab_size} but its logits are "
+      f"{last_BV.shape[-1]} wide: token ids are read from the logits' positions, so the two must "
+      "agree (an output head padded past the tokenizer's size is its vocab_size; a draft over "
+      "fewer rows than the target goes through model_protocol.PaddedVocabulary)."
+    )
   return ModelOutput(last_BV, out.cache.replace(lengths=prompt_lengths_B), out.features)
 
 
@@ -537,8 +544,9 @@ def run_loop(call: Any, shape: str, check_nan: bool) -> Any:
 
 
 def nan_logits_error(where: str) -> FloatingPointError:
-  """The error for NaN logits from ``where`` (the samplers' and regeneration's)."""
+  """The error for NaN logits from ``where`` (the samplers' and regeneration's); +inf logits and
+  rows that are -inf throughout are reported as NaN logits too (``model_protocol.has_nan``)."""
   return FloatingPointError(
-    f"NaN logits from {where}: check the weights and inputs (e.g. a bad checkpoint, or "
-    "float16 overflow)."
+    f"NaN logits from {where} (or +inf, or -inf for every token): check the weights and "
+    "inputs (e.g. a bad checkpoint, or float16 overflow)."
   )

@@ -181,8 +181,13 @@ def takes_logits_at(model: Any) -> bool:
 
 
 def has_nan(logits: jax.Array) -> jax.Array:
-  """[B] bool: row b of ``logits`` (any shape [B, ...]) holds a NaN."""
-  return jnp.any(jnp.isnan(logits), axis=tuple(range(1, logits.ndim)))
+  """[B] bool: row b of ``logits`` ([B, ..., V]) holds a NaN, a +inf, or a vector over V that is
+  -inf throughout. None of them is a distribution (a softmax of them is NaN): float16 overflow
+  gives +inf, and a broken weight or an overflowed norm gives any of the three. A -inf entry
+  alone is a masked or padded token, and stays allowed."""
+  broken = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=-1)
+  broken = broken | jnp.all(logits == -jnp.inf, axis=-1)
+  return jnp.any(broken, axis=tuple(range(1, broken.ndim)))
 
 
 def split_model(model: Any) -> tuple[Any, Any]:
