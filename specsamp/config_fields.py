@@ -12,7 +12,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+import numpy as np
+
 _Config = TypeVar("_Config", bound="ConfigFields")
+
+
+def is_int(value: Any) -> bool:
+  """Whether ``value`` is a whole number as a count or an id must be: a Python or numpy int,
+  not a bool, not a float (2.5 would pass a range check and fail while tracing, or be cut)."""
+  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 class ConfigFields:

@@ -196,6 +196,11 @@ def test_bad_settings_are_refused(model):
         model, [[1, 2]], [2], jax.random.key(0), max_new_tokens=2, batch_size=batch_size,
         refill_size=refill_size,
       )  # fmt: skip
+  for width_step in (0, -3, 2.5):  # 0 divided by zero, -3 read as NaN logits (2026-11-30).
+    with pytest.raises(ValueError, match="width_step must be None or an int >= 1"):
+      compacting.generate(
+        model, [[1, 2]], [2], jax.random.key(0), max_new_tokens=2, width_step=width_step
+      )
 
 
 def test_the_regeneration_benchmark_times_three_ways_that_answer_alike(model):

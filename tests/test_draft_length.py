@@ -54,6 +54,12 @@ def test_predictions_follow_the_formula_and_the_choice_takes_the_best():
   # K beyond the measured histogram cannot be predicted from it.
   with pytest.raises(ValueError, match="measured range"):
     draft_length.predict_speedups([iid], 64, ar_s, cost, [7])
+  # A negative K was -2.81 tokens per call, or an IndexError (2026-11-30).
+  for law in (draft_length.expected_tokens_per_call, draft_length.iteration_tokens):
+    for k in (-3, 1.5):
+      with pytest.raises(ValueError, match="num_draft_tokens must be an int >= 0"):
+        law(0.8, k)
+  assert draft_length.expected_tokens_per_call(0.8, 0) == 1.0
 
 
 def test_a_histogram_truncates_to_a_shorter_draft():

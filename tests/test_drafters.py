@@ -190,6 +190,9 @@ def test_drafter_errors(target):
       jax.random.key(0),
       **common,
     )
+  # A float passed the range check and failed in range() while tracing (2026-11-30).
+  with pytest.raises(ValueError, match="needs ints 1 <= min_ngram <= max_ngram, got 1, 2.5"):
+    PromptLookupDrafter(max_ngram=2.5).check(target)
   with pytest.raises(ValueError, match="confidence_threshold must be in"):
     speculative_generate(
       target,

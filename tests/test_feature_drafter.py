@@ -238,6 +238,11 @@ def test_a_target_without_features_and_bad_proposals_are_refused(target):
     generate(target, FeatureDrafter(drafter.model, proposal="greedy"), tree="chains:2x2")
   with pytest.raises(ValueError, match="proposal must be one of"):
     generate(target, FeatureDrafter(drafter.model, proposal="top"))
+  # A head paired with this target, sampling with another of the same vocabulary (it failed in
+  # an einsum inside JAX until 2026-11-30).
+  for other in (dict(d_model=48, ffn_dim=96), dict(num_layers=2)):
+    with pytest.raises(ValueError, match="paired with a target of d_model 32 and 6 layers"):
+      generate(transformer.create(CONFIG.replace(**other), seed=1), drafter)
   with pytest.raises(ValueError, match="feature_layers"):
     feature_head.FeatureHeadConfig(feature_layers=(3, 1)).resolve(CONFIG)
   with pytest.raises(ValueError, match="draft_vocab_size"):

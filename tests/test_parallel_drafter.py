@@ -171,6 +171,9 @@ def test_a_placeholder_outside_the_vocabulary_is_refused(small_pair):
       max_new_tokens=2,
       num_draft_tokens=2,
     )
+  # 2.5 passed the range check and drafted with token 2 (2026-11-30).
+  with pytest.raises(ValueError, match="mask_token_id 2.5 is not a row"):
+    ParallelDrafter(draft, mask_token_id=2.5).check(target)
   # None given: refused (the default was token 0, a real token of most vocabularies).
   with pytest.raises(ValueError, match="needs mask_token_id: the placeholder token"):
     ParallelDrafter(draft).check(target)

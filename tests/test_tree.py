@@ -305,6 +305,9 @@ def test_sequoia_tree_is_the_best_tree_by_brute_force(acceptance):
   # All acceptances 0: the best tree is empty, said as such (was "needs at least one node").
   with pytest.raises(ValueError, match="are all 0, so every tree is expected to accept nothing"):
     tree_lib.parse("sequoia:3x2@0,0")
+  # Refused before the search (quadratic in the nodes: 2.8 s for 1,030 before 2026-11-30).
+  with pytest.raises(ValueError, match="up to 100,000 nodes: specsamp scores at most 1,024"):
+    tree_lib.parse("sequoia:100000x10@0.9,0.9")
 
 
 def test_rank_counts_follow_the_accepted_path():

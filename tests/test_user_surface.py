@@ -307,12 +307,16 @@ def test_special_ids_sampler_fields_and_numpy_settings():
     (dict(eos_id=3.0), several),
     (dict(eos_id=[3, True]), several),
     (dict(eos_id=[2, [3]]), several),  # Ragged: not a list of ids.
-    (dict(pad_id=None), "pad_id must be an int"),
+    (dict(pad_id=None), "pad_id must be an int32"),
+    (dict(pad_id=2**31), "pad_id must be an int32"),  # Failed in the jitted call (2026-11-30).
   ):
     with pytest.raises(ValueError, match=message):
       generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=2, **ids)
     with pytest.raises(ValueError, match=message):
       Sampler(model, **ids)
+  for length in (float("nan"), float("inf"), "64", 64.0):  # int() or < failed on the first three.
+    with pytest.raises(ValueError, match="cache_length must be None or an int"):
+      generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=2, cache_length=length)
   sampler = Sampler(model, eos_id=np.int64(3))
   for eos in (np.array(3), np.array([3, 11]), (3, 11)):  # NumPy ids and tuples alike.
     Sampler(model, eos_id=eos)

@@ -23,6 +23,7 @@ import numpy as np
 from flax import struct
 
 from specsamp import sharding
+from specsamp.config_fields import is_int
 from specsamp.models.output import ModelOutput
 from specsamp.sampling import memory, model_protocol, threefry
 from specsamp.sampling.warping import SamplingConfig, sample
@@ -134,6 +135,8 @@ def check_prompts(
   needed = prompts.shape[1] + max_new_tokens + extra_slots
   if cache_length is None:
     cache_length = needed
+  if not is_int(cache_length):  # NaN, inf and "64" failed in int() or a comparison.
+    raise ValueError(f"cache_length must be None or an int, got {cache_length!r}.")
   if cache_length < needed:
     raise ValueError(
       f"The cache has {cache_length} slots per row but prompts of length {prompts.shape[1]} "
@@ -248,8 +251,8 @@ def check_token_ids(
       f"eos_id must be None, one token id or a non-empty list of token ids, each in "
       f"[0, {vocab_size}), got {eos_id!r}."
     )
-  if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
-    raise ValueError(f"pad_id must be an int (it fills each row after its end), got {pad_id!r}.")
+  if not is_int(pad_id) or not -(2**31) <= pad_id < 2**31:  # It fills an int32 buffer.
+    raise ValueError(f"pad_id must be an int32 (it fills each row after its end), got {pad_id!r}.")
   return stop_ids(eos_id), int(pad_id)
 
 

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp.config_fields import is_int
 from specsamp.sampling import autoregressive, model_protocol, threefry
 from specsamp.sampling.warping import SamplingConfig
 
@@ -192,6 +193,10 @@ def generate(
     raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}.")
   if batch_size is not None and batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+  if width_step is not None and (not is_int(width_step) or width_step < 1):
+    # 0 divided by zero; a negative step cut prompts short of their lengths, which then read
+    # as NaN logits (2026-11-30).
+    raise ValueError(f"width_step must be None or an int >= 1, got {width_step!r}.")
   prompts, prompt_lengths, cache_length = autoregressive.check_generation(
     model, prompts, prompt_lengths, max_new_tokens, cache_length, batch_size
   )

@@ -33,11 +33,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specsamp.config_fields import is_int
+
+
+def _check_law(alpha: float, num_draft_tokens: int) -> None:
+  if not 0 <= alpha <= 1:
+    raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+  if not is_int(num_draft_tokens) or num_draft_tokens < 0:  # -3 gave -2.81 tokens per call.
+    raise ValueError(f"num_draft_tokens must be an int >= 0, got {num_draft_tokens!r}.")
+
 
 def expected_tokens_per_call(alpha: float, num_draft_tokens: int) -> float:
   """Expected tokens per target call with i.i.d. acceptance ``alpha`` (bonus token included)."""
-  if not 0 <= alpha <= 1:
-    raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+  _check_law(alpha, num_draft_tokens)
   if alpha == 1:
     return num_draft_tokens + 1.0
   return (1 - alpha ** (num_draft_tokens + 1)) / (1 - alpha)
@@ -58,8 +66,7 @@ def predicted_speedup(
 def iteration_tokens(alpha: float, num_draft_tokens: int) -> np.ndarray:
   """P(an iteration appends j + 1 tokens), j = 0..K, with i.i.d. acceptance ``alpha``: the
   first rejection at position j + 1 (or all K accepted, plus the bonus token)."""
-  if not 0 <= alpha <= 1:
-    raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+  _check_law(alpha, num_draft_tokens)
   accepted_first = alpha ** np.arange(num_draft_tokens + 1)
   probs = accepted_first * (1 - alpha)
   probs[-1] = alpha**num_draft_tokens

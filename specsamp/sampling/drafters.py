@@ -70,6 +70,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specsamp.config_fields import is_int
 from specsamp.sampling import memory, model_protocol, proposals
 from specsamp.sampling.autoregressive import prefill
 from specsamp.sampling.tree import TreeShape
@@ -449,9 +450,12 @@ class PromptLookupDrafter(Drafter):
   min_ngram: int = 1
 
   def check(self, target: Any) -> None:
-    if not 1 <= self.min_ngram <= self.max_ngram:
+    if not (is_int(self.min_ngram) and is_int(self.max_ngram)) or not (
+      1 <= self.min_ngram <= self.max_ngram
+    ):
       raise ValueError(
-        f"Prompt lookup needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}."
+        f"Prompt lookup needs ints 1 <= min_ngram <= max_ngram, got {self.min_ngram!r}, "
+        f"{self.max_ngram!r}."
       )
 
   def init(

@@ -118,6 +118,16 @@ class FeatureDrafter(Drafter):
   def check(self, target: Any) -> None:
     check_feature_target(target)
     model_protocol.check_same_vocabulary(target, self.model)
+    paired, given = self.model.target.config, getattr(target, "config", None)
+    shape = lambda c: (c.d_model, c.num_layers)
+    if given is not None and shape(given) != shape(paired):
+      raise ValueError(
+        f"This feature head was paired with a target of d_model {paired.d_model} and "
+        f"{paired.num_layers} layers (it reads layers {list(self.feature_layers)} and shares "
+        f"that target's embedding), but samples with one of d_model {given.d_model} and "
+        f"{given.num_layers} layers: pair the head with the target it was trained for, "
+        "FeatureDraftModel(head, target)."
+      )
     proposals.check_proposal(self.proposal)
     if not 0.0 <= self.confidence_threshold < 1.0:
       raise ValueError(f"confidence_threshold must be in [0, 1), got {self.confidence_threshold}.")

@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from specsamp.config_fields import is_int
 from specsamp.sampling import proposals
 from specsamp.sampling.drafters import ModelDrafter, Proposal, TreeProposal
 from specsamp.sampling.tree import TreeShape
@@ -183,7 +184,7 @@ class ParallelDrafter(ModelDrafter):
         "A ParallelDrafter needs mask_token_id: the placeholder token its draft was trained "
         "with (distill.mask_token)."
       )
-    if not 0 <= self.mask_token_id < self.model.vocab_size:
+    if not is_int(self.mask_token_id) or not 0 <= self.mask_token_id < self.model.vocab_size:
       raise ValueError(
         f"mask_token_id {self.mask_token_id} is not a row of the parallel draft's "
         f"{self.model.vocab_size}-token vocabulary."

@@ -273,6 +273,11 @@ def sequoia(
       f"sequoia needs acceptances in [0, 1] per rank, >= 1 node and depth >= 1; got "
       f"{list(acceptance)}, {num_nodes} nodes, depth {max_depth}."
     )
+  if num_nodes > MAX_NODES:  # Before the search, which grows with num_nodes squared.
+    raise ValueError(
+      f"sequoia asked for a tree of up to {num_nodes:,} nodes: specsamp scores at most "
+      f"{MAX_NODES:,} per call."
+    )
   none = -1.0  # No tree of that size fits (every value is >= 0).
   # best[d][n]: the most a node's subtree of n nodes below it, at most d deep, adds.
   # share[d][r][m]: the most children of ranks r.. with m nodes in all add, and how.
