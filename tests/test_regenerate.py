@@ -216,7 +216,16 @@ def test_shards_hold_the_targets_answers_and_a_stopped_run_resumes(target, tmp_p
     regenerate.regenerate(
       target, tokenizer, made, out, regenerate.Plan(max_new_tokens=7), target_id="t"
     )
+  # So is another target of the same shape and name (a "trained:LxD" retrained apart: its
+  # shards filled the same directory until 2026-11-30).
+  retrained = transformer.create(tiny_config(vocab_size=64), seed=4)
+  with pytest.raises(ValueError, match="another run's shards .*target_weights"):
+    regenerate.regenerate(retrained, tokenizer, made, out, plan, target_id="t")
   assert open(os.path.join(out, regenerate.MANIFEST)).read() == before
+  # A manifest from before target_weights was recorded resumes (the field is then not compared).
+  old = json.loads(before)
+  del old["target_weights"]
+  assert regenerate.differing(old, dict(json.loads(before), target_weights="another")) == []
 
 
 def test_answers_ship_compressed_and_a_fresh_workdir_starts_from_them(target, tmp_path):
@@ -848,3 +857,23 @@ def test_the_shipped_prompt_set_is_what_python_3_11_builds():
   if sys.version_info[:2] != (3, 11):
     pytest.skip("The snapshot is Python 3.11's library; this interpreter's differs.")
   assert instructions.built_prompts() == instructions.read_snapshot()
+
+
+def test_training_refuses_answers_made_by_another_targets_weights(target, tmp_path):
+  """A drafter learns the target whose answers it reads: answers recorded with one target's
+  weights are refused for another of the same shape and name."""
+  from specsamp.experiments.jobs import answer_training
+
+  tokenizer, made, dirs = word_tokenizer(), prompts(100), {}
+  for split in ("train", "held_out"):
+    dirs[split] = str(tmp_path / split)
+    plan = regenerate.Plan(
+      settings=("greedy",), batch_size=2, max_prompt_tokens=32, max_new_tokens=3,
+      shard_prompts=2, split=split, max_prompts=2,
+    )  # fmt: skip
+    regenerate.regenerate(target, tokenizer, made, dirs[split], plan, target_id="t", log=print)
+  manifests = answer_training.check_answers(dirs["train"], dirs["held_out"], tokenizer, target)
+  assert manifests["train"]["target_weights"] == manifests["held_out"]["target_weights"]
+  retrained = transformer.create(tiny_config(vocab_size=64), seed=4)
+  with pytest.raises(ValueError, match="train answers in .* were made by another target's"):
+    answer_training.check_answers(dirs["train"], dirs["held_out"], tokenizer, retrained)

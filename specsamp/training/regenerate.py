@@ -47,7 +47,7 @@ import numpy as np
 
 from specsamp import files, multihost
 from specsamp.sampling import compacting
-from specsamp.training import instructions
+from specsamp.training import instructions, target_store
 from specsamp.training import tokenizer as tokenizer_lib
 
 SETTINGS = {"greedy": (0.0, 1.0), "nucleus": (0.8, 0.95), "t1": (1.0, 1.0)}
@@ -274,7 +274,19 @@ def _answer_group(
   return out.admitted
 
 
-IDENTITY = ("version", "target", "tokenizer", "plan", "prompts", "prompts_sha256")
+IDENTITY = (
+  "version",
+  "target",
+  "target_weights",
+  "tokenizer",
+  "plan",
+  "prompts",
+  "prompts_sha256",
+)
+# target_weights (target_store.parameters_fingerprint) since 2026-11-30: "target" names a trained
+# target "trained:LxD" alone, so two targets of one shape trained apart (another learning rate,
+# more steps) filled one directory unnoticed. Manifests from before lack it; it is compared
+# where both sides record it.
 """The manifest's keys that say which run made a directory (``_resumable`` compares them)."""
 
 
@@ -348,16 +360,27 @@ def merge(from_dir: str, to_dir: str, log: Callable[[str], None] = print) -> int
   return len(new)
 
 
+def differing(one: dict[str, Any], other: dict[str, Any]) -> list[str]:
+  """The ``IDENTITY`` fields in which two runs (manifests or identities) differ, up to what a
+  resumed run may change (``_resumable``); ``target_weights`` only where both record it."""
+  one, other = (
+    _resumable(json.loads(json.dumps({k: x.get(k) for k in IDENTITY}))) for x in (one, other)
+  )
+  return [
+    k
+    for k in IDENTITY
+    if one[k] != other[k] and not (k == "target_weights" and None in (one[k], other[k]))
+  ]
+
+
 def refuse_another_run(directory: str, identity: dict[str, Any], what: str) -> None:
   """Raises ValueError when ``directory`` holds shards of another run than ``identity``'s
   (``IDENTITY``, up to what a resumed run may change): nothing is copied into it."""
   ours = read_manifest(directory)
-  theirs = json.loads(json.dumps({k: identity.get(k) for k in IDENTITY}))  # JSON's types.
-  if ours is not None and _resumable({k: ours.get(k) for k in IDENTITY}) != _resumable(theirs):
+  if ours is not None and (keys := differing(ours, identity)):
     raise ValueError(
-      f"{directory} holds another run's shards than {what} ("
-      + ", ".join(k for k in IDENTITY if ours.get(k) != theirs.get(k))
-      + " differ); nothing was copied."
+      f"{directory} holds another run's shards than {what} ({', '.join(keys)} differ); "
+      "nothing was copied."
     )
 
 
@@ -378,12 +401,8 @@ def seed(
   }
   if theirs is None or not {shard["file"] for shard in theirs["shards"]} - have:
     return 0  # Nothing to add (quietly: every run of a seeded workdir asks).
-  source = _resumable({k: theirs.get(k) for k in IDENTITY})
   for other, what in ((identity, "this run"), (ours, to_dir)):
-    if (
-      other is not None
-      and _resumable(json.loads(json.dumps({k: other.get(k) for k in IDENTITY}))) != source
-    ):
+    if other is not None and differing(theirs, other):
       log(f"regenerate: the shards in {from_dir} come from another run than {what}; not used")
       return 0
   return merge(from_dir, to_dir, log)
@@ -464,6 +483,7 @@ def regenerate(
   identity = {
     "version": VERSION,
     "target": target_id,
+    "target_weights": target_store.parameters_fingerprint(target),
     "tokenizer": tokenizer_identity(tokenizer),
     "plan": dataclasses.asdict(plan),
     "prompts": len(rows),
@@ -478,11 +498,12 @@ def regenerate(
   if manifest is None:
     manifest = dict(identity, skipped=skipped, shards=[])
   else:
-    theirs = {k: manifest.get(k) for k in identity}
-    if _resumable(json.loads(json.dumps(identity))) != _resumable(theirs):
+    if keys := differing(manifest, identity):
+      theirs = {k: manifest.get(k) for k in keys}
       raise ValueError(
-        f"{out_dir} holds another run's shards ({theirs}); this run asks for {identity}. Use "
-        "another output directory; nothing there was changed."
+        f"{out_dir} holds another run's shards ({theirs}); this run asks for "
+        f"{ {k: identity[k] for k in keys} }. Use another output directory; nothing there was "
+        "changed."
       )
     # The most passes any run over this directory asked for (its shards are there).
     manifest["plan"]["passes"] = max(manifest["plan"].get("passes", 1), plan.passes)

@@ -128,11 +128,23 @@ def _capture_fn(target: Any, layers: tuple[int, ...]):
 
 def parameters_fingerprint(model: Any) -> str:
   """A short hash of the first and last 64 values of every parameter's first and last rows
-  (exact bytes, no sums: the same on any mesh; no parameter is copied whole)."""
+  (exact bytes, no sums: the same on any mesh; no parameter is copied whole). ``model``: an
+  nnx module (its ``nnx.Param`` leaves) or any pytree of arrays. On several hosts every process
+  must call it (a parameter split over hosts is gathered: a collective)."""
   digest = hashlib.sha256()
-  for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)):
+  params = nnx.state(model, nnx.Param) if isinstance(model, nnx.Module) else model
+  for leaf in jax.tree.leaves(params):
+    if not hasattr(leaf, "ndim") or leaf.ndim == 0:
+      digest.update(np.asarray(leaf).tobytes())
+      continue
     for part in (leaf[(0,) * (leaf.ndim - 1)][:64], leaf[(-1,) * (leaf.ndim - 1)][-64:]):
-      digest.update(np.asarray(jax.device_get(part)).tobytes())
+      if getattr(part, "is_fully_addressable", True):
+        part = jax.device_get(part)
+      else:
+        from jax.experimental import multihost_utils
+
+        part = multihost_utils.process_allgather(part, tiled=True)
+      digest.update(np.asarray(part).tobytes())
   return digest.hexdigest()[:16]
 
 

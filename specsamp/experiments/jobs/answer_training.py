@@ -98,10 +98,12 @@ def check_answers_exist(config: ml_collections.ConfigDict, workdir: str) -> None
       raise _no_answers(split, places[0])
 
 
-def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, dict[str, Any]]:
+def check_answers(
+  train_dir: str, held_dir: str, tokenizer: Any, target: Any = None
+) -> dict[str, dict[str, Any]]:
   """The manifests by split ('train', 'held_out'), once both shard directories are checked:
-  made by the same target and this tokenizer, each of its split, with shards; the held-out
-  answers greedy only."""
+  made by the same target (``target``'s weights, where given and the manifests record them)
+  and this tokenizer, each of its split, with shards; the held-out answers greedy only."""
   manifests = {}
   for split, directory in (("train", train_dir), ("held_out", held_dir)):
     manifest = regenerate.read_manifest(directory)
@@ -116,11 +118,25 @@ def check_answers(train_dir: str, held_dir: str, tokenizer: Any) -> dict[str, di
         f"({tokenizer.fingerprint})."
       )
     manifests[split] = manifest
-  if manifests["train"]["target"] != manifests["held_out"]["target"]:
+  weights = {split: m.get("target_weights") for split, m in manifests.items()}
+  if manifests["train"]["target"] != manifests["held_out"]["target"] or (
+    None not in weights.values() and weights["train"] != weights["held_out"]
+  ):
     raise ValueError(
       f"The training and held-out answers come from different targets "
-      f"({manifests['train']['target']} and {manifests['held_out']['target']})."
+      f"({manifests['train']['target']} {weights['train']} and "
+      f"{manifests['held_out']['target']} {weights['held_out']})."
     )
+  if target is not None:
+    ours = target_store.parameters_fingerprint(target)
+    for split, theirs in weights.items():
+      if theirs is not None and theirs != ours:
+        raise ValueError(
+          f"The {split} answers in {train_dir if split == 'train' else held_dir} were made by "
+          f"another target's weights (fingerprint {theirs}) than this pair's ({ours}): a "
+          "drafter learns the target whose answers it reads. Regenerate them with this target "
+          "(scripts/regenerate.py), or point the config at that target."
+        )
   settings = {shard["setting"] for shard in manifests["held_out"]["shards"]}
   if settings != {"greedy"}:
     raise ValueError(
@@ -309,7 +325,7 @@ def train_on_answers(
   if section.get("shipped_dir"):  # The answers shipped in the repository, where these lack them.
     for split, split_dir in (("train", train_dir), ("held_out", held_dir)):
       regenerate.seed(os.path.join(section.shipped_dir, split), split_dir, log)
-  manifests = check_answers(train_dir, held_dir, prepared.tokenizer)
+  manifests = check_answers(train_dir, held_dir, prepared.tokenizer, prepared.target)
   manifest = manifests["train"]
   shards = regenerate.read_shards(train_dir)
   stream, answer = answers.stream(shards)
