@@ -15,9 +15,9 @@ hlo_bytes.py), the ms they take at HBM bandwidth, beside the performance model, 
 analysis (FLOPs, bytes accessed) and the paper's 14.1 ms and 1.8 ms.
 """
 
-import json
 import sys
 
+from specsamp import files
 from specsamp.experiments.proofs import aot
 
 aot.quiet_libtpu()  # Before jax initialises libtpu.
@@ -41,9 +41,8 @@ def main(argv):
   print()
   print(aot.format_report(report))
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w") as f:
-      # The command that made it, so that a stored result can be made again exactly.
-      json.dump(dict(report, argv=["python", *sys.argv]), f, indent=1)
+    # The command that made it, so that a stored result can be made again exactly.
+    files.write_json(_OUTPUT.value, dict(report, argv=["python", *sys.argv]), indent=1)
 
 
 if __name__ == "__main__":

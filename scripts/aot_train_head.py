@@ -11,9 +11,9 @@ mesh shards the target FSDP-style (each chip gathers a layer at a time), the reg
 tensor-parallel (decoding gathers no weights).
 """
 
-import json
 import sys
 
+from specsamp import files
 from specsamp.experiments.proofs import aot
 
 aot.quiet_libtpu()  # Before jax initialises libtpu.
@@ -67,9 +67,8 @@ def main(argv):
   )
   report = aot_training.run(_HF.value, plan, log=lambda line: print(line, flush=True))
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w") as f:
-      # The command that made it, so that a stored result can be made again exactly.
-      json.dump(dict(report, argv=["python", *sys.argv]), f, indent=1)
+    # The command that made it, so that a stored result can be made again exactly.
+    files.write_json(_OUTPUT.value, dict(report, argv=["python", *sys.argv]), indent=1)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ prints one line per setting.
 
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import benchmark, plots
 
@@ -31,8 +32,7 @@ def main(argv):
     config.prompt_source = _PROMPTS.source()
   results = benchmark.run(config, _WORKDIR.value, log=lambda line: print(line, flush=True))
   summary = benchmark.summary_tables(results)
-  with open(f"{config.output_dir}/summary.md", "w") as f:
-    f.write(summary)
+  files.write_atomically(f"{config.output_dir}/summary.md", summary)
   print(summary)
   for path in plots.write_all(results, config.output_dir):
     print(f"wrote {path}")

@@ -5,10 +5,9 @@ read whole vs in live blocks (docs/benchmarks.md, "Reading only the live cache")
   python scripts/benchmark_cache.py --model=large --position=1024 --cache_lengths=2048,16384
 """
 
-import json
-
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli, config_files
 from specsamp.experiments.benchmarks import cache_reads
 from specsamp.models.config import TransformerConfig
@@ -40,8 +39,7 @@ def main(argv):
     calls=_CALLS.value,
   )
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w") as f:
-      json.dump(rows, f, indent=1)
+    files.write_json(_OUTPUT.value, rows, indent=1)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,9 @@ blocks of about sqrt(V) tokens (specsamp/experiments/benchmarks/draw_cost.py).
   python scripts/benchmark_draws.py --vocabs=1024 --batch_sizes=1,8,64
 """
 
-import json
-
 from absl import app, flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import draw_cost
 
@@ -38,8 +37,7 @@ def main(argv):
       f"| {r['flat_over_two_stage']}x | {r['categorical']} |"
     )
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      json.dump(records, f, indent=1)
+    files.write_json(_OUTPUT.value, records, indent=1)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@ Reads WORKDIR/regenerated/held_out (scripts/regenerate.py --split=held_out) and 
 in WORKDIR/target_outputs/held_out if it is not there yet.
 """
 
-import json
 import os
 
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import head_step
 from specsamp.experiments.jobs import pair as pair_lib
@@ -30,8 +30,7 @@ def main(argv):
   workdir = os.path.abspath(_PAIR.workdir.value or pair_lib.default_workdir(config))
   result = head_step.compare(config, workdir, repeats=_REPEATS.value)
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
+    files.write_json(_OUTPUT.value, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ the launched operations per iteration by phase, read from the compiled program. 
 results as JSON to config.output.
 """
 
-import json
 import os
 
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import loop_phases
 
@@ -31,8 +31,7 @@ def main(argv):
   print(loop_phases.format_table(results))
   if config.output:
     os.makedirs(os.path.dirname(config.output) or ".", exist_ok=True)
-    with open(config.output, "w") as f:
-      json.dump(results, f, indent=1)
+    files.write_json(config.output, results, indent=1)
     print(f"wrote {config.output}")
 
 

@@ -13,6 +13,7 @@ import json
 
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import moe_scoring, perf_model
 from specsamp.hf import architectures
@@ -85,8 +86,7 @@ def main(argv):
   )
   print(perf_model.format_table(predicted, ["tokens", "ms", "x_step", "weight_gb", "experts"]))
   if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump({"measured": measured, "predicted": predicted}, f, indent=2)
+    files.write_json(_JSON.value, {"measured": measured, "predicted": predicted}, indent=2)
 
 
 if __name__ == "__main__":

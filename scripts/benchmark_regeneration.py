@@ -4,10 +4,9 @@ to their longest answer, finished rows leaving them, and one batch that waiting 
   python scripts/benchmark_regeneration.py --config=configs/smollm2_pair.py --output=result.json
 """
 
-import json
-
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import regeneration
 
@@ -44,8 +43,7 @@ def main(argv):
     width_step=_WIDTH_STEP.value,
   )
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
+    files.write_json(_OUTPUT.value, result, indent=1)
 
 
 if __name__ == "__main__":

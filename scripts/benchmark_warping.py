@@ -10,6 +10,7 @@ import json
 import numpy as np
 from absl import app, flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import warping_cost
 
@@ -43,8 +44,7 @@ def main(argv):
   for record in records:
     print(json.dumps(record), flush=True)
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      json.dump(records, f, indent=1)
+    files.write_json(_OUTPUT.value, records, indent=1)
 
 
 if __name__ == "__main__":

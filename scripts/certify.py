@@ -34,6 +34,7 @@ if not any(arg.startswith("--real_target") for arg in sys.argv):
 
 from absl import flags  # noqa: E402
 
+from specsamp import files
 from specsamp.experiments import cli  # noqa: E402
 from specsamp.experiments.proofs import certify
 
@@ -120,8 +121,7 @@ def report(table: str, summary: str, failed: list) -> None:
   """Prints the table and summary, writes them to --output, exits 1 on a failed case."""
   print(table + "\n\n" + summary, flush=True)
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      f.write(table + "\n\n" + summary + "\n")
+    files.write_atomically(_OUTPUT.value, table + "\n\n" + summary + "\n")
   sys.exit(1 if failed else 0)
 
 

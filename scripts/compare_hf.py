@@ -12,11 +12,11 @@ Prints tokens/s and tokens per target call of each and the ratio; writes all
 numbers to --output as JSON.
 """
 
-import json
 import os
 
 from absl import app, flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.peers import compare_hf
@@ -52,8 +52,7 @@ def main(argv):
     export_dir=os.path.join(workdir, "hf_export"),
   )
   output = _OUTPUT.value or os.path.join(workdir, "compare_hf.json")
-  with open(output, "w") as f:
-    json.dump(results, f, indent=2)
+  files.write_json(output, results, indent=2)
   print(f"wrote {output}", flush=True)
 
 

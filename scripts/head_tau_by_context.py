@@ -7,11 +7,11 @@ Measures --head (default: the config's feature.checkpoint, SmolLM2's shipped hea
 scripts/train_drafter.py measures tau on.
 """
 
-import json
 import os
 
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import head_context
 from specsamp.experiments.jobs import pair as pair_lib
@@ -30,8 +30,7 @@ def main(argv):
   workdir = os.path.abspath(_PAIR.workdir.value or pair_lib.default_workdir(config))
   result = head_context.compare(config, workdir, _HEAD.value)
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
+    files.write_json(_OUTPUT.value, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,10 @@ hedge over the drafts a chain commits to.
 Loads (or trains, on the first run) the pair's target only.
 """
 
-import json
-
 import numpy as np
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import parallel_bound
 from specsamp.experiments.jobs import pair as pair_lib
@@ -90,8 +89,9 @@ def main(argv):
       flush=True,
     )
   if _OUTPUT.value:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      json.dump({"sampling": str(sampling), "cuts": cuts, "results": results}, f, indent=1)
+    files.write_json(
+      _OUTPUT.value, {"sampling": str(sampling), "cuts": cuts, "results": results}, indent=1
+    )
 
 
 if __name__ == "__main__":

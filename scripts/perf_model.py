@@ -16,6 +16,7 @@ import json
 
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.benchmarks import perf_model, perf_report
 from specsamp.models.config import TransformerConfig
@@ -84,8 +85,7 @@ def main(argv):
     print(f"\n## This machine ({_RESULTS.value})\n")
     print(perf_report.format_cpu_report(report))
   if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(output, f, indent=1, default=str)
+    files.write_atomically(_JSON.value, json.dumps(output, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -44,9 +44,14 @@ _BATCH = flags.DEFINE_integer("batch_size", 64, "Prompts answered together.")
 _MAX_PROMPT = flags.DEFINE_integer("max_prompt_tokens", 384, "Longer prompts are skipped.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Answer tokens at most.")
 _SHARD = flags.DEFINE_integer("shard_prompts", 128, "Prompts per shard.")
-_MAX_SHARDS = flags.DEFINE_integer("max_shards", None, "Stop after this many new shards.")
+_MAX_SHARDS = flags.DEFINE_integer(
+  "max_shards", None, "Stop after this many new shards.", lower_bound=0
+)
 _MAX_SECONDS = flags.DEFINE_float(
-  "max_seconds", None, "Start no new shard after this many seconds (a lent machine's time)."
+  "max_seconds",
+  None,
+  "Start no new shard after this many seconds (a lent machine's time).",
+  lower_bound=0,
 )
 _WIDTH_STEP = flags.DEFINE_integer(
   "width_step",

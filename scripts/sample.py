@@ -23,6 +23,7 @@ import json
 import jax
 from absl import flags
 
+from specsamp import files
 from specsamp.experiments import cli
 from specsamp.experiments.jobs import sample_job
 
@@ -51,11 +52,10 @@ def main(argv):
   report = sample_job.run(config, _PAIR.workdir.value)
   print(sample_job.format_report(report), flush=True)
   if _OUTPUT.value and jax.process_index() == 0:
-    with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-      json.dump(sample_job.report_json(report), f, indent=1)
+    files.write_json(_OUTPUT.value, sample_job.report_json(report), indent=1)
   if _OUTPUT_JSONL.value and jax.process_index() == 0:
-    with open(_OUTPUT_JSONL.value, "w", encoding="utf-8") as f:
-      f.writelines(json.dumps(row) + "\n" for row in sample_job.rows_jsonl(report))
+    rows = "".join(json.dumps(row) + "\n" for row in sample_job.rows_jsonl(report))
+    files.write_atomically(_OUTPUT_JSONL.value, rows)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,18 @@ def write_atomically(path: str, data: bytes | str | Callable[[str], None]) -> No
     raise
 
 
+def read_json(path: str) -> Any:
+  """The JSON value in ``path``. A file that is not JSON (cut short, a merge conflict's markers,
+  binary) is a ValueError that names it, where ``json`` names only a line and column."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    raise ValueError(
+      f"{path} is not valid JSON ({error}): damaged, or not the file it should be."
+    ) from None
+
+
 def write_json(path: str, value: Any, indent: int = 1) -> None:
   """``value`` as JSON at ``path``, written atomically."""
   write_atomically(path, json.dumps(value, indent=indent))

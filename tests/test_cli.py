@@ -95,3 +95,28 @@ def test_a_time_budget_in_one_process_is_its_own_clock():
   interrupt = multihost.RaisedAnywhere()  # One process: its own flag, at once.
   assert [interrupt.check(raised) for raised in (False, True, False)] == [False, True, False]
   assert multihost.any_process(True) and not multihost.any_process(False)
+
+
+def test_an_output_flag_must_name_a_file_that_can_be_written(tmp_path):
+  """Checked as the flags are parsed (a directory as --output sampled for a minute, then failed
+  with a traceback and no report, 2026-11-30)."""
+  import os
+
+  from absl import flags
+
+  values = flags.FlagValues()
+  holder = cli.output_file(flags.DEFINE_string("output", None, "", flag_values=values))
+  readonly = tmp_path / "readonly"
+  readonly.mkdir()
+  os.chmod(readonly, 0o500)
+  for path, message in (
+    (tmp_path, "it is a directory"),
+    (tmp_path / "missing" / "a.json", "no directory"),
+    (readonly / "a.json", "is not writable"),
+  ):
+    if "writable" in message and os.access(readonly, os.W_OK):
+      continue  # Root writes anywhere: nothing to check.
+    with pytest.raises(flags.IllegalFlagValueError, match=message):
+      values(["prog", f"--output={path}"])
+  values(["prog", f"--output={tmp_path / 'a.json'}"])
+  assert holder.value == str(tmp_path / "a.json")

@@ -470,6 +470,10 @@ def test_too_long_prompts_are_skipped_and_counted_and_bad_plans_refused(target, 
     regenerate.Plan(settings=("greedy", "greedy"), passes=2)
   with pytest.raises(ValueError, match="split"):
     regenerate.Plan(split="test")
+  # max_shards=-2 answered all shards but two (Python's slice), and said nothing (2026-11-30).
+  for limits, message in ((dict(max_shards=-2), "max_shards"), (dict(max_seconds=-1), "seconds")):
+    with pytest.raises(ValueError, match=f"{message} must be None or"):
+      regenerate.regenerate(target, tokenizer, made, str(tmp_path), plan, target_id="t", **limits)
 
 
 def test_answer_batches_weigh_only_answer_tokens():
@@ -682,7 +686,8 @@ def test_a_card_reports_what_the_best_evaluation_was_trained_and_measured_on(tmp
   for split, prompts in (("train", 128), ("held_out", 128)):
     folder = tmp_path / config.answers[f"{split}_dir"]
     folder.mkdir(parents=True)
-    shard = dict(prompts=prompts, answer_tokens=1000, setting="greedy", seconds=36.0)
+    shard = dict(file="shard_00000.npz", prompts=prompts, answer_tokens=1000, setting="greedy")
+    shard["seconds"] = 36.0
     manifest = dict(target="t:1x2", tokenizer="ff", prompts_sha256="cd" * 32, shards=[shard])
     (folder / regenerate.MANIFEST).write_text(json.dumps(manifest))
   old = {k: v for k, v in best.items() if k not in ("data", "held_out", "hardware")}
@@ -830,6 +835,13 @@ def test_damaged_lost_or_unreadable_answers_are_named_or_answered_again(target, 
     f.write("<<<<<<< HEAD\n")
   with pytest.raises(ValueError, match="manifest.json is not a regeneration manifest"):
     regenerate.read_shards(run)
+  # So is an edited entry without its file (a KeyError until 2026-11-30).
+  regenerate.merge(copy, str(tmp_path / "edited"), log=lambda line: None)
+  edited = json.load(open(tmp_path / "edited" / regenerate.MANIFEST))
+  del edited["shards"][1]["file"]
+  (tmp_path / "edited" / regenerate.MANIFEST).write_text(json.dumps(edited))
+  with pytest.raises(ValueError, match="manifest.json: shard entry 1 .* names no file"):
+    regenerate.read_shards(str(tmp_path / "edited"))
 
 
 def test_the_shipped_prompt_set_is_the_one_the_shipped_answers_answered():

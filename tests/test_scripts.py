@@ -836,7 +836,7 @@ def test_the_scripts_refuse_bad_input_before_preparing_the_pair(tmp_path):
   for flags_, message in (
     (["--scope=quick", "--mesh=2x4"], "--scope=quick has no case with --model=all and --mesh=2x4"),
     (["--num_samples=0"], "--num_samples must be >= 1"),
-    ([f"--output={tmp_path / 'missing' / 'cert.md'}"], "no directory to write the file in"),
+    ([f"--output={tmp_path / 'missing' / 'cert.md'}"], "to write it in (the shell does not"),
   ):
     result = run_script("certify.py", *flags_)
     assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]

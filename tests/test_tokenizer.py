@@ -240,3 +240,15 @@ def test_an_hf_folders_generation_config_lists_the_ids_that_end_generation(tmp_p
   (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, -1]}))
   with pytest.raises(ValueError, match=r"eos_token_id must be a token id or a list of them"):
     tokenizer_lib.load(str(folder))
+  # A damaged file is named (json named a line and column only; a list failed in .get).
+  for text, message in (
+    ('{"eos_token_id": [2', "is not valid JSON"),
+    ("[3]", "is not a generation"),
+  ):
+    (folder / "generation_config.json").write_text(text)
+    with pytest.raises(ValueError, match=f"generation_config.json {message}"):
+      tokenizer_lib.load(str(folder))
+  (folder / "generation_config.json").unlink()
+  (folder / "tokenizer_config.json").write_text('{"eos_token": ')
+  with pytest.raises(ValueError, match="tokenizer_config.json is not valid JSON"):
+    tokenizer_lib.load(str(folder))

@@ -236,6 +236,9 @@ def test_prompt_files_are_jsonl_or_text_and_a_bad_line_is_named(tmp_path):
   ):
     with pytest.raises(ValueError, match=f"line {line}: a JSONL prompt file needs a JSON object"):
       texts("bad.jsonl", content)
+  (tmp_path / "binary.txt").write_bytes(b"\xd0\xcf\x11\xe0 a saved spreadsheet")
+  with pytest.raises(ValueError, match="binary.txt: not UTF-8 text"):  # Named its file only since
+    prompts.file_texts(str(tmp_path / "binary.txt"))  # 2026-11-30.
 
 
 def test_a_batch_size_that_does_not_divide_the_prompts_is_refused_before_training(tmp_path):

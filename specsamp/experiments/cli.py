@@ -121,9 +121,19 @@ def start(argv: Sequence[str]) -> None:
     )
 
 
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, FloatingPointError)
-"""What bad input raises (a bad config value, a missing checkpoint, NaN logits...): a script
-reports these in one line and exits with status 2."""
+USER_ERRORS = (
+  ValueError,
+  TypeError,
+  FileNotFoundError,
+  FileExistsError,
+  NotADirectoryError,
+  IsADirectoryError,
+  PermissionError,
+  FloatingPointError,
+)
+"""What bad input raises (a bad config value, a missing checkpoint, a path through a file or
+into a read-only folder, NaN logits...): a script reports these in one line and exits with
+status 2."""
 
 
 def _exit_with_error(message: str) -> None:
@@ -278,18 +288,30 @@ class PromptFlags:
 
 
 def output_file(holder: flags.FlagHolder) -> flags.FlagHolder:
-  """Checks, as the flags are parsed, that a file flag's directory exists: a run that would
-  write its report, table or rows there fails at once, not after its work (the printed report
-  of a sample job, the hours of a certificate)."""
+  """Checks, as the flags are parsed, that a file flag names a file that can be written: its
+  directory exists and is writable, and the path is not a directory. A run that would write its
+  report, table or rows there fails at once, not after its work (the printed report of a sample
+  job, the hours of a certificate). The file is written atomically (``files``)."""
 
-  def folder_exists(path: str | None) -> bool:  # As open() will see it: '~' is not expanded.
-    return not path or os.path.isdir(os.path.dirname(os.path.abspath(path)))
+  def writable(path: str | None) -> bool:  # As open() will see it: '~' is not expanded.
+    if not path:
+      return True
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+      raise flags.ValidationError(
+        f"cannot write the file {path!r}: "
+        + (
+          "it is a directory."
+          if os.path.isdir(path)
+          else f"no directory {folder!r} to write it in (the shell does not expand '~' inside "
+          "a flag)."
+          if not os.path.isdir(folder)
+          else f"the directory {folder!r} is not writable."
+        )
+      )
+    return True
 
-  flags.register_validator(
-    holder,
-    folder_exists,
-    message="no directory to write the file in (the shell does not expand '~' inside a flag).",
-  )
+  flags.register_validator(holder, writable)
   return holder
 
 

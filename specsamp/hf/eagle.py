@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specsamp import sharding
+from specsamp import files, sharding
 from specsamp.hf import weights
 from specsamp.hf.safetensors_io import SafetensorsFile, write_file
 from specsamp.models.feature_head import FeatureDraftModel, FeatureHead, FeatureHeadConfig
@@ -62,8 +62,10 @@ def read_config(directory: str) -> dict[str, Any]:
   path = os.path.join(os.path.expanduser(directory), CONFIG_FILE)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"No {CONFIG_FILE} in {directory}: not an EAGLE-3 head directory.")
-  with open(path) as f:
-    return json.load(f)
+  config = files.read_json(path)
+  if not isinstance(config, dict):
+    raise ValueError(f"{path} is not an EAGLE-3 head's config (a JSON object).")
+  return config
 
 
 def head_config(hf: dict[str, Any], target: Any) -> FeatureHeadConfig:

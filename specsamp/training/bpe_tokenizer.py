@@ -87,8 +87,9 @@ class BpeTokenizer:
     config_path = os.path.join(os.path.dirname(path), CONFIG_JSON)
     config = {}
     if os.path.isfile(config_path):
-      with open(config_path, encoding="utf-8") as f:
-        config = json.load(f)
+      config = files.read_json(config_path)
+      if not isinstance(config, dict):
+        raise ValueError(f"{config_path} is not a tokenizer config (a JSON object).")
 
     def token_id(key: str) -> int | None:
       token = config.get(key)

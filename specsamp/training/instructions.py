@@ -161,8 +161,8 @@ def jsonl_prompts(path: str) -> list[Prompt]:
   (chat messages with string ``role`` and ``content``, the last one the user's). A prompt's id
   is a hash of its messages, so the held-out split does not move when lines are added, removed
   or reordered; a line that repeats an earlier prompt is left out (answered once)."""
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"--prompts: no file {path}")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"--prompts: no file {path}" + (" (a directory)" * os.path.isdir(path)))
   prompts, seen = [], set()
   with open(path, "rb") as f:
     for number, raw in enumerate(f, 1):

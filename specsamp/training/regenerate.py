@@ -46,6 +46,7 @@ import jax
 import numpy as np
 
 from specsamp import files, multihost
+from specsamp.config_fields import is_int
 from specsamp.sampling import compacting
 from specsamp.training import instructions, target_store
 from specsamp.training import tokenizer as tokenizer_lib
@@ -140,6 +141,14 @@ def read_manifest(out_dir: str) -> dict[str, Any] | None:
     ) from None
   if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
     raise ValueError(f"{path} is not a regeneration manifest (no list of shards).")
+  for number, shard in enumerate(manifest["shards"]):  # An edited entry failed as a KeyError.
+    if not isinstance(shard, dict) or not all(
+      isinstance(shard.get(key), str) for key in ("file", "setting")
+    ):
+      raise ValueError(
+        f"{path}: shard entry {number} ({str(shard)[:80]}) names no file and setting; restore "
+        "the manifest (a shipped one: git checkout)."
+      )
   return manifest
 
 
@@ -464,6 +473,12 @@ def regenerate(
     log: progress lines.
   """
   began = time.perf_counter()
+  if max_shards is not None and (not is_int(max_shards) or max_shards < 0):
+    raise ValueError(
+      f"max_shards must be None or an int >= 0, got {max_shards!r}."
+    )  # -2: all but 2
+  if max_seconds is not None and not max_seconds >= 0:
+    raise ValueError(f"max_seconds must be None or >= 0, got {max_seconds!r}.")
   tokenizer_lib.check_stop_ids(tokenizer, target.vocab_size)
   chosen = [p for p in prompts if instructions.held_out(p.id) == (plan.split == "held_out")]
   if not chosen:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from specsamp.files import write_atomically
+from specsamp.files import read_json, write_atomically
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -222,8 +222,10 @@ def read_stop_ids(directory: str, eos_id: int, bos_id: int = -1) -> tuple[int, .
   path = os.path.join(directory, GENERATION_CONFIG)
   listed: Any = []
   if os.path.isfile(path):
-    with open(path, encoding="utf-8") as f:
-      listed = json.load(f).get("eos_token_id")
+    config = read_json(path)
+    if not isinstance(config, dict):
+      raise ValueError(f"{path} is not a generation config (a JSON object), got {config!r}.")
+    listed = config.get("eos_token_id")
     listed = [] if listed is None else listed
     listed = [listed] if isinstance(listed, int) else listed
     if not isinstance(listed, list) or not all(

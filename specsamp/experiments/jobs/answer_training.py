@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -150,8 +149,10 @@ def read_best(directory: str) -> dict[str, Any] | None:
   path = os.path.join(directory, BEST, BEST_JSON)
   if not os.path.exists(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  best = files.read_json(path)
+  if not isinstance(best, dict):
+    raise ValueError(f"{path} is not a best.json (a JSON object).")
+  return best
 
 
 # Each drafter trained on answers: its name in logs and cards, and the ``config.answers`` fields

@@ -199,6 +199,17 @@ def import_gguf_target(
       f"--config.target.param_dtype={param_dtype}: use that dtype, another --workdir, or "
       f"delete {directory} to import again."
     )
+  if tokenizer_lib.find(directory) is None:  # An import stopped after its checkpoint's commit.
+    tokenizer = gguf.tokenizer(gguf.read(path))
+    if tokenizer.fingerprint != meta.get("tokenizer"):
+      raise checkpoint.CheckpointError(
+        f"{directory} lacks its tokenizer, and {path}'s is not the one it was imported with; "
+        f"delete {directory} to import again."
+      )
+    log(f"target: {directory} lacks its tokenizer (an import stopped before writing it); "
+        f"writing it from {path}")  # fmt: skip
+    if jax.process_index() == 0:
+      tokenizer.save(directory)
   return directory
 
 

@@ -81,8 +81,11 @@ def file_texts(path: str) -> list[str]:
   path = os.path.expanduser(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"No prompt file at {path} (--prompts_file, or prompt_source file:).")
-  with open(path, encoding="utf-8") as f:
-    lines = [(number, line.rstrip("\n")) for number, line in enumerate(f, 1) if line.strip()]
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = [(number, line.rstrip("\n")) for number, line in enumerate(f, 1) if line.strip()]
+  except UnicodeDecodeError as error:
+    raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}).") from None
   records = [(number, _json_object(line)) for number, line in lines]
   every_line_braced = all(line.lstrip().startswith("{") for _, line in lines)
   if not every_line_braced and not any(record and "prompt" in record for _, record in records):
