@@ -652,6 +652,8 @@ def test_a_failed_export_leaves_nothing_and_a_file_is_no_folder(imported, tmp_pa
   (tmp_path / "a_file").write_text("x")
   with pytest.raises(FileExistsError, match="a_file is a file; an export writes into a folder"):
     hf.export_model(model, str(tmp_path / "a_file"))
+  with pytest.raises(NotADirectoryError, match="a_file is a file; an export writes into a new"):
+    hf.export_model(model, str(tmp_path / "a_file" / "sub" / "dir"))  # Failed at the write.
 
 
 def test_tied_embeddings_with_an_output_head_of_other_values_keep_the_head(saved, tmp_path):

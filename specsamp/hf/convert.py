@@ -247,6 +247,16 @@ def refuse_non_empty(output_dir: str, action: str) -> None:
   a workdir's tokenizer or a user's HF folder would be overwritten."""
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise FileExistsError(f"{output_dir} is a file; {action} writes into a folder.")
+  # Checked before any weight is read (orbax failed at the save, after a whole import).
+  above = os.path.dirname(os.path.abspath(output_dir))
+  while not os.path.exists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above) or not os.access(above, os.W_OK):
+    raise NotADirectoryError(
+      f"{output_dir}: {above} is "
+      + ("a file" if not os.path.isdir(above) else "a folder this process cannot write")
+      + f"; {action} writes into a new or empty folder."
+    )
   held = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
   # What an interrupted orbax save leaves (a step it never finished): no user's file.
   held = [name for name in held if ".orbax-checkpoint-tmp" not in name]
