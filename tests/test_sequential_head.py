@@ -247,6 +247,15 @@ def test_a_stopped_training_run_resumes_to_the_unbroken_runs_head(small_pair, tm
     head_training.train(
       draft, target, batches, **dict(settings, steps=8), checkpoints=store, meta={"steps": 8},
     )  # fmt: skip
+  # A diverged run saves nothing: its NaN step pushed out the last good one (max_to_keep=1) and
+  # was loaded as a finished head on every later run (2026-11-30).
+  diverged = checkpoint.Checkpoints(str(tmp_path / "nan"), max_to_keep=1)
+  with pytest.raises(FloatingPointError, match="not finite at step 2; .* Step 2 is not saved"):
+    head_training.train(
+      draft, target, batches, **dict(settings, learning_rate=float("nan")), checkpoints=diverged,
+      meta=meta, checkpoint_every=2, log=lambda _: None,
+    )  # fmt: skip
+  assert diverged.latest_step() is None
 
 
 def test_a_cached_head_is_not_reused_over_another_parallel_draft(tmp_path):

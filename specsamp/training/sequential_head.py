@@ -22,6 +22,7 @@ from flax import nnx
 
 from specsamp.models.sequential_head import SequentialHead, teacher_forced_logits
 from specsamp.training import checkpoint, parallel
+from specsamp.training import train as train_lib
 
 
 def make_step(
@@ -119,6 +120,13 @@ def train(
         f"{kls}  {time.perf_counter() - start:.0f} s"
       )
     if checkpoints is not None and ((i + 1) % checkpoint_every == 0 or i + 1 == end):
+      # Never a diverged state: with max_to_keep=1 it pushed out the last good step, and a
+      # finished run was then loaded as the head on every later run (2026-11-30).
+      if not train_lib.finite(loss, params):
+        raise FloatingPointError(
+          f"sequential head: the loss or the parameters are not finite at step {i + 1}; lower "
+          f"the learning rate. Step {i + 1} is not saved."
+        )
       checkpoints.save(i + 1, {"params": params, "opt_state": opt_state}, meta or {})
   if checkpoints is not None:
     checkpoints.wait()

@@ -549,7 +549,7 @@ def _all_finite(loss: jax.Array, params: Any) -> jax.Array:
   return jnp.stack(leaves).all()
 
 
-def _finite(loss: jax.Array, params: Any) -> bool:
+def finite(loss: jax.Array, params: Any) -> bool:
   """Whether the loss and every parameter are finite (one reduction; read at a save)."""
   return bool(_all_finite(loss, params))
 
@@ -643,7 +643,7 @@ def fit(
     nonlocal finite_at
     if finite_at == step:
       return
-    if not _finite(metrics["loss"], state.params):
+    if not finite(metrics["loss"], state.params):
       raise FloatingPointError(
         f"{name}: the loss or the parameters are not finite at step {step}; lower the "
         f"learning rate or check the data. Step {step} is not {refused}."
@@ -710,7 +710,7 @@ def fit(
         f"{name}: interrupted inside step {step + 1}: nothing new to save; the checkpoints "
         f"saved before it are kept: {_saved_steps(checkpoints)}."
       )
-    elif not _finite(metrics["loss"], state.params):
+    elif not finite(metrics["loss"], state.params):
       log(
         f"{name}: interrupted at step {step}, whose loss or parameters are not finite: not "
         f"saved; the checkpoints before it are kept: {_saved_steps(checkpoints)}."

@@ -376,7 +376,12 @@ def train_on_answers(
       f"answers: tau(K={K}) {alone:.3f}  acc " + " ".join(f"{a:.2f}" for a in acc)
     )
   directory = os.path.join(workdir, directory)
-  store = checkpoint.Checkpoints(directory, max_to_keep=train_cfg.keep_checkpoints, log=log)
+  store = checkpoint.Checkpoints(
+    directory,
+    max_to_keep=train_cfg.keep_checkpoints,
+    resume=config.get("resume_from", "latest"),  # Its own error advises latest_intact.
+    log=log,
+  )
   if store.latest_step() is None and os.path.isdir(os.path.join(directory, BEST)):
     shutil.rmtree(os.path.join(directory, BEST))  # A fresh run: an older run's best is no bar.
   best_store = checkpoint.Checkpoints(os.path.join(directory, BEST), max_to_keep=1, log=log)
