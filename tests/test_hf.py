@@ -498,6 +498,25 @@ def test_sliding_windows_are_read_as_transformers_reads_the_config(kind, changes
   assert relative_error(logits, reference) < 1e-4
 
 
+def test_a_rope_scaling_that_disagrees_with_rope_parameters_is_refused():
+  """A rope_scaling added to a transformers-5 config.json (as model cards advise) beside its
+  rope_parameters: transformers uses it alone; specsamp merged it under rope_parameters'
+  'default' and ran unscaled (2026-11-30). Refused now; one that agrees is read."""
+  added = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+  for family, params in (
+    ("qwen3", {"rope_type": "default", "rope_theta": 1e6}),
+    ("llama", {"rope_type": "default", "rope_theta": 5e5}),
+    ("gemma3_text", {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+  ):  # fmt: skip
+    config = minimal_config(family, rope_parameters=params, rope_scaling=added)
+    with pytest.raises(ValueError, match="both rope_scaling .* disagree; transformers 5 uses"):
+      architectures.from_hf(config)
+  linear = {"rope_type": "linear", "factor": 4.0}
+  same = minimal_config("llama", rope_parameters=dict(linear, rope_theta=5e5), rope_scaling=linear)
+  assert architectures.from_hf(same).rope_scaling_factor == 4.0
+
+
 def test_published_config_forms_of_the_new_families():
   """transformers 4's config.json forms: Gemma 3's rope_theta / rope_local_base_freq /
   rope_scaling / sliding_window_pattern and Qwen3-MoE's num_experts; Qwen3 without

@@ -127,6 +127,20 @@ def _rope_parameters(hf: Mapping[str, Any], model_type: str) -> tuple[dict, dict
   'rope_local_base_freq')."""
   params = dict(hf.get("rope_parameters") or {})
   scaling = dict(hf.get("rope_scaling") or {})
+  if params and scaling:
+    # transformers 5 takes a non-empty rope_scaling in place of the whole rope_parameters (its
+    # rope_theta too). Model cards tell users to add one to config.json: merged under
+    # rope_parameters' rope_type 'default' it was dropped, and the model ran unscaled (logits
+    # off by 1.2x their largest, 2026-11-30). A scaling the parameters already hold is fine.
+    held = params.get("full_attention", params) if model_type == "gemma3_text" else params
+    named = lambda d: {("rope_type" if k == "type" else k): v for k, v in d.items()}
+    if any(named(held).get(k) != v for k, v in named(scaling).items()):
+      raise ValueError(
+        f"config.json has both rope_scaling ({scaling}) and rope_parameters ({params}), which "
+        "disagree; transformers 5 uses rope_scaling alone and drops rope_parameters, its "
+        "rope_theta too. Write the scaling into rope_parameters (with its rope_theta) and "
+        "remove rope_scaling, so that the file says one thing."
+      )
   if model_type != "gemma3_text":
     return {"rope_theta": hf.get("rope_theta", 10_000.0), **scaling, **params}, None
   if "full_attention" in params or "sliding_attention" in params:
@@ -282,10 +296,14 @@ def from_hf(
   _refuse(
     bool(hf.get("use_bidirectional_attention")), model_type, "use_bidirectional_attention=true"
   )
+  # As transformers 5 reads it: Gemma 2/3's MLP reads hidden_activation alone, Gemma's
+  # hidden_act, both defaulting to the tanh GELU (a Gemma without the key ran SwiGLU, and a
+  # Gemma 2 with hidden_act 'gelu' alone an exact GELU, until 2026-11-30).
   if model_type in _SANDWICH:
-    act_name = hf.get("hidden_activation") or hf.get("hidden_act")
+    act_name = hf.get("hidden_activation") or "gelu_pytorch_tanh"
   else:
-    act_name = hf.get("hidden_act", "relu2" if model_type == "arcee" else "silu")
+    default_act = {"arcee": "relu2", "gemma": "gelu_pytorch_tanh"}.get(model_type, "silu")
+    act_name = hf.get("hidden_act") or default_act
     if model_type == "gemma" and act_name == "gelu":
       act_name = "gelu_pytorch_tanh"  # Gemma's legacy value; transformers maps it so too.
   if act_name not in _ACTIVATIONS:
@@ -317,7 +335,10 @@ def from_hf(
   num_heads = int(hf["num_attention_heads"])
   num_layers = int(hf["num_hidden_layers"])
   gemma = model_type in _GEMMA
-  head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // num_heads)
+  # transformers' default where config.json leaves head_dim out: Gemma's 256 and Qwen3's 128
+  # (hidden / heads was read, and the import failed on the weights' shapes), else hidden / heads.
+  default_head_dim = {"qwen3": 128, **dict.fromkeys(_GEMMA, 256)}.get(model_type)
+  head_dim = int(hf.get("head_dim") or default_head_dim or int(hf["hidden_size"]) // num_heads)
   ffn_dim = int(hf.get("intermediate_size") or 0)
   moe: dict[str, Any] = {}
   if model_type == "qwen3_moe":
