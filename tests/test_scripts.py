@@ -789,6 +789,7 @@ def test_an_empty_workdir_stage_trains_and_an_empty_checkpoint_is_an_error(
   """A workdir is a cache: an emptied target/ is trained again (and says so). A checkpoint
   named by the config (target.checkpoint) that is empty is a clear error."""
   from specsamp.experiments.jobs import pair as pair_lib
+  from specsamp.training import checkpoint
 
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
@@ -796,9 +797,16 @@ def test_an_empty_workdir_stage_trains_and_an_empty_checkpoint_is_an_error(
   shutil.rmtree(copy / "target")
   (copy / "target").mkdir()
   logs = []
-  pair_lib.prepare(_test_pair_config(), str(copy), log=logs.append)
+  config = _test_pair_config()
+  config.target.train.learning_rate *= 2  # Retrained otherwise: the same shape, other weights.
+  pair_lib.prepare(config, str(copy), drafts=False, log=logs.append)
   assert any("holds no checkpoint; training from scratch" in line for line in logs), logs
   assert os.listdir(copy / "target")
+  # The draft distilled from the old target is refused (loaded silently until 2026-11-30); the
+  # one trained from scratch does not depend on the target.
+  with pytest.raises(checkpoint.CheckpointError, match="draft_token was trained from another"):
+    pair_lib.prepare(config, str(copy), draft_modes=["token"], log=logs.append)
+  pair_lib.prepare(config, str(copy), draft_modes=["none"], log=logs.append)
   config = _test_pair_config()
   (tmp_path / "empty").mkdir()
   config.target.checkpoint = str(tmp_path / "empty")

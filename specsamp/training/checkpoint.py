@@ -318,6 +318,9 @@ class Checkpoints:
 
 
 MODEL_KEYS = ("model", "target_model")  # Metadata keys that hold a TransformerConfig.
+RECORDED_SINCE = ("teacher_weights",)
+"""Metadata keys added after checkpoints were written without them: compared only where the
+saved metadata records them (a workdir from before stays usable)."""
 
 
 def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: str) -> None:
@@ -329,6 +332,8 @@ def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: 
   tensor-parallel mode) may differ.
   """
   for key, want in expected.items():
+    if key in RECORDED_SINCE and key not in meta:
+      continue
     saved = meta.get(key)
     if key in MODEL_KEYS and isinstance(saved, Mapping) and isinstance(want, Mapping):
       want = dataclasses.asdict(TransformerConfig.from_config(want))
@@ -336,6 +341,12 @@ def check_meta(meta: Mapping[str, Any], expected: Mapping[str, Any], directory: 
       saved, want = (
         {k: v for k, v in config.items() if k not in NOT_IDENTITY_FIELDS}
         for config in (saved, want)
+      )
+    if saved != want and key == "teacher_weights":
+      raise CheckpointError(
+        f"The checkpoint in {directory} was trained from another target's weights (fingerprint "
+        f"{saved}; this pair's target: {want}), and learned that target. Delete this directory "
+        "to train it again for this target, or use another --workdir."
       )
     if saved != want:
       raise CheckpointError(

@@ -46,6 +46,7 @@ from specsamp.models.feature_head import FeatureDraftModel, FeatureHeadConfig
 from specsamp.sampling import model_protocol, speculative
 from specsamp.training import checkpoint, data, feature_train, shipped, target_samples, train
 from specsamp.training import tokenizer as tokenizer_lib
+from specsamp.training.target_store import parameters_fingerprint
 from specsamp.training.tokenizer import Tokenizer
 
 
@@ -413,6 +414,11 @@ def _train_model(
     "tokenizer": tokenizer.fingerprint,
     "data": data_config,
   }
+  # A draft distilled from the target (or starting from its embedding) learns its weights.
+  if teacher is not None and (
+    train_cfg.distill_mode != "none" or train_cfg.init_embedding != "random"
+  ):
+    meta["teacher_weights"] = parameters_fingerprint(teacher)
   model, trained = _fit_stage(
     name,
     directory,
@@ -474,6 +480,9 @@ def _train_feature_head(
     feature_train.head_meta(head_config, target),
     tokenizer=tokenizer.fingerprint,
     data=data_config,
+    # The head reads this target's features: a retrained target of the same shape (its
+    # checkpoint deleted, or target.checkpoint at another model) loaded the old head silently.
+    teacher_weights=parameters_fingerprint(target),
   )
   resolved = head_config.resolve(target.config)
 
@@ -718,7 +727,6 @@ def _sequential_head(config, draft, target, get_corpus, directory: str, mesh, lo
   ``checkpoint_every`` steps, and resumed from its newest step when a run was stopped."""
   from specsamp.models.sequential_head import SequentialHead
   from specsamp.training import sequential_head as head_training
-  from specsamp.training.target_store import parameters_fingerprint
 
   section = config.draft.sequential_head
   meta = {
