@@ -284,6 +284,22 @@ def test_bad_train_configs():
       dataclasses.replace(CONFIG, **{field: 0})
   with pytest.raises(ValueError, match="keep_checkpoints must be >= 1"):
     dataclasses.replace(CONFIG, keep_checkpoints=0)
+  # Optimiser values out of range trained on (a learning rate of -0.01 raised the loss from
+  # 4.79 to 8.50 and saved it) or failed after earlier stages had trained (2026-11-30).
+  for field, value, message in (
+    ("learning_rate", float("nan"), "learning_rate must be a number > 0"),
+    ("learning_rate", -1e-2, "learning_rate must be a number > 0"),
+    ("end_learning_rate_fraction", -1.0, "end_learning_rate_fraction must be a number in"),
+    ("b1", 1.5, "b1 must be a number in"),
+    ("b2", -0.1, "b2 must be a number in"),
+    ("grad_clip", 0.0, "grad_clip must be a number > 0"),
+    ("weight_decay", float("nan"), "weight_decay must be a number >= 0"),
+    ("distill_temperature", float("nan"), "distill.temperature must be a number > 0"),
+    ("steps", 10.5, "These must be ints: steps=10.5"),
+    ("batch_size", 2.5, "These must be ints: batch_size=2.5"),
+  ):
+    with pytest.raises(ValueError, match=message):
+      dataclasses.replace(CONFIG, **{field: value})
   with pytest.raises(ValueError, match="max_to_keep must be >= 1 or None"):
     checkpoint.Checkpoints("unused", max_to_keep=0)
   with pytest.raises(ValueError, match="Unknown TrainConfig fields"):

@@ -38,7 +38,7 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 from specsamp import multihost, sharding
-from specsamp.config_fields import ConfigFields
+from specsamp.config_fields import ConfigFields, is_int
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive
@@ -84,6 +84,36 @@ class TrainConfig(ConfigFields):
   init_embedding: str = "random"
 
   def __post_init__(self):
+    counts = ("steps", "batch_size", "seq_len", "warmup_steps", "log_every", "eval_every")
+    counts += ("eval_batches", "checkpoint_every", "keep_checkpoints", "distill_prefix_tokens")
+    counts += ("distill_parallel_tokens", "distill_mask_token")
+    not_counts = [
+      f"{name}={getattr(self, name)!r}" for name in counts if not is_int(getattr(self, name))
+    ]
+    if not_counts:  # 10.5 steps trained 11 and saved at 10.5; 2.5 rows failed in a reshape.
+      raise ValueError(f"These must be ints: {', '.join(not_counts)}.")
+    # Each range as the optimiser needs it (a NaN or negative learning rate trained on with no
+    # error, or failed at its first loss check after earlier stages had trained, 2026-11-30).
+    ranges = {
+      "learning_rate": (self.learning_rate, "> 0", lambda v: 0 < v < math.inf),
+      "end_learning_rate_fraction": (
+        self.end_learning_rate_fraction,
+        "in [0, 1]",
+        lambda v: 0 <= v <= 1,
+      ),
+      "weight_decay": (self.weight_decay, ">= 0", lambda v: 0 <= v < math.inf),
+      "grad_clip": (self.grad_clip, "> 0", lambda v: v > 0),
+      "b1": (self.b1, "in [0, 1)", lambda v: 0 <= v < 1),
+      "b2": (self.b2, "in [0, 1)", lambda v: 0 <= v < 1),
+      "distill.temperature": (self.distill_temperature, "> 0", lambda v: 0 < v < math.inf),
+      "distill.gamma": (self.distill_gamma, "> 0", lambda v: 0 < v < math.inf),
+    }
+    for name, (value, wanted, holds) in ranges.items():
+      number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, bool
+      )
+      if not number or not holds(float(value)):
+        raise ValueError(f"{name} must be a number {wanted}, got {value!r}.")
     if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
       raise ValueError(f"Need steps >= 1, batch_size >= 1 and seq_len >= 2: {self}.")
     if not 0 <= self.warmup_steps <= self.steps:
