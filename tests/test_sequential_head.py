@@ -5,6 +5,8 @@ target exactly, a misreported q is rejected, greedy equals autoregressive, train
 KL, a stopped training run resumes, and each tree node's q is corrected along its own path
 (exact in static and dynamic trees)."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -314,3 +316,23 @@ def test_one_training_step_runs_and_a_head_of_another_width_is_refused(small_pai
   other = _perturbed_head(draft.config.d_model * 2)
   with pytest.raises(ValueError, match="reads .*-wide hidden states, but the parallel draft's"):
     ParallelDrafter(draft, mask_token_id=MASK, head=other).check(target)
+
+
+def test_a_head_section_that_cannot_train_is_refused_before_anything_trains():
+  """draft.sequential_head's checkpoint_every=0 was refused only after the parallel draft had
+  trained (the review of 2026-11-30); pair.check_train_settings checks it first now."""
+  import sys
+
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+  import code_pair
+
+  from specsamp.experiments.jobs import pair as pair_lib
+
+  config = code_pair.get_config("test")
+  pair_lib.check_train_settings(config, ["parallel"])
+  for field, value in (("checkpoint_every", 0), ("steps", -1), ("learning_rate", float("nan"))):
+    bad = code_pair.get_config("test")
+    bad.draft.sequential_head[field] = value
+    with pytest.raises(ValueError, match=f"draft.sequential_head needs .*{field}="):
+      pair_lib.check_train_settings(bad, ["parallel"])
+  pair_lib.check_train_settings(bad, ["token"])  # No parallel draft: no head to train.

@@ -359,8 +359,14 @@ def _fit_stage(
     if os.path.isdir(directory):  # A workdir stage is a cache: empty means not trained yet.
       log(f"{name}: {directory} holds no checkpoint; training from scratch")
     log(f"{name}: training {describe(corpus)} into {directory}")
-  batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
-  held = data.Batches.pack(corpus.eval_stream, train_cfg.seq_len, train_cfg.batch_size)
+  try:
+    batches = data.Batches.pack(corpus.train_stream, train_cfg.seq_len, train_cfg.batch_size, seed)
+    held = data.Batches.pack(corpus.eval_stream, train_cfg.seq_len, train_cfg.batch_size)
+  except ValueError as error:  # Which stage, and which fields to change (2026-11-30).
+    raise ValueError(
+      f"{name}: {error} Lower this stage's batch_size or seq_len, or give it more data "
+      "(data.max_eval_tokens for the held-out part, more --corpus files)."
+    ) from error
   eval_batches = held.first(train_cfg.eval_batches or held.steps_per_epoch)  # 0: all of them.
   trainer = make_trainer(corpus)
   state = train.fit(trainer, batches, eval_batches, store, meta, name=name, log=log)
@@ -389,6 +395,10 @@ def check_train_settings(config: ml_collections.ConfigDict, draft_modes: Sequenc
       train.TrainConfig.from_config(section)
     except ValueError as error:
       raise ValueError(f"The draft's training (distill.mode {mode!r}): {error}") from error
+  if "parallel" in draft_modes and config.draft.get("sequential_head"):
+    from specsamp.training import sequential_head as head_training
+
+    head_training.check_settings(config.draft.sequential_head)
 
 
 def _train_model(
