@@ -115,6 +115,10 @@ def test_interrupted_run_resumes_exactly(trainer, uninterrupted, tmp_path):
   directory = str(tmp_path / "resumed")
   first = _fit(trainer, directory, stop_after=17)  # between two periodic checkpoints
   assert int(first.step) == 17 and checkpoint.Checkpoints(directory).latest_step() == 17
+  # Resumed in another activation dtype: refused (it went on and ended elsewhere, 2026-11-30).
+  other = train.Trainer(MODEL.replace(dtype="bfloat16"), CONFIG, trainer.mesh)
+  with pytest.raises(checkpoint.CheckpointError, match="different train_dtype: saved 'float32'"):
+    _fit(other, directory)
   resumed = _fit(trainer, directory)
   assert int(resumed.step) == CONFIG.steps
   same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), resumed, reference)

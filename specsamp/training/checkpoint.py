@@ -318,7 +318,7 @@ class Checkpoints:
 
 
 MODEL_KEYS = ("model", "target_model")  # Metadata keys that hold a TransformerConfig.
-RECORDED_SINCE = ("teacher_weights",)
+RECORDED_SINCE = ("teacher_weights", "train_dtype")
 """Metadata keys added after checkpoints were written without them: compared only where the
 saved metadata records them (a workdir from before stays usable)."""
 

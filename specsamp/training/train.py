@@ -635,7 +635,10 @@ def fit(
     The final (or interrupted) train state.
   """
   config = trainer.config
-  meta = dict(meta, train=config.identity())
+  # The activation dtype changes every gradient: a run resumed in bfloat16 from a float32 start
+  # went on silently and ended away from the unbroken run (2026-11-30). Sampling may still run a
+  # finished model in any dtype (an execution field of the model's config).
+  meta = dict(meta, train=config.identity(), train_dtype=str(trainer.model_config.dtype))
   if checkpoints.latest_step() is None:
     state = trainer.init_state()
     start = 0
