@@ -320,6 +320,11 @@ def test_special_ids_sampler_fields_and_numpy_settings():
   for length in (float("nan"), float("inf"), "64", 64.0):  # int() or < failed on the first three.
     with pytest.raises(ValueError, match="cache_length must be None or an int"):
       generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=2, cache_length=length)
+  for rng in (0, None):  # "invalid PRNG key data" inside JAX, an AttributeError (2026-11-30).
+    with pytest.raises(TypeError, match="rng must be a JAX random key, e.g. jax.random.key"):
+      generate(model, prompts, lengths, rng, max_new_tokens=2)
+    with pytest.raises(TypeError, match="rng must be a JAX random key"):
+      Sampler(model).generate(prompts, lengths, rng, max_new_tokens=2, num_draft_tokens=0)
   sampler = Sampler(model, eos_id=np.int64(3))
   for eos in (np.array(3), np.array([3, 11]), (3, 11)):  # NumPy ids and tuples alike.
     Sampler(model, eos_id=eos)

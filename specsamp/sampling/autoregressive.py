@@ -508,6 +508,7 @@ def generate(
     A ``GenerationOutput``. Compiled once per (model structure, shapes, options)
     and reused.
   """
+  threefry.check_key(rng)
   sampling = SamplingConfig(temperature, top_k, top_p)
   prompts, prompt_lengths, cache_length = check_generation(
     model, prompts, prompt_lengths, max_new_tokens, cache_length

@@ -206,6 +206,7 @@ def generate(
   refill = max(1, batch // 16) if refill_size is None else int(refill_size)
   if not 1 <= refill <= batch:
     raise ValueError(f"Need 1 <= refill_size <= batch_size, got {refill} and {batch}.")
+  threefry.check_key(rng)
   static, dynamic = model_protocol.split_model(model)
   programs = _Programs(
     static,

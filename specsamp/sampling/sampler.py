@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specsamp.sampling import autoregressive, drafters, model_protocol, speculative
+from specsamp.sampling import autoregressive, drafters, model_protocol, speculative, threefry
 from specsamp.sampling.statistics import SpeculativeOutput
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig
@@ -121,6 +121,7 @@ class Sampler:
     ``num_draft_tokens=0`` (an int, numpy's too) samples autoregressively, and the draft's
     options (verifier, schedule, tree, narrow scoring) are then unused: the automatic draft
     length calls every K with the same options. Bit-identical to a fresh call."""
+    threefry.check_key(rng)
     sampling = SamplingConfig(temperature, top_k, top_p)
     if isinstance(num_draft_tokens, (int, np.integer)) and not isinstance(num_draft_tokens, bool):
       if num_draft_tokens == 0:

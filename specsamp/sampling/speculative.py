@@ -589,6 +589,7 @@ def speculative_generate(
   model_protocol.check_model(target, "target")
   drafter = drafters.as_drafter(draft)
   drafter.check(target)
+  threefry.check_key(rng)
   sampling = SamplingConfig(temperature, top_k, top_p)
   eos_id, pad_id = check_token_ids(eos_id, pad_id, target.vocab_size)
   prompts, prompt_lengths, cache_length, tree, shape = check_request(

@@ -31,6 +31,14 @@ _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = np.uint32(0x1BD11BDA)  # Threefry's key-schedule constant.
 
 
+def check_key(key: object) -> None:
+  """Refuses, in one line, an ``rng`` that is not a JAX random key: a seed (0 failed as "invalid
+  PRNG key data" inside JAX) or None (an AttributeError). A typed key (``jax.random.key``) and
+  raw key data (``jax.random.PRNGKey``, a NumPy copy of one) pass."""
+  if key is None or isinstance(key, (bool, int, float, np.number)) or not hasattr(key, "dtype"):
+    raise TypeError(f"rng must be a JAX random key, e.g. jax.random.key(0), got {key!r}.")
+
+
 def _rotate_left(x: jax.Array, distance: int) -> jax.Array:
   return (x << np.uint32(distance)) | (x >> np.uint32(32 - distance))
 

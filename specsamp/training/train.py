@@ -638,7 +638,10 @@ def fit(
   # The activation dtype changes every gradient: a run resumed in bfloat16 from a float32 start
   # went on silently and ended away from the unbroken run (2026-11-30). Sampling may still run a
   # finished model in any dtype (an execution field of the model's config).
-  meta = dict(meta, train=config.identity(), train_dtype=str(trainer.model_config.dtype))
+  meta = dict(meta, train=config.identity())
+  model_config = getattr(trainer, "model_config", None)  # A feature head's trainer has none.
+  if model_config is not None:
+    meta["train_dtype"] = str(model_config.dtype)
   if checkpoints.latest_step() is None:
     state = trainer.init_state()
     start = 0
