@@ -120,3 +120,4 @@ def test_an_output_flag_must_name_a_file_that_can_be_written(tmp_path):
       values(["prog", f"--output={path}"])
   values(["prog", f"--output={tmp_path / 'a.json'}"])
   assert holder.value == str(tmp_path / "a.json")
+  values(["prog", "--output=/dev/stdout"])  # Written through (files.write_atomically).

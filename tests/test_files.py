@@ -47,4 +47,18 @@ def test_a_write_stopped_midway_keeps_the_old_file_and_removes_its_partial(tmp_p
 def test_each_process_writes_through_a_partial_file_of_its_own(tmp_path):
   """Hosts writing the same replicated file into one shared folder never share a partial."""
   path = str(tmp_path / "shard.npz")
-  assert files.partial_path(path) == f"{path}.partial{os.getpid()}"
+  import socket
+
+  assert files.partial_path(path) == f"{path}.partial-{socket.gethostname()}-{os.getpid()}"
+
+
+def test_a_link_or_a_special_file_is_written_through_not_replaced(tmp_path):
+  """--output=/dev/stdout, or a link a user made to where reports go, keeps being that."""
+  real = tmp_path / "real.json"
+  real.write_text("old")
+  link = tmp_path / "link.json"
+  link.symlink_to(real)
+  files.write_json(str(link), {"a": 1})
+  assert link.is_symlink() and json.loads(real.read_text()) == {"a": 1}
+  files.write_atomically("/dev/null", "discarded")  # Not replaced by a regular file.
+  assert not os.path.isfile("/dev/null")

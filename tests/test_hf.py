@@ -512,8 +512,13 @@ def test_a_rope_scaling_that_disagrees_with_rope_parameters_is_refused():
     config = minimal_config(family, rope_parameters=params, rope_scaling=added)
     with pytest.raises(ValueError, match="both rope_scaling .* disagree; transformers 5 uses"):
       architectures.from_hf(config)
+  # Agreeing keys but no theta: transformers would run its class default, not the 5e5.
   linear = {"rope_type": "linear", "factor": 4.0}
-  same = minimal_config("llama", rope_parameters=dict(linear, rope_theta=5e5), rope_scaling=linear)
+  lost = minimal_config("llama", rope_parameters=dict(linear, rope_theta=5e5), rope_scaling=linear)
+  with pytest.raises(ValueError, match="both rope_scaling .* disagree"):
+    architectures.from_hf(lost)
+  same = dict(linear, rope_theta=5e5)  # What specsamp's export writes: the two alike.
+  same = minimal_config("llama", rope_parameters=same, rope_scaling=same)
   assert architectures.from_hf(same).rope_scaling_factor == 4.0
 
 

@@ -297,6 +297,8 @@ def output_file(holder: flags.FlagHolder) -> flags.FlagHolder:
     if not path:
       return True
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path) and not os.path.isdir(path) and os.access(path, os.W_OK):
+      return True  # An existing file (or /dev/stdout) that can be written.
     if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
       raise flags.ValidationError(
         f"cannot write the file {path!r}: "

@@ -134,7 +134,11 @@ def _rope_parameters(hf: Mapping[str, Any], model_type: str) -> tuple[dict, dict
     # off by 1.2x their largest, 2026-11-30). A scaling the parameters already hold is fine.
     held = params.get("full_attention", params) if model_type == "gemma3_text" else params
     named = lambda d: {("rope_type" if k == "type" else k): v for k, v in d.items()}
-    if any(named(held).get(k) != v for k, v in named(scaling).items()):
+    # The theta transformers then runs: the scaling's, else a top-level rope_theta (else its
+    # class default, which no file states): the parameters' must be that one.
+    theta = named(scaling).get("rope_theta", hf.get("rope_theta"))
+    theta_lost = "rope_theta" in held and theta != held["rope_theta"]
+    if theta_lost or any(named(held).get(k) != v for k, v in named(scaling).items()):
       raise ValueError(
         f"config.json has both rope_scaling ({scaling}) and rope_parameters ({params}), which "
         "disagree; transformers 5 uses rope_scaling alone and drops rope_parameters, its "

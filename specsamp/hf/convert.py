@@ -247,16 +247,17 @@ def refuse_non_empty(output_dir: str, action: str) -> None:
   a workdir's tokenizer or a user's HF folder would be overwritten."""
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise FileExistsError(f"{output_dir} is a file; {action} writes into a folder.")
-  # Checked before any weight is read (orbax failed at the save, after a whole import).
-  above = os.path.dirname(os.path.abspath(output_dir))
-  while not os.path.exists(above):
-    above = os.path.dirname(above)
-  if not os.path.isdir(above) or not os.access(above, os.W_OK):
+  # Checked before any weight is read (orbax failed at the save, after a whole import): the
+  # folder itself where it exists, else the nearest folder above it, where it will be made.
+  where = os.path.abspath(output_dir)
+  while not os.path.exists(where):
+    where = os.path.dirname(where)
+  if not os.path.isdir(where):
     raise NotADirectoryError(
-      f"{output_dir}: {above} is "
-      + ("a file" if not os.path.isdir(above) else "a folder this process cannot write")
-      + f"; {action} writes into a new or empty folder."
+      f"{output_dir}: {where} is a file; {action} writes into a new or empty folder."
     )
+  if not os.access(where, os.W_OK | os.X_OK):
+    raise PermissionError(f"{output_dir}: this process cannot write in {where}.")
   held = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
   # What an interrupted orbax save leaves (a step it never finished): no user's file.
   held = [name for name in held if ".orbax-checkpoint-tmp" not in name]
@@ -302,8 +303,8 @@ def save_checkpoint(
   }
   store.save(0, {"params": train.params_of(model)}, meta)
   store.wait()
-  if tokenizer is not None and jax.process_index() == 0:
-    tokenizer.save(store.directory)
+  if tokenizer is not None:  # Every process: a host without a shared folder needs it too, and
+    tokenizer.save(store.directory)  # the writes are atomic (files.write_atomically).
 
 
 def _to_host(array: jax.Array) -> np.ndarray:

@@ -161,7 +161,7 @@ def jsonl_prompts(path: str) -> list[Prompt]:
   (chat messages with string ``role`` and ``content``, the last one the user's). A prompt's id
   is a hash of its messages, so the held-out split does not move when lines are added, removed
   or reordered; a line that repeats an earlier prompt is left out (answered once)."""
-  if not os.path.isfile(path):
+  if not os.path.exists(path) or os.path.isdir(path):  # A named pipe (<(...)) is a file here.
     raise FileNotFoundError(f"--prompts: no file {path}" + (" (a directory)" * os.path.isdir(path)))
   prompts, seen = [], set()
   with open(path, "rb") as f:

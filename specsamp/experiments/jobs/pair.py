@@ -209,8 +209,7 @@ def import_gguf_target(
       )
     log(f"target: {directory} lacks its tokenizer (an import stopped before writing it); "
         f"writing it from {path}")  # fmt: skip
-    if jax.process_index() == 0:
-      tokenizer.save(directory)
+    tokenizer.save(directory)  # Every process (atomic writes): the others read it next.
   return directory
 
 
@@ -384,6 +383,10 @@ def check_train_settings(config: ml_collections.ConfigDict, draft_modes: Sequenc
       train.TrainConfig.from_config(config.target.train)
     except ValueError as error:
       raise ValueError(f"The target's training: {error}") from error
+  if "parallel" in draft_modes and config.draft.get("sequential_head"):
+    from specsamp.training import sequential_head as head_training  # Trained over any draft.
+
+    head_training.check_settings(config.draft.sequential_head)
   if config.draft.get("checkpoint"):
     return
   for mode in draft_modes:
@@ -395,10 +398,6 @@ def check_train_settings(config: ml_collections.ConfigDict, draft_modes: Sequenc
       train.TrainConfig.from_config(section)
     except ValueError as error:
       raise ValueError(f"The draft's training (distill.mode {mode!r}): {error}") from error
-  if "parallel" in draft_modes and config.draft.get("sequential_head"):
-    from specsamp.training import sequential_head as head_training
-
-    head_training.check_settings(config.draft.sequential_head)
 
 
 def _train_model(
