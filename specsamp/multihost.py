@@ -51,6 +51,16 @@ def out_of_time(started: float, now: float, max_seconds: float | None) -> bool:
   return max_seconds is not None and agreed(now - started) >= max_seconds
 
 
+def to_host(array: jax.Array) -> np.ndarray:
+  """``array`` whole on this host: gathered from every process when some of it lives on
+  another host (a collective: every process must call it at the same point)."""
+  if not array.is_fully_addressable:
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+  return np.asarray(jax.device_get(array))
+
+
 def any_process(flag: bool) -> bool:
   """Whether ``flag`` is set on any process of a multi-host run (itself in one process). Every
   process must call it at the same point; it waits for the work queued before it, so it suits

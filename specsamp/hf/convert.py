@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specsamp import sharding
+from specsamp import multihost, sharding
 from specsamp.hf import architectures, safetensors_io, weights
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
@@ -307,14 +307,6 @@ def save_checkpoint(
     tokenizer.save(store.directory)  # the writes are atomic (files.write_atomically).
 
 
-def _to_host(array: jax.Array) -> np.ndarray:
-  if not array.is_fully_addressable:
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
-  return np.asarray(jax.device_get(array))
-
-
 def export_model(
   model: transformer.Transformer,
   output_dir: str,
@@ -358,7 +350,8 @@ def export_model(
     table = weights.entries(config, hf_config["model_type"])
     for position, entry in enumerate(table):
       array = weights.get(params, entry.path)
-      host = _to_host(array[entry.index] if entry.index else array)  # One layer's (expert's).
+      # One layer's (expert's).
+      host = multihost.to_host(array[entry.index] if entry.index else array)
       parts.append((entry, np.ascontiguousarray(entry.to_hf(host))))
       if position + 1 == len(table) or table[position + 1].hf_name != entry.hf_name:
         joined = np.ascontiguousarray(weights.joined(parts))

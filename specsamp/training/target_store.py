@@ -42,7 +42,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from specsamp import files
+from specsamp import files, multihost
 from specsamp.training import answers
 
 OUTPUTS, META, PROGRESS = "outputs.bin", "meta.json", "progress.json"
@@ -138,13 +138,8 @@ def parameters_fingerprint(model: Any) -> str:
       digest.update(np.asarray(leaf).tobytes())
       continue
     for part in (leaf[(0,) * (leaf.ndim - 1)][:64], leaf[(-1,) * (leaf.ndim - 1)][-64:]):
-      if getattr(part, "is_fully_addressable", True):
-        part = jax.device_get(part)
-      else:
-        from jax.experimental import multihost_utils
-
-        part = multihost_utils.process_allgather(part, tiled=True)
-      digest.update(np.asarray(part).tobytes())
+      host = multihost.to_host(part) if isinstance(part, jax.Array) else np.asarray(part)
+      digest.update(host.tobytes())
   return digest.hexdigest()[:16]
 
 
