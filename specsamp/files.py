@@ -31,22 +31,21 @@ def write_atomically(path: str, data: bytes | str | Callable[[str], None]) -> No
   """Writes ``path`` whole or not at all. ``data`` is the file's bytes, its text (UTF-8), or a
   function that writes the file at the path it is given (``np.savez`` into an open file, an
   ``lzma`` stream)."""
-  if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
-    # /dev/stdout, a named pipe, or a link the user made: written through, not replaced.
+
+  def write(target: str) -> None:
     if callable(data):
-      data(path)
+      data(target)
     else:
-      with open(path, "wb") as f:
+      with open(target, "wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+  if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
+    write(path)  # /dev/stdout, a named pipe, or a link the user made: written through.
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   partial = partial_path(path)
   try:
-    if callable(data):
-      data(partial)
-    else:
-      with open(partial, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
+    write(partial)
     os.replace(partial, path)
   except BaseException:
     if os.path.exists(partial):
