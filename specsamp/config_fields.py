@@ -23,6 +23,14 @@ def is_int(value: Any) -> bool:
   return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+def is_real(value: Any) -> bool:
+  """Whether ``value`` is a number a rate or a coefficient may be: a Python or numpy int or
+  float, not a bool (NaN and inf pass; ranges are checked by the caller)."""
+  return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+    value, (bool, np.bool_)
+  )
+
+
 class ConfigFields:
   """Mixin for frozen dataclasses: ``from_config`` with an unknown-field check, ``replace``."""
 

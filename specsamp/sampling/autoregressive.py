@@ -233,11 +233,7 @@ def check_token_ids(
   the loop)."""
 
   def is_id(value: Any) -> bool:
-    return (
-      isinstance(value, (int, np.integer))
-      and not isinstance(value, bool)
-      and 0 <= value < vocab_size
-    )
+    return is_int(value) and 0 <= value < vocab_size
 
   try:
     several = isinstance(eos_id, (list, tuple, np.ndarray)) and np.ndim(eos_id) == 1

@@ -30,8 +30,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from specsamp.config_fields import is_int
 from specsamp.sampling import autoregressive, drafters, model_protocol, speculative, threefry
 from specsamp.sampling.statistics import SpeculativeOutput
 from specsamp.sampling.tree import TreeShape
@@ -123,11 +123,10 @@ class Sampler:
     length calls every K with the same options. Bit-identical to a fresh call."""
     threefry.check_key(rng)
     sampling = SamplingConfig(temperature, top_k, top_p)
-    if isinstance(num_draft_tokens, (int, np.integer)) and not isinstance(num_draft_tokens, bool):
-      if num_draft_tokens == 0:
-        return self._autoregressive(
-          prompts, prompt_lengths, rng, max_new_tokens, sampling, cache_length
-        )
+    if is_int(num_draft_tokens) and num_draft_tokens == 0:
+      return self._autoregressive(
+        prompts, prompt_lengths, rng, max_new_tokens, sampling, cache_length
+      )
     if self._drafter is None:
       raise ValueError(
         "This Sampler has no draft: num_draft_tokens must be 0 (autoregressive sampling)."

@@ -37,10 +37,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from specsamp import sharding
+from specsamp.config_fields import is_int
 from specsamp.sampling import (
   chain_step,
   drafters,
@@ -460,11 +460,7 @@ def check_request(
     )
   if schedule not in SCHEDULES:
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
-  if (
-    isinstance(num_draft_tokens, bool)
-    or not isinstance(num_draft_tokens, (int, np.integer))
-    or num_draft_tokens < 1
-  ):
+  if not is_int(num_draft_tokens) or num_draft_tokens < 1:
     raise ValueError(f"num_draft_tokens (K) must be an int >= 1, got {num_draft_tokens!r}.")
   if tree is None and verifier not in (*EXACT_VERIFIERS, "synthetic"):
     raise ValueError(

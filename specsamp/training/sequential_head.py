@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from specsamp.config_fields import is_int
+from specsamp.config_fields import is_int, is_real
 from specsamp.models.sequential_head import SequentialHead, teacher_forced_logits
 from specsamp.training import checkpoint, parallel
 from specsamp.training import train as train_lib
@@ -58,17 +58,15 @@ def make_step(
   return step
 
 
-SETTINGS = ("steps", "batch_size", "seq_len", "learning_rate", "num_draft_tokens")
-
-
 def check_settings(section: Any) -> None:
   """Refuses a ``draft.sequential_head`` section that cannot train, before anything trains (a
   checkpoint_every of 0 was refused only after the parallel draft had trained)."""
-  counts = {name: section.get(name) for name in (*SETTINGS[:3], "num_draft_tokens")}
+  counts = {name: section.get(name) for name in ("steps", "batch_size", "seq_len")}
+  counts["num_draft_tokens"] = section.get("num_draft_tokens")
   counts["checkpoint_every"] = section.get("checkpoint_every", 50)
   bad = [f"{k}={v!r}" for k, v in counts.items() if not is_int(v) or v < 1]
   rate = section.get("learning_rate")
-  if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate < math.inf:
+  if not is_real(rate) or not 0 < rate < math.inf:
     bad.append(f"learning_rate={rate!r}")
   if bad or counts["seq_len"] < 2:
     raise ValueError(

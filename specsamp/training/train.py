@@ -38,7 +38,7 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 from specsamp import multihost, sharding
-from specsamp.config_fields import ConfigFields, is_int
+from specsamp.config_fields import ConfigFields, is_int, is_real
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive
@@ -109,10 +109,7 @@ class TrainConfig(ConfigFields):
       "distill.gamma": (self.distill_gamma, "> 0", lambda v: 0 < v < math.inf),
     }
     for name, (value, wanted, holds) in ranges.items():
-      number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, bool
-      )
-      if not number or not holds(float(value)):
+      if not is_real(value) or not holds(float(value)):
         raise ValueError(f"{name} must be a number {wanted}, got {value!r}.")
     if self.steps < 1 or self.batch_size < 1 or self.seq_len < 2:
       raise ValueError(f"Need steps >= 1, batch_size >= 1 and seq_len >= 2: {self}.")
