@@ -299,19 +299,16 @@ def output_file(holder: flags.FlagHolder) -> flags.FlagHolder:
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.exists(path) and not os.path.isdir(path) and os.access(path, os.W_OK):
       return True  # An existing file (or /dev/stdout) that can be written.
-    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-      raise flags.ValidationError(
-        f"cannot write the file {path!r}: "
-        + (
-          "it is a directory."
-          if os.path.isdir(path)
-          else f"no directory {folder!r} to write it in (the shell does not expand '~' inside "
-          "a flag)."
-          if not os.path.isdir(folder)
-          else f"the directory {folder!r} is not writable."
-        )
-      )
-    return True
+    if os.path.isdir(path):
+      why = "it is a directory."
+    elif not os.path.isdir(folder):
+      why = f"no directory {folder!r} to write it in (the shell does not expand '~' inside "
+      why += "a flag)."
+    elif not os.access(folder, os.W_OK):
+      why = f"the directory {folder!r} is not writable."
+    else:
+      return True
+    raise flags.ValidationError(f"cannot write the file {path!r}: {why}")
 
   flags.register_validator(holder, writable)
   return holder

@@ -179,9 +179,7 @@ def _intact(directory: str, name: str) -> bool:
 
 
 def _write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
-  # On several hosts every process writes the same shards and manifest into the one shared
-  # directory (the answers are replicated): files.write_atomically's partial files are per process.
-  files.write_json(os.path.join(out_dir, MANIFEST), manifest)
+  files.write_json(os.path.join(out_dir, MANIFEST), manifest)  # Every host writes it: atomic.
 
 
 REPEAT_NGRAM = 4
@@ -292,11 +290,11 @@ IDENTITY = (
   "prompts",
   "prompts_sha256",
 )
-# target_weights (target_store.parameters_fingerprint) since 2026-11-30: "target" names a trained
-# target "trained:LxD" alone, so two targets of one shape trained apart (another learning rate,
-# more steps) filled one directory unnoticed. Manifests from before lack it; it is compared
-# where both sides record it.
-"""The manifest's keys that say which run made a directory (``_resumable`` compares them)."""
+"""The manifest's keys that say which run made a directory (``differing`` compares them).
+``target_weights`` (``target_store.parameters_fingerprint``) since 2026-11-30: "target" names a
+trained target "trained:LxD" alone, so two targets of one shape trained apart (another learning
+rate, more steps) filled one directory unnoticed. Manifests from before lack it; it is compared
+where both sides record it."""
 
 
 def tokenizer_identity(tokenizer: Any) -> str:
@@ -473,10 +471,8 @@ def regenerate(
     log: progress lines.
   """
   began = time.perf_counter()
-  if max_shards is not None and (not is_int(max_shards) or max_shards < 0):
-    raise ValueError(
-      f"max_shards must be None or an int >= 0, got {max_shards!r}."
-    )  # -2: all but 2
+  if max_shards is not None and (not is_int(max_shards) or max_shards < 0):  # -2: all but two.
+    raise ValueError(f"max_shards must be None or an int >= 0, got {max_shards!r}.")
   if max_seconds is not None and not max_seconds >= 0:
     raise ValueError(f"max_seconds must be None or >= 0, got {max_seconds!r}.")
   tokenizer_lib.check_stop_ids(tokenizer, target.vocab_size)
