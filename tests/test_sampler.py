@@ -91,10 +91,13 @@ def test_bad_input_is_refused_and_a_draftless_sampler_only_samples_autoregressiv
     Sampler(target).generate(
       prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=2
     )
-  with pytest.raises(ValueError, match="num_draft_tokens"):
-    Sampler(target, draft).generate(
-      prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=-1
-    )
+  for bad in (-1, 0.0, 2.5, True):  # 0.0 was told "an int >= 1", where 0 samples plainly.
+    with pytest.raises(ValueError, match=r"num_draft_tokens \(K\) must be an int >= 0"):
+      Sampler(target, draft).generate(
+        prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=bad
+      )
+  with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1, got True"):
+    autoregressive.generate(target, prompts, lengths, jax.random.key(0), max_new_tokens=True)
   with pytest.raises(ValueError, match="too long for the cache"):
     Sampler(target, draft).generate(
       prompts, lengths, jax.random.key(0), max_new_tokens=4, num_draft_tokens=2, cache_length=8

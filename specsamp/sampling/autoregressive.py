@@ -111,7 +111,7 @@ def check_prompts(
     raise ValueError(
       f"prompt_lengths must have shape ({prompts.shape[0]},), got {prompt_lengths.shape}."
     )
-  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+  if not is_int(max_new_tokens) or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
   if not isinstance(prompt_lengths, jax.core.Tracer):
     lengths = np.asarray(prompt_lengths)

@@ -123,7 +123,12 @@ class Sampler:
     length calls every K with the same options. Bit-identical to a fresh call."""
     threefry.check_key(rng)
     sampling = SamplingConfig(temperature, top_k, top_p)
-    if is_int(num_draft_tokens) and num_draft_tokens == 0:
+    if not is_int(num_draft_tokens) or num_draft_tokens < 0:
+      raise ValueError(
+        "num_draft_tokens (K) must be an int >= 0 (0: autoregressive sampling), got "
+        f"{num_draft_tokens!r}."
+      )
+    if num_draft_tokens == 0:
       return self._autoregressive(
         prompts, prompt_lengths, rng, max_new_tokens, sampling, cache_length
       )
