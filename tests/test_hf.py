@@ -4,6 +4,7 @@ and the import / export / checkpoint paths with their errors."""
 import dataclasses
 import json
 import os
+import shutil
 
 import hf_models
 import jax
@@ -384,6 +385,23 @@ def test_orbax_checkpoint_round_trip(tmp_path):
   (tmp_path / "again" / "0.orbax-checkpoint-tmp-1700000000").mkdir(parents=True)
   hf.import_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "again"))
   assert checkpoint.Checkpoints(str(tmp_path / "again")).all_steps() == [0]
+  # An import stopped between its checkpoint's commit and its tokenizer's files: the same
+  # import again finishes it (it refused the non-empty folder); another source's is refused.
+  os.remove(tmp_path / "again" / "tokenizer.model")
+  again = hf.import_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "again"))
+  assert again == config and (tmp_path / "again" / "tokenizer.model").read_bytes() == (
+    tokenizer.model_proto
+  )
+  assert checkpoint.Checkpoints(str(tmp_path / "again")).all_steps() == [0]
+  os.remove(tmp_path / "again" / "tokenizer.model")
+  shutil.copytree(tmp_path / "hf", tmp_path / "hf_copy")
+  with pytest.raises(FileExistsError, match="already holds a checkpoint"):
+    hf.import_to_checkpoint(str(tmp_path / "hf_copy"), str(tmp_path / "again"))
+  other = Tokenizer.train([text.replace("return", "yield") for text in texts], 300)
+  (tmp_path / "hf" / "tokenizer.model").write_bytes(other.model_proto)
+  with pytest.raises(FileExistsError, match="no longer the one imported"):
+    hf.import_to_checkpoint(str(tmp_path / "hf"), str(tmp_path / "again"))
+  (tmp_path / "hf" / "tokenizer.model").write_bytes(tokenizer.model_proto)
   # A tokenizer with more pieces than the model has embeddings is refused.
   hf_models.build("mistral").save_pretrained(tmp_path / "small")
   (tmp_path / "small" / "tokenizer.model").write_bytes(tokenizer.model_proto)

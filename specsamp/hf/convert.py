@@ -234,11 +234,40 @@ def import_to_checkpoint(
   with the model config, tokenizer fingerprint and source in its metadata. Refuses a
   directory that already holds a checkpoint (nothing saved is overwritten)."""
   hf_dir = os.path.expanduser(hf_dir)
+  finished = finish_stopped_import(hf_dir, output_dir)
+  if finished is not None:
+    return finished
   store = empty_store(output_dir)
   model, hf_config = import_model(hf_dir, mesh, **import_options)
   tokenizer = load_tokenizer(hf_dir) if tokenizer_lib.find(hf_dir) else None
   save_checkpoint(model, tokenizer, store, _source_meta(hf_dir, hf_config))
   return model.config
+
+
+def finish_stopped_import(hf_dir: str, output_dir: str) -> TransformerConfig | None:
+  """Completes an import of ``hf_dir`` into ``output_dir`` that stopped between its checkpoint's
+  commit and its tokenizer's files (the tokenizer is written after the weights): the same
+  import run again writes the tokenizer, after checking that the checkpoint came from
+  ``hf_dir`` and recorded that tokenizer's fingerprint. Returns the checkpoint's model config,
+  or None where there is nothing to finish (no checkpoint, or one with its tokenizer)."""
+  output_dir = os.path.expanduser(output_dir)
+  if not os.path.isdir(output_dir) or tokenizer_lib.find(output_dir) is not None:
+    return None
+  store = checkpoint.Checkpoints(output_dir, max_to_keep=None)
+  if store.latest_step() is None:
+    return None
+  meta = store.read_meta()
+  recorded = meta.get("tokenizer")
+  if recorded is None or meta.get("source", {}).get("path") != os.path.abspath(hf_dir):
+    return None  # Not this import's, or one without a tokenizer: empty_store refuses it.
+  tokenizer = load_tokenizer(hf_dir) if tokenizer_lib.find(hf_dir) else None
+  if tokenizer is None or tokenizer.fingerprint != recorded:
+    raise FileExistsError(
+      f"{output_dir} holds an import of {hf_dir} that stopped before writing its tokenizer, "
+      f"and {hf_dir}'s tokenizer is no longer the one imported; choose another output directory."
+    )
+  tokenizer.save(store.directory)  # Every process, as save_checkpoint writes it.
+  return TransformerConfig.from_config(meta["model"])
 
 
 def refuse_non_empty(output_dir: str, action: str) -> None:
