@@ -133,6 +133,42 @@ def test_other_architectures_and_tensor_types_are_refused_by_name(file, tmp_path
   (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
   with pytest.raises(ValueError, match="not a readable GGUF"):
     gguf.read(str(tmp_path / "bad.gguf"))
+  # Cut inside its metadata: an IndexError from inside the gguf package before (2026-11-30).
+  with open(file.path, "rb") as real:
+    (tmp_path / "cut.gguf").write_bytes(real.read(300))
+  with pytest.raises(ValueError, match=r"not a readable GGUF file \(truncated"):
+    gguf.read(str(tmp_path / "cut.gguf"))
+  # More tokens than embeddings: ids past the table (all-NaN logits); llama.cpp refuses it.
+  tokens = [*file.metadata["tokenizer.ggml.tokens"], "<extra>"]
+  more = gguf.GgufFile(file.path, dict(file.metadata, **{"tokenizer.ggml.tokens": tokens}), {})
+  more.tensors.update(file.tensors)
+  with pytest.raises(gguf.UnsupportedGguf, match="49153 tokens but the model only 49152"):
+    gguf.hf_config(more)
+
+
+def test_an_import_dequantizes_and_places_one_parameter_at_a_time(file, monkeypatch):
+  """A GGUF tensor read is dequantized to float32 (a safetensors one is a view of the mapped
+  file): every tensor was read before any was placed, the whole model in float32 on the host
+  at once (an 8B Q4 file: 32 GB; the review of 2026-11-30). Now each parameter's tensors are
+  read, placed and dropped before the next's. Two of SmolLM2's 30 layers, to keep it short."""
+  kept = {
+    k: v
+    for k, v in file.tensors.items()
+    if k.split(".")[:2] not in (["blk", str(i)] for i in range(2, 30))
+  }
+  small = gguf.GgufFile(file.path, {**file.metadata, "llama.block_count": 2}, kept)
+  events = []
+  read, place = gguf.GgufTensors.tensor, jax.make_array_from_callback
+  monkeypatch.setattr(
+    gguf.GgufTensors, "tensor", lambda self, name: events.append("read") or read(self, name)
+  )
+  monkeypatch.setattr(
+    jax, "make_array_from_callback", lambda *a, **k: events.append("place") or place(*a, **k)
+  )
+  model, _ = gguf._import_file(small, one_device(), param_dtype="bfloat16")
+  assert model.config.num_layers == 2 and events.count("read") == 2 * 9 + 2
+  # Before the first placement, only the first parameter's tensors (one, or one per layer).
+  assert events.index("place") <= 2, events
 
 
 def test_rope_frequency_factors_and_missing_metadata_are_refused_by_name(file):
@@ -157,6 +193,24 @@ def test_rope_frequency_factors_and_missing_metadata_are_refused_by_name(file):
   )
   with pytest.raises(gguf.UnsupportedGguf, match="rope_freqs.weight"):
     gguf.hf_config(scaled)
+
+  # Linear RoPE scaling as llama.cpp reads it: the type defaults to linear, the factor is
+  # rope.scaling.factor or the older rope.scale_linear; a factor alone was imported unscaled.
+  def with_rope(**fields):
+    metadata = dict(file.metadata, **{f"llama.rope.{k}": v for k, v in fields.items()})
+    return gguf.GgufFile(file.path, metadata, file.tensors)
+
+  linear = {"rope_type": "linear", "factor": 4.0}
+  assert gguf.hf_config(with_rope(**{"scaling.factor": 4.0}))["rope_scaling"] == linear
+  assert gguf.hf_config(with_rope(scale_linear=4.0))["rope_scaling"] == linear
+  assert (
+    gguf.hf_config(with_rope(**{"scaling.type": "linear", "scaling.factor": 4.0}))["rope_scaling"]
+    == linear
+  )
+  assert "rope_scaling" not in gguf.hf_config(with_rope(**{"scaling.factor": 1.0}))
+  for kind in ("yarn", "none"):
+    with pytest.raises(gguf.UnsupportedGguf, match=f"RoPE scaling '{kind}' .factor 4.0"):
+      gguf.hf_config(with_rope(**{"scaling.type": kind, "scaling.factor": 4.0}))
   for key, message in (
     ("llama.feed_forward_length", "feed_forward_length"),
     ("llama.attention.layer_norm_rms_epsilon", "layer_norm_rms_epsilon"),
@@ -203,6 +257,21 @@ def test_the_tokenizer_from_the_file_encodes_as_transformers_and_renders_the_cha
     messages, tokenize=False, add_generation_prompt=True
   )
   assert rendered.startswith("<|im_start|>system\n") and rendered.endswith("assistant\n")
+  # USER_DEFINED tokens (llama.cpp's type 4: <think>, tool tags) are matched whole, as
+  # transformers and llama.cpp match them; they were merged from bytes before (2026-11-30).
+  tokens = [*file.metadata["tokenizer.ggml.tokens"], "<think>"]
+  types = [*file.metadata["tokenizer.ggml.token_type"], 4]
+  user = dataclasses.replace(
+    file,
+    metadata={**file.metadata, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types},
+  )
+  ids = gguf.tokenizer(user).encode("a<think>b")
+  assert ids == [ours.encode("a")[0], 49152, ours.encode("b")[0]]
+  normal = {**user.metadata, "tokenizer.ggml.token_type": [*types[:-1], 1]}
+  plain = dataclasses.replace(user, metadata=normal)
+  assert 49152 not in gguf.tokenizer(plain).encode("a<think>b")  # A NORMAL token is merged.
+  thinking = gguf.tokenizer(user)
+  assert thinking.decode(ids) == "a<think>b"  # Not special: decoded as text.
   # The one documented difference (module docstring of gguf.py): a numeral outside ASCII is
   # split off first, as llama.cpp's 'smollm' pre-tokenizer does.
   assert len(ours.encode("\u00bd\u00b2")) >= 2

@@ -135,7 +135,7 @@ def import_tensors(
   tensor_parallel: str = "auto",
 ) -> transformer.Transformer:
   """A Transformer from an HF config dict and a tensor source under HF names and layouts
-  (``keys()`` and ``tensor(name)``: a safetensors ``Checkpoint``, or ``gguf.GgufTensors``),
+  (``keys()``, ``shape(name)`` and ``tensor(name)``: a safetensors ``Checkpoint``, or ``gguf.GgufTensors``),
   placed on ``mesh`` one device shard at a time; ``source`` names it in error messages."""
   hf_dir = source
   param_dtype = param_dtype or stored_dtype(hf_config, tensors, source)
@@ -170,21 +170,24 @@ def import_tensors(
       f"has no place for, e.g. {unexpected[:4]}: the architecture differs from what "
       "config.json says, or uses a feature specsamp lacks."
     )
-  # Each HF tensor (or fused part of one) in our layout (a view), and its name, per
-  # parameter, by its leading index into the stacked parameter: (layer,) or (layer, expert).
-  views: dict[weights.Path, dict[tuple[int, ...], tuple[np.ndarray, str]]] = {}
+  # The entries of each parameter, by their leading index into the stacked parameter: (layer,)
+  # or (layer, expert). Every shape is checked before any tensor is read.
+  by_path: dict[weights.Path, dict[tuple[int, ...], weights.Entry]] = {}
   for entry in table:
-    stored = tensors.tensor(entry.hf_name)
-    if tuple(stored.shape) != entry.hf_shape:
-      raise ValueError(
-        f"{entry.hf_name} has shape {tuple(stored.shape)}; config.json implies {entry.hf_shape}."
-      )
-    views.setdefault(entry.path, {})[entry.index] = (
-      entry.to_ours(entry.part(stored)),
-      entry.hf_name,
-    )
+    shape = tuple(tensors.shape(entry.hf_name))
+    if shape != entry.hf_shape:
+      raise ValueError(f"{entry.hf_name} has shape {shape}; config.json implies {entry.hf_shape}.")
+    by_path.setdefault(entry.path, {})[entry.index] = entry
   params: dict = jax.tree.map(lambda x: None, abstract)
-  for path, indexed in views.items():
+  for path, entries in by_path.items():
+    # This parameter's tensors (or fused parts) in our layout, read now and dropped once it is
+    # placed: a safetensors tensor is a view of the mapped file, but a GGUF one is dequantized
+    # to float32, and reading every tensor first held the whole model so on the host (an 8B
+    # Q4 file: 32 GB, whatever the mesh or param_dtype; the review of 2026-11-30).
+    indexed = {
+      index: (entry.to_ours(entry.part(tensors.tensor(entry.hf_name))), entry.hf_name)
+      for index, entry in entries.items()
+    }
     target = weights.get(abstract, path)
     lead = len(next(iter(indexed)))  # Leading stacked axes: 0, 1 (layers) or 2 (+ experts).
     assert len(indexed) == int(np.prod(target.shape[:lead])), (path, target.shape)

@@ -160,8 +160,10 @@ def read(path: str) -> GgufFile:
     raise FileNotFoundError(f"No GGUF file at {path}.")
   try:
     reader = _plain_array_reader()(path)
-  except (ValueError, OSError) as error:
-    raise ValueError(f"{path} is not a readable GGUF file: {error}") from error
+  except (ValueError, OSError, IndexError) as error:  # IndexError: cut inside the metadata.
+    raise ValueError(
+      f"{path} is not a readable GGUF file (truncated or not a GGUF?): {error}"
+    ) from error
   metadata = {}
   for key, field in reader.fields.items():
     if key.startswith("GGUF."):
@@ -194,10 +196,7 @@ def check(file: GgufFile) -> None:
       f"{file.path}: tensor type(s) {unknown} are not supported; specsamp dequantizes "
       f"{', '.join(TENSOR_TYPES)}."
     )
-  if file.field("rope.scaling.type") not in (None, "none"):
-    raise UnsupportedGguf(
-      f"{file.path}: RoPE scaling {file.field('rope.scaling.type')!r} is not supported."
-    )
+  rope_scaling(file)  # Refuses what it cannot read.
   if file.field("expert_count"):
     raise UnsupportedGguf(f"{file.path}: a mixture-of-experts llama is not supported.")
   # llama.cpp writes Llama 3.1+'s RoPE scaling as per-frequency divisors in this tensor, with
@@ -219,6 +218,26 @@ def check(file: GgufFile) -> None:
       f"{file.path} lacks what a {file.architecture} model needs: {', '.join(missing)} (an "
       "incomplete or hand-edited file)."
     )
+
+
+def rope_scaling(file: GgufFile) -> dict[str, Any] | None:
+  """``file``'s RoPE scaling as config.json's ``rope_scaling``, or None when unscaled. As
+  llama.cpp reads it: the type defaults to linear, and the factor is ``rope.scaling.factor``
+  or the older ``rope.scale_linear`` (0 and 1 scale nothing). A factor without a type was
+  imported unscaled before (2026-11-30): another function, no error."""
+  factor = file.field("rope.scaling.factor") or file.field("rope.scale_linear")
+  kind = file.field("rope.scaling.type")
+  scaled = factor is not None and float(factor) not in (0.0, 1.0)
+  if kind in (None, "linear") and not scaled:
+    return None
+  if kind == "none" and not scaled:
+    return None
+  if kind in (None, "linear"):
+    return {"rope_type": "linear", "factor": float(factor)}
+  raise UnsupportedGguf(
+    f"{file.path}: RoPE scaling {kind!r} (factor {factor}) is not supported; specsamp imports "
+    "linear scaling from a GGUF file (and llama3 from a Hugging Face checkpoint)."
+  )
 
 
 def hf_config(file: GgufFile) -> dict[str, Any]:
@@ -252,9 +271,16 @@ def hf_config(file: GgufFile) -> dict[str, Any]:
   }
   if head_dim != d_model // num_heads:
     config["head_dim"] = head_dim
+  if rope_scaling(file) is not None:
+    config["rope_scaling"] = rope_scaling(file)
   rows = int(np.prod(embedding.shape.tolist()[1:]))
   if rows != vocab_size:
     raise UnsupportedGguf(f"{file.path}: {rows} embeddings for a vocabulary of {vocab_size}.")
+  pieces = len(file.metadata.get("tokenizer.ggml.tokens", ()))
+  if pieces > vocab_size:  # llama.cpp refuses such a file too: ids past the embeddings.
+    raise UnsupportedGguf(
+      f"{file.path}: the tokenizer has {pieces} tokens but the model only {vocab_size} embeddings."
+    )
   return config
 
 
@@ -294,13 +320,20 @@ class GgufTensors:
   def keys(self) -> list[str]:
     return list(self._names)
 
-  def tensor(self, name: str) -> np.ndarray:
+  def _stored(self, name: str) -> Any:
     if name not in self._names:
       raise KeyError(f"{self.file.path} has no tensor for {name!r}.")
+    return self.file.tensors[self._names[name]]
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    """``name``'s HF shape, without reading it."""
+    return tuple(reversed(self._stored(name).shape.tolist()))  # GGUF lists innermost first.
+
+  def tensor(self, name: str) -> np.ndarray:
     gguf = _gguf_module()
-    stored = self.file.tensors[self._names[name]]
+    stored = self._stored(name)
     kind = stored.tensor_type
-    shape = tuple(reversed(stored.shape.tolist()))  # GGUF lists dimensions innermost first.
+    shape = self.shape(name)
     if kind.name in ("F32", "F16"):
       values = np.asarray(stored.data)
     else:
@@ -353,6 +386,11 @@ def tokenizer(file: GgufFile):
   backend.add_special_tokens(
     [tokenizers.AddedToken(t, special=True, normalized=False) for t in control]
   )
+  # USER_DEFINED tokens (<think>, a chat's tool tags) are matched whole in text as llama.cpp
+  # and transformers match them; merged from bytes, they were split (2026-11-30's review).
+  user = [t for t, kind in zip(tokens, types) if kind == 4]
+  if user:
+    backend.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False) for t in user])
 
   def special(name: str) -> int | None:
     value = meta.get(f"tokenizer.ggml.{name}_token_id")

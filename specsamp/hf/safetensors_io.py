@@ -163,6 +163,11 @@ class Checkpoint:
       raise KeyError(f"{self.directory} has no tensor {name!r}.")
     return self._where[name].tensor(name)
 
+  def shape(self, name: str) -> tuple[int, ...]:
+    if name not in self._where:
+      raise KeyError(f"{self.directory} has no tensor {name!r}.")
+    return self._where[name].shape(name)
+
   def dtype_names(self) -> set[str]:
     return {file.dtype_name(key) for key, file in self._where.items()}
 
