@@ -40,6 +40,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from specsamp.config_fields import is_int
+
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 # logical axis name -> mesh axis, tuple of mesh axes, or None (replicated).
@@ -150,6 +152,11 @@ def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = No
   unknown = sorted(set(axes) - set(MESH_AXES))
   if unknown:
     raise ValueError(f"Unknown mesh axes {unknown}; specsamp's mesh axes are {MESH_AXES}.")
+  odd = {name: size for name, size in axes.items() if not is_int(size)}
+  if odd:  # int() cut 2.9 to 2 and failed on None with a bare TypeError.
+    raise ValueError(f"Mesh axis sizes must be ints (positive, or -1), got {odd}.")
+  if len(set(devices)) != len(devices):  # Accepted, then failed reading the first output.
+    raise ValueError(f"A mesh lists each device once, got {[d.id for d in devices]}.")
   sizes = {name: int(axes.get(name, 1)) for name in MESH_AXES}
   free = [name for name, size in sizes.items() if size == -1]
   if len(free) > 1:
@@ -178,8 +185,10 @@ def mesh_from_config(
 ) -> Mesh:
   """A config's ``mesh`` section -> the mesh, after applying its ``rules`` overrides."""
   values = dict(mesh_config)
-  set_rules(parse_rules(values.pop("rules", "") or ""))
-  return make_mesh(values, devices)
+  rules = parse_rules(values.pop("rules", "") or "")
+  mesh = make_mesh(values, devices)  # First: a mesh refused leaves the rules as they were.
+  set_rules(rules)
+  return mesh
 
 
 def use_mesh(mesh: Mesh) -> contextlib.AbstractContextManager:

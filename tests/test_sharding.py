@@ -26,6 +26,13 @@ def test_make_mesh_fills_the_free_axis_and_checks_sizes():
     sharding.make_mesh({"model": 8})
   with pytest.raises(ValueError, match="At most one"):
     sharding.make_mesh({"data": -1, "tensor": -1})
+  # A size cut by int() (2.9 ran as 2), None (a bare TypeError), a device listed twice (it
+  # sampled, then failed reading the output): the review of 2026-11-30.
+  for bad in (2.9, None, True):
+    with pytest.raises(ValueError, match="Mesh axis sizes must be ints"):
+      sharding.make_mesh({"data": bad, "tensor": 4})
+  with pytest.raises(ValueError, match=r"each device once, got \[0, 0\]"):
+    sharding.make_mesh({"data": 2}, [jax.devices()[0]] * 2)
 
 
 def test_rules_shard_only_dimensions_the_axes_divide():
@@ -225,6 +232,10 @@ def test_a_config_mesh_applies_its_rules():
     assert model.embedder.table_VD[...].sharding.spec == P(None, "fsdp")
   finally:
     sharding.set_rules({name: rule for name, rule in previous.items()})
+  # A mesh refused leaves the rules as they were (they were set before the mesh was checked).
+  with pytest.raises(ValueError, match="need 3 devices"):
+    sharding.mesh_from_config({"data": 3, "rules": "embed=none"})
+  assert sharding.rules() == previous
 
 
 def test_shard_map_reduces_over_the_axis_the_rules_give_heads():
