@@ -135,8 +135,9 @@ def import_tensors(
   tensor_parallel: str = "auto",
 ) -> transformer.Transformer:
   """A Transformer from an HF config dict and a tensor source under HF names and layouts
-  (``keys()``, ``shape(name)`` and ``tensor(name)``: a safetensors ``Checkpoint``, or ``gguf.GgufTensors``),
-  placed on ``mesh`` one device shard at a time; ``source`` names it in error messages."""
+  (``keys()``, ``shape(name)`` and ``tensor(name)``: a safetensors ``Checkpoint``, or
+  ``gguf.GgufTensors``), placed on ``mesh`` one device shard at a time; ``source`` names it
+  in error messages."""
   hf_dir = source
   param_dtype = param_dtype or stored_dtype(hf_config, tensors, source)
   config = architectures.from_hf(
