@@ -14,9 +14,10 @@ import pytest
 from conftest import assert_follows, exact_pair, sampled_counts, tiny_config
 from flax import nnx
 
+from specsamp.experiments.proofs import certify
 from specsamp.models import transformer
 from specsamp.models.sequential_head import SequentialHead, output_logits, teacher_forced_logits
-from specsamp.sampling import generate, speculative_generate, warping
+from specsamp.sampling import generate, model_protocol, speculative_generate, warping
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.parallel_drafter import ParallelDrafter
 from specsamp.testing import exactness
@@ -61,10 +62,23 @@ def test_an_untrained_head_proposes_exactly_the_parallel_drafts_q(small_pair):
   assert int(with_head.model_calls) == 1
 
 
-def test_the_reported_q_is_the_corrected_one_computed_from_the_drafts_before_it(small_pair):
+def _draft_in(small_pair, dtype: str):
+  """The pair's draft, or for bfloat16 a draft of its config computing in bfloat16 (the head
+  stays float32, as it is trained: its carry becomes float32 after one step)."""
+  draft = small_pair[1]
+  if dtype == "float32":
+    return draft
+  return transformer.create(draft.config.replace(dtype=dtype), seed=11)
+
+
+# bfloat16: the head's carry started in the draft's dtype, so a chain's loop refused the float32
+# carry a step returns (a TypeError from inside JAX), and a tree's buffer cast it back at every
+# depth, away from what training computes (2026-11-30's review).
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_reported_q_is_the_corrected_one_computed_from_the_drafts_before_it(small_pair, dtype):
   """Each reported q_k equals softmax(out(h_k + correction(h_k, r_{k-1}))) with r run over the
   tokens the proposal drew before k (q_1: the pass's own), and differs from the pass's q_k."""
-  _, draft = small_pair
+  draft = _draft_in(small_pair, dtype)
   K, n = 3, 5
   sequence = np.asarray([[3, 6, 3, 1, 2, 5, 0, 0]])
   head = _perturbed_head(draft.config.d_model)
@@ -172,11 +186,12 @@ def test_training_lowers_the_kl_past_the_first_position(small_pair):
   assert abs(last[0] - first[0]) < 1e-3 * max(first[0], 1.0) + 0.05  # q_1 is the pass's own.
 
 
-def test_each_tree_node_reports_the_q_corrected_along_its_own_path(small_pair):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_each_tree_node_reports_the_q_corrected_along_its_own_path(small_pair, dtype):
   """In a tree, node j's children are drawn from q_{d+1} corrected by the recurrence run over
   the tokens on the path to j (siblings' subtrees differ); the q the tree reports for each node
   is that of its parent, recomputed here by hand; depth 1 keeps the pass's q_1."""
-  _, draft = small_pair
+  draft = _draft_in(small_pair, dtype)
   n, sequence = 5, np.asarray([[3, 6, 3, 1, 2, 5, 0, 0]])
   head = _perturbed_head(draft.config.d_model, scale=1.0)
   drafter = ParallelDrafter(draft, mask_token_id=MASK, head=head)
@@ -316,6 +331,21 @@ def test_one_training_step_runs_and_a_head_of_another_width_is_refused(small_pai
   other = _perturbed_head(draft.config.d_model * 2)
   with pytest.raises(ValueError, match="reads .*-wide hidden states, but the parallel draft's"):
     ParallelDrafter(draft, mask_token_id=MASK, head=other).check(target)
+  # These passed the check and failed while tracing, with AttributeErrors (2026-11-30's review):
+  # a head that is not one, a draft that is not a specsamp Transformer, a padded draft (whose
+  # placeholder must also be one of its own rows: a padding id read its last real row).
+  with pytest.raises(ValueError, match="head must be a SequentialHead .*got Transformer"):
+    ParallelDrafter(draft, mask_token_id=MASK, head=target).check(target)
+  trigram = certify.make_setup("trigram", "1").draft
+  with pytest.raises(ValueError, match="needs a specsamp Transformer .*got Trigram"):
+    ParallelDrafter(trigram, mask_token_id=MASK, head=head).check(trigram)
+  small = transformer.create(draft.config.replace(vocab_size=6), seed=0)
+  padded = model_protocol.PaddedVocabulary(small, draft.vocab_size, real_vocab_size=6)
+  with pytest.raises(ValueError, match="mask_token_id 7 is not a row of .* 6-token vocabulary"):
+    ParallelDrafter(padded, mask_token_id=7).check(target)
+  ParallelDrafter(padded, mask_token_id=5).check(target)
+  with pytest.raises(ValueError, match="padded to the target's vocabulary .PaddedVocabulary"):
+    ParallelDrafter(padded, mask_token_id=5, head=head).check(target)
 
 
 def test_a_head_section_that_cannot_train_is_refused_before_anything_trains():

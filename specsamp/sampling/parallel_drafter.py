@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from specsamp.config_fields import is_int
 from specsamp.sampling import proposals
 from specsamp.sampling.drafters import ModelDrafter, Proposal, TreeProposal
+from specsamp.sampling.model_protocol import PaddedVocabulary
 from specsamp.sampling.tree import TreeShape
 from specsamp.sampling.warping import SamplingConfig
 
@@ -184,16 +185,47 @@ class ParallelDrafter(ModelDrafter):
         "A ParallelDrafter needs mask_token_id: the placeholder token its draft was trained "
         "with (distill.mask_token)."
       )
-    if not is_int(self.mask_token_id) or not 0 <= self.mask_token_id < self.model.vocab_size:
+    padded = isinstance(self.model, PaddedVocabulary)
+    # The draft's own embedding rows: a padded draft clamps ids past them to its last real row,
+    # so a placeholder there read a real token instead of the one it was trained with.
+    rows = self.model.model.vocab_size if padded else self.model.vocab_size
+    if not is_int(self.mask_token_id) or not 0 <= self.mask_token_id < rows:
       raise ValueError(
         f"mask_token_id {self.mask_token_id} is not a row of the parallel draft's "
-        f"{self.model.vocab_size}-token vocabulary."
+        f"{rows}-token vocabulary."
       )
-    width = getattr(getattr(self.model, "config", None), "d_model", None)
-    if self.head is not None and width is not None and self.head.d_model != width:
+    if self.head is not None:
+      self._check_head(padded)
+
+  def _check_head(self, padded: bool) -> None:
+    """A sequential head is a ``SequentialHead`` over a specsamp Transformer draft of its
+    width, unpadded: it reads the draft's embedder, hidden states and output head (these
+    failed with AttributeErrors while tracing before 2026-11-30)."""
+    from specsamp.models.sequential_head import SequentialHead
+
+    if not isinstance(self.head, SequentialHead):
+      raise ValueError(
+        f"head must be a SequentialHead (specsamp/models/sequential_head.py), got "
+        f"{type(self.head).__name__}."
+      )
+    if padded:
+      raise ValueError(
+        "A sequential head reads the parallel draft's own output head, which a draft padded "
+        "to the target's vocabulary (PaddedVocabulary) does not cover: train the draft with "
+        "the target's vocabulary size to use a head."
+      )
+    config = getattr(self.model, "config", None)
+    if getattr(config, "num_layers", None) is None or not all(
+      hasattr(self.model, name) for name in ("embedder", "output")
+    ):
+      raise ValueError(
+        "A sequential head needs a specsamp Transformer as the parallel draft (its embedder, "
+        f"hidden states and output head), got {type(self.model).__name__}."
+      )
+    if self.head.d_model != config.d_model:
       raise ValueError(
         f"The sequential head reads {self.head.d_model}-wide hidden states, but the parallel "
-        f"draft's are {width} wide: it was trained over another draft."
+        f"draft's are {config.d_model} wide: it was trained over another draft."
       )
 
   def call_tokens(self, num_draft_tokens: int) -> int:
@@ -266,7 +298,12 @@ class ParallelDrafter(ModelDrafter):
       rows' nodes back to back) share the row's h_{t+1}."""
       return draft_step(self.head, self.model, jnp.repeat(h_BKD[:, t], width, 0), r_BD, token_B)
 
-    return logits_BKV, cache, step, jnp.zeros(h_BKD[:, 0].shape, h_BKD.dtype)
+    # The carry starts in the dtype a step gives it, as in training: over a bfloat16 draft the
+    # float32 head makes it float32. Started in bfloat16, a chain's loop refused its changed
+    # carry, and a tree's buffer cast every step back to bfloat16 (2026-11-30).
+    start = jnp.zeros(h_BKD[:, 0].shape, h_BKD.dtype)
+    stepped = jax.eval_shape(step, 0, jnp.zeros(h_BKD.shape[:1], jnp.int32), start)[1]
+    return logits_BKV, cache, step, start.astype(stepped.dtype)
 
   def propose_tree(
     self,
