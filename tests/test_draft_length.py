@@ -21,6 +21,13 @@ def test_the_iteration_cost_is_a_line_through_the_probed_loops():
   noisy = [draft_length.Probe(2, 0.12, 30), draft_length.Probe(4, 0.07, 20)]
   flat = draft_length.IterationCost.fit(noisy)
   assert flat.per_draft_token_s == 0 and math.isclose(flat.fixed_s, (0.004 + 0.0035) / 2)
+  # An iteration whose cost more than doubles from K = 2 to 4 (timing noise): the free line
+  # crossed zero before K = 1, whose prediction was 6e15x or negative. The fit with a fixed
+  # cost >= 0 is the line through the origin: 0.01 s at K = 2, 0.032 at 4 -> (2*.01 + 4*.032) / 20.
+  steep = [draft_length.Probe(2, 1.0, 100), draft_length.Probe(4, 1.6, 50)]
+  origin = draft_length.IterationCost.fit(steep)
+  assert origin.fixed_s == 0 and math.isclose(origin.per_draft_token_s, 0.148 / 20)
+  assert all(origin(k) > 0 for k in range(1, 9))
 
 
 @pytest.mark.parametrize(

@@ -170,7 +170,11 @@ class IterationCost:
   @classmethod
   def fit(cls, probes: Sequence[Probe]) -> IterationCost:
     """Least squares over the probes' seconds per iteration (two distinct K at least); a
-    negative slope (noise) is clamped to 0: drafting more never makes an iteration cheaper."""
+    negative slope (noise) is clamped to 0: drafting more never makes an iteration cheaper.
+    A negative intercept (an iteration whose cost more than doubles between the probes, which
+    2-core timing noise gives) is refitted through the origin, the least squares line with a
+    fixed cost >= 0: extrapolated below the probes, the free line made cost(1) zero or
+    negative, and K = 1 was predicted 6e15x (chosen) or -62x (never chosen; 2026-11-30)."""
     ks = np.asarray([p.num_draft_tokens for p in probes], np.float64)
     if len(set(ks.tolist())) < 2:
       raise ValueError(f"The iteration cost needs probes at two draft lengths, got {ks.tolist()}.")
@@ -180,6 +184,9 @@ class IterationCost:
     slope, intercept = np.polyfit(ks, per_iteration, 1)
     if slope < 0:
       return cls(fixed_s=float(per_iteration.mean()), per_draft_token_s=0.0)
+    if intercept < 0:
+      through_origin = float(np.dot(ks, per_iteration) / np.dot(ks, ks))
+      return cls(fixed_s=0.0, per_draft_token_s=through_origin)
     return cls(fixed_s=float(intercept), per_draft_token_s=float(slope))
 
 
