@@ -54,6 +54,34 @@ def test_kept_caches_give_the_fresh_calls_tokens_and_statistics(pair, temperatur
   assert len(sampler._caches) == 2  # One speculative and one autoregressive shape, kept.
 
 
+def test_the_caches_of_the_least_recently_used_shapes_are_dropped(pair):
+  """Each cache length is a shape with caches of its own; the default length follows the prompt
+  width, max_new_tokens and K, so a long-lived sampler kept a pair for every width it saw
+  (the review of 2026-11-30). At most max_kept_shapes are kept, the least recently used go."""
+  target, _ = pair
+  sampler = Sampler(target, max_kept_shapes=2)
+  prompts, lengths = _prompts(0)
+
+  def call(cache_length):
+    return sampler.generate(
+      prompts, lengths, jax.random.key(0), max_new_tokens=2, num_draft_tokens=0,
+      cache_length=cache_length,
+    ).tokens  # fmt: skip
+
+  first = call(16)
+  call(24)
+  call(16)  # Now the most recently used.
+  call(32)
+  assert list(sampler._caches) == [("autoregressive", 3, 16), ("autoregressive", 3, 32)]
+  np.testing.assert_array_equal(call(16), first)
+  sampler.clear()
+  assert not sampler._caches
+  np.testing.assert_array_equal(call(16), first)  # Allocated again.
+  for bad in (0, 1.5, None):
+    with pytest.raises(ValueError, match="max_kept_shapes must be an int >= 1"):
+      Sampler(target, max_kept_shapes=bad)
+
+
 @pytest.mark.parametrize("kind", ["draft", "lookup", "feature+lookup"])
 def test_a_kept_cache_sampler_compiles_its_loop_once(pair, kind):
   """The state a call keeps has the structure of the one the first call allocated, so the

@@ -9,7 +9,11 @@ long-lived sampler that is wasted work: zeroing an 8192-slot cache costs a 64-to
   * keeps one loop object per request shape (so jit's cache lookup is a dictionary hit);
   * hands each call the caches the previous call of that shape left behind, donated
     (``SpeculativeLoop.reusing`` / ``AutoregressiveLoop.reusing``), and keeps the ones it
-    returns: nothing is allocated or zeroed after the first call of a shape.
+    returns: nothing is allocated or zeroed after the first call of a shape;
+  * keeps the caches of at most ``max_kept_shapes`` shapes (batch and cache length), dropping
+    the least recently used before allocating another's: the default cache length follows the
+    prompt width, max_new_tokens and K, so a long-lived sampler kept a pair of caches for
+    every width it saw until memory ran out (2026-11-30). ``clear()`` drops them all.
 
 Old cache entries lie beyond every row's length, where attention never reads them (the
 rollback invariant of ``kv_cache.py``), so every output is bit-identical to a fresh call's
@@ -73,6 +77,7 @@ class Sampler:
     eos_id: a row stops after emitting this id, or any of these ids.
     pad_id: fills each row after its last token.
     check_nan: raise ``FloatingPointError`` on NaN logits (one host check per call).
+    max_kept_shapes: how many request shapes' caches are kept (least recently used dropped).
 
   Frozen: the models are split once, here, so a reassigned ``target`` or ``draft`` would be
   ignored (it was, silently); make a new ``Sampler`` instead. Weights updated in place
@@ -84,8 +89,11 @@ class Sampler:
   eos_id: int | Sequence[int] | None = None
   pad_id: int = 0
   check_nan: bool = True
+  max_kept_shapes: int = 4
 
   def __post_init__(self):
+    if not is_int(self.max_kept_shapes) or self.max_kept_shapes < 1:
+      raise ValueError(f"max_kept_shapes must be an int >= 1, got {self.max_kept_shapes!r}.")
     model_protocol.check_model(self.target, "target")
     autoregressive.check_token_ids(self.eos_id, self.pad_id, self.target.vocab_size)
     drafter, drafter_split = None, None
@@ -169,6 +177,7 @@ class Sampler:
     key = ("speculative", batch, cache_length)
     caches = self._caches.pop(key, None)
     if caches is None:  # The first call of this shape allocates (after the memory check).
+      self._make_room()
       speculative.check_buffers_fit(
         self.target, self._drafter, batch, cache_length, num_draft_tokens, tree, shape
       )
@@ -185,6 +194,18 @@ class Sampler:
     target_cache = jax.jit(self.target.init_cache, static_argnums=(0, 1))(batch, cache_length)
     state = jax.jit(self._drafter.empty_state, static_argnums=(0, 1))(batch, cache_length)
     return target_cache, state
+
+  def clear(self) -> None:
+    """Drops every kept cache (their device memory is freed once nothing else holds them);
+    the next call of each shape allocates again. Compiled loops stay."""
+    self._caches.clear()
+
+  def _make_room(self) -> None:
+    """Drops the least recently used shapes' caches until one more fits ``max_kept_shapes``
+    (a call pops its shape's caches and ``_keep`` puts them back last: the dict is in order of
+    use)."""
+    while len(self._caches) >= self.max_kept_shapes:
+      del self._caches[next(iter(self._caches))]
 
   def _keep(self, key: Any, output: Any, caches: Any) -> Any:
     """Keeps a call's caches for the next call of its shape, unless a model produced NaN."""
@@ -211,6 +232,7 @@ class Sampler:
     key = ("autoregressive", batch, cache_length)
     cache = self._caches.pop(key, None)
     if cache is None:  # The first call of this shape allocates (after the memory check).
+      self._make_room()
       autoregressive.check_cache_fits(self.target, batch, cache_length)
       cache = jax.jit(self.target.init_cache, static_argnums=(0, 1))(batch, cache_length)
     output, cache = speculative.run_loop(
