@@ -31,9 +31,11 @@ def test_split_is_deterministic_disjoint_and_stable(tmp_path):
   assert set(first.prompts) <= set(second.prompts) and set(first.train) <= set(second.train)
 
 
-def test_bad_corpus_and_fractions():
+def test_bad_corpus_and_fractions(tmp_path):
   with pytest.raises(FileNotFoundError, match="No files"):
     data.corpus_files("/nonexistent/**/*.py")
+  with pytest.raises(ValueError, match="is a directory: give a glob of its files, e.g. '.*/"):
+    data.corpus_files(str(tmp_path))
   with pytest.raises(ValueError, match="validation_fraction"):
     data.split_files(["a", "b", "c"], 0.0, 0.5)
 
@@ -81,3 +83,27 @@ def test_spread_evaluation_batches_are_whole_and_span_the_file():
   assert [len(b) for b in spread] == [4, 4]
   assert spread[0][0, 0] == 0 and spread[-1][-1, 0] == 10 * 3  # first and last rows
   assert [len(b) for b in batches.spread(1)] == [4]
+
+
+def test_a_corpus_file_is_utf8_text_or_refused_by_name(tmp_path):
+  """Binary files and other encodings were read with U+FFFD for what did not decode, and trained
+  on without a word (a corpus of .pyc files trained a tokenizer on their bytes; the review of
+  2026-11-30); a byte-order mark is dropped and line ends read as universal newlines, as the
+  text mode that read them before did."""
+  (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+  with pytest.raises(ValueError, match=r"latin1.txt is not UTF-8 text \(byte 3: b'\\xe9\\n'\)"):
+    data.read_text(str(tmp_path / "latin1.txt"))
+  (tmp_path / "m.pyc").write_bytes(b"\xa7\r\r\n\x00\x00\x00\x00code")
+  with pytest.raises(ValueError, match="m.pyc holds NUL bytes: a binary file"):
+    data.read_text(str(tmp_path / "m.pyc"))
+  (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfdef f():\r\n  pass\r")
+  assert data.read_text(str(tmp_path / "bom.txt")) == "def f():\n  pass\n"
+
+
+def test_a_long_line_is_cut_into_chunks_sentencepiece_keeps(tmp_path):
+  """SentencePiece drops a sentence past 64 KiB without a word: a corpus of one-line files
+  (minified JSON or JS) trained a tokenizer on nothing ("holds no text ... (empty files?)")."""
+  (tmp_path / "min.json").write_text("\u00e9" * 50_000, encoding="utf-8")  # 100,000 bytes.
+  chunks = list(data.text_chunks([str(tmp_path / "min.json")], max_chars=10**6))
+  assert "".join(chunks) == "\u00e9" * 50_000
+  assert max(len(c.encode()) for c in chunks) <= 1 << 15

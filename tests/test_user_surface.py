@@ -236,6 +236,11 @@ def test_prompt_files_are_jsonl_or_text_and_a_bad_line_is_named(tmp_path):
   ):
     with pytest.raises(ValueError, match=f"line {line}: a JSONL prompt file needs a JSON object"):
       texts("bad.jsonl", content)
+  # A byte-order mark (Notepad, PowerShell) began the first prompt, or broke line 1 of JSONL.
+  (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "def fib(n):"}\n{"prompt": "x"}\n')
+  assert prompts.file_texts(str(tmp_path / "bom.jsonl")) == ["def fib(n):", "x"]
+  (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfdef fib(n):\n")
+  assert prompts.file_texts(str(tmp_path / "bom.txt")) == ["def fib(n):"]
   (tmp_path / "binary.txt").write_bytes(b"\xd0\xcf\x11\xe0 a saved spreadsheet")
   with pytest.raises(ValueError, match="binary.txt: not UTF-8 text"):  # Named its file only since
     prompts.file_texts(str(tmp_path / "binary.txt"))  # 2026-11-30.

@@ -42,6 +42,12 @@ def corpus_files(corpus: str | None) -> list[str]:
     files = stdlib_files()
     where = "the Python standard library at " + sysconfig.get_paths()["stdlib"]
   else:
+    folders = [p for p in corpus.split(",") if p and os.path.isdir(os.path.expanduser(p))]
+    if folders:  # Said "No files in --corpus=...", of a folder that holds files.
+      raise ValueError(
+        f"--corpus={folders[0]!r} is a directory: give a glob of its files, e.g. "
+        f"'{folders[0].rstrip('/')}/**/*.txt' (comma-separated globs for several)."
+      )
     files = sorted(
       {
         f
@@ -95,8 +101,25 @@ def split_files(
 
 
 def read_text(path: str) -> str:
-  with open(path, encoding="utf-8", errors="replace") as f:
-    return f.read()
+  """A corpus file's text: UTF-8 (a leading byte-order mark dropped). A binary file or one in
+  another encoding is refused by name: both were read with U+FFFD in place of what did not
+  decode, and trained on without a word (the review of 2026-11-30: a corpus of .pyc files
+  trained a tokenizer on their bytes; Latin-1 text lost every accented letter)."""
+  with open(path, "rb") as f:
+    raw = f.read()
+  if b"\x00" in raw:
+    raise ValueError(
+      f"{path} holds NUL bytes: a binary file, not text. Leave it out of --corpus "
+      "(e.g. match '*.py', not '*')."
+    )
+  try:
+    return raw.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
+  except UnicodeDecodeError as error:
+    raise ValueError(
+      f"{path} is not UTF-8 text (byte {error.start}: {raw[error.start : error.start + 4]!r}); "
+      "a corpus is read as UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8) or leave it "
+      "out of --corpus."
+    ) from None
 
 
 def shuffled(files: Sequence[str], seed: int) -> list[str]:
@@ -104,14 +127,22 @@ def shuffled(files: Sequence[str], seed: int) -> list[str]:
   return [files[i] for i in order]
 
 
+# SentencePiece drops every sentence longer than its max_sentence_length (bytes; the tokenizer
+# sets 64 KiB) without a word: a corpus of one-line files (minified JSON or JS) trained on
+# nothing. A chunk is cut to this many characters (4 UTF-8 bytes at most each: half the limit).
+MAX_CHUNK_CHARS = (1 << 16) // 8
+
+
 def text_chunks(files: Sequence[str], max_chars: int, lines_per_chunk: int = 8) -> Iterator[str]:
-  """Chunks of a few lines (for tokenizer training), up to ``max_chars`` in all."""
+  """Chunks of a few lines (for tokenizer training), each at most ``MAX_CHUNK_CHARS``, up to
+  ``max_chars`` in all."""
   total = 0
   for path in files:
     lines = read_text(path).splitlines(keepends=True)
     for start in range(0, len(lines), lines_per_chunk):
       chunk = "".join(lines[start : start + lines_per_chunk])
-      yield chunk
+      for cut in range(0, len(chunk), MAX_CHUNK_CHARS):
+        yield chunk[cut : cut + MAX_CHUNK_CHARS]
       total += len(chunk)
       if total >= max_chars:
         return

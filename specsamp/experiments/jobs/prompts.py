@@ -82,7 +82,9 @@ def file_texts(path: str) -> list[str]:
   if not os.path.isfile(path):
     raise FileNotFoundError(f"No prompt file at {path} (--prompts_file, or prompt_source file:).")
   try:
-    with open(path, encoding="utf-8") as f:
+    # utf-8-sig: a byte-order mark (Notepad, PowerShell) began the first prompt, or made the
+    # first line of a JSONL file not JSON (2026-11-30).
+    with open(path, encoding="utf-8-sig") as f:
       lines = [(number, line.rstrip("\n")) for number, line in enumerate(f, 1) if line.strip()]
   except UnicodeDecodeError as error:
     raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}).") from None
