@@ -113,6 +113,26 @@ def test_a_parallel_drafter_drafts_no_more_positions_than_it_was_trained_for(cha
       sample_job.check_settings(config)
 
 
+def test_the_vocabularies_of_the_models_a_pair_trains_are_checked_before_anything_trains():
+  """--config.tokenizer.vocab_size=350 left the models at 1024 rows, whose ids past the pieces
+  were sampled and decoded to nothing; a draft of another vocabulary was refused only after it
+  had trained (the review of 2026-11-30). A model a checkpoint brings is not checked."""
+  from specsamp.experiments.jobs import pair
+
+  config = code_pair.get_config()
+  pair.check_train_settings(config, ["token"])
+  config.tokenizer.vocab_size = 350
+  with pytest.raises(ValueError, match="tokenizer.vocab_size=350, but --config.target.model.voc"):
+    pair.check_train_settings(config, ["token"])
+  config.target.model.vocab_size = config.draft.model.vocab_size = 350
+  pair.check_train_settings(config, ["token"])
+  config.tokenizer.path, config.draft.model.vocab_size = "a/tokenizer.model", 512
+  with pytest.raises(ValueError, match="draft.model.vocab_size=512 differs from --config.target"):
+    pair.check_train_settings(config, ["token"])
+  config.draft.checkpoint = "a/draft"
+  pair.check_train_settings(config, ["token"])
+
+
 def test_a_parallel_checkpoint_says_how_many_positions_it_was_trained_for(tmp_path):
   """A loaded parallel draft's count is its metadata's (scripts/train_drafter.py records it);
   one that records none is not checked."""

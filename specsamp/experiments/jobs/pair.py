@@ -378,6 +378,7 @@ def check_train_settings(config: ml_collections.ConfigDict, draft_modes: Sequenc
   bad period, a typo in a distillation mode or ``--drafts`` is one line at once, not after the
   target has trained for minutes. A stage loaded from a checkpoint trains nothing: not
   checked."""
+  _check_vocabularies(config)
   if not config.target.get("checkpoint") and not config.target.get("gguf"):
     try:
       train.TrainConfig.from_config(config.target.train)
@@ -398,6 +399,38 @@ def check_train_settings(config: ml_collections.ConfigDict, draft_modes: Sequenc
       train.TrainConfig.from_config(section)
     except ValueError as error:
       raise ValueError(f"The draft's training (distill.mode {mode!r}): {error}") from error
+
+
+def _check_vocabularies(config: ml_collections.ConfigDict) -> None:
+  """The vocabularies of the models a pair trains here agree, before anything trains: with the
+  tokenizer it trains (one row per piece: ``--config.tokenizer.vocab_size=350`` left the
+  models at 384 rows, whose ids past the pieces were sampled and decoded to nothing), and
+  the draft's with the target's (refused only after the draft had trained; 2026-11-30's
+  review). A model from a checkpoint or a GGUF file brings its own table: not checked."""
+  target_trained = not config.target.get("checkpoint") and not config.target.get("gguf")
+  draft_trained = not config.draft.get("checkpoint")
+  sizes = {
+    name: config[name].model.vocab_size
+    for name, trained in (("target", target_trained), ("draft", draft_trained))
+    if trained
+  }
+  pieces = config.tokenizer.vocab_size
+  if target_trained and not config.tokenizer.get("path"):
+    wrong = {name: size for name, size in sizes.items() if size != pieces}
+    if wrong:
+      said = ", ".join(f"--config.{name}.model.vocab_size={size}" for name, size in wrong.items())
+      raise ValueError(
+        f"--config.tokenizer.vocab_size={pieces}, but {said}: a model trained here has one "
+        f"embedding row per piece of the tokenizer trained here. Set "
+        f"--config.target.model.vocab_size={pieces} --config.draft.model.vocab_size={pieces} "
+        "with it."
+      )
+  if len(sizes) == 2 and sizes["target"] != sizes["draft"]:
+    raise ValueError(
+      f"--config.draft.model.vocab_size={sizes['draft']} differs from "
+      f"--config.target.model.vocab_size={sizes['target']}: speculative sampling compares token "
+      "ids, so the draft needs the target's vocabulary."
+    )
 
 
 def _train_model(
