@@ -10,6 +10,7 @@ section as ``draft.model``.
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 
 def get_config(arg=None):
@@ -33,8 +34,8 @@ def get_config(arg=None):
   m.qkv_bias = False  # No projection biases.
   m.tie_embeddings = False  # Separate output head.
   m.scale_embeddings = False  # No sqrt(d_model) embedding scale.
-  m.attn_logit_softcap = None  # No soft-capping.
-  m.final_logit_softcap = None  # No soft-capping.
+  m.attn_logit_softcap = placeholder(float)  # No soft-capping.
+  m.final_logit_softcap = placeholder(float)  # No soft-capping.
   m.dtype = "bfloat16"  # Activations on accelerators.
   m.param_dtype = "bfloat16"  # Stored parameters.
   m.tensor_parallel = "shard_map"  # Explicit Megatron collectives: 2 psums per layer.

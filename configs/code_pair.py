@@ -22,6 +22,7 @@ step is cheap, distilled from the target with token-level KL by default.
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 VARIANTS = ("cpu", "large", "llama", "test")
 
@@ -33,7 +34,7 @@ def _model(num_layers, d_model, num_heads, vocab_size):
   m.d_model = d_model  # Residual stream width.
   m.num_heads = num_heads  # Query heads.
   m.num_kv_heads = num_heads  # Key/value heads (equal: multi-head attention).
-  m.head_dim = None  # None: d_model // num_heads.
+  m.head_dim = placeholder(int)  # None: d_model // num_heads.
   m.ffn_dim = 4 * d_model  # MLP hidden width.
   m.mlp_activation = "gelu"  # Plain GELU MLP, as Chinchilla.
   m.rope_theta = 10_000.0  # RoPE base frequency.
@@ -42,8 +43,8 @@ def _model(num_layers, d_model, num_heads, vocab_size):
   m.qkv_bias = False  # No q/k/v biases.
   m.tie_embeddings = False  # Separate output head.
   m.scale_embeddings = False  # No sqrt(d_model) embedding scale.
-  m.attn_logit_softcap = None  # No attention soft-cap.
-  m.final_logit_softcap = None  # No output soft-cap.
+  m.attn_logit_softcap = placeholder(float)  # No attention soft-cap.
+  m.final_logit_softcap = placeholder(float)  # No output soft-cap.
   m.dtype = "float32"  # Activations (bfloat16 on accelerators for the large pair).
   m.param_dtype = "float32"  # Stored parameters.
   m.tensor_parallel = "auto"  # 'auto' (jit partitions) or 'shard_map'.
@@ -51,18 +52,18 @@ def _model(num_layers, d_model, num_heads, vocab_size):
   m.attention_block_size = 256  # Read the KV cache in blocks up to the live position; 0: all.
   # The rest of TransformerConfig, at its defaults (what the families of docs/hf.md set):
   m.gelu_approximate = True  # GELU's tanh form.
-  m.query_pre_attn_scalar = None  # None: scores scaled by head_dim ** -0.5.
+  m.query_pre_attn_scalar = placeholder(float)  # None: scores scaled by head_dim ** -0.5.
   m.post_norms = False  # No norms after attention and the MLP (Gemma 2/3 have them).
-  m.sliding_window = None  # None: every layer attends to the whole cache.
+  m.sliding_window = placeholder(int)  # None: every layer attends to the whole cache.
   m.sliding_window_pattern = 1  # With a window: every N-th layer is global.
   m.qk_norm = False  # No RMSNorm on queries and keys (Qwen3, Gemma 3).
-  m.rope_local_theta = None  # None: sliding layers use rope_theta.
+  m.rope_local_theta = placeholder(float)  # None: sliding layers use rope_theta.
   m.rope_scaling = "none"  # 'none', 'linear' or 'llama3'.
   m.rope_scaling_factor = 1.0
   m.rope_low_freq_factor = 1.0  # llama3 scaling only.
   m.rope_high_freq_factor = 4.0  # llama3 scaling only.
   m.rope_original_max_position = 8192  # llama3 scaling only.
-  m.max_position = None  # The context the model was made for (HF max_position_embeddings).
+  m.max_position = placeholder(int)  # The context it was made for (HF max_position_embeddings).
   m.num_experts = 0  # 0: a dense MLP; E: a mixture of E experts.
   m.experts_per_token = 0  # Experts each token is routed to (top-k).
   m.normalize_expert_weights = False  # Renormalise the top-k router weights.

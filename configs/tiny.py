@@ -14,6 +14,7 @@ same width and vocabulary. FAMILY picks an architecture at the same tiny size:
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 FAMILIES = ("chinchilla", "llama", "qwen2", "gemma")
 
@@ -37,7 +38,7 @@ def get_config(arg=None):
   m.d_model = 64  # Residual stream width.
   m.num_heads = 4  # Query heads.
   m.num_kv_heads = 4  # Key/value heads (4: MHA).
-  m.head_dim = None  # None: d_model // num_heads.
+  m.head_dim = placeholder(int)  # None: d_model // num_heads.
   m.ffn_dim = 256  # MLP hidden width (4 x d_model).
   m.mlp_activation = "gelu"  # Plain GELU MLP, as Chinchilla.
   m.rope_theta = 10_000.0  # RoPE base frequency.
@@ -46,8 +47,8 @@ def get_config(arg=None):
   m.qkv_bias = False  # Biases on q/k/v projections (Qwen2).
   m.tie_embeddings = False  # Output head = transposed input embedding.
   m.scale_embeddings = False  # Multiply embeddings by sqrt(d_model) (Gemma).
-  m.attn_logit_softcap = None  # cap * tanh(x / cap) on attention logits (Gemma 2).
-  m.final_logit_softcap = None  # The same on output logits (Gemma 2).
+  m.attn_logit_softcap = placeholder(float)  # cap * tanh(x / cap) on attention logits (Gemma 2).
+  m.final_logit_softcap = placeholder(float)  # The same on output logits (Gemma 2).
   m.dtype = "float32"  # Activations; float32 on CPU.
   m.param_dtype = "float32"  # Stored parameters.
   m.tensor_parallel = "auto"  # 'auto' (jit partitions) or 'shard_map' (explicit psums).
