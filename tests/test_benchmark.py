@@ -23,7 +23,7 @@ def test_parse_list():
     ("modes", "greedy,beam", "Unknown modes"),
     ("drafters", "tokn,synthetic", r"Unknown drafters \['tokn'\]"),
     ("num_draft_tokens", "0,2", "num_draft_tokens"),
-    ("batch_sizes", "1,3", "divide num_prompts"),
+    ("batch_sizes", "1,3", "divide the 2 prompts of prompt_source='held_out'; got 3"),
     ("verifiers", "token,tree", "verifiers"),
     ("synthetic_acceptance", 1.5, "synthetic_acceptance"),
     ("calls", 0, "calls"),
@@ -34,6 +34,21 @@ def test_bad_configs_are_refused(field, value, message):
   config[field] = value
   with pytest.raises(ValueError, match=message):
     benchmark.check_config(config)
+
+
+def test_a_prompt_file_is_read_and_counted_before_the_machine_is_measured(tmp_path):
+  """A missing prompt file, or a batch size that does not divide its prompts, failed only after
+  the machine was measured and the pair prepared (the review of 2026-11-30)."""
+  config = load_config("benchmark", "test")
+  config.prompt_source = f"file:{tmp_path / 'nope.txt'}"
+  with pytest.raises(FileNotFoundError, match="No prompt file at"):
+    benchmark.check_config(config)
+  (tmp_path / "three.txt").write_text("def fib(n):\nclass Stack:\nimport os\n")
+  config.prompt_source, config.batch_sizes = f"file:{tmp_path / 'three.txt'}", "1,2"
+  with pytest.raises(ValueError, match="divide the 3 prompts of prompt_source='file:.*; got 2"):
+    benchmark.check_config(config)
+  config.batch_sizes = "1,3"
+  benchmark.check_config(config)
 
 
 def test_tokens_per_call_standard_error():

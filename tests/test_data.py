@@ -36,6 +36,9 @@ def test_bad_corpus_and_fractions(tmp_path):
     data.corpus_files("/nonexistent/**/*.py")
   with pytest.raises(ValueError, match="is a directory: give a glob of its files, e.g. '.*/"):
     data.corpus_files(str(tmp_path))
+  # One big text file: say what to change (the message named no flag before 2026-11-30).
+  with pytest.raises(ValueError, match=r"1 files, too few .*--config.data.validation_fraction"):
+    data.split_files(["big.txt"], 0.04, 0.04)
   with pytest.raises(ValueError, match="validation_fraction"):
     data.split_files(["a", "b", "c"], 0.0, 0.5)
 

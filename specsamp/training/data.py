@@ -96,7 +96,13 @@ def split_files(
     parts[name].append(f)
   for name, chosen in parts.items():
     if not chosen:
-      raise ValueError(f"The corpus has {len(files)} files, too few for a non-empty {name} split.")
+      raise ValueError(
+        f"The corpus has {len(files)} files, too few for a non-empty {name} split: it is split "
+        f"by whole files, about {validation_fraction:.0%} for validation and "
+        f"{prompt_fraction:.0%} for prompts (--config.data.validation_fraction, "
+        "--config.data.prompt_fraction). Give more files: cut a large text into several (e.g. "
+        "split -l 2000 big.txt part_), or raise the fractions."
+      )
   return Split(**{name: tuple(chosen) for name, chosen in parts.items()})
 
 

@@ -134,9 +134,20 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   check_choices("modes", config.modes, MODES)
   check_choices("drafters", config.drafters, (*train.DISTILL_MODES, SYNTHETIC))
   draft_lengths(config)
+  # A prompt file's prompts are counted here, before the machine is measured and the pair is
+  # prepared (trained, in a fresh workdir): a missing file or a batch that does not divide
+  # them failed only then (2026-11-30's review).
+  count = config.num_prompts
+  if config.prompt_source != "held_out":
+    from specsamp.experiments.jobs import prompts as prompts_lib
+
+    count = len(prompts_lib.texts_of(config.prompt_source))
   for b in parse_list(config.batch_sizes, int):
-    if b < 1 or (config.prompt_source == "held_out" and config.num_prompts % b):
-      raise ValueError(f"Every batch size must divide num_prompts={config.num_prompts}; got {b}.")
+    if b < 1 or count % b:
+      raise ValueError(
+        f"Every batch size must divide the {count} prompts of "
+        f"prompt_source={config.prompt_source!r}; got {b}."
+      )
   if not set(parse_list(config.verifiers)) <= {"token", "block"}:
     raise ValueError(f"verifiers must be 'token' and/or 'block', got {config.verifiers!r}.")
   if not 0 <= config.synthetic_acceptance <= 1:
