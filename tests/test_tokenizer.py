@@ -128,6 +128,8 @@ def test_a_corpus_a_tokenizer_cannot_learn_from_is_named_in_specsamps_flags():
   noise = "".join(chr(rng.randrange(32, 0x250)) for _ in range(200_000))  # Bytes read as text.
   with pytest.raises(ValueError, match="characters need .*--config.tokenizer.vocab_size"):
     Tokenizer.train([noise[i : i + 100] for i in range(0, len(noise), 100)], vocab_size=300)
+  with pytest.raises(ValueError, match="model_type='word': must be one of"):  # No round trip.
+    Tokenizer.train(["def f(x):\n"] * 3, vocab_size=300, model_type="word")
   small = "too small for a tokenizer of vocab_size=5000 \\(it supports at most \\d+\\)"
   with pytest.raises(ValueError, match=small):
     Tokenizer.train(["def f(x):\n    return x\n"] * 3, vocab_size=5000)
@@ -252,3 +254,33 @@ def test_an_hf_folders_generation_config_lists_the_ids_that_end_generation(tmp_p
   (folder / "tokenizer_config.json").write_text('{"eos_token": ')
   with pytest.raises(ValueError, match="tokenizer_config.json is not valid JSON"):
     tokenizer_lib.load(str(folder))
+
+
+def test_chat_templates_render_in_transformers_environment(tmp_path):
+  """{% break %}, strftime_now and an unescaped tojson are what transformers gives a template;
+  specsamp's environment lacked them (a TemplateSyntaxError, a fixed date, HTML-escaped JSON),
+  and a template that failed raised from inside Jinja (the review of 2026-11-30)."""
+  import datetime
+
+  tokenizers = pytest.importorskip("tokenizers")
+  from specsamp.training import tokenizer as tokenizer_lib
+
+  backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={"<s>": 0, "</s>": 1}, merges=[]))
+  backend.save(str(tmp_path / "tokenizer.json"))
+  messages = [{"role": "user", "content": "h\u00e9llo <b>"}, {"role": "user", "content": "x"}]
+
+  def rendered(template):
+    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    return tokenizer_lib.load(str(tmp_path)).apply_chat_template(messages)
+
+  loop = (
+    "{% for m in messages %}{{ m.content }}{% if loop.first %}{% break %}{% endif %}{% endfor %}"
+  )
+  assert rendered(loop) == "h\u00e9llo <b>"
+  assert rendered("{{ strftime_now('%Y') }}") == str(datetime.date.today().year)
+  assert rendered("{{ messages[0].content | tojson }}") == '"h\u00e9llo <b>"'
+  with pytest.raises(ValueError, match="chat template fails to render: 'tools' is undefined"):
+    rendered("{{ tools[0] }}")
+  with pytest.raises(ValueError, match="chat template does not compile"):
+    rendered("{% for m in messages %}")

@@ -131,6 +131,9 @@ def test_the_vocabularies_of_the_models_a_pair_trains_are_checked_before_anythin
     pair.check_train_settings(config, ["token"])
   config.draft.checkpoint = "a/draft"
   pair.check_train_settings(config, ["token"])
+  config.tokenizer.path, config.tokenizer.model_type = "", "bpee"  # SentencePiece's own message.
+  with pytest.raises(ValueError, match="tokenizer.model_type='bpee': must be one of .'bpe', 'uni"):
+    pair.check_train_settings(config, ["token"])
 
 
 def test_a_parallel_checkpoint_says_how_many_positions_it_was_trained_for(tmp_path):

@@ -205,9 +205,15 @@ class BpeTokenizer:
       raise ValueError(f"The tokenizer at {self.path} has no chat template.")
     special = {"bos_token": self.id_to_piece(self.bos_id) if self.bos_id >= 0 else ""}
     special["eos_token"] = self.id_to_piece(self.eos_id)
-    return self._compiled_template().render(
-      messages=list(messages), add_generation_prompt=add_generation_prompt, **special
-    )
+    import jinja2
+
+    template = self._compiled_template()
+    try:
+      return template.render(
+        messages=list(messages), add_generation_prompt=add_generation_prompt, **special
+      )
+    except jinja2.TemplateError as error:  # A traceback from inside Jinja before 2026-11-30.
+      raise ValueError(f"{self.path}: its chat template fails to render: {error}") from None
 
   def _compiled_template(self) -> Any:
     """The chat template compiled once, and again only when ``chat_template`` changed. Jinja
@@ -215,13 +221,35 @@ class BpeTokenizer:
     rendering and encoding SmolLM2's 16,769 prompts when it was compiled per call."""
     cached = self._template_cache
     if cached is None or cached[0] != self.chat_template:
+      import datetime
+      import json
+
+      import jinja2
+      import jinja2.ext
       from jinja2.sandbox import ImmutableSandboxedEnvironment
 
       def raise_exception(message):
         raise ValueError(f"chat template: {message}")
 
-      environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+      def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers' filter: Jinja's own escapes HTML and every non-ASCII character.
+        return json.dumps(
+          x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+      # What transformers' environment adds (2026-11-30's review): {% break %} and
+      # {% continue %}, today's date (Llama 3.2's template falls back to a fixed one without
+      # it), and its tojson.
+      environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+      )
       environment.globals["raise_exception"] = raise_exception
-      cached = (self.chat_template, environment.from_string(self.chat_template))
+      environment.globals["strftime_now"] = lambda f: datetime.datetime.now().strftime(f)
+      environment.filters["tojson"] = tojson
+      try:
+        compiled = environment.from_string(self.chat_template)
+      except jinja2.TemplateError as error:
+        raise ValueError(f"{self.path}: its chat template does not compile: {error}") from None
+      cached = (self.chat_template, compiled)
       self._template_cache = cached
     return cached[1]

@@ -27,6 +27,7 @@ import sentencepiece as spm
 from specsamp.files import read_json, write_atomically
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+MODEL_TYPES = ("bpe", "unigram")  # What Tokenizer.train trains; text round-trips exactly.
 
 
 def _training_failure(message: str, vocab_size: int) -> str:
@@ -108,6 +109,11 @@ class Tokenizer:
       max_sentences: chunks sampled from ``texts`` for training.
       seed: the sampling seed.
     """
+    if model_type not in MODEL_TYPES:  # SentencePiece's 'word' and 'char' do not round-trip.
+      raise ValueError(
+        f"--config.tokenizer.model_type={model_type!r}: must be one of {MODEL_TYPES} (a 'word' "
+        "tokenizer decoded '\u2581' for spaces and fell back to bytes for most text)."
+      )
     if vocab_size < 300:
       raise ValueError(
         f"vocab_size must be at least 300 (4 special ids + 256 byte pieces + "

@@ -402,7 +402,8 @@ def check_train_settings(config: ml_collections.ConfigDict, draft_modes: Sequenc
 
 
 def _check_vocabularies(config: ml_collections.ConfigDict) -> None:
-  """The vocabularies of the models a pair trains here agree, before anything trains: with the
+  """The tokenizer's type (a typo was SentencePiece's "unknown enumeration value"), and the
+  vocabularies of the models a pair trains here, before anything trains: with the
   tokenizer it trains (one row per piece: ``--config.tokenizer.vocab_size=350`` left the
   models at 384 rows, whose ids past the pieces were sampled and decoded to nothing), and
   the draft's with the target's (refused only after the draft had trained; 2026-11-30's
@@ -416,6 +417,11 @@ def _check_vocabularies(config: ml_collections.ConfigDict) -> None:
   }
   pieces = config.tokenizer.vocab_size
   if target_trained and not config.tokenizer.get("path"):
+    if config.tokenizer.model_type not in tokenizer_lib.MODEL_TYPES:
+      raise ValueError(
+        f"--config.tokenizer.model_type={config.tokenizer.model_type!r}: must be one of "
+        f"{tokenizer_lib.MODEL_TYPES}."
+      )
     wrong = {name: size for name, size in sizes.items() if size != pieces}
     if wrong:
       said = ", ".join(f"--config.{name}.model.vocab_size={size}" for name, size in wrong.items())
