@@ -398,6 +398,15 @@ def test_bad_input_gives_clear_errors(target):
     speculative_generate(
       target, target, PROMPTS, LENGTHS, key, max_new_tokens=4, num_draft_tokens=0
     )
+  # A tree that is no tree (an AttributeError), a K that is a string beside a tree ("K=2 must
+  # equal the tree's depth, 2"): the review of 2026-11-30.
+  for tree in (5, (2, 2)):
+    with pytest.raises(ValueError, match="tree must be None, a tree spec string"):
+      speculative_generate(target, target, PROMPTS, LENGTHS, key, tree=tree, **kwargs)
+  with pytest.raises(ValueError, match=r"num_draft_tokens \(K\) must be an int >= 1, got '2'"):
+    speculative_generate(
+      target, target, PROMPTS, LENGTHS, key, max_new_tokens=4, num_draft_tokens="2", tree="tree:2,2"
+    )
   with pytest.raises(ValueError, match="2 draft slots|3 draft slots"):
     speculative_generate(target, target, PROMPTS, LENGTHS, key, cache_length=12, **kwargs)
   with pytest.raises(ValueError, match="verifier"):

@@ -50,6 +50,7 @@ def test_shapes_from_their_strings():
     ("parents:-1,1", "parent is 1"),
     ("parents:-1,0,-1", "depth by depth"),
     ("chains:2x4/some", "suffix"),
+    ("tree:2/", "suffix must be '/iid' or '/distinct'"),  # Read as no suffix before 2026-11-30.
   ],
 )
 def test_bad_tree_strings_say_what_is_allowed(spec, message):

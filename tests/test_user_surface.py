@@ -68,6 +68,10 @@ def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):
     ),
     (dict(tree="tree:65/distinct", vocab_size=64), "distinct siblings are at most .*'s 64"),
     (dict(tree="tree:65/iid", vocab_size=64), None),  # i.i.d. siblings may repeat a token.
+    # '@fit' on a static tree, or after a '@tau': refused after the fit (2026-11-30's review).
+    (dict(tree="tree:2,2@fit"), "'@fit' fits a dynamic tree's rank temperature"),
+    (dict(tree="dynamic:2x2@0.5@fit", proposal="greedy"), "'@fit' fits a dynamic tree's rank"),
+    (dict(tree="dynamic:2x2@fit", proposal="greedy"), None),
   ],
 )
 def test_tree_settings_are_checked_before_the_pair_is_prepared(changes, message):

@@ -189,14 +189,17 @@ def generate(
     on_finished: called with (prompt indices, their token rows, their lengths) as rows
       finish, before ``generate`` returns: a caller can keep what is done.
   """
-  if chunk_steps < 1:
-    raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}.")
-  if batch_size is not None and batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-  if width_step is not None and (not is_int(width_step) or width_step < 1):
-    # 0 divided by zero; a negative step cut prompts short of their lengths, which then read
-    # as NaN logits (2026-11-30).
-    raise ValueError(f"width_step must be None or an int >= 1, got {width_step!r}.")
+  # 2.5 failed inside JAX as a shape (batch_size) or was cut by int() (chunk_steps,
+  # refill_size); a width_step of 0 divided by zero, and a negative one cut prompts short of
+  # their lengths, which then read as NaN logits (2026-11-30).
+  for name, value, optional in (
+    ("chunk_steps", chunk_steps, False),
+    ("batch_size", batch_size, True),
+    ("refill_size", refill_size, True),
+    ("width_step", width_step, True),
+  ):
+    if not (optional and value is None) and (not is_int(value) or value < 1):
+      raise ValueError(f"{name} must be {'None or ' * optional}an int >= 1, got {value!r}.")
   prompts, prompt_lengths, cache_length = autoregressive.check_generation(
     model, prompts, prompt_lengths, max_new_tokens, cache_length, batch_size
   )

@@ -453,6 +453,10 @@ def check_request(
     (prompts, prompt_lengths, cache_length, tree, shape): int32 prompts, the cache length,
     the parsed tree (or None), and the request's shape in words for error messages.
   """
+  if not is_int(num_draft_tokens) or num_draft_tokens < 1:  # Before the tree's depth is held
+    raise ValueError(  # against it: num_draft_tokens='2' read "=2 must equal ... depth, 2".
+      f"num_draft_tokens (K) must be an int >= 1, got {num_draft_tokens!r}."
+    )
   tree = tree_step.check_tree(tree, num_draft_tokens, verifier, target, drafter)
   if narrow_scoring and tree is not None:
     raise ValueError(
@@ -460,8 +464,6 @@ def check_request(
     )
   if schedule not in SCHEDULES:
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
-  if not is_int(num_draft_tokens) or num_draft_tokens < 1:
-    raise ValueError(f"num_draft_tokens (K) must be an int >= 1, got {num_draft_tokens!r}.")
   if tree is None and verifier not in (*EXACT_VERIFIERS, "synthetic"):
     raise ValueError(
       f"verifier must be one of {EXACT_VERIFIERS} (both exact), got {verifier!r} "

@@ -327,7 +327,7 @@ def sequoia(
 def parse(spec: str) -> TreeShape:
   """A TreeShape from its config string (module docstring): 'chains:2x4', 'tree:3,2,1,1',
   'parents:-1,-1,0', 'chain:4', each optionally with '/iid' or '/distinct'."""
-  text, _, draws = spec.strip().partition("/")
+  text, slash, draws = spec.strip().partition("/")
   kind, _, args = text.partition(":")
   kind = kind.strip()
   try:
@@ -360,6 +360,8 @@ def parse(spec: str) -> TreeShape:
       "tau), or 'sequoia:NxD@a0,a1,...' "
       "(the best static tree of N nodes, depth D, for acceptance a_r per sibling rank)."
     ) from None
+  if slash and not draws:  # 'tree:2/' was read as no suffix.
+    raise ValueError(f"Bad tree {spec!r}: the suffix must be '/iid' or '/distinct'.")
   if draws and shape.dynamic:
     raise ValueError(
       f"Bad tree {spec!r}: a dynamic tree's siblings are its draft's most likely distinct "

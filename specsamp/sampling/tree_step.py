@@ -61,6 +61,10 @@ def check_tree(
     return None
   if isinstance(tree, str):
     tree = tree_lib.parse(tree)
+  if not isinstance(tree, TreeShape):  # An AttributeError on max_depth before 2026-11-30.
+    raise ValueError(
+      f"tree must be None, a tree spec string (e.g. 'tree:2,2') or a TreeShape, got {tree!r}."
+    )
   if tree.max_depth != num_draft_tokens:
     raise ValueError(
       f"num_draft_tokens={num_draft_tokens} must equal the tree's depth, {tree.max_depth} "

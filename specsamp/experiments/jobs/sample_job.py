@@ -90,7 +90,15 @@ def tree_of(config: ml_collections.ConfigDict) -> TreeShape | None:
   if not spec:
     return None
   try:  # '@fit': the rank temperature is fitted once the pair is loaded (run).
-    return tree_lib.parse(calibration.unfitted(spec))
+    tree = tree_lib.parse(calibration.unfitted(spec))
+    # A static tree, or one with its own '@tau', took '@fit' here and failed only after the
+    # pair was prepared and the fit had run (2026-11-30's review).
+    if calibration.needs_fit(spec) and ("@" in calibration.unfitted(spec) or not tree.dynamic):
+      raise ValueError(
+        "'@fit' fits a dynamic tree's rank temperature: give it to a 'dynamic:' tree without "
+        "a '@tau' of its own, e.g. 'dynamic:4x3@fit'."
+      )
+    return tree
   except ValueError as error:
     raise ValueError(f"--config.speculative.tree={spec!r}: {error}") from None
 
