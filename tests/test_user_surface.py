@@ -29,6 +29,7 @@ import code_pair  # noqa: E402
     ("sampling.max_new_tokens", 0, "--config.sampling.max_new_tokens=0: must be an int >= 1"),
     ("sampling.prompt_tokens", 0, "--config.sampling.prompt_tokens=0: must be an int >= 1"),
     ("sampling.top_p", 0.0, "--config.sampling.top_p=0.0: must be in (0, 1]"),
+    ("sampling.max_prompts", -3, "--config.sampling.max_prompts=-3: must be an int >= 0"),
     (
       "speculative.confidence_threshold",
       1.5,

@@ -655,10 +655,18 @@ def prepare(
     nonlocal corpus
     if corpus is None:
       corpus = load_corpus(config, tokenizer, split)
+      capped = [
+        f"{name} capped at {cap:,} (--config.data.{field})"
+        for name, stream, cap, field in (
+          ("training", corpus.train_stream, config.data.max_train_tokens, "max_train_tokens"),
+          ("validation", corpus.eval_stream, config.data.max_eval_tokens, "max_eval_tokens"),
+        )
+        if len(stream) >= cap
+      ]
       log(
         f"data: {len(corpus.train_stream):,} training and {len(corpus.eval_stream):,} "
         f"validation tokens ({len(split.train)}/{len(split.validation)}/{len(split.prompts)} "
-        "train/validation/prompt files)"
+        "train/validation/prompt files" + "".join(f"; {c}" for c in capped) + ")"
       )
     return corpus
 

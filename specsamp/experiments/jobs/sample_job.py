@@ -176,6 +176,12 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       f"must be <= sampling.max_new_tokens ({s.max_new_tokens}): a row never uses more than "
       "max_new_tokens - 1 draft tokens",
     ),
+    (
+      "sampling.max_prompts",
+      s.get("max_prompts", 0),
+      _is_int(s.get("max_prompts", 0)) and s.get("max_prompts", 0) >= 0,
+      "must be an int >= 0 (0: all of them)",  # -3 read as all of them (2026-11-30).
+    ),
     ("sampling.seed", s.seed, _is_int(s.seed), "must be an int"),
     ("sampling.prompt_seed", s.prompt_seed, _is_int(s.prompt_seed), "must be an int"),
     (
