@@ -141,6 +141,26 @@ def test_the_vocabularies_of_the_models_a_pair_trains_are_checked_before_anythin
     pair.check_train_settings(config, ["token"])
 
 
+@pytest.mark.parametrize(
+  "field, value, message",
+  [
+    ("draft_vocab_size", 5000, "draft_vocab_size=5000 exceeds the target's vocabulary .1024."),
+    ("feature_layers", (1, 7), "feature_layers must be distinct ascending layers in .0, 6."),
+  ],
+)
+def test_a_feature_head_that_cannot_read_the_target_is_refused_before_it_trains(
+  tmp_path, field, value, message
+):
+  """Refused only after the target had trained (the review of 2026-11-30)."""
+  from specsamp.experiments.jobs import pair
+
+  config = code_pair.get_config()
+  config.feature.head[field] = value
+  with pytest.raises(ValueError, match=f"--config.feature.head: {message}"):
+    pair.prepare(config, str(tmp_path / "work"), drafts=False, feature_head=True)
+  assert not os.path.exists(tmp_path / "work")  # Nothing made, nothing trained.
+
+
 def test_a_parallel_checkpoint_says_how_many_positions_it_was_trained_for(tmp_path):
   """A loaded parallel draft's count is its metadata's (scripts/train_drafter.py records it);
   one that records none is not checked."""

@@ -439,6 +439,22 @@ def _check_vocabularies(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def _check_feature_head(config: ml_collections.ConfigDict) -> None:
+  """The feature head's section against the target it reads, before anything trains, when the
+  target is trained here (its config is known): a draft_vocab_size past the vocabulary or
+  feature_layers past the target's were refused only after the target had trained (2026-11-30's
+  review). A head loaded from its checkpoint trains nothing: not checked."""
+  if config.target.get("checkpoint") or config.target.get("gguf"):
+    return
+  if config.feature.get("checkpoint"):
+    return
+  try:
+    head = FeatureHeadConfig.from_config(config.feature.head)
+    head.resolve(TransformerConfig.from_config(config.target.model))
+  except ValueError as error:
+    raise ValueError(f"--config.feature.head: {error}") from None
+
+
 def _train_model(
   name: str,
   section: ml_collections.ConfigDict,
@@ -632,6 +648,8 @@ def prepare(
     mesh: where the models go; default the config's ``mesh`` section over every device.
   """
   check_train_settings(config, (draft_modes or [config.draft.train.distill.mode]) if drafts else [])
+  if feature_head or parallel_head:
+    _check_feature_head(config)
   workdir = os.path.abspath(workdir or default_workdir(config))
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh or sharding.mesh_from_config(config.mesh)
