@@ -44,8 +44,8 @@ def _mesh(text: str) -> dict[str, int]:
   axes = {}
   for part in text.split(","):
     name, _, size = part.partition("=")
-    if not size:
-      raise ValueError(f"Mesh {text!r}: expected 'axis=size,...'.")
+    if not size.strip().lstrip("-").isdigit():  # int('four') named no flag.
+      raise ValueError(f"Mesh {text!r}: expected 'axis=size,...' with int sizes (or -1).")
     axes[name.strip()] = int(size)
   return axes
 

@@ -153,6 +153,57 @@ def test_largest_batch_is_verified_by_compiling(second_fits):
   assert len(compiled) <= 4 and 11 in compiled
 
 
+def test_the_search_follows_memory_that_is_not_linear_in_the_batch():
+  """Sublinear past batch 2 (10 + 2 b, then 14 + b / 2 GiB; 38 rows fit 32 GiB): the line
+  through the two smallest sizes stayed, so once a guess fit the search crept up by one per
+  compile and said "at least 14". And a batch refused below a larger one that fits (Qwen2.5-
+  72B's batch 1 took more than its batch 2) ended the search with no compile (the review of
+  2026-11-30)."""
+  gib = 2**30
+
+  def searched(memory, hbm, programs):
+    compile_at = lambda b: _fake(memory(b) * gib) if memory(b) * gib <= hbm else None  # noqa: E731
+    return aot._largest_batch({("token", b): compile_at(b) for b in programs}, hbm, compile_at)
+
+  sublinear = lambda b: 10 + 2 * b if b <= 2 else 14 + (b - 2) / 2  # noqa: E731
+  assert searched(sublinear, 32 * gib, (1, 2)) == (38, True)
+  qwen_like = lambda b: 20.21 if b == 1 else 16.78 + 1.4 * (b - 2)  # noqa: E731
+  assert searched(qwen_like, 20 * gib, (1, 2)) == (4, True)
+
+
+def test_bad_settings_are_refused_before_anything_compiles():
+  """A misspelled verifier was a KeyError traceback after the autoregressive loop's compile; a
+  mesh of 0 divided by zero (the review of 2026-11-30). And no slice's usable memory exceeds
+  its chip's (v5p's nominal 95 GiB was below libtpu's 95.74)."""
+  config = config_files.load_module(os.path.join(ROOT, "configs", "chinchilla_pair.py")).get_config(
+    "test"
+  )
+  config.aot.verifiers = "tokn"
+  with pytest.raises(ValueError, match="aot.verifiers='tokn': each must be one of"):
+    aot.run(config, "v4-8", log=lambda line: None)
+  config.aot.verifiers, config.aot.batch_sizes = "token", "1,x"
+  with pytest.raises(ValueError, match="aot.batch_sizes='1,x': must be comma-separated ints"):
+    aot.run(config, "v4-8", log=lambda line: None)
+  with pytest.raises(ValueError, match="positive or -1"):
+    aot.make_mesh(list(range(4)), {"fsdp": 0, "tensor": -1})
+  assert all(slice.hardware.usable <= slice.hardware.memory_bytes for slice in aot.SLICES.values())
+
+
+def test_a_tied_target_s_output_head_counts_in_the_training_flops():
+  """The step computes the target's logits over every row, tied or not: a tied target's one
+  table was subtracted as a lookup, leaving out 2 V D per token (the review of 2026-11-30)."""
+  from conftest import tiny_config
+
+  from specsamp.experiments.proofs import aot_training
+
+  untied = tiny_config("llama", tie_embeddings=False)
+  flops = [
+    aot_training.training_flops_per_token(untied.replace(tie_embeddings=tied), 1000, 64, 3)
+    for tied in (False, True)
+  ]
+  assert flops[0] == flops[1]
+
+
 def test_a_largest_batch_found_before_the_compiles_ran_out_is_a_lower_bound():
   """The search stops after ``max_compiles``: a batch that fit with the next one untried (here
   one compile, the linear guess 11, which fits; 12 untried) is reported as "at least 11",

@@ -29,7 +29,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specsamp import sharding
 from specsamp.experiments import cli
@@ -51,7 +50,8 @@ class Slice:
   hardware: perf_model.Hardware
 
 
-V5P = perf_model.Hardware("TPU v5p", 2.765e12, 459e12, 600e9, 10e-6, 95 * 2**30, 95.74 * 2**30)
+# The chip's 96 GiB (95 was below the 95.74 GiB libtpu lets a program use: 2026-11-30).
+V5P = perf_model.Hardware("TPU v5p", 2.765e12, 459e12, 600e9, 10e-6, 96 * 2**30, 95.74 * 2**30)
 
 # Cloud TPU names (cores for v4/v5p, as Google counts them; chips for v5e).
 SLICES = {
@@ -95,19 +95,10 @@ def slice_devices(name: str) -> list[Any]:
 
 
 def make_mesh(devices: list[Any], axes: dict[str, int]) -> jax.sharding.Mesh:
-  """A mesh of ``sharding.MESH_AXES`` over ``devices``; -1 takes the rest."""
-  sizes = dict(axes)
-  unknown = sorted(set(sizes) - set(sharding.MESH_AXES))
-  if unknown:
-    raise ValueError(f"Unknown mesh axes {unknown} in {sizes}; the axes are {sharding.MESH_AXES}.")
-  known = int(np.prod([v for v in sizes.values() if v != -1]))
-  for name, size in sizes.items():
-    if size == -1:
-      sizes[name] = len(devices) // known
-  if int(np.prod(list(sizes.values()))) != len(devices):
-    raise ValueError(f"Mesh {sizes} does not cover the slice's {len(devices)} devices.")
-  shape = [sizes.get(name, 1) for name in sharding.MESH_AXES]
-  return jax.sharding.Mesh(np.asarray(devices).reshape(shape), sharding.MESH_AXES)
+  """A mesh of ``sharding.MESH_AXES`` over ``devices``; -1 takes the rest. ``sharding.make_mesh``
+  checks the sizes (a 0 divided by zero, two -1 gave numpy's reshape message, and a mesh the
+  slice did not fill was reported with sizes the user never wrote: 2026-11-30's review)."""
+  return sharding.make_mesh(axes, devices)
 
 
 def model_config(model: Any, hf_config: str | None = None) -> TransformerConfig:
@@ -478,6 +469,19 @@ def run(config: Any, topology: str | None = None, log: Callable[[str], None] = p
   """Compiles the pair config's loops and step calls for ``topology`` (default
   ``config.aot.topology``); returns the report (``format_report`` prints it)."""
   topology = topology or config.aot.topology
+  # Checked before anything compiles: a misspelled verifier was a KeyError traceback after the
+  # autoregressive loop's compile, and a batch size that is not an int failed there too.
+  for verifier in config.aot.verifiers.split(","):
+    if verifier not in speculative.EXACT_VERIFIERS:
+      raise ValueError(
+        f"--config.aot.verifiers={config.aot.verifiers!r}: each must be one of "
+        f"{speculative.EXACT_VERIFIERS}."
+      )
+  sizes = config.aot.batch_sizes.split(",")
+  if not all(size.strip().isdigit() and int(size) >= 1 for size in sizes):
+    raise ValueError(
+      f"--config.aot.batch_sizes={config.aot.batch_sizes!r}: must be comma-separated ints >= 1."
+    )
   devices = slice_devices(topology)
   spec = SLICES[topology]
   mesh = make_mesh(devices, {k: config.mesh.get(k, 1) for k in sharding.MESH_AXES})
@@ -713,34 +717,36 @@ def _largest_batch(
   """The largest batch whose speculative program fits ``hbm`` per chip, verified by
   compiling it, and whether it is the largest: True when the next batch was compiled and did
   not fit, False when the ``max_compiles`` compiles ran out first (then it is a lower bound).
-  The first guess is linear in the batch through the two smallest fitting sizes; then
-  bisection between the largest size that fit and the smallest that did not."""
-  fits = {b: p.total_bytes <= hbm for (_, b), p in programs.items() if p is not None}
-  fits.update({b: False for (_, b), p in programs.items() if p is None})
-  fitting = sorted(
-    (b, p) for (_, b), p in programs.items() if p is not None and p.total_bytes <= hbm
-  )
+  While no larger batch has failed, each guess is linear in the batch through the two largest
+  fitting sizes (never past 8x the largest); then bisection between the largest size that fit
+  and the smallest larger one that did not. Until 2026-11-30 the line stayed through the two
+  smallest, so once a guess fitted the search crept up by one per compile (batch 14 of a true
+  38 reported), and a smaller batch refused below a larger one that fitted ended the search
+  with no compile."""
+  used = {b: p.total_bytes for (_, b), p in programs.items() if p is not None}
+  fits = {b: p is not None and p.total_bytes <= hbm for (_, b), p in programs.items()}
   for _ in range(max_compiles):
     low = max((b for b, ok in fits.items() if ok), default=0)
-    high = min((b for b, ok in fits.items() if not ok), default=None)
+    high = min((b for b, ok in fits.items() if not ok and b > low), default=None)
     if high is not None and high - low <= 1:
       break
-    per_row = 0.0
-    if high is None and len(fitting) >= 2:
-      (b1, p1), (b2, p2) = fitting[:2]
-      per_row = (p2.total_bytes - p1.total_bytes) / (b2 - b1)
-    if high is None and per_row > 0:
-      # Linear in the batch, but never more than 8x past what fitted: the compiler's
-      # temporaries are not linear (Qwen2.5-72B's batch 2 took less than its batch 1).
-      guess = min(int(b1 + (hbm - p1.total_bytes) // per_row), 8 * max(low, 1))
-    elif high is None:
-      guess = 2 * max(low, 1)
-    else:
+    fitting = sorted(b for b, ok in fits.items() if ok)
+    guess = 2 * max(low, 1)
+    if high is not None:
       guess = (low + high) // 2
-    if guess in fits or guess < 1:
+    elif len(fitting) >= 2:
+      b1, b2 = fitting[-2:]
+      per_row = (used[b2] - used[b1]) / (b2 - b1)
+      if per_row > 0:
+        # Linear in the batch, but never more than 8x past what fitted: the compiler's
+        # temporaries are not linear (Qwen2.5-72B's batch 2 took less than its batch 1).
+        guess = min(int(b2 + (hbm - used[b2]) // per_row), 8 * max(low, 1))
+    if guess in fits or guess <= low:
       guess = low + 1
     program = compile_at(guess)
     fits[guess] = program is not None and program.total_bytes <= hbm
+    if program is not None:
+      used[guess] = program.total_bytes
   largest = max((b for b, ok in fits.items() if ok), default=0)
   return largest, fits.get(largest + 1) is False
 

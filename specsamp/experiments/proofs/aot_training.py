@@ -17,8 +17,9 @@ Two programs a user runs to train an EAGLE-3-style head for their own model
   counted (about 15% of the roofline on v5e-8).
 
 For each: compile time and memory per chip (against the chip's HBM), and a predicted rate:
-training tokens/s from the FLOPs a step must do (2 x the target's non-embedding parameters per
-token for its forward pass, 6 x the head's per token and unrolled step, and attention's
+training tokens/s from the FLOPs a step must do (2 x the target's parameters but its input
+table per token for its forward pass, the output head included, tied or not; 6 x the head's
+per token and unrolled step, and attention's
 2 x 2 x layers x seq_len x width per token for the target) at the chip's peak, and
 regeneration tokens/s from the HBM bytes of one decode step per chip at a full cache, counted
 from its optimized HLO (``hlo_bytes``: every weight read, the cache read and written,
@@ -89,8 +90,11 @@ def training_flops_per_token(
 ) -> float:
   """FLOPs per training token of a head's step (module docstring)."""
   total = _parameters(lambda rngs: transformer.Transformer(target, rngs=rngs))
-  embedding = target.vocab_size * target.d_model  # A lookup, no FLOPs (tied or not).
-  forward = 2.0 * (total - embedding) + 4.0 * target.num_layers * seq_len * target.d_model
+  # The input table is a lookup, no FLOPs; the output head is a matmul over all V rows (the
+  # step reads the target's logits). Tied, the one table is both, so nothing is taken off:
+  # subtracting it there left out 2 V D per token (24% of Llama-3.2-1B's; 2026-11-30).
+  lookup = 0 if target.tie_embeddings else target.vocab_size * target.d_model
+  forward = 2.0 * (total - lookup) + 4.0 * target.num_layers * seq_len * target.d_model
   return forward + 6.0 * head_params * ttt_steps
 
 
