@@ -737,6 +737,13 @@ def test_how_a_model_runs_is_no_part_of_its_export():
   assert architectures.to_hf(running) == architectures.to_hf(config)
   with pytest.raises(architectures.UnsupportedArchitecture, match="would change"):
     architectures.to_hf(config.replace(norm_plus_one=True))
+  # head_dim written out where it is d_model // num_heads (configs/chinchilla_70b.py's 128) is
+  # the same model: refused as "'head_dim': (16, None)" until 2026-11-30's review.
+  from conftest import tiny_config
+
+  chinchilla = tiny_config()
+  explicit = chinchilla.replace(head_dim=chinchilla.d_model // chinchilla.num_heads)
+  assert architectures.to_hf(explicit) == architectures.to_hf(chinchilla.replace(head_dim=None))
 
 
 @pytest.mark.parametrize("model_type", architectures.SUPPORTED_MODEL_TYPES)

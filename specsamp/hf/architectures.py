@@ -527,6 +527,10 @@ def to_hf(
   # (max_position, which the export writes a value for even when it is None) need no match.
   kept = {name: getattr(config, name) for name in NOT_IDENTITY_FIELDS}
   back = from_hf(hf, param_dtype=config.param_dtype).replace(**kept)
+  if back.resolved_head_dim == config.resolved_head_dim:
+    # head_dim written out where it is d_model // num_heads (the paper's 70B config) is the
+    # same model, which from_hf reads back as None: refused as another model (2026-11-30).
+    back = back.replace(head_dim=config.head_dim)
   if back != config:
     differ = {
       f.name: (getattr(config, f.name), getattr(back, f.name))
