@@ -284,3 +284,16 @@ def test_chat_templates_render_in_transformers_environment(tmp_path):
     rendered("{{ tools[0] }}")
   with pytest.raises(ValueError, match="chat template does not compile"):
     rendered("{% for m in messages %}")
+  # Where today's save_pretrained keeps it, chat_template.jinja, and the older list of named
+  # templates: neither was read (an export then had none; the review of 2026-11-30).
+  config = {"bos_token": "<s>", "eos_token": "</s>"}
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+  (tmp_path / "chat_template.jinja").write_text("{{ messages[1].content }}")
+  loaded = tokenizer_lib.load(str(tmp_path))
+  assert loaded.apply_chat_template(messages) == "x"
+  loaded.save(str(tmp_path / "saved"))
+  assert tokenizer_lib.load(str(tmp_path / "saved")).apply_chat_template(messages) == "x"
+  os.remove(tmp_path / "chat_template.jinja")
+  named = [{"name": "tool_use", "template": "t"}, {"name": "default", "template": "d"}]
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": named}))
+  assert tokenizer_lib.load(str(tmp_path)).apply_chat_template(messages) == "d"

@@ -121,7 +121,7 @@ class BpeTokenizer:
       bos_id=-1 if bos is None else bos,
       pad_id=token_id("pad_token"),
       add_bos=bool(add_bos),
-      chat_template=config.get("chat_template"),
+      chat_template=_chat_template(config, os.path.dirname(path)),
       path=path,
       stop_ids=tokenizer.read_stop_ids(os.path.dirname(path), eos, -1 if bos is None else bos),
     )
@@ -253,3 +253,23 @@ class BpeTokenizer:
       cached = (self.chat_template, compiled)
       self._template_cache = cached
     return cached[1]
+
+
+def _chat_template(config: dict, folder: str) -> str | None:
+  """The chat template of an HF tokenizer folder, where transformers keeps it: today's
+  ``save_pretrained`` writes ``chat_template.jinja`` (and older ones ``chat_template.json``),
+  earlier ones put it in ``tokenizer_config.json``, possibly as a list of named templates
+  (the one named 'default' is the chat's). A template only in ``chat_template.jinja`` was not
+  read, so chat prompting and an export lost it (2026-11-30's review)."""
+  template = config.get("chat_template")
+  jinja_file = os.path.join(folder, "chat_template.jinja")
+  json_file = os.path.join(folder, "chat_template.json")
+  if os.path.isfile(jinja_file):
+    with open(jinja_file, encoding="utf-8") as f:
+      template = f.read()
+  elif template is None and os.path.isfile(json_file):
+    template = files.read_json(json_file).get("chat_template")
+  if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+    named = {entry.get("name"): entry.get("template") for entry in template}
+    template = named.get("default")
+  return template
