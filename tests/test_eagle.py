@@ -248,3 +248,29 @@ def test_a_published_eagle3_head_is_refused_as_a_parallel_head(tmp_path):
   section.head.parallel = False  # As the sequential head it is: loaded.
   loaded = pair_lib._train_feature_head(section, target, None, None, None, str(tmp_path), 0, {})
   assert not loaded.head.config.parallel
+
+
+def test_a_head_the_eagle3_format_cannot_hold_is_refused_and_a_saved_one_reads_as_llama(
+  tmp_path,
+):
+  """save_eagle3 wrote a head on the target's llama3-scaled RoPE as unscaled (reloaded, its
+  hidden states moved by 0.26 of 5.8), failed with an AttributeError over a GELU target, and
+  wrote no model_type, which AutoConfig (vLLM, SGLang) reads (the review of 2026-11-30)."""
+  from conftest import tiny_config
+  from transformers import AutoConfig
+
+  from specsamp.models import feature_head
+
+  def saved(folder, **target_changes):
+    changes = {"mlp_activation": "swiglu", **target_changes}
+    target = transformer.create(tiny_config(**changes), seed=0)
+    config = feature_head.FeatureHeadConfig(draft_vocab_size=64)
+    head = feature_head.create(config, target.config, seed=1)
+    eagle.save_eagle3(feature_head.FeatureDraftModel(head, target), str(tmp_path / folder))
+
+  saved("plain")
+  assert AutoConfig.from_pretrained(str(tmp_path / "plain")).model_type == "llama"
+  with pytest.raises(eagle.EagleImportError, match="'llama3'-scaled RoPE"):
+    saved("scaled", rope_scaling="llama3", rope_scaling_factor=8.0)
+  with pytest.raises(eagle.EagleImportError, match="runs the target's 'gelu' MLP"):
+    saved("gelu", mlp_activation="gelu")

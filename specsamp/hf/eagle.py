@@ -249,6 +249,20 @@ def save_eagle3(model: FeatureDraftModel, directory: str) -> None:
   config, t = head.config, target.config
   if not config.draft_vocab_size:
     raise EagleImportError("An EAGLE-3 head has its own output head: draft_vocab_size must be > 0.")
+  # What an EAGLE-3 config.json cannot say is refused, not dropped (2026-11-30's review): its
+  # layer is a Llama layer (SiLU-gated MLP; over a plain GELU target the gate is missing), and
+  # a head on the target's scaled RoPE (rope_theta 0) was written as unscaled, and reloaded so.
+  if t.mlp_activation != "swiglu":
+    raise EagleImportError(
+      f"An EAGLE-3 head is a Llama layer (SiLU-gated MLP); this one runs the target's "
+      f"{t.mlp_activation!r} MLP and has no EAGLE-3 form."
+    )
+  if not config.rope_theta and t.rope_scaling != "none":
+    raise EagleImportError(
+      f"This head runs the target's {t.rope_scaling!r}-scaled RoPE, which an EAGLE-3 "
+      "config.json does not carry (load_eagle3 refuses scaling too): give the head a "
+      "rope_theta of its own to save it."
+    )
   d = t.d_model
   state = {}
   for e in entries(config, d):
@@ -265,6 +279,9 @@ def save_eagle3(model: FeatureDraftModel, directory: str) -> None:
   write_file(os.path.join(directory, WEIGHT_FILES[0]), state)
   hf = {
     "architectures": ["LlamaForCausalLMEagle3"],
+    "model_type": "llama",  # What AutoConfig (vLLM, SGLang) reads a published head by.
+    "tie_word_embeddings": False,
+    "max_position_embeddings": t.max_position or 2048,
     "hidden_size": d,
     "intermediate_size": config.ffn_dim,
     "num_attention_heads": config.num_heads,
