@@ -40,6 +40,8 @@ def test_a_coin_never_accepts_probability_zero_and_always_accepts_one():
   # Out of range and NaN-free clipping: negative reads as 0, above 1 as 1.
   assert not draws.bernoulli_from_words(_words(0), jnp.array([-0.5])).any()
   assert draws.bernoulli_from_words(_words(2**64 - 1), jnp.array([1.5])).all()
+  # A NaN probability is never accepted (always was: clip keeps a NaN; 2026-11-30's review).
+  assert not draws.bernoulli_from_words(_words(0), jnp.array([jnp.nan])).any()
 
 
 def test_coins_match_exact_integer_arithmetic_on_random_probabilities_and_draws():

@@ -53,9 +53,12 @@ def bernoulli_from_words(words: jax.Array, probability: jax.Array) -> jax.Array:
   r = X / 2^64 < a is decided in integers: a 2^32 and its fraction times 2^32 are exact
   in float32 (scaling by powers of two and taking the integer part never round), so
   A = floor(a 2^64) is exact and ``X < A`` holds for exactly A of the 2^64 values of X.
-  a = 0 is never accepted, a = 1 always.
+  a = 0 is never accepted, a = 1 always, and a NaN never (it was always accepted: clip keeps a
+  NaN, and a NaN is not below one; the loops refuse NaN logits before any coin, but a caller
+  of this function had no such guard; 2026-11-30).
   """
-  a = jnp.clip(jnp.asarray(probability, jnp.float32), 0.0, 1.0)
+  a = jnp.asarray(probability, jnp.float32)
+  a = jnp.clip(jnp.where(jnp.isnan(a), 0.0, a), 0.0, 1.0)
   hi, lo = words[0], words[1]
   scaled = a * _TWO_32  # < 2^32 for a < 1, exact.
   a_hi = jnp.floor(scaled)

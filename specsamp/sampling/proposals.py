@@ -302,7 +302,15 @@ def draw_depth(
     left_BnV = jnp.where(taken_BnV, 0.0, parent_q_BnV[:, here])
     mass_Bn1 = left_BnV.sum(-1, keepdims=True)
     left_BnV = jnp.where(mass_Bn1 > 0, left_BnV / jnp.where(mass_Bn1 > 0, mass_Bn1, 1.0), 0.0)
-    rank_key = depth_key if rank == 0 else threefry.fold_in(depth_key, rank)
+    # Ranks >= 1 draw from a stream of their own, never drawn from itself: fold_in(depth_key,
+    # r) encrypts the counter that word r of depth_key's own draw does, and rank 0's second
+    # stage (V > 512) used fold_in(depth_key, 1), rank 1's key (2026-11-30's review; no bias
+    # measured, but one key both drew and made keys). Rank 0 keeps the depth's key, so a chain
+    # still draws as a chain proposal does. No chain position reaches 2**32 - 1.
+    rank_key = depth_key
+    if rank > 0:
+      siblings = threefry.fold_in(threefry.fold_in(key, 2**32 - 1), depth)
+      rank_key = threefry.fold_in(siblings, rank)
     drawn_Bn = sample_from(rank_key, jnp.where(mass_Bn1 > 0, left_BnV, 1.0))
     tokens_Bn = tokens_Bn.at[:, here].set(drawn_Bn)
     q_BnV = q_BnV.at[:, here].set(left_BnV)
