@@ -286,13 +286,14 @@ def test_chat_templates_render_in_transformers_environment(tmp_path):
     rendered("{% for m in messages %}")
   # Where today's save_pretrained keeps it, chat_template.jinja, and the older list of named
   # templates: neither was read (an export then had none; the review of 2026-11-30).
-  config = {"bos_token": "<s>", "eos_token": "</s>"}
+  config = {"bos_token": "<s>", "eos_token": "</s>", "model_max_length": 131072}
   (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
   (tmp_path / "chat_template.jinja").write_text("{{ messages[1].content }}")
   loaded = tokenizer_lib.load(str(tmp_path))
   assert loaded.apply_chat_template(messages) == "x"
-  loaded.save(str(tmp_path / "saved"))
-  assert tokenizer_lib.load(str(tmp_path / "saved")).apply_chat_template(messages) == "x"
+  loaded.save(str(tmp_path / "saved"))  # What an export writes: the template and the context.
+  again = tokenizer_lib.load(str(tmp_path / "saved"))
+  assert again.apply_chat_template(messages) == "x" and again.model_max_length == 131072
   os.remove(tmp_path / "chat_template.jinja")
   named = [{"name": "tool_use", "template": "t"}, {"name": "default", "template": "d"}]
   (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": named}))

@@ -51,8 +51,12 @@ class BpeTokenizer:
     chat_template: str | None = None,
     path: str | None = None,
     stop_ids: Sequence[int] = (),
+    model_max_length: int | None = None,
   ):
     self.backend = backend
+    # The context the tokenizer's folder declares, written back by ``save`` (an export read
+    # 1e30 from transformers' default without it; 2026-11-30's review). Not used here.
+    self.model_max_length = model_max_length
     size = backend.get_vocab_size(with_added_tokens=True)
     for name, value in (("eos_id", eos_id), ("bos_id", bos_id), ("pad_id", pad_id)):
       if value is not None and not -1 <= value < size:
@@ -122,6 +126,7 @@ class BpeTokenizer:
       pad_id=token_id("pad_token"),
       add_bos=bool(add_bos),
       chat_template=_chat_template(config, os.path.dirname(path)),
+      model_max_length=config.get("model_max_length"),
       path=path,
       stop_ids=tokenizer.read_stop_ids(os.path.dirname(path), eos, -1 if bos is None else bos),
     )
@@ -141,6 +146,8 @@ class BpeTokenizer:
       config["pad_token"] = self.id_to_piece(self._pad_id)
     if self.chat_template is not None:
       config["chat_template"] = self.chat_template
+    if self.model_max_length is not None:
+      config["model_max_length"] = self.model_max_length
     texts = {TOKENIZER_JSON: self.backend.to_str(), CONFIG_JSON: json.dumps(config, indent=2)}
     for name, text in texts.items():
       files.write_atomically(os.path.join(directory, name), text)
