@@ -93,25 +93,6 @@ _MAX_PROMPTS = flags.DEFINE_integer(
 flags.adopt_module_key_flags(cli)  # --help lists the shared flags too.
 
 
-def _regenerate(prepared, prompts, out, plan, seed_dir, ship_to, config):
-  """The run's shards into ``out`` (``regenerate.regenerate``); returns its manifest."""
-  target_id = config.target.get("gguf") or config.target.get("checkpoint") or "trained"
-  return regenerate.regenerate(
-    prepared.target,
-    prepared.tokenizer,
-    prompts,
-    out,
-    plan,
-    target_id=f"{target_id}:{prepared.target.config.num_layers}x{prepared.target.config.d_model}",
-    max_shards=_MAX_SHARDS.value,
-    max_seconds=_MAX_SECONDS.value,
-    width_step=_WIDTH_STEP.value,
-    seed_dir=seed_dir or None,
-    compact=_COMPACT.value,
-    merge_into=ship_to,
-  )
-
-
 def main(argv):
   cli.start(argv)
   config = _PAIR.pair_config()
@@ -142,8 +123,22 @@ def main(argv):
   if seed_dir is None and config.answers.get("shipped_dir"):
     seed_dir = os.path.join(config.answers.shipped_dir, _SPLIT.value)
   ship_to = os.path.expanduser(_SHIP_TO.value) if _SHIP_TO.value else None
+  target_id = config.target.get("gguf") or config.target.get("checkpoint") or "trained"
   try:
-    manifest = _regenerate(prepared, prompts, out, plan, seed_dir, ship_to, config)
+    manifest = regenerate.regenerate(
+      prepared.target,
+      prepared.tokenizer,
+      prompts,
+      out,
+      plan,
+      target_id=f"{target_id}:{prepared.target.config.num_layers}x{prepared.target.config.d_model}",
+      max_shards=_MAX_SHARDS.value,
+      max_seconds=_MAX_SECONDS.value,
+      width_step=_WIDTH_STEP.value,
+      seed_dir=seed_dir or None,
+      compact=_COMPACT.value,
+      merge_into=ship_to,
+    )
   except KeyboardInterrupt:
     # The shards written are kept: merged before the stop (a Ctrl-C'd run merged nothing, and
     # the answers it had written waited in the workdir for a later run; 2026-11-30).

@@ -228,9 +228,7 @@ def rope_scaling(file: GgufFile) -> dict[str, Any] | None:
   factor = file.field("rope.scaling.factor") or file.field("rope.scale_linear")
   kind = file.field("rope.scaling.type")
   scaled = factor is not None and float(factor) not in (0.0, 1.0)
-  if kind in (None, "linear") and not scaled:
-    return None
-  if kind == "none" and not scaled:
+  if not scaled and kind in (None, "linear", "none"):
     return None
   if kind in (None, "linear"):
     return {"rope_type": "linear", "factor": float(factor)}
@@ -271,8 +269,9 @@ def hf_config(file: GgufFile) -> dict[str, Any]:
   }
   if head_dim != d_model // num_heads:
     config["head_dim"] = head_dim
-  if rope_scaling(file) is not None:
-    config["rope_scaling"] = rope_scaling(file)
+  scaling = rope_scaling(file)
+  if scaling is not None:
+    config["rope_scaling"] = scaling
   rows = int(np.prod(embedding.shape.tolist()[1:]))
   if rows != vocab_size:
     raise UnsupportedGguf(f"{file.path}: {rows} embeddings for a vocabulary of {vocab_size}.")

@@ -379,7 +379,7 @@ def check_train_settings(config: ml_collections.ConfigDict, draft_modes: Sequenc
   target has trained for minutes. A stage loaded from a checkpoint trains nothing: not
   checked."""
   _check_vocabularies(config)
-  if not config.target.get("checkpoint") and not config.target.get("gguf"):
+  if _trains_target(config):
     try:
       train.TrainConfig.from_config(config.target.train)
     except ValueError as error:
@@ -401,6 +401,11 @@ def check_train_settings(config: ml_collections.ConfigDict, draft_modes: Sequenc
       raise ValueError(f"The draft's training (distill.mode {mode!r}): {error}") from error
 
 
+def _trains_target(config: ml_collections.ConfigDict) -> bool:
+  """Whether a pair trains its target here (no checkpoint or GGUF file to load it from)."""
+  return not config.target.get("checkpoint") and not config.target.get("gguf")
+
+
 def _check_vocabularies(config: ml_collections.ConfigDict) -> None:
   """The tokenizer's type (a typo was SentencePiece's "unknown enumeration value"), and the
   vocabularies of the models a pair trains here, before anything trains: with the
@@ -408,7 +413,7 @@ def _check_vocabularies(config: ml_collections.ConfigDict) -> None:
   models at 384 rows, whose ids past the pieces were sampled and decoded to nothing), and
   the draft's with the target's (refused only after the draft had trained; 2026-11-30's
   review). A model from a checkpoint or a GGUF file brings its own table: not checked."""
-  target_trained = not config.target.get("checkpoint") and not config.target.get("gguf")
+  target_trained = _trains_target(config)
   draft_trained = not config.draft.get("checkpoint")
   sizes = {
     name: config[name].model.vocab_size
@@ -444,9 +449,7 @@ def _check_feature_head(config: ml_collections.ConfigDict) -> None:
   target is trained here (its config is known): a draft_vocab_size past the vocabulary or
   feature_layers past the target's were refused only after the target had trained (2026-11-30's
   review). A head loaded from its checkpoint trains nothing: not checked."""
-  if config.target.get("checkpoint") or config.target.get("gguf"):
-    return
-  if config.feature.get("checkpoint"):
+  if not _trains_target(config) or config.feature.get("checkpoint"):
     return
   try:
     head = FeatureHeadConfig.from_config(config.feature.head)
