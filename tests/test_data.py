@@ -36,11 +36,48 @@ def test_bad_corpus_and_fractions(tmp_path):
     data.corpus_files("/nonexistent/**/*.py")
   with pytest.raises(ValueError, match="is a directory: give a glob of its files, e.g. '.*/"):
     data.corpus_files(str(tmp_path))
-  # One big text file: say what to change (the message named no flag before 2026-11-30).
-  with pytest.raises(ValueError, match=r"1 files, too few .*--config.data.validation_fraction"):
-    data.split_files(["big.txt"], 0.04, 0.04)
+  # A file too short for three splits even by parts: say what to change.
+  small = tmp_path / "small.txt"
+  small.write_text("a line\n" * 100)
+  with pytest.raises(ValueError, match=r"1 files of 2 parts .*--config.data.validation_fraction"):
+    data.split_files([str(small)], 0.04, 0.04)
   with pytest.raises(ValueError, match="validation_fraction"):
     data.split_files(["a", "b", "c"], 0.0, 0.5)
+
+
+class _WordTokenizer:
+  def encode(self, text, add_eos=False):
+    return [len(word) + 4 for word in text.split()] + ([3] if add_eos else [])
+
+
+def test_a_corpus_of_one_file_is_split_by_parts_of_whole_lines(tmp_path):
+  """One book or one log (a user's --corpus=book.txt) was refused as "1 files, too few"; it is
+  split by parts of whole lines now: disjoint, covering every line once, deterministic, with
+  an EOS only where the file ends. A corpus of enough files splits by files as before."""
+  book = tmp_path / "book.txt"
+  book.write_text("".join(f"line {i} " + "word " * (i % 7) + "\n" for i in range(30_000)))
+  split = data.split_files(data.corpus_files(str(book)), 0.04, 0.04, seed=0)
+  assert split.unit == "parts" and split == data.split_files([str(book)], 0.04, 0.04, seed=0)
+  units = split.train + split.validation + split.prompts
+  assert len(units) == 400 and len(set(units)) == 400  # 75 lines each.
+  assert (len(split.validation), len(split.prompts)) == (16, 16)
+  order = sorted(units, key=lambda u: int(u.split("#lines=")[1].split("-")[0]))
+  assert "".join(data.read_text(u) for u in order) == book.read_text()  # Every line once.
+  assert data.split_files([str(book)], 0.04, 0.04, seed=1) != split  # Seeded.
+  # EOS once, at the file's end, whichever parts the stream holds.
+  last = order[-1]
+  stream = data.token_stream(_WordTokenizer(), [order[0], last, order[1]], 10**6)
+  assert np.count_nonzero(stream == 3) == 1
+  assert data.ends_a_file(last) and not data.ends_a_file(order[0])
+  # Held-out prompts come from the prompt parts only.
+  prompts = data.held_out_prompts(_WordTokenizer(), split.prompts, 4, 20)
+  assert prompts.shape == (4, 20)
+  # Parts of several files: a file named like a part is still read whole.
+  other = tmp_path / "x.txt#lines=0-5"
+  other.write_text("whole\n" * 10)
+  assert data.read_text(str(other)) == "whole\n" * 10
+  two = data.split_files([str(book), str(other)], 0.04, 0.04, seed=0)
+  assert two.unit == "parts" and any(u.startswith(str(other)) for u in two.train)
 
 
 def test_batches_are_a_pure_function_of_the_step_and_cover_each_epoch():

@@ -7,7 +7,10 @@ several separated by commas) takes the user's own text files instead.
 
 Files, not lines, are split, by a hash of their path relative to the corpus
 root: a held-out prompt never comes from a file seen in training, and the
-split of a file does not change when other files are added. Training batches
+split of a file does not change when other files are added. A corpus of too few
+files for that (one book, one log) is split by parts instead: each file cut into
+parts of whole lines (``path#lines=a-b``, read by ``read_text``), the parts ranked
+by a hash, the first for validation, the next for prompts, the rest for training. Training batches
 are a pure function of the step (``Batches.at(step)``), so a resumed run sees
 exactly the batches the uninterrupted run would have seen.
 """
@@ -15,9 +18,11 @@ exactly the batches the uninterrupted run would have seen.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import hashlib
 import os
+import re
 import sysconfig
 from collections.abc import Iterator, Sequence
 
@@ -70,12 +75,14 @@ class Split:
   train: tuple[str, ...]
   validation: tuple[str, ...]
   prompts: tuple[str, ...]
+  unit: str = "files"  # "parts": a corpus of few files, split by parts of them (split_parts).
 
 
 def split_files(
   files: Sequence[str], validation_fraction: float, prompt_fraction: float, seed: int = 0
 ) -> Split:
-  """Deterministic split by a hash of each file's path below the files' common root."""
+  """Deterministic split by a hash of each file's path below the files' common root; by parts
+  of files (``split_parts``) when whole files leave a split empty."""
   if not (
     0 < validation_fraction and 0 < prompt_fraction and validation_fraction + prompt_fraction < 1
   ):
@@ -83,9 +90,7 @@ def split_files(
   root = os.path.commonpath([os.path.abspath(f) for f in files]) if len(files) > 1 else ""
   parts: dict[str, list[str]] = {"train": [], "validation": [], "prompts": []}
   for f in files:
-    relative = os.path.relpath(os.path.abspath(f), root) if root else os.path.basename(f)
-    digest = hashlib.sha256(f"{seed}:{relative}".encode()).digest()
-    u = int.from_bytes(digest[:8], "little") / 2.0**64
+    u = _hash_unit(seed, os.path.relpath(os.path.abspath(f), root) if root else os.path.basename(f))
     name = (
       "validation"
       if u < validation_fraction
@@ -94,23 +99,113 @@ def split_files(
       else "train"
     )
     parts[name].append(f)
-  for name, chosen in parts.items():
-    if not chosen:
-      raise ValueError(
-        f"The corpus has {len(files)} files, too few for a non-empty {name} split: it is split "
-        f"by whole files, about {validation_fraction:.0%} for validation and "
-        f"{prompt_fraction:.0%} for prompts (--config.data.validation_fraction, "
-        "--config.data.prompt_fraction). Give more files: cut a large text into several (e.g. "
-        "split -l 2000 big.txt part_), or raise the fractions."
-      )
-  return Split(**{name: tuple(chosen) for name, chosen in parts.items()})
+  if all(parts.values()):
+    return Split(**{name: tuple(chosen) for name, chosen in parts.items()})
+  return split_parts(files, validation_fraction, prompt_fraction, seed)
+
+
+def _hash_unit(seed: int, name: str) -> float:
+  """A uniform number in [0, 1) from a seed and a name."""
+  digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+  return int.from_bytes(digest[:8], "little") / 2.0**64
+
+
+# A corpus split by parts: each part at least this many lines (a held-out prompt is a window
+# inside one part), and each file cut into about ``PARTS_PER_FILE`` parts when it is long enough.
+MIN_PART_LINES = 64
+PARTS_PER_FILE = 400
+_PART = re.compile(r"^(?P<path>.*)#lines=(?P<start>\d+)-(?P<end>\d+)$")
+
+
+def part_name(path: str, start: int, end: int) -> str:
+  """The name of lines [start, end) of ``path`` as a corpus unit (``read_text`` reads it)."""
+  return f"{path}#lines={start}-{end}"
+
+
+def split_parts(
+  files: Sequence[str], validation_fraction: float, prompt_fraction: float, seed: int = 0
+) -> Split:
+  """Each file cut into parts of whole lines (``MIN_PART_LINES`` or more, about
+  ``PARTS_PER_FILE`` per long file), ranked by a hash of (file name, part number): the first
+  ``validation_fraction`` of them (at least one) hold out the validation loss, the next
+  ``prompt_fraction`` (at least one) the prompts, the rest train. A held-out prompt never
+  comes from a part trained on, though its neighbours in the same file are."""
+  root = os.path.commonpath([os.path.abspath(f) for f in files]) if len(files) > 1 else ""
+  units = []
+  for path in files:
+    count = len(_file_lines(path))
+    size = max(MIN_PART_LINES, -(-count // PARTS_PER_FILE))
+    name = os.path.relpath(os.path.abspath(path), root) if root else os.path.basename(path)
+    for start in range(0, count, size):
+      end = min(start + size, count)
+      units.append((_hash_unit(seed, f"{name}#{start // size}"), part_name(path, start, end)))
+  validation = max(1, round(validation_fraction * len(units)))
+  prompts = max(1, round(prompt_fraction * len(units)))
+  if len(units) < validation + prompts + 1:
+    raise ValueError(
+      f"The corpus has {len(files)} files of {len(units)} parts of {MIN_PART_LINES} lines or "
+      "more, too few for non-empty training, validation and prompt splits (a corpus of few "
+      "files is split by parts of whole lines, about "
+      f"{validation_fraction:.0%} for validation and {prompt_fraction:.0%} for prompts: "
+      "--config.data.validation_fraction, --config.data.prompt_fraction). Give more text."
+    )
+  ranked = [unit for _, unit in sorted(units)]
+  return Split(
+    train=tuple(sorted(ranked[validation + prompts :], key=_part_order)),
+    validation=tuple(sorted(ranked[:validation], key=_part_order)),
+    prompts=tuple(sorted(ranked[validation : validation + prompts], key=_part_order)),
+    unit="parts",
+  )
+
+
+def _part_order(unit: str) -> tuple[str, int]:
+  part = _part(unit)
+  return (part[0], part[1]) if part else (unit, 0)
 
 
 def read_text(path: str) -> str:
-  """A corpus file's text: UTF-8 (a leading byte-order mark dropped). A binary file or one in
-  another encoding is refused by name: both were read with U+FFFD in place of what did not
-  decode, and trained on without a word (the review of 2026-11-30: a corpus of .pyc files
-  trained a tokenizer on their bytes; Latin-1 text lost every accented letter)."""
+  """A corpus file's text, or a part of one (``part_name``): UTF-8 (a leading byte-order mark
+  dropped). A binary file or one in another encoding is refused by name: both were read with
+  U+FFFD in place of what did not decode, and trained on without a word (the review of
+  2026-11-30: a corpus of .pyc files trained a tokenizer on their bytes; Latin-1 text lost
+  every accented letter)."""
+  part = _part(path)
+  if part:
+    return "".join(_file_lines(part[0])[part[1] : part[2]])
+  return _file_text(path)
+
+
+def _part(unit: str) -> tuple[str, int, int] | None:
+  """(path, start, end) of a part's name, None for a file."""
+  match = _PART.match(unit) if not os.path.exists(unit) else None
+  return (match["path"], int(match["start"]), int(match["end"])) if match else None
+
+
+def ends_a_file(unit: str) -> bool:
+  """Whether a corpus unit's text ends where its file's does (a file, or a file's last part):
+  the token stream puts an EOS there and nowhere else."""
+  part = _part(unit)
+  return part is None or part[2] >= len(_file_lines(part[0]))
+
+
+def _file_text(path: str) -> str:
+  stat = os.stat(path)
+  return _decoded(path, stat.st_mtime_ns, stat.st_size)
+
+
+def _file_lines(path: str) -> list[str]:
+  stat = os.stat(path)
+  return _lines(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _lines(path: str, mtime_ns: int, size: int) -> list[str]:
+  return _decoded(path, mtime_ns, size).splitlines(keepends=True)
+
+
+@functools.lru_cache(maxsize=1)  # The parts of one file are read one after another.
+def _decoded(path: str, mtime_ns: int, size: int) -> str:
+  """``path``'s text, read once for each (modification time, size) it has."""
   with open(path, "rb") as f:
     raw = f.read()
   if b"\x00" in raw:
@@ -155,10 +250,11 @@ def text_chunks(files: Sequence[str], max_chars: int, lines_per_chunk: int = 8) 
 
 
 def token_stream(tokenizer, files: Sequence[str], max_tokens: int) -> np.ndarray:
-  """Files encoded one after another, each ended by EOS, up to ``max_tokens`` ids."""
+  """Files (or parts) encoded one after another, each file ended by EOS, up to ``max_tokens``
+  ids."""
   pieces, total = [], 0
   for path in files:
-    ids = tokenizer.encode(read_text(path), add_eos=True)
+    ids = tokenizer.encode(read_text(path), add_eos=ends_a_file(path))
     pieces.append(np.asarray(ids, np.int32))
     total += len(ids)
     if total >= max_tokens:

@@ -143,7 +143,8 @@ def load_tokenizer(
     return tokenizer
   log(
     f"tokenizer: training {config.tokenizer.vocab_size} {config.tokenizer.model_type} pieces "
-    f"on up to {config.tokenizer.max_chars:,} characters of {len(split.train)} training files"
+    f"on up to {config.tokenizer.max_chars:,} characters of {len(split.train)} training "
+    f"{split.unit}"
   )
   chunks = data.text_chunks(data.shuffled(split.train, config.seed), config.tokenizer.max_chars)
   tokenizer = Tokenizer.train(
@@ -687,7 +688,7 @@ def prepare(
       log(
         f"data: {len(corpus.train_stream):,} training and {len(corpus.eval_stream):,} "
         f"validation tokens ({len(split.train)}/{len(split.validation)}/{len(split.prompts)} "
-        "train/validation/prompt files" + "".join(f"; {c}" for c in capped) + ")"
+        f"train/validation/prompt {split.unit}" + "".join(f"; {c}" for c in capped) + ")"
       )
     return corpus
 
