@@ -259,3 +259,28 @@ def test_the_sweeps_prediction_pays_the_slowest_rows_iterations():
   # A row that never accepts sets the pace of the batch: N iterations of a K = 4 loop.
   assert costs.predicted_batch_speedup([0.8, 0.0], 64) == pytest.approx(1e-2 / (4e-3 + 1.2e-2))
   assert costs.predicted_batch_speedup([0.8] * 8, 64) < costs.predicted_batch_speedup([0.8], 64)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:num_draft_tokens=2 > max_new_tokens=1")
+def test_the_automatic_k_is_autoregressive_when_the_probes_verify_no_draft(tiny_model):
+  """max_new_tokens=1: the one new token comes from the prefill, so no probe verifies a draft.
+  The choice printed 'alpha nan' (0 / 0) and took K=1 from the probes' timing noise; K <= N
+  itself raised a broadcast error in the prediction (2026-11-30's review; tested in
+  test_perf_model.py)."""
+  import types
+
+  import jax.numpy as jnp
+
+  from specsamp.experiments.benchmarks import harness
+  from specsamp.sampling.drafters import PromptLookupDrafter
+
+  pair = types.SimpleNamespace(
+    target=tiny_model, drafts={}, mesh=None, tokenizer=types.SimpleNamespace(pad_id=0)
+  )
+  bench = harness.Bench(pair, cache_slots=16, drafters={"lookup": PromptLookupDrafter()})
+  batch = (jnp.array([[5, 6, 7, 5, 6, 7, 5, 6]], jnp.int32), jnp.array([8], jnp.int32))
+  choice = bench.choose_draft_length("lookup", batch, 2, probe_calls=1, max_new_tokens=1)
+  assert choice["verified"] == 0 and choice["alpha"] == 0.0
+  assert choice["num_draft_tokens"] == 0
+  assert "the probes verified no draft" in harness.format_choice(choice)

@@ -181,6 +181,12 @@ def test_slowest_row_iterations_is_exact_at_the_edges_and_matches_simulation():
   assert math.isclose(speedup.slowest_row_iterations([0.0], 4, 64), 64)
   assert math.isclose(speedup.slowest_row_iterations([1.0, 1.0], 4, 64), 13)
   assert math.isclose(speedup.slowest_row_iterations([1.0, 0.0], 4, 64), 64)
+  # K + 1 >= N (the sample job allows K = N): one iteration can finish a row; it raised a
+  # broadcast error before 2026-11-30, in the automatic K and the sweep's prediction.
+  assert math.isclose(speedup.slowest_row_iterations([0.5], 2, 2), 1.5)
+  assert math.isclose(speedup.slowest_row_iterations([1.0], 8, 8), 1.0)
+  assert math.isclose(speedup.slowest_row_iterations([0.0], 8, 8), 8.0)
+  assert speedup.predicted_batch_speedup([0.9], 8, 8, 1.0, 0.1, 1.2) > 1.0
   # One row, long output: N / (tokens per iteration), plus the overshoot of the last one.
   one = speedup.slowest_row_iterations([0.8], 4, 640)
   assert abs(one - 640 / speedup.expected_tokens_per_call(0.8, 4)) < 1.5

@@ -122,7 +122,8 @@ def iterations_until_done(row_tokens: Sequence[np.ndarray], max_new_tokens: int)
       after[n_max] = tokens[n_max]
       for j, p in enumerate(probs):
         step = j + 1
-        after[step:n_max] += p * tokens[: n_max - step]
+        if step < n_max:  # A step of N or more finishes every row it is drawn for.
+          after[step:n_max] += p * tokens[: n_max - step]
         after[n_max] += p * tokens[max(n_max - step, 0) : n_max].sum()
       tokens = after
       done.append(tokens[n_max])

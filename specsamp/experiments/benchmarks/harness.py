@@ -196,10 +196,14 @@ class Bench:
     predicted = draft_length.predict_speedups(
       row_histograms, max_new_tokens, ar_s, cost, range(1, largest + 1)
     )
+    # No draft verified (max_new_tokens 1: the first token is the prefill's): nothing says a K
+    # pays, and the probes' timing difference is noise (it chose K=1 at "alpha nan").
+    verified = int(pooled("verified_at_position").sum())
     return {
-      "num_draft_tokens": draft_length.choose(predicted),
+      "num_draft_tokens": draft_length.choose(predicted) if verified else 0,
+      "verified": verified,
       # Pooled over both probes' positions (summarize pools one K's outputs only).
-      "alpha": float(pooled("accepted_at_position").sum() / pooled("verified_at_position").sum()),
+      "alpha": float(pooled("accepted_at_position").sum() / max(verified, 1)),
       "row_alphas": sampling_statistics.row_alphas(outputs),
       "probe_tokens": int(sum(np.asarray(o.num_generated).sum() for o in outputs)),
       "largest": largest,
@@ -217,9 +221,11 @@ def format_choice(choice: dict[str, Any]) -> str:
   chosen = choice["num_draft_tokens"]
   options = ", ".join(f"K={k} {v:.2f}x" for k, v in choice["predicted"].items())
   why = (
-    "autoregressive: no K is predicted to pay"
-    if chosen == 0
-    else f"predicted {choice['predicted'][chosen]:.2f}x"
+    f"predicted {choice['predicted'][chosen]:.2f}x"
+    if chosen
+    else "autoregressive: the probes verified no draft"
+    if choice.get("verified") == 0
+    else "autoregressive: no K is predicted to pay"
   )
   rows = choice["row_alphas"]
   probes = ", ".join(f"K={p['num_draft_tokens']} {p['measured']:.2f}x" for p in choice["probes"])
