@@ -130,6 +130,18 @@ def test_plots_are_written(tmp_path):
   assert plots.write_all({"records": {}}, str(tmp_path)) == []
 
 
+def test_a_sweep_of_one_k_draws_its_predicted_point(tmp_path, monkeypatch):
+  """One fixed K (the :test config, or '4,auto'): the predicted series is one point, which a
+  bare dashed line drew as nothing while the legend promised it (2026-11-30's review)."""
+  figures = []
+  monkeypatch.setattr(plots.plt, "close", figures.append)
+  plots.speedup_vs_k([_record("sample", "token", "token", 4)], 1, str(tmp_path / "one.png"))
+  (axis,) = figures[0].axes
+  predicted = [line for line in axis.get_lines() if line.get_linestyle() == "--"]
+  assert len(predicted) == 1 and predicted[0].get_marker() not in (None, "", "None")
+  assert list(predicted[0].get_ydata()) == [pytest.approx(1.4 * 1.1)]
+
+
 def test_the_docs_figures_draw(tmp_path):
   """The tree and feature-head figures of docs/how_it_works.md are written as PNGs."""
   paths = [

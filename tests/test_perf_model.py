@@ -209,3 +209,42 @@ def test_slowest_row_iterations_is_exact_at_the_edges_and_matches_simulation():
   single = speedup.predicted_batch_speedup([0.8], 4, 640, 1.0, 0.05, 1.3)
   assert math.isclose(single, speedup.predicted_speedup(0.8, 4, 1.0, 0.05, 1.3), rel_tol=0.01)
   assert speedup.predicted_batch_speedup([0.8], 0, 64, 1.0, 0.05, 1.3) == 1.0
+
+
+def test_the_cpu_report_gives_the_median_error_and_the_weights_alone():
+  """``perf_report.cpu_report``: the median absolute error of the fit (it took the upper middle
+  value of an even count), and ``weights_mb`` without the KV cache (it added the cache read)."""
+  import dataclasses
+  import statistics
+
+  from specsamp.experiments.benchmarks import perf_report
+
+  config = tiny_config()
+  hardware = perf_model.cpu_hardware(20e9, 50e9)
+  roofline = {}
+  for i, (batch, tokens) in enumerate([(1, 1), (1, 4), (4, 1), (4, 4)]):
+    call = perf_model.call_cost(config, hardware, perf_model.MeshShape(), batch, tokens, 64)
+    roofline[f"target/{batch}/{tokens}"] = dict(
+      model="target",
+      config=dataclasses.asdict(config),
+      batch_size=batch,
+      num_tokens=tokens,
+      cache_length=64,
+      measured_ms=(0.05 + 0.02 * i * i) * (1 + tokens * batch / 8),
+      memory_bandwidth=20e9,
+      matmul_flops=50e9,
+      bytes=call.weight_bytes + call.kv_bytes,
+      weight_bytes=call.weight_bytes,
+      floor_ms=call.memory_s * 1e3,
+      fraction_of_floor=0.5,
+      bound=call.bound,
+    )
+  machine = {"memory_bandwidth": 20e9, "matmul_flops": 50e9}
+  results = {"machine": machine, "roofline": roofline, "records": {}}
+  report = perf_report.cpu_report(results)
+  errors = perf_model.calibrate(perf_report._observations(results, hardware)).relative_errors
+  assert len(errors) == 4
+  assert report["fit"]["median_abs_error"] == pytest.approx(statistics.median(map(abs, errors)))
+  (floor,) = report["floor"]
+  assert floor["weights_mb"] == pytest.approx(roofline["target/1/1"]["weight_bytes"] / 1e6)
+  assert roofline["target/1/1"]["bytes"] > roofline["target/1/1"]["weight_bytes"]

@@ -280,6 +280,7 @@ def roofline(
           )
           record.update(
             bytes=call.weight_bytes + call.kv_bytes,
+            weight_bytes=call.weight_bytes,
             flops=call.flops,
             floor_ms=call.memory_s * 1e3,
             compute_ms=call.compute_s * 1e3,

@@ -62,7 +62,8 @@ def cpu_report(results: dict) -> dict:
       "floor_ms": e["floor_ms"],
       "fraction_of_floor": e["fraction_of_floor"],
       "bound": e["bound"],
-      "weights_mb": e["bytes"] / 1e6,
+      # The weights alone ("bytes" adds the KV cache read); records from before lack them.
+      "weights_mb": e.get("weight_bytes", e["bytes"]) / 1e6,
     }
     for e in results["roofline"].values()
     if e["batch_size"] == 1 and e["num_tokens"] == 1
@@ -123,9 +124,7 @@ def cpu_report(results: dict) -> dict:
       "eta": fit.efficiency.eta,
       "tau_ms": fit.efficiency.tau_s * 1e3,
       "table": fit.table(),
-      "median_abs_error": sorted(abs(e) for e in fit.relative_errors)[
-        len(fit.relative_errors) // 2
-      ],
+      "median_abs_error": statistics.median(abs(e) for e in fit.relative_errors),
     },
     "floor": floor,
     "recommendations": recommendations,

@@ -44,14 +44,16 @@ def speedup_vs_k(records: list[dict], batch_size: int, path: str) -> str:
       axis.plot(
         ks, [r["speedup"] for r in group], "o-", color=color, label=_label(drafter, verifier)
       )
-      axis.plot(ks, [r["predicted_speedup"] for r in group], "--", color=color, alpha=0.7)
+      axis.plot(  # A marker: one K alone is one point, which a bare dashed line does not draw.
+        ks, [r["predicted_speedup"] for r in group], "x--", color=color, alpha=0.7
+      )
     axis.axhline(1.0, color="gray", lw=0.8)
     axis.set(
       title=f"{mode}, batch {batch_size}",
       xlabel="K (draft tokens per target call)",
       ylabel="speedup over autoregressive",
     )
-    axis.legend(fontsize=8, title="solid: measured, dashed: predicted", title_fontsize=7)
+    axis.legend(fontsize=8, title="solid, o: measured; dashed, x: predicted", title_fontsize=7)
   figure.tight_layout()
   figure.savefig(path, dpi=110)
   plt.close(figure)
