@@ -72,6 +72,27 @@ def test_store_resumes_and_refuses_another_setup(tmp_path):
   assert json.load(open(tmp_path / "results.json"))["records"]  # Nothing was lost.
 
 
+def test_a_resumed_sweep_refuses_records_of_other_settings():
+  """A setting that changes a record's numbers but not its key is in the fingerprint where a
+  config sets it (a resumed sweep at another synthetic acceptance or chain verifier reported
+  the stored records as its own, timing nothing); at the defaults the fingerprint is the one
+  results stored before carry."""
+  from specsamp.experiments.benchmarks import benchmark_drafters
+
+  for module, name in ((benchmark, "benchmark"), (benchmark_drafters, "benchmark_drafters")):
+    config = load_config(name)
+    defaults = module.FINGERPRINT_UNLESS_DEFAULT
+    assert all(config.get(field, value) == value for field, value in defaults.items())
+    plain = benchmark.fingerprint(config)
+    assert benchmark.fingerprint(config, unless_default=defaults) == plain
+    for field, value in defaults.items():
+      changed = load_config(name)
+      other = "block" if value == "token" else not value if isinstance(value, bool) else value + 1
+      with changed.unlocked():
+        changed[field] = other
+      assert benchmark.fingerprint(changed, unless_default=defaults) != plain, field
+
+
 class _FakeOutput:
   def __init__(self, generated):
     self.num_generated = np.array(generated)

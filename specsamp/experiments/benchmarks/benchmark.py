@@ -214,15 +214,31 @@ class Store:
     return path
 
 
-def fingerprint(config: ml_collections.ConfigDict, extra_fields: tuple[str, ...] = ()) -> str:
+# Settings that change a record's numbers but not its key (``fingerprint``).
+FINGERPRINT_UNLESS_DEFAULT = {"synthetic_acceptance": 0.8, "chat_template": False}
+
+
+def fingerprint(
+  config: ml_collections.ConfigDict,
+  extra_fields: tuple[str, ...] = (),
+  unless_default: dict[str, Any] | None = None,
+) -> str:
   """What makes records comparable: the pair, the prompts and the generation length (and
-  ``extra_fields`` of the config)."""
+  ``extra_fields`` of the config); each field of ``unless_default`` too where the config sets
+  it to another value than that (a resumed sweep reused the records of another synthetic
+  acceptance, chain verifier or prompt set as its own; results stored before keep their
+  fingerprints)."""
   identity = {
     "pair": config.pair.to_dict(),
     "num_prompts": config.num_prompts,
     "prompt_tokens": config.prompt_tokens,
     "max_new_tokens": config.max_new_tokens,
     **{name: config[name] for name in extra_fields},
+    **{
+      name: config.get(name, default)
+      for name, default in (unless_default or {}).items()
+      if config.get(name, default) != default
+    },
   }
   if config.prompt_source != "held_out":  # Held-out records keep their earlier fingerprints.
     identity["prompt_source"] = config.prompt_source
@@ -313,7 +329,11 @@ def run(
 ) -> dict:
   """Runs the sweep (resuming), writes results.json and results.csv; returns the results."""
   check_config(config)
-  store = Store(config.output_dir, fingerprint(config), config.resume)
+  store = Store(
+    config.output_dir,
+    fingerprint(config, unless_default=FINGERPRINT_UNLESS_DEFAULT),
+    config.resume,
+  )
   log("measuring this machine (memory bandwidth, matmul FLOP/s)")
   machine = measure_machine()
   # Each run measures the machine again (a shared CPU varies); all measurements are kept.

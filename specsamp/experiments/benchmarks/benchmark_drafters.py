@@ -81,6 +81,17 @@ from specsamp.sampling import tree as tree_lib
 TASKS = ("continue", "grounded")
 
 
+# Settings that change a record's numbers but not its key: in the results' fingerprint where a
+# config sets them to another value (``benchmark.fingerprint``).
+FINGERPRINT_UNLESS_DEFAULT = {
+  "chain_verifier": "token",
+  "lookup_max_ngram": 3,
+  "confidence_threshold": 0.4,
+  "max_prompts": 0,
+  "chat_template": False,
+}
+
+
 def grounded_prompts(prompts: prompts_lib.Prompts, repeat_tokens: int) -> prompts_lib.Prompts:
   """Each prompt W of length L as W[:L - r] + W[:r] (r = ``repeat_tokens``): the code, then
   its beginning again, to be continued by copying. Lengths are kept."""
@@ -221,7 +232,14 @@ def run(
 ) -> dict[str, Any]:
   """Runs the comparison (resuming), writes results.json and summary.md; returns the results."""
   check_config(config)
-  store = Store(config.output_dir, fingerprint(config, ("repeat_tokens",)), config.resume)
+  varying = {  # What changes the records' numbers, where a config sets it.
+    "chain_verifier": "token",
+    "lookup_max_ngram": 3,
+    "confidence_threshold": 0.4,
+    "max_prompts": 0,
+    "chat_template": False,
+  }
+  store = Store(config.output_dir, fingerprint(config, ("repeat_tokens",), varying), config.resume)
   names = parse_list(config.drafters)
   feature = any(name.startswith("feature") for name in names)
   pair_cfg = pair_config(config)
@@ -332,6 +350,8 @@ def run(
           ar, timed = pair_timed["autoregressive"], pair_timed["speculative"]
           warm_autoregressive = ("autoregressive",)
           stats = speculative.summarize(timed.outputs)
+          if proposal == CHAIN:  # Not in the record's key: the fingerprint holds it.
+            record["chain_verifier"] = config.get("chain_verifier", "token")
           record.update(
             ms_per_token=timed.ms_per_token,
             tokens_per_s=timed.tokens_per_s,
