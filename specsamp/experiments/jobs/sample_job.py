@@ -23,6 +23,7 @@ from specsamp.experiments.jobs import drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.sampling import calibration, proposals, speculative, tree_step, warping
+from specsamp.sampling import statistics as sampling_statistics
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.tree import TreeShape
 from specsamp.training import tokenizer as tokenizer_lib
@@ -51,18 +52,26 @@ class SampleReport:
 
   @property
   def expected_tokens_per_call(self) -> float:
-    """E[tokens/call] at the run's alpha (a chain), or the measured tokens per call (a tree:
-    no closed form)."""
+    """A chain's expected tokens per loop iteration as the call's time pays them: max_new_tokens
+    over the slowest row's expected iterations, each row at its own alpha (i.i.d. acceptance;
+    ``speedup.slowest_row_iterations``, the sweep's and the automatic K's prediction); at batch
+    1 the paper's (1 - alpha^(K+1)) / (1 - alpha) with the last iteration cut at
+    max_new_tokens. A tree: the measured tokens per call (no closed form)."""
     if self.settings.get("tree"):
       return self.stats["tokens_per_target_call"]
-    return speedup.expected_tokens_per_call(self.stats["alpha"], self.stats["num_draft_tokens"])
+    rows = self.stats.get("row_alphas") or [self.stats["alpha"]]
+    new_tokens = self.settings["max_new_tokens"]
+    iterations = speedup.slowest_row_iterations(rows, self.stats["num_draft_tokens"], new_tokens)
+    return new_tokens / iterations
 
   @property
   def predicted_speedup(self) -> float:
-    """E[tokens/call] x a target step over an iteration's cost: the drafting calls the loop
-    made per iteration (measured: K for a chain drafted token by token, fewer where
-    max_new_tokens cut the last drafts, 1 for a parallel drafter) at the cost of one such
-    call, plus the scoring call."""
+    """``expected_tokens_per_call`` x a target step over an iteration's cost: the drafting
+    calls the loop made per iteration (measured: K for a chain drafted token by token, fewer
+    where max_new_tokens cut the last drafts, 1 for a parallel drafter) at the cost of one
+    such call, plus the scoring call. (Before 2026-11-30 the paper's E[tokens/call] at the
+    pooled alpha, uncut and one row: at batch 8 it promised tokens the slowest row never
+    let a call collect, beside a sweep that predicted the same run otherwise.)"""
     if self.draft_call is None:
       draft_s = self.stats["num_draft_tokens"] * self.costs.draft_step_s
     else:
@@ -452,6 +461,7 @@ def run(
   stats = speculative.summarize(sps.outputs)
   draft_call = None
   if num_draft_tokens:
+    stats["row_alphas"] = sampling_statistics.row_alphas(sps.outputs)
     width = draft.call_tokens(num_draft_tokens if tree is None else tree.max_depth)
     calls = len(sps.outputs)  # One prefill each, of both models.
     loop_iterations = max(stats["target_calls"] - calls, 1)
@@ -582,7 +592,8 @@ def format_report(report: SampleReport, num_samples: int = 2) -> str:
   expected = (
     f"tokens/call {report.expected_tokens_per_call:.2f} (measured: a tree has no closed form)"
     if tree
-    else f"E[tokens/call] {report.expected_tokens_per_call:.2f}"
+    else f"tokens/iteration {report.expected_tokens_per_call:.2f} (max_new_tokens over the "
+    "slowest row's expected iterations)"
   )
   call = report.draft_call
   drafting = (
