@@ -540,11 +540,24 @@ def test_lookups_offline_runs_are_what_the_drafter_copies(min_ngram):
       counted += 1
   assert counted > 20 and matched.any() and (accepted > 0).any()
   head = np.arange(L)[None].repeat(3, 0)  # A head's accepted_unrolled: its p drafts after p+1.
-  both = answers.lookup_first(accepted, matched, head)
+  both = answers.lookup_first(accepted, matched, answers.chain_layout(head))
   window = accepted >= 0
   expected = np.where(matched, accepted, np.arange(-1, L - 2)[None])
   np.testing.assert_array_equal(both[window], expected[window])
   assert (both[~window] == -1).all()
+
+
+def test_the_loops_tau_walks_each_sequence_from_its_prompt_and_skips_a_cut_one():
+  """``answers.loop_tau``: a row's first sequence, whose prompt lies before the row, is left
+  out; the next starts after its last prompt token and moves on by 1 + accepted."""
+  weights = np.array([[1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 1]], np.float32)
+  accepted = np.array([[2, 2, 2, -1, 1, 0, 3, 0, 0, 0, -1]])  # t drafts after x_<=t.
+  tau, acc, histogram = answers.loop_tau([accepted], [weights], 3)
+  assert histogram.tolist() == [0, 1, 0, 1] and tau == 3.0  # t = 4 (1), t = 6 (3), t = 10.
+  np.testing.assert_allclose(acc, [1.0, 0.5, 1.0])
+  assert answers.tau(accepted, 3)[0] == pytest.approx(1 + 10 / 9)  # The position mean.
+  with pytest.raises(ValueError, match="No held-out sequence starts"):
+    answers.loop_tau([accepted[:, :3]], [weights[:, :4]], 3)
 
 
 def test_tau_from_one_teacher_forced_pass_is_what_a_greedy_chain_accepts(target):
@@ -582,6 +595,20 @@ def test_tau_from_one_teacher_forced_pass_is_what_a_greedy_chain_accepts(target)
   counts = accepted[accepted >= 0]
   assert tau == 1 + counts.mean() and acc.shape == (K,)
   np.testing.assert_allclose(1 + sum(np.prod(acc[: k + 1]) for k in range(K)), tau)
+  # The loop's own figure: walked from the prompt's end over the same counts, it is what the
+  # greedy speculative loop does on this text (its iterations that drafted all K tokens).
+  weights = (np.arange(18) >= 4).astype(np.float32)[None]
+  loop, loop_acc, histogram = answers.loop_tau([accepted], [weights], K)
+  from specsamp.sampling.speculative import speculative_generate
+
+  out = speculative_generate(
+    target, draft, prompt, np.asarray([4]), jax.random.key(0), max_new_tokens=14,
+    num_draft_tokens=K, temperature=0.0,
+  )  # fmt: skip
+  assert np.asarray(out.tokens[0, :18]).tolist() == sequence.tolist()
+  np.testing.assert_array_equal(histogram, np.asarray(out.uncapped_histogram)[0])
+  assert loop == 1 + (histogram * np.arange(K + 1)).sum() / histogram.sum()
+  assert loop_acc.shape == (K,)
 
 
 def test_a_shipped_draft_loads_in_bfloat16_and_a_corrupted_copy_is_refused(tmp_path):

@@ -22,8 +22,9 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from specsamp.experiments.jobs import answer_training
+from specsamp.experiments.jobs import answer_training, drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
+from specsamp.sampling import lookup_feature_drafter
 from specsamp.training import answers, feature_train, regenerate, shipped
 
 
@@ -33,7 +34,10 @@ def compare(
   head: str | None = None,
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-  """{'K', 'rows', 'head', 'per_sequence': {'tau', 'acc'}, 'whole_rows': {...}}."""
+  """{'K', 'rows', 'head', 'per_sequence': {'tau', 'acc', 'loop'}, 'whole_rows': {...},
+  'lookup': {'tau', 'loop'}, 'feature+lookup': {...}}: ``tau`` the mean over answer positions,
+  ``loop`` the greedy loop's tokens per call walked over the same counts (``answers.loop_tau``;
+  the whole-rows reading's as if each row's sequences were read alone)."""
   section = config.answers
   train_dir = os.path.join(workdir, section.train_dir)
   held_dir = os.path.join(workdir, section.held_out_dir)
@@ -71,8 +75,27 @@ def compare(
     "row_tokens": train_cfg.seq_len + 1,
     "held_out_left_out": removed,
   }
+  weights = [np.asarray(batch[1]) for batch in evaluation]
   for name, accepted in counts.items():
     tau, acc = answers.tau(accepted, K)
-    result[name] = {"tau": float(tau), "acc": [float(a) for a in acc]}
-    log(f"{name}: tau(K={K}) {tau:.4f}, acc_1..{K} " + " ".join(f"{a:.3f}" for a in acc))
+    chains = [answers.chain_layout(a) for a in accepted]
+    loop = answers.loop_tau(chains, weights, K)[0]
+    result[name] = {"tau": float(tau), "acc": [float(a) for a in acc], "loop": float(loop)}
+    log(
+      f"{name}: tau(K={K}) {tau:.4f}, acc_1..{K} " + " ".join(f"{a:.3f}" for a in acc)
+      + f"; in the greedy loop {loop:.4f}"
+    )  # fmt: skip
+  # Prompt lookup alone and 'feature+lookup' with this head (read per sequence), as
+  # train_drafter reports them: the position mean and the loop's figure.
+  ngrams = (drafter_specs.LOOKUP_NGRAM, lookup_feature_drafter.MIN_NGRAM)
+  lookups = [answers.lookup_accepted(*batch[:2], K, *ngrams) for batch in evaluation]
+  both = [
+    answers.lookup_first(run, matched, answers.chain_layout(head))
+    for (run, matched), head in zip(lookups, counts["per_sequence"])
+  ]
+  for name, accepted in (("lookup", [run for run, _ in lookups]), ("feature+lookup", both)):
+    tau = answers.tau(accepted, K)[0]
+    loop = answers.loop_tau(accepted, weights, K)[0]
+    result[name] = {"tau": float(tau), "loop": float(loop)}
+    log(f"{name}: tau(K={K}) {tau:.4f}; in the greedy loop {loop:.4f}")
   return result

@@ -51,24 +51,41 @@ BEST_JSON = "best.json"
 Accepted = Callable[[Any, tuple[np.ndarray, ...]], np.ndarray]
 
 
+@dataclasses.dataclass(frozen=True)
+class Tau:
+  """One evaluation's acceptance on the held-out answers: ``tau`` and ``acc`` the position
+  mean (``answers.tau``, what the best is chosen by), ``loop`` the tokens per target call of
+  the greedy loop walked over the same counts (``answers.loop_tau``: what decoding gets);
+  ``with_lookup`` / ``loop_with_lookup``: the same of 'feature+lookup' with this head (None
+  without lookup's counts)."""
+
+  tau: float
+  acc: np.ndarray
+  loop: float
+  with_lookup: float | None = None
+  loop_with_lookup: float | None = None
+
+
 def measure_tau(
   accepted: Accepted,
   params: Any,
   held_out: Sequence[tuple[np.ndarray, ...]],
   K: int,
   lookups: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
-) -> tuple[float, np.ndarray, float | None]:
-  """tau and acc [K] of the drafter ``params`` on held-out greedy answer batches ((tokens,
-  weights), or with the target's stored outputs too), from ``accepted(params, batch)``: each
-  position's accepted count (``_drafter_setup``); and, given prompt lookup's counts on the
-  same batches (``answers.lookup_accepted``), the tau of drafter 'feature+lookup' with this
-  head (``answers.lookup_first``; None without them)."""
+) -> Tau:
+  """tau of the drafter ``params`` on held-out greedy answer batches ((tokens, weights), or
+  with the target's stored outputs too), from ``accepted(params, batch)``: each position's
+  accepted count in ``answers.accepted_run``'s layout (``_drafter_setup``); and, given prompt
+  lookup's counts on the same batches (``answers.lookup_accepted``), that of drafter
+  'feature+lookup' with this head (``answers.lookup_first``)."""
   runs = [accepted(params, batch) for batch in held_out]
+  weights = [np.asarray(batch[1]) for batch in held_out]
   tau, acc = answers.tau(runs, K)
+  loop = answers.loop_tau(runs, weights, K)[0]
   if lookups is None:
-    return tau, acc, None
+    return Tau(tau, acc, loop)
   both = [answers.lookup_first(*lookup, run) for lookup, run in zip(lookups, runs)]
-  return tau, acc, answers.tau(both, K)[0]
+  return Tau(tau, acc, loop, answers.tau(both, K)[0], answers.loop_tau(both, weights, K)[0])
 
 
 _REGENERATE = {
@@ -291,9 +308,10 @@ def _drafter_setup(
     head_cfg, target, train_cfg, prepared.mesh, mapping, seed=config.seed + 3
   )
 
-  def accepted_unrolled(params, batch):  # Runs over the K unrolled steps.
+  def accepted_unrolled(params, batch):  # Runs over the K unrolled steps, as a chain's.
     weights = train.split_batch(batch)[1]
-    return answers.accepted_unrolled(trainer.greedy_correct(params, batch, K), weights, K)
+    steps = trainer.greedy_correct(params, batch, K)
+    return answers.chain_layout(answers.accepted_unrolled(steps, weights, K))
 
   return f"{KINDS[drafter]} (answers)", trainer, meta, accepted_unrolled
 
@@ -432,21 +450,26 @@ def train_on_answers(
       files.write_json(os.path.join(directory, BEST, BEST_JSON), best)
 
   def on_eval(step: int, params: Any) -> str:
-    tau, acc, with_lookup = measure_tau(accepted, params, evaluation, K, lookups)
+    measured_tau = measure_tau(accepted, params, evaluation, K, lookups)
+    tau, acc, with_lookup = measured_tau.tau, measured_tau.acc, measured_tau.with_lookup
     seconds = elapsed()
     tokens_seen = step * train_cfg.batch_size * train_cfg.seq_len
     point = {"step": step, "tokens_seen": tokens_seen, "tau": tau, "seconds": seconds}
+    point["tau_loop"] = measured_tau.loop
     if with_lookup is not None:
       point["tau_with_lookup"] = with_lookup
+      point["tau_loop_with_lookup"] = measured_tau.loop_with_lookup
     curve.append(point)
     best.update(curve=curve, seconds_total=seconds)
     line = f"tau(K={K}) {tau:.3f}  acc " + " ".join(f"{a:.2f}" for a in acc)
+    line += f"  in the loop {measured_tau.loop:.3f}"
     if with_lookup is not None:
-      line += f"  feature+lookup {with_lookup:.3f}"
+      line += f"  feature+lookup {with_lookup:.3f} (loop {measured_tau.loop_with_lookup:.3f})"
     if tau > best["tau"]:
       best.update(
         step=step,
         tau=tau,
+        tau_loop=measured_tau.loop,
         acc=[float(a) for a in acc],
         tokens_seen=tokens_seen,
         seconds=seconds,
@@ -454,6 +477,7 @@ def train_on_answers(
       )
       if with_lookup is not None:
         best["tau_with_lookup"] = with_lookup
+        best["tau_loop_with_lookup"] = measured_tau.loop_with_lookup
       # A resumed run may evaluate a step kept before it stopped (stopped between keeping it
       # and writing best.json): the same parameters (resumes are exact), kept already.
       if step not in best_store.all_steps():
@@ -575,8 +599,19 @@ def card(
   if "tau_with_lookup" in best:
     with_lookup = (
       f" With prompt lookup where the context repeats (drafter 'feature+lookup'): "
-      f"**{best['tau_with_lookup']:.3f}**."
+      f"**{best['tau_with_lookup']:.3f}**"
+      + (
+        f" ({best['tau_loop_with_lookup']:.3f} in the loop)."
+        if "tau_loop_with_lookup" in best
+        else "."
+      )
     )
+  in_the_loop = (  # Cards of a best.json from before 2026-11-30 lack it.
+    f" The greedy loop over the same answers (drafting only after the positions where its "
+    f"previous iteration stopped): **{best['tau_loop']:.3f}** tokens per target call."
+    if "tau_loop" in best
+    else ""
+  )
   curve = "\n".join(
     f"| {point['step']} | {point['tokens_seen']:,} | {point['tau']:.3f} |"
     for point in best.get("curve", [])
@@ -600,7 +635,8 @@ def card(
   it, {best.get("seconds_total", 0) / 60:.1f} min in all.
 - **Hardware**: {hardware}.
 - **tau(K={section.tau_draft_tokens})** on {held_sample}:
-  **{best["tau"]:.3f}** tokens per target call; acc_1..K {acc}.{with_lookup}
+  **{best["tau"]:.3f}** tokens per target call averaged over answer positions; acc_1..K
+  {acc}.{in_the_loop}{with_lookup}
 - **Stored**: bfloat16 parameters, an orbax checkpoint; SHA256SUMS covers every file and is
   checked before loading.{caveat}
 
