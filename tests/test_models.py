@@ -114,6 +114,8 @@ def test_dtypes_follow_config():
     (dict(tensor_parallel="magic"), "tensor_parallel"),
     (dict(num_layers=0), "num_layers"),
     (dict(dtype="int8"), "dtype"),
+    (dict(rope_theta=0.0), "rope_theta must be a finite number > 0"),  # NaN logits before.
+    (dict(rope_theta=-1e4), "rope_theta must be a finite number > 0"),
   ],
 )
 def test_bad_configs_are_refused(changes, message):
@@ -286,3 +288,15 @@ def test_a_call_returns_one_output_type_with_or_without_features(tiny_model):
   pair = output.of((plain.logits, plain.cache))
   assert isinstance(pair, output.ModelOutput) and pair.features is None
   assert output.of(captured) is captured
+
+
+def test_a_call_past_the_caches_last_slot_is_refused_where_it_can_be_told(tiny_model):
+  """6 tokens into 4 slots, or a decode at position 4 of a 4-slot cache: the writes past the
+  end were dropped and the logits wrong (errors of 1.6-2.5 against a reference) with no error
+  (2026-11-30's review). Refused from the shapes, and from positions known outside a trace."""
+  cache = tiny_model.init_cache(1, 4)
+  with pytest.raises(ValueError, match="writes 6 tokens up to position 5 into a KV cache of 4 slots"):
+    tiny_model(jnp.ones((1, 6), jnp.int32), None, cache)
+  _, cache = tiny_model(jnp.ones((1, 4), jnp.int32), None, cache)  # Exactly full: fine.
+  with pytest.raises(ValueError, match="up to position 4 into a KV cache of 4 slots"):
+    tiny_model(jnp.ones((1, 1), jnp.int32), None, cache)

@@ -60,9 +60,12 @@ def test_sparse_and_dense_paths_equal_a_float64_reference(normalize):
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6, err_msg=compute)
 
 
-def test_the_sparse_path_reads_only_the_experts_the_tokens_selected():
-  """Experts no token of the call selected are poisoned with NaN: the sparse loop never reads
-  them (its output stays finite and exact) while the dense path does (NaN)."""
+def test_an_expert_a_token_did_not_choose_never_reaches_its_output():
+  """Experts no token of the call selected are poisoned with NaN: both paths' outputs stay
+  exact (that the sparse loop does not even read them is test_hlo_bytes.py's, on a TPU's
+  program). And one token's output does not depend on the experts only its batch mates chose:
+  an expert that overflows (inf, as float16 can) on a token that did not choose it was weighed
+  by 0, and 0 x inf made that token's output NaN (2026-11-30's review)."""
   config = moe_config()
   mlp = transformer.create(config, seed=3).blocks.mlp
   weights = {name: param[...][0] for name, param in mlp.weights().items()}
@@ -78,7 +81,23 @@ def test_the_sparse_path_reads_only_the_experts_the_tokens_selected():
   clean = moe.moe_forward(x_BTD, weights, config, act, "sparse")
   sparse = moe.moe_forward(x_BTD, poisoned, config, act, "sparse")
   np.testing.assert_array_equal(sparse, clean)
-  assert np.isnan(np.asarray(moe.moe_forward(x_BTD, poisoned, config, act, "dense"))).all()
+  dense = moe.moe_forward(x_BTD, poisoned, config, act, "dense")
+  np.testing.assert_allclose(dense, moe.moe_forward(x_BTD, weights, config, act, "dense"))
+  # Two tokens: an expert only the second chose overflows everywhere.
+  x_ND = jax.random.normal(jax.random.key(2), (40, config.d_model))
+  _, selected_NE = moe.route(x_ND, weights["router_DE"], config)
+  selected = np.asarray(selected_NE)
+  pairs = [(i, e) for i in range(1, 40) for e in range(config.num_experts)]
+  other, expert = next((i, e) for i, e in pairs if selected[i, e] and not selected[0, e])
+  overflowing = dict(weights)
+  overflowing["down_EFD"] = weights["down_EFD"].at[expert].set(jnp.inf)
+  both = x_ND[jnp.array([0, other])][None]
+  for compute in ("sparse", "dense"):
+    alone = moe.moe_forward(x_ND[:1][None], overflowing, config, act, compute)[0, 0]
+    together = moe.moe_forward(both, overflowing, config, act, compute)[0]
+    assert np.isfinite(np.asarray(alone)).all(), compute
+    np.testing.assert_allclose(together[0], alone, rtol=1e-5, atol=1e-6, err_msg=compute)
+    assert not np.isfinite(np.asarray(together[1])).all()  # The token that chose it.
 
 
 PROMPTS = np.array([[5, 9, 14, 5, 9, 7, 40], [8, 8, 31, 0, 0, 0, 0]])

@@ -16,6 +16,7 @@ One dataclass covers the three families specsamp has to load:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 
@@ -217,6 +218,15 @@ class TransformerConfig(ConfigFields):
         )
     if self.moe_compute not in MOE_COMPUTE:
       raise ValueError(f"moe_compute must be one of {MOE_COMPUTE}, got {self.moe_compute!r}.")
+    try:  # A NumPy scalar (a GGUF file's float32) is a number too.
+      rope_theta = float(self.rope_theta)
+    except (TypeError, ValueError):
+      rope_theta = math.nan
+    if not (math.isfinite(rope_theta) and rope_theta > 0):
+      raise ValueError(
+        f"rope_theta must be a finite number > 0 (the RoPE base), got {self.rope_theta!r}; "
+        "0 or less made every logit NaN."
+      )
     if self.rope_local_theta is not None and (
       self.rope_local_theta <= 0 or self.sliding_window is None
     ):

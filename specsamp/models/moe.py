@@ -85,6 +85,9 @@ def experts_forward(
     gate_NEF = jnp.einsum("ND,EDF->NEF", x_ND, experts["gate_EDF"].astype(dtype))
     up_NEF = jnp.einsum("ND,EDF->NEF", x_ND, experts["up_EDF"].astype(dtype))
     out_NED = jnp.einsum("NEF,EFD->NED", act(gate_NEF) * up_NEF, experts["down_EFD"].astype(dtype))
+    # Selected by a select, not by a weight of 0: an expert a token did not choose may
+    # overflow on it (float16), and 0 x inf would make that token's output NaN.
+    out_NED = jnp.where(selected_NE[:, :, None], out_NED, 0)
     return jnp.einsum("NED,NE->ND", out_NED, weights_NE)
   if compute != "sparse":
     raise ValueError(f"moe_compute must be one of {MOE_COMPUTE}, got {compute!r}.")
@@ -104,7 +107,12 @@ def experts_forward(
       return jax.lax.dynamic_slice(stacked, start, (1, 1, *stacked.shape[2:]))[0, 0]
 
     y_ND = _expert(x_ND, take("gate_EDF"), take("up_EDF"), take("down_EFD"), act)
-    return jax.lax.dynamic_slice_in_dim(weights_NE, expert, 1, axis=1) * y_ND
+    # Every token runs through every expert any token of the call chose: one that did not
+    # choose it adds nothing by a select (0 x an overflowed inf would be NaN, so a token's
+    # output would depend on its batch mates').
+    chose_N1 = jax.lax.dynamic_slice_in_dim(selected_NE, expert, 1, axis=1)
+    weight_N1 = jax.lax.dynamic_slice_in_dim(weights_NE, expert, 1, axis=1)
+    return jnp.where(chose_N1, weight_N1 * y_ND, 0)
 
   def body(carry):
     index, out_ND = carry

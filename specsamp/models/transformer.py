@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specsamp import sharding
@@ -286,6 +287,7 @@ class Transformer(nnx.Module):
     if positions_BT.shape != tokens_BT.shape:
       raise ValueError(f"positions {positions_BT.shape} must match tokens {tokens_BT.shape}.")
     positions_BT = positions_BT.astype(jnp.int32)
+    _check_cache_room(cache, positions_BT, tree)
 
     if cache.num_layers != num_layers:
       raise ValueError(f"The cache holds {cache.num_layers} layers; this call runs {num_layers}.")
@@ -344,6 +346,29 @@ def check_capture_layers(capture_layers: tuple[int, ...], num_layers: int) -> No
       f"capture_layers must lie in [0, {num_layers}] (the hidden states entering those "
       f"layers of a {num_layers}-layer model; {num_layers}: the last layer's output, before "
       f"the final norm), got {capture_layers}."
+    )
+
+
+def _check_cache_room(cache: KVCache, positions_BT: jax.Array, tree: TreeCall | None) -> None:
+  """Refuses a call that writes past the cache's last slot where it can be told before running:
+  from the shapes, or from positions known outside a trace. Such a write was dropped and the
+  query still read the slots before it, so its logits were wrong with no error (2026-11-30's
+  review). Traced positions past the end are the caller's to prevent, as the samplers do (their
+  cache length is checked, ``speculative.check_buffers_fit``)."""
+  slots = positions_BT.shape[1] if tree is None else tree.num_slots
+  furthest = None
+  if (
+    tree is None
+    and not isinstance(positions_BT, jax.core.Tracer)
+    and getattr(positions_BT, "is_fully_addressable", True)  # Not another host's rows.
+  ):
+    furthest = int(np.max(np.asarray(positions_BT))) + 1
+  if slots > cache.max_length or (furthest is not None and furthest > cache.max_length):
+    raise ValueError(
+      f"The call writes {slots} tokens"
+      + (f" up to position {furthest - 1}" if furthest is not None else "")
+      + f" into a KV cache of {cache.max_length} slots: its writes past the last slot would be "
+      "dropped and its logits wrong. Allocate a longer cache (init_cache)."
     )
 
 
