@@ -295,7 +295,7 @@ def test_a_call_past_the_caches_last_slot_is_refused_where_it_can_be_told(tiny_m
   end were dropped and the logits wrong (errors of 1.6-2.5 against a reference) with no error
   (2026-11-30's review). Refused from the shapes, and from positions known outside a trace."""
   cache = tiny_model.init_cache(1, 4)
-  with pytest.raises(ValueError, match="writes 6 tokens up to position 5 into a KV cache of 4 slots"):
+  with pytest.raises(ValueError, match="writes 6 tokens up to position 5 into a KV cache of 4"):
     tiny_model(jnp.ones((1, 6), jnp.int32), None, cache)
   _, cache = tiny_model(jnp.ones((1, 4), jnp.int32), None, cache)  # Exactly full: fine.
   with pytest.raises(ValueError, match="up to position 4 into a KV cache of 4 slots"):

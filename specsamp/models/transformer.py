@@ -383,8 +383,9 @@ def _check_tree_call(config: TransformerConfig, tree: TreeCall, length: int) -> 
   if windows and min(windows) < tree_slots and not tree.packed:
     raise ValueError(
       f"A tree of {tree_slots} slots needs sliding windows of at least {tree_slots} slots "
-      f"(the smallest is {min(windows)}): a window is checked on slots, which a tree's "
-      "nodes outrun."
+      f"(the smallest is {min(windows)}): a node's window is applied to its position (root "
+      "+ depth), and this check, which keeps every ancestor of a node inside it, is made on "
+      "the tree's slots (safe, not the least it could ask)."
     )
 
 
