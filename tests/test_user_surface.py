@@ -435,3 +435,14 @@ def test_the_predicted_speedup_charges_the_drafting_calls_the_loop_made():
   tree = report({"tokens": 1, "seconds": 0.1, "per_iteration": 4.0}, tree="tree:2,2,1,1")
   assert tree.expected_tokens_per_call == 3.0
   assert tree.predicted_speedup == pytest.approx(3.0 / (0.4 + 1.5))
+
+
+def test_summarize_refuses_runs_of_different_draft_lengths():
+  """A Sampler's K=0 run and its K=2 run pooled: NumPy's concatenate error before."""
+  import types
+
+  from specsamp.sampling import statistics
+
+  runs = [types.SimpleNamespace(accepted_at_position=np.zeros((2, k))) for k in (0, 2)]
+  with pytest.raises(ValueError, match=r"one draft length K; these have K in \[0, 2\]"):
+    statistics.summarize(runs)

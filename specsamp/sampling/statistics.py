@@ -74,6 +74,12 @@ class SpeculativeOutput(GenerationOutput):
 
 def summarize(outputs: list[SpeculativeOutput]) -> dict[str, Any]:
   """Statistics over all rows of one or more speculative runs (e.g. one per prompt batch)."""
+  widths = sorted({np.asarray(o.accepted_at_position).shape[-1] for o in outputs})
+  if len(widths) > 1:  # NumPy's concatenate error said nothing of why.
+    raise ValueError(
+      f"summarize pools runs of one draft length K; these have K in {widths}: summarize each "
+      "K's runs apart."
+    )
   pooled = lambda name: np.concatenate([np.asarray(getattr(o, name)) for o in outputs]).sum(0)
   histogram, at_position = pooled("accepted_histogram"), pooled("accepted_at_position")
   reached = pooled("verified_at_position")
