@@ -30,11 +30,16 @@ VARIANTS = ("full", "quick", "auto", "test")
 
 
 def get_config(arg=None):
-  variant = arg or "full"
+  # 'VARIANT[,PAIR]': PAIR a variant of configs/code_pair.py to time (e.g. 'quick,large' on a
+  # TPU VM whose workdir holds the large pair); default: the CPU-sized pair, 'test' for 'test'.
+  variant, _, pair_variant = (arg or "").partition(",")
+  variant = variant or "full"
   if variant not in VARIANTS:
     raise ValueError(f"configs/benchmark.py: unknown variant {arg!r}; use one of {VARIANTS}.")
   config = ml_collections.ConfigDict()
-  config.pair = code_pair.get_config("test" if variant == "test" else None)  # The pair to time.
+  config.pair = code_pair.get_config(  # The pair to time.
+    pair_variant or ("test" if variant == "test" else None)
+  )
   config.seed = 0  # Sampling seeds: call i uses fold_in(seed, i).
   config.output_dir = f"benchmark_results/{variant}"  # results.json, results.csv, *.png.
   config.resume = True  # Keep (and skip) settings already in output_dir/results.json.

@@ -31,14 +31,18 @@ VARIANTS = ("full", "smollm2", "feature", "dynamic", "parallel", "test")
 
 
 def get_config(arg=None):
-  variant = arg or "full"
-  if variant not in VARIANTS:
+  # 'VARIANT[,PAIR]': PAIR a variant of configs/code_pair.py (e.g. 'full,large'); not with
+  # smollm2, whose pair is its own.
+  variant, _, pair_variant = (arg or "").partition(",")
+  variant = variant or "full"
+  if variant not in VARIANTS or (pair_variant and variant == "smollm2"):
     raise ValueError(
-      f"configs/benchmark_drafters.py: unknown variant {arg!r}; use one of {VARIANTS}."
+      f"configs/benchmark_drafters.py: unknown variant {arg!r}; use one of {VARIANTS}, "
+      "optionally ',PAIR' with a configs/code_pair.py variant (not with smollm2)."
     )
   config = ml_collections.ConfigDict()
   code_pair = config_files.sibling(__file__, "code_pair")
-  config.pair = code_pair.get_config("test" if variant == "test" else None)
+  config.pair = code_pair.get_config(pair_variant or ("test" if variant == "test" else None))
   config.seed = 0  # Call i samples with fold_in(seed, i).
   config.output_dir = f"benchmark_results/drafters_{variant}"  # results.json, summary.md.
   config.resume = True  # Skip settings already in output_dir/results.json.

@@ -42,3 +42,16 @@ def test_tiny_families(family):
 def test_unknown_tiny_family_is_refused():
   with pytest.raises(ValueError, match="unknown family"):
     load_config("tiny", "gpt5")
+
+
+def test_the_benchmark_configs_time_a_pair_variant_after_a_comma():
+  """'quick,large': the sweep of the large pair (a TPU VM's workdir; the benchmark configs
+  always built the CPU-sized pair, whose 1024-piece tokenizer refused that workdir)."""
+  assert load_config("benchmark", "quick,large").pair.tokenizer.vocab_size == 2048
+  assert load_config("benchmark", "quick").pair.tokenizer.vocab_size == 1024
+  assert load_config("benchmark", "test").pair.name == load_config("code_pair", "test").name
+  assert load_config("benchmark_drafters", "full,large").pair.name == "code_pair_large"
+  with pytest.raises(ValueError, match="not with smollm2"):
+    load_config("benchmark_drafters", "smollm2,large")
+  with pytest.raises(ValueError, match="code_pair.py: unknown variant 'nope'"):
+    load_config("benchmark", "quick,nope")
