@@ -141,7 +141,12 @@ def test_parity_detects_each_feature(kind, field, value, saved, imported):
   """Negative controls: with one feature switched off parity breaks, so the test above
   would catch a wrong implementation of it."""
   reference = torch_logits(saved(kind)[0], TOKENS)
-  logits, _ = with_config(imported(kind), **{field: value})(jnp.asarray(TOKENS))
+  changes = {field: value}
+  if (field, value) == ("rope_scaling", "none"):  # A factor without scaling is refused.
+    changes["rope_scaling_factor"] = 1.0
+  if (field, value) == ("sliding_window", None):  # As is a layer pattern without a window.
+    changes["sliding_window_pattern"] = 1
+  logits, _ = with_config(imported(kind), **changes)(jnp.asarray(TOKENS))
   assert relative_error(logits, reference) > 2e-4  # Twice the parity tolerance.
 
 

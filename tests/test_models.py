@@ -116,6 +116,9 @@ def test_dtypes_follow_config():
     (dict(dtype="int8"), "dtype"),
     (dict(rope_theta=0.0), "rope_theta must be a finite number > 0"),  # NaN logits before.
     (dict(rope_theta=-1e4), "rope_theta must be a finite number > 0"),
+    (dict(experts_per_token=2), "experts_per_token=2 does nothing without num_experts"),
+    (dict(sliding_window_pattern=2), "sliding_window_pattern=2 does nothing without"),
+    (dict(rope_scaling_factor=8.0), "rope_scaling_factor=8.0 does nothing without rope_scaling"),
   ],
 )
 def test_bad_configs_are_refused(changes, message):

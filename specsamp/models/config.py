@@ -218,6 +218,26 @@ class TransformerConfig(ConfigFields):
         )
     if self.moe_compute not in MOE_COMPUTE:
       raise ValueError(f"moe_compute must be one of {MOE_COMPUTE}, got {self.moe_compute!r}.")
+    # Settings that do nothing without another: a typo's likeliest sign (a review of
+    # 2026-11-30 found them accepted silently).
+    for setting, needs, idle in (
+      ("experts_per_token", "num_experts", self.num_experts == 0 and self.experts_per_token != 0),
+      (
+        "sliding_window_pattern",
+        "sliding_window",
+        self.sliding_window is None and self.sliding_window_pattern != 1,
+      ),
+      (
+        "rope_scaling_factor",
+        "rope_scaling",
+        self.rope_scaling == "none" and self.rope_scaling_factor != 1.0,
+      ),
+    ):
+      if idle:
+        raise ValueError(
+          f"{setting}={getattr(self, setting)!r} does nothing without {needs} "
+          f"(it is {getattr(self, needs)!r}): set {needs} too, or leave {setting} at its default."
+        )
     try:  # A NumPy scalar (a GGUF file's float32) is a number too.
       rope_theta = float(self.rope_theta)
     except (TypeError, ValueError):

@@ -122,7 +122,9 @@ class FeatureHeadConfig(ConfigFields):
     resolved = self.resolve(target)
     rope = {}
     if resolved.rope_theta:
-      rope = dict(rope_theta=float(resolved.rope_theta), rope_scaling="none")
+      rope = dict(
+        rope_theta=float(resolved.rope_theta), rope_scaling="none", rope_scaling_factor=1.0
+      )
     return target.replace(
       **rope,
       num_layers=1,
@@ -132,6 +134,7 @@ class FeatureHeadConfig(ConfigFields):
       ffn_dim=resolved.ffn_dim,
       norm_eps=resolved.norm_eps,
       sliding_window=None,
+      sliding_window_pattern=1,
       rope_local_theta=None,
       post_norms=False,
       qk_norm=False,  # EAGLE's head is a Llama layer, whatever the target's family.
