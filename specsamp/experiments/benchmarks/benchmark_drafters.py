@@ -232,14 +232,11 @@ def run(
 ) -> dict[str, Any]:
   """Runs the comparison (resuming), writes results.json and summary.md; returns the results."""
   check_config(config)
-  varying = {  # What changes the records' numbers, where a config sets it.
-    "chain_verifier": "token",
-    "lookup_max_ngram": 3,
-    "confidence_threshold": 0.4,
-    "max_prompts": 0,
-    "chat_template": False,
-  }
-  store = Store(config.output_dir, fingerprint(config, ("repeat_tokens",), varying), config.resume)
+  store = Store(
+    config.output_dir,
+    fingerprint(config, ("repeat_tokens",), FINGERPRINT_UNLESS_DEFAULT),
+    config.resume,
+  )
   names = parse_list(config.drafters)
   feature = any(name.startswith("feature") for name in names)
   pair_cfg = pair_config(config)
