@@ -22,9 +22,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from specsamp.experiments.jobs import answer_training, drafter_specs
+from specsamp.experiments.jobs import answer_training
 from specsamp.experiments.jobs import pair as pair_lib
-from specsamp.sampling import lookup_feature_drafter
 from specsamp.training import answers, feature_train, regenerate, shipped
 
 
@@ -76,26 +75,35 @@ def compare(
     "held_out_left_out": removed,
   }
   weights = [np.asarray(batch[1]) for batch in evaluation]
-  for name, accepted in counts.items():
-    tau, acc = answers.tau(accepted, K)
-    chains = [answers.chain_layout(a) for a in accepted]
-    loop = answers.loop_tau(chains, weights, K)[0]
-    result[name] = {"tau": float(tau), "acc": [float(a) for a in acc], "loop": float(loop)}
-    log(
-      f"{name}: tau(K={K}) {tau:.4f}, acc_1..{K} " + " ".join(f"{a:.3f}" for a in acc)
-      + f"; in the greedy loop {loop:.4f}"
-    )  # fmt: skip
   # Prompt lookup alone and 'feature+lookup' with this head (read per sequence), as
   # train_drafter reports them: the position mean and the loop's figure.
-  ngrams = (drafter_specs.LOOKUP_NGRAM, lookup_feature_drafter.MIN_NGRAM)
-  lookups = [answers.lookup_accepted(*batch[:2], K, *ngrams) for batch in evaluation]
-  both = [
-    answers.lookup_first(run, matched, answers.chain_layout(head))
-    for (run, matched), head in zip(lookups, counts["per_sequence"])
-  ]
-  for name, accepted in (("lookup", [run for run, _ in lookups]), ("feature+lookup", both)):
-    tau = answers.tau(accepted, K)[0]
-    loop = answers.loop_tau(accepted, weights, K)[0]
-    result[name] = {"tau": float(tau), "loop": float(loop)}
+  lookups = answer_training.lookup_counts(evaluation, K)
+  measured = {
+    name: answer_training.tau_of(
+      [answers.chain_layout(a) for a in accepted],
+      weights,
+      K,
+      lookups if name == "per_sequence" else None,
+    )
+    for name, accepted in counts.items()
+  }
+  for name, m in measured.items():
+    result[name] = {"tau": float(m.tau), "acc": [float(a) for a in m.acc], "loop": float(m.loop)}
+    log(
+      f"{name}: tau(K={K}) {m.tau:.4f}, acc_1..{K} " + " ".join(f"{a:.3f}" for a in m.acc)
+      + f"; in the greedy loop {m.loop:.4f}"
+    )  # fmt: skip
+  alone = [run for run, _ in lookups]
+  result["lookup"] = {
+    "tau": float(answers.tau(alone, K)[0]),
+    "loop": float(answers.loop_tau(alone, weights, K)[0]),
+  }
+  per_sequence = measured["per_sequence"]
+  result["feature+lookup"] = {
+    "tau": float(per_sequence.with_lookup),
+    "loop": float(per_sequence.loop_with_lookup),
+  }
+  for name in ("lookup", "feature+lookup"):
+    tau, loop = result[name]["tau"], result[name]["loop"]
     log(f"{name}: tau(K={K}) {tau:.4f}; in the greedy loop {loop:.4f}")
   return result

@@ -79,13 +79,35 @@ def measure_tau(
   lookup's counts on the same batches (``answers.lookup_accepted``), that of drafter
   'feature+lookup' with this head (``answers.lookup_first``)."""
   runs = [accepted(params, batch) for batch in held_out]
-  weights = [np.asarray(batch[1]) for batch in held_out]
+  return tau_of(runs, [np.asarray(batch[1]) for batch in held_out], K, lookups)
+
+
+def tau_of(
+  runs: Sequence[np.ndarray],
+  weights: Sequence[np.ndarray],
+  K: int,
+  lookups: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+) -> Tau:
+  """``measure_tau``'s figures from each held-out batch's accepted counts (``runs``, in
+  ``answers.accepted_run``'s layout) and answer weights."""
   tau, acc = answers.tau(runs, K)
   loop = answers.loop_tau(runs, weights, K)[0]
   if lookups is None:
     return Tau(tau, acc, loop)
   both = [answers.lookup_first(*lookup, run) for lookup, run in zip(lookups, runs)]
   return Tau(tau, acc, loop, answers.tau(both, K)[0], answers.loop_tau(both, weights, K)[0])
+
+
+# Prompt lookup's n-grams in drafter 'feature+lookup': the longest, then down to the shortest.
+LOOKUP_NGRAMS = (drafter_specs.LOOKUP_NGRAM, lookup_feature_drafter.MIN_NGRAM)
+
+
+def lookup_counts(
+  held_out: Sequence[tuple[np.ndarray, ...]], K: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Prompt lookup's (accepted, matched) counts on each held-out batch, with the n-grams of
+  drafter 'feature+lookup' (``answers.lookup_accepted``): ``measure_tau``'s ``lookups``."""
+  return [answers.lookup_accepted(*batch[:2], K, *LOOKUP_NGRAMS) for batch in held_out]
 
 
 _REGENERATE = {
@@ -386,9 +408,9 @@ def train_on_answers(
       log(f"{name}: {warning}")
   lookups = None
   if drafter == "feature":  # What copying gets on the same answers, alone and with the head.
-    ngrams = (drafter_specs.LOOKUP_NGRAM, lookup_feature_drafter.MIN_NGRAM)
-    lookups = [answers.lookup_accepted(*batch[:2], K, *ngrams) for batch in evaluation]
+    lookups = lookup_counts(evaluation, K)
     alone, acc = answers.tau([run for run, _ in lookups], K)
+    ngrams = LOOKUP_NGRAMS
     log(
       f"{name}: prompt lookup alone (no training; {ngrams[0]}- to {ngrams[1]}-grams) on the same "
       f"answers: tau(K={K}) {alone:.3f}  acc " + " ".join(f"{a:.2f}" for a in acc)
