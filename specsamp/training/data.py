@@ -87,10 +87,9 @@ def split_files(
     0 < validation_fraction and 0 < prompt_fraction and validation_fraction + prompt_fraction < 1
   ):
     raise ValueError("Need 0 < validation_fraction, 0 < prompt_fraction and their sum < 1.")
-  root = os.path.commonpath([os.path.abspath(f) for f in files]) if len(files) > 1 else ""
   parts: dict[str, list[str]] = {"train": [], "validation": [], "prompts": []}
-  for f in files:
-    u = _hash_unit(seed, os.path.relpath(os.path.abspath(f), root) if root else os.path.basename(f))
+  for f, relative in zip(files, _relative_names(files)):
+    u = _hash_unit(seed, relative)
     name = (
       "validation"
       if u < validation_fraction
@@ -102,6 +101,13 @@ def split_files(
   if all(parts.values()):
     return Split(**{name: tuple(chosen) for name, chosen in parts.items()})
   return split_parts(files, validation_fraction, prompt_fraction, seed)
+
+
+def _relative_names(files: Sequence[str]) -> list[str]:
+  """Each file's path below the files' common root (its name alone for one file): what the
+  split hashes, so it does not depend on where the corpus sits."""
+  root = os.path.commonpath([os.path.abspath(f) for f in files]) if len(files) > 1 else ""
+  return [os.path.relpath(os.path.abspath(f), root) if root else os.path.basename(f) for f in files]
 
 
 def _hash_unit(seed: int, name: str) -> float:
@@ -130,12 +136,10 @@ def split_parts(
   ``validation_fraction`` of them (at least one) hold out the validation loss, the next
   ``prompt_fraction`` (at least one) the prompts, the rest train. A held-out prompt never
   comes from a part trained on, though its neighbours in the same file are."""
-  root = os.path.commonpath([os.path.abspath(f) for f in files]) if len(files) > 1 else ""
   units = []
-  for path in files:
+  for path, name in zip(files, _relative_names(files)):
     count = len(_file_lines(path))
     size = max(MIN_PART_LINES, -(-count // PARTS_PER_FILE))
-    name = os.path.relpath(os.path.abspath(path), root) if root else os.path.basename(path)
     for start in range(0, count, size):
       end = min(start + size, count)
       units.append((_hash_unit(seed, f"{name}#{start // size}"), part_name(path, start, end)))
