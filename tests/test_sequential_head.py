@@ -153,6 +153,10 @@ def test_reporting_the_pass_q_for_corrected_draws_is_rejected(small_pair):
   assert exactness.g_test(counts, probs, 1e-3)["rejected"]
 
 
+# The extended command's: the head's chain in the loop is this file's G-test
+# (test_samples_follow_the_exact_target_distribution), and greedy identity of the parallel
+# chain is test_parallel_drafter.py's.
+@pytest.mark.extended
 def test_greedy_speculative_equals_greedy_autoregressive():
   target = transformer.create(tiny_config(), seed=0)
   draft = exactness.noisy_copy(target, 0.1, seed=4)
