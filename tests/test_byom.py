@@ -13,11 +13,23 @@ from specsamp.sampling import generate, speculative_generate
 
 
 @pytest.fixture(scope="module")
-def MyLM():
-  """The page's model class. The page runs when a test asks for it, not when the module is
-  collected: every test worker collects every module, and the page's example samples (about 5 s
-  of each worker's collection, 2026-11-30)."""
-  return docs_blocks.run_page("docs/bring_your_own_model.md")["MyLM"]
+def page():
+  """The page's namespace, run as written. The page runs when a test asks for it, not when the
+  module is collected: every test worker collects every module, and the page's example samples
+  (about 5 s of each worker's collection, 2026-11-30)."""
+  return docs_blocks.run_page("docs/bring_your_own_model.md")
+
+
+@pytest.fixture(scope="module")
+def MyLM(page):
+  """The page's model class."""
+  return page["MyLM"]
+
+
+def test_the_page_runs_as_written(page):
+  """The page's own example (test_docs.py leaves this page to this file)."""
+  assert page["out"].tokens.shape == (2, 4 + 16)
+  assert "tokens_per_target_call" in page["out"].summary()
 
 
 @pytest.mark.slow

@@ -21,14 +21,13 @@ def test_every_page_is_scanned_and_blocks_are_run_or_marked():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", sorted(set(RUN)))
+# tests/test_byom.py runs docs/bring_your_own_model.md as written and checks its output (the
+# page ran twice in a suite run when the two files went to different workers).
+@pytest.mark.parametrize("page", sorted(set(RUN) - {"docs/bring_your_own_model.md"}))
 def test_page_runs_as_written(page, capsys):
   namespace = docs_blocks.run_page(page)
   if page == "README.md":
     assert namespace["spec"].tokens.shape == (2, 4 + 32)
-  if page == "docs/bring_your_own_model.md":
-    assert namespace["out"].tokens.shape == (2, 4 + 16)
-    assert "tokens_per_target_call" in namespace["out"].summary()
 
 
 def test_notebook_cells_are_python_and_import_what_exists():

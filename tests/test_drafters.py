@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_follows, exact_pair, sampled_counts, tiny_config
+from conftest import assert_follows, sampled_counts, tiny_config
 from flax import nnx
 
 from specsamp.models import transformer
@@ -16,11 +16,6 @@ from specsamp.testing import exactness
 
 # A prompt whose last token occurred before, so prompt lookup proposes from the first step.
 EXACT_PROMPT = np.array([3, 6, 3])
-
-
-@pytest.fixture(scope="module")
-def small_pair():
-  return exact_pair()
 
 
 def drafter_named(name, small_pair):

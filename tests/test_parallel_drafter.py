@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_follows, exact_pair, sampled_counts, tiny_config
+from conftest import assert_follows, sampled_counts, tiny_config
 
 from specsamp.models import transformer
 from specsamp.sampling import generate, speculative_generate, warping
@@ -16,11 +16,6 @@ from specsamp.testing import exactness
 
 MASK = 7  # The exact pair's 8-token vocabulary: its last row stands in for the placeholder.
 EXACT_PROMPT = np.array([3, 6, 3])
-
-
-@pytest.fixture(scope="module")
-def small_pair():
-  return exact_pair()
 
 
 def test_the_window_refeeds_k_plus_one_committed_tokens_then_k_minus_one_placeholders():

@@ -692,6 +692,8 @@ def test_when_no_k_pays_the_job_times_the_autoregressive_loop_once(
   config = _test_pair_config()
   config.speculative.drafter = "lookup:2"
   config.speculative.draft_length = "auto"
+  # Greedy, as the lookup:2 main-job test before it: the probes' loops are compiled once.
+  config.sampling.temperature = 0.0
   report = sample_job.run(config, trained_workdir[0], log=lambda line: None)
   probe, timed = calls
   assert probe == (["autoregressive", 2, 4], set())  # The probes: K_max = 4 and half of it.
@@ -1036,14 +1038,15 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
   )
   assert held.returncode == 0, held.stderr[-3000:]
   assert "answer tokens" in held.stdout and "held_out split" in held.stdout
-  first = run_script("regenerate.py", *common, *sizes, "--max_shards=1")
-  assert first.returncode == 0 and "1 shards" in first.stdout, first.stderr[-3000:]
+  if every_drafter:  # A run stopped after one shard (test_regenerate.py resumes one in process).
+    first = run_script("regenerate.py", *common, *sizes, "--max_shards=1")
+    assert first.returncode == 0 and "1 shards" in first.stdout, first.stderr[-3000:]
   rest = run_script("regenerate.py", *common, *sizes, f"--ship_to={shipped / 'train'}")
   assert rest.returncode == 0, rest.stderr[-3000:]
   manifest = json.load(open(os.path.join(workdir, "regenerated", "train", "manifest.json")))
   assert [s["setting"] for s in manifest["shards"]] == ["greedy", "nucleus", "greedy", "nucleus"]
   done = re.findall(r"regenerate: shard_\d+\.npz \(", rest.stdout)
-  assert len(done) == 3  # The first shard was not redone.
+  assert len(done) == (3 if every_drafter else 4)  # The first shard was not redone.
   assert json.load(open(shipped / "train" / "manifest.json"))["shards"] == manifest["shards"]
   # A fresh workdir trains on the shipped answers (config answers.shipped_dir).
   shutil.rmtree(os.path.join(workdir, "regenerated"))
@@ -1148,9 +1151,10 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
     assert report.tokens["speculative"] == report.tokens["autoregressive"]
     return config, logs
 
-  greedy_run("feature+lookup", "feature", "checkpoint", folder)
-  config, logs = greedy_run("feature", "feature", "checkpoint", folder)
+  config, logs = greedy_run("feature+lookup", "feature", "checkpoint", folder)
   assert any(f"feature head: loaded from {folder}" in line for line in logs), logs
+  if every_drafter:  # The head alone (test_feature_drafter.py's greedy identity in the suite).
+    greedy_run("feature", "feature", "checkpoint", folder)
   flip_a_byte(largest_file(os.path.join(folder, "checkpoint")))
   with pytest.raises(ValueError, match="is corrupt"):
     sample_job.run(config, workdir, log=logs.append)

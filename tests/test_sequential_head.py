@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_follows, exact_pair, sampled_counts, tiny_config
+from conftest import assert_follows, sampled_counts, tiny_config
 from flax import nnx
 
 from specsamp.experiments.proofs import certify
@@ -30,11 +30,6 @@ EXACT_PROMPT = np.array([3, 6, 3])
 
 def _perturbed_head(d_model: int, seed: int = 0, scale: float = 0.5):
   return exactness.perturbed_sequential_head(d_model, seed, scale)
-
-
-@pytest.fixture(scope="module")
-def small_pair():
-  return exact_pair()
 
 
 def _propose(drafter, sequence, n, K, seed=0):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from bigram import random_bigram
-from conftest import exact_pair, sampled_counts, tiny_config
+from conftest import sampled_counts, tiny_config
 
 from specsamp import sharding
 from specsamp.models import transformer
@@ -54,15 +54,16 @@ def drafts(target):
 def test_greedy_speculative_equals_greedy_autoregressive(
   target, drafts, draft_name, num_draft_tokens
 ):
-  """(Greedy verifies by argmax whatever the verifier argument says: one path to test.)"""
-  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=17, temperature=0)
+  """(Greedy verifies by argmax whatever the verifier argument says: one path to test.) 15
+  tokens, as the eos tests' unstopped runs: one autoregressive program for the three."""
+  ar = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=15, temperature=0)
   out = speculative_generate(
     target,
     drafts[draft_name],
     PROMPTS,
     LENGTHS,
     jax.random.key(0),
-    max_new_tokens=17,
+    max_new_tokens=15,
     num_draft_tokens=num_draft_tokens,
     temperature=0,
   )
@@ -72,7 +73,7 @@ def test_greedy_speculative_equals_greedy_autoregressive(
   if draft_name == "same":
     assert stats["acceptance_rate"] == 1.0
     # Every block is accepted whole; the last one is shortened to end at max_new_tokens.
-    assert stats["tokens_per_target_call"] == 17 / -(-17 // (num_draft_tokens + 1))
+    assert stats["tokens_per_target_call"] == 15 / -(-15 // (num_draft_tokens + 1))
   if draft_name == "unrelated":
     assert stats["acceptance_rate"] < 0.2
 
@@ -134,12 +135,14 @@ def test_the_uncapped_histogram_leaves_out_the_iterations_max_new_tokens_cut(tar
 def test_a_row_stops_at_the_first_of_several_eos_ids(target, drafts):
   """eos_id as a list (an HF generation_config's: Llama 3's end of text and of a turn): a row
   ends after the first token that is any of them, in both loops alike."""
-  free = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=12, temperature=0)
+  # The unstopped run at 15 tokens (test_eos_and_max_new_tokens' program); its first 12 are the
+  # 12-token run's (greedy).
+  free = generate(target, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=15, temperature=0)
   first, second = int(free.generated(0)[5]), int(free.generated(1)[2])
   stops = [first, second]
   expected = []
   for row in range(len(PROMPTS)):
-    generated = [int(t) for t in free.generated(row)]
+    generated = [int(t) for t in free.generated(row)[:12]]
     ends = [i for i, t in enumerate(generated) if t in stops]
     expected.append(ends[0] + 1 if ends else len(generated))
   assert min(expected) < 12 and len(set(expected)) > 1
@@ -212,11 +215,6 @@ def test_speculative_is_one_while_loop_on_device(target, drafts):
 # --- The small pair: block verification accepts more than token-wise. -----------------------
 
 EXACT_PROMPT = np.array([3, 6])
-
-
-@pytest.fixture(scope="module")
-def small_pair():
-  return exact_pair()
 
 
 def _sampled(small_pair, sampling, num_draft_tokens, verifier, seed=0):
@@ -376,17 +374,21 @@ def test_outputs_are_replicated_on_a_data_mesh(target, drafts):
 
 
 def test_prompt_ids_outside_the_vocabulary_are_refused_by_both_samplers(target):
-  """Padding past a row's length may hold anything; a real token must be a vocabulary id."""
-  prompts = np.array([[5, 9, 14], [8, 999, 0]])
+  """Padding past a row's length may hold anything; a real token must be a vocabulary id. (The
+  greedy identity test's shapes and settings: its compiled loops run the padded prompts.)"""
+  bad, padded = PROMPTS.copy(), PROMPTS.copy()
+  bad[1, 1] = 999  # Row 1 holds 3 real tokens.
+  padded[1, 5] = -7  # Past row 1's length: padding.
+  key = jax.random.key(0)
   for call in (
-    lambda p, n: generate(target, p, n, jax.random.key(0), max_new_tokens=2),
-    lambda p, n: speculative_generate(
-      target, target, p, n, jax.random.key(0), max_new_tokens=2, num_draft_tokens=2
+    lambda p: generate(target, p, LENGTHS, key, max_new_tokens=15, temperature=0),
+    lambda p: speculative_generate(
+      target, target, p, LENGTHS, key, max_new_tokens=15, num_draft_tokens=3, temperature=0
     ),
   ):
     with pytest.raises(ValueError, match=r"id 999 \(row 1, position 1\) is outside .*\[0, 264\)"):
-      call(prompts, np.array([3, 2]))
-    call(np.array([[5, 9, 14], [8, 2, -7]]), np.array([3, 2]))  # -7 is padding: fine
+      call(bad)
+    call(padded)  # -7 is padding: fine
 
 
 def test_bad_input_gives_clear_errors(target):
