@@ -29,6 +29,7 @@ float32 (1M tokens: 9.2 GB on disk, read through a memory map).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -101,29 +102,30 @@ def _extends(
 
 def _capture_fn(target: Any, layers: tuple[int, ...]):
   """A jitted [B, L] tokens -> [B, L, width] of the target's features and last-layer output.
-  Only the first token's logits are formed (``logits_at``): the store needs none."""
+  Only the first token's logits are formed (``logits_at``): the store needs none. The program
+  is compiled once per model structure and layers (``_capture``), not once per store built."""
   graphdef, state = nnx.split(target)
-  last, d_model = target.config.num_layers, target.config.d_model
+  return lambda tokens_BL, weights_BL=None: _capture(graphdef, layers, state, tokens_BL, weights_BL)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _capture(graphdef: Any, layers: tuple[int, ...], state: Any, tokens_BL, weights_BL):
+  model = nnx.merge(graphdef, state)
+  last, d_model = model.config.num_layers, model.config.d_model
   # A head may read the last layer's output among its features: captured once, stored twice.
   captured = layers if last in layers else (*layers, last)
-
-  @jax.jit
-  def capture(state, tokens_BL, weights_BL):
-    model = nnx.merge(graphdef, state)
-    positions_BL, call = answers.packed_call(weights_BL)  # Each packed sequence read apart.
-    out = model(
-      tokens_BL,
-      positions_BL,
-      tree=call,
-      capture_layers=captured,
-      logits_at=jnp.zeros(tokens_BL.shape[0], jnp.int32),
-    )
-    if captured is layers:
-      at = layers.index(last) * d_model
-      return jnp.concatenate([out.features, out.features[..., at : at + d_model]], axis=-1)
-    return out.features
-
-  return lambda tokens_BL, weights_BL=None: capture(state, tokens_BL, weights_BL)
+  positions_BL, call = answers.packed_call(weights_BL)  # Each packed sequence read apart.
+  out = model(
+    tokens_BL,
+    positions_BL,
+    tree=call,
+    capture_layers=captured,
+    logits_at=jnp.zeros(tokens_BL.shape[0], jnp.int32),
+  )
+  if captured is layers:
+    at = layers.index(last) * d_model
+    return jnp.concatenate([out.features, out.features[..., at : at + d_model]], axis=-1)
+  return out.features
 
 
 def parameters_fingerprint(model: Any) -> str:
