@@ -17,7 +17,6 @@ from specsamp.experiments.benchmarks import perf_model
 from specsamp.models import moe, transformer
 from specsamp.models.layers import activation_fn
 from specsamp.sampling import warping
-from specsamp.testing import exactness
 
 
 def moe_config(**changes):
