@@ -403,7 +403,12 @@ def test_the_predicted_speedup_charges_the_drafting_calls_the_loop_made():
     target_step_s=1.0, draft_step_s=0.1, target_score_s=1.5, num_draft_tokens=4
   )
   stats = {"alpha": 0.8, "num_draft_tokens": 4, "tokens_per_target_call": 3.0}
-  expected = speedup.expected_tokens_per_call(0.8, 4)
+  # Long rows: max_new_tokens over the expected iterations is the paper's E[tokens/call] but for
+  # the last iteration's cut, about 1.6 / N of it. (N was 100,000, where the exact dynamic
+  # programming over a row's tokens took 112 s of the suite for three reports; 0.16 s at 4,096.)
+  long = 4_096
+  expected = long / speedup.slowest_row_iterations([0.8], 4, long)
+  assert expected == pytest.approx(speedup.expected_tokens_per_call(0.8, 4), rel=1e-3)
 
   def report(draft_call, **settings):
     return sample_job.SampleReport(
@@ -411,14 +416,14 @@ def test_the_predicted_speedup_charges_the_drafting_calls_the_loop_made():
       costs=costs, settings=settings, draft_call=draft_call,
     )  # fmt: skip
 
-  long = 100_000  # Rows so long that cutting the last iteration does not show.
-  assert report(None, max_new_tokens=long).predicted_speedup == pytest.approx(
-    costs.predicted_speedup(0.8), rel=1e-4
-  )
+  # K = 4 one-token draft steps at 0.1 s and the scoring call, for a chain drafter:
+  chain = report(None, max_new_tokens=long)
+  assert chain.predicted_speedup == pytest.approx(expected / (4 * 0.1 + 1.5), rel=1e-12)
+  assert chain.predicted_speedup == pytest.approx(costs.predicted_speedup(0.8), rel=1e-3)
   parallel = report({"tokens": 8, "seconds": 0.25, "per_iteration": 1.0}, max_new_tokens=long)
-  assert parallel.predicted_speedup == pytest.approx(expected / (0.25 + 1.5), rel=1e-4)
+  assert parallel.predicted_speedup == pytest.approx(expected / (0.25 + 1.5), rel=1e-12)
   capped = report({"tokens": 1, "seconds": 0.1, "per_iteration": 3.5}, max_new_tokens=long)
-  assert capped.predicted_speedup == pytest.approx(expected / (0.35 + 1.5), rel=1e-4)
+  assert capped.predicted_speedup == pytest.approx(expected / (0.35 + 1.5), rel=1e-12)
   # A call pays its slowest row's iterations, each row at its own alpha, and max_new_tokens cuts
   # the last one: the sweep's prediction (benchmark.py), where the job promised the paper's
   # E[tokens/call] at the pooled alpha (2026-11-30's review: 1.19x against 0.954x at batch 4).
