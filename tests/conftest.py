@@ -112,23 +112,24 @@ def deselect_extended(config, items):
   return kept
 
 
-# The longest test files (seconds of test time, README test command on 2 cores, 2026-11-29's
-# sixteenth session). With ``--dist loadfile`` a worker takes the next file when it is free, in
-# collection order: files collected last and long leave the other worker idle at the end (one
+# The longest test files (seconds of test time, README test command on 2 cores, 2026-11-30's
+# twenty-second session). With ``--dist loadfile`` a worker takes the next file when it is free,
+# in collection order: files collected last and long leave the other worker idle at the end (one
 # worker idled for minutes in a 20-minute run), so the longest go first.
 LONGEST_FIRST = (
-  "test_scripts.py",  # 193 s in many tests
-  "test_certify.py",  # 91 s
-  "test_sequential_head.py",  # 84 s
-  "test_speculative.py",  # 75 s
-  "test_parallel_drafter.py",  # 71 s
-  "test_feature_drafter.py",  # 65 s
-  "test_hf.py",  # 64 s
-  "test_narrow_scoring.py",  # 58 s
-  "test_sharding.py",  # 56 s
-  "test_compacting.py",  # 55 s
-  "test_gguf.py",  # 53 s
-  "test_certify_trees.py",  # 48 s
+  "test_scripts.py",  # 186 s in many tests
+  "test_certify.py",  # 84 s
+  "test_feature_drafter.py",  # 83 s
+  "test_sequential_head.py",  # 74 s
+  "test_train.py",  # 62 s
+  "test_hf.py",  # 59 s
+  "test_speculative.py",  # 56 s
+  "test_parallel_drafter.py",  # 55 s
+  "test_sharding.py",  # 54 s
+  "test_compacting.py",  # 51 s
+  "test_certify_trees.py",  # 46 s
+  "test_gguf.py",  # 45 s
+  "test_regenerate.py",  # 43 s
 )
 
 
