@@ -174,6 +174,49 @@ def test_the_automatic_draft_length_picks_the_best_predicted_k_or_none():
     speedup.choose_draft_length({-1: 2.0})
 
 
+def _iterations_over_every_count(row_tokens, n_max: int) -> float:
+  """The reference: the dynamic programming over every token count 0..N at every one of the N
+  iterations (draft_length's until 2026-11-30, O(N^2 K) per row)."""
+  all_done = np.ones(n_max + 1)
+  for probs in row_tokens:
+    tokens = np.zeros(n_max + 1)
+    tokens[0] = 1.0
+    done = [0.0]
+    for _ in range(n_max):
+      after = np.zeros(n_max + 1)
+      after[n_max] = tokens[n_max]
+      for j, p in enumerate(probs):
+        if j + 1 < n_max:
+          after[j + 1 : n_max] += p * tokens[: n_max - j - 1]
+        after[n_max] += p * tokens[max(n_max - j - 1, 0) : n_max].sum()
+      tokens = after
+      done.append(tokens[n_max])
+    all_done *= np.asarray(done)
+  return float((1.0 - all_done[:-1]).sum())
+
+
+def test_iterations_until_done_keeps_only_the_live_counts_and_loses_nothing():
+  """The live window (the counts of non-negligible mass, each row until it is done) gives the
+  whole-range dynamic programming's expectation: i.i.d. rows at the edges of alpha (0, 1, 1e-9,
+  0.999) and measured histograms truncated to K, K = 0..8, N = 1..150, 1-5 rows."""
+  from specsamp.sampling import draft_length
+
+  rng = np.random.default_rng(0)
+  for case in range(150):
+    K, N, R = int(rng.integers(0, 9)), int(rng.integers(1, 151)), int(rng.integers(1, 6))
+    if case % 3:
+      alphas = rng.choice([0.0, 1.0, 1e-9, 0.999, rng.random(), rng.random()], size=R)
+      rows = [draft_length.iteration_tokens(float(a), K) for a in alphas]
+    else:
+      rows = [
+        draft_length.truncated(rng.integers(0, 5, size=K + 3) + np.eye(K + 3)[0], K)
+        for _ in range(R)
+      ]
+    expected = _iterations_over_every_count(rows, N)
+    got = draft_length.iterations_until_done(rows, N)
+    assert got == pytest.approx(expected, rel=1e-12), (K, N, R)
+
+
 def test_slowest_row_iterations_is_exact_at_the_edges_and_matches_simulation():
   from specsamp.experiments.benchmarks import speedup
 
