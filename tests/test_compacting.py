@@ -2,10 +2,13 @@
 (specsamp/sampling/compacting.py): the same greedy tokens as the autoregressive loop, the same
 law when sampling, less work."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
 from conftest import tiny_config
+from flax import nnx
 
 from specsamp.models import transformer
 from specsamp.sampling import autoregressive, compacting, warping
@@ -96,14 +99,25 @@ def test_waiting_prompts_take_the_places_of_finished_rows_and_answer_as_the_loop
   ))  # fmt: skip
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _next_token_probs(graphdef, state, tokens_1W, sampling, last):
+  """The warped law of the token after ``tokens_1W[0, :last + 1]``: one program for every
+  context of one padded width (a causal model's output at ``last`` never sees what follows)."""
+  logits = nnx.merge(graphdef, state)(tokens_1W).logits
+  return warping.probabilities(logits[:, last], sampling)[0]
+
+
 def _exact_law(model, prompt, sampling, eos_id, max_new_tokens):
   """{answer: probability} of every answer the warped target can give (teacher forced)."""
   law = {}
+  graphdef, state = nnx.split(model)
+  width = len(prompt) + max_new_tokens
 
   def probs(context):
-    logits = model(np.asarray([context], np.int32))
-    logits = logits.logits if hasattr(logits, "logits") else logits[0]
-    return np.asarray(warping.probabilities(logits[:, -1], sampling)[0], np.float64)
+    padded = np.zeros((1, width), np.int32)
+    padded[0, : len(context)] = context
+    last = len(context) - 1
+    return np.asarray(_next_token_probs(graphdef, state, padded, sampling, last), np.float64)
 
   frontier = [((), 1.0)]
   while frontier:
