@@ -3,6 +3,8 @@
 equals autoregressive; the job's names; the errors. The sampled law is the certificate's
 ``feature_lookup`` cases (tests/test_certify.py)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,7 @@ from specsamp.experiments.jobs import drafter_specs
 from specsamp.models import feature_head, transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import autoregressive, speculative
-from specsamp.sampling.drafters import PromptLookupDrafter
+from specsamp.sampling.drafters import Drafter, PromptLookupDrafter
 from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.lookup_feature_drafter import LookupFeatureDrafter
 from specsamp.sampling.warping import SamplingConfig
@@ -34,7 +36,16 @@ def head_model():
 
 
 def _propose(drafter, prompts, lengths, sampling, K=3):
-  """(proposal, state) of the first iteration after the prompt's prefill."""
+  """(proposal, state) of the first iteration after the prompt's prefill: one compiled program
+  per drafter kind and setting (run eagerly, the prefill, init and proposal were hundreds of
+  small compiles)."""
+  static, dynamic = drafter.split()
+  return _first_proposal(static, dynamic, jnp.asarray(prompts), jnp.asarray(lengths), sampling, K)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _first_proposal(static, dynamic, prompts, lengths, sampling, K):
+  drafter = Drafter.merge(static, dynamic)
   target = drafter.model.target
   cache = target.init_cache(prompts.shape[0], 16)
   features = target(prompts, None, cache, capture_layers=drafter.feature_layers).features
