@@ -19,6 +19,7 @@ from specsamp.models import transformer
 from specsamp.models.sequential_head import SequentialHead, output_logits, teacher_forced_logits
 from specsamp.sampling import generate, model_protocol, speculative_generate, warping
 from specsamp.sampling import tree as tree_lib
+from specsamp.sampling.drafters import Drafter
 from specsamp.sampling.parallel_drafter import ParallelDrafter
 from specsamp.testing import exactness
 from specsamp.training import checkpoint, data, parallel
@@ -195,15 +196,22 @@ def test_each_tree_node_reports_the_q_corrected_along_its_own_path(small_pair, d
   head = _perturbed_head(draft.config.d_model, scale=1.0)
   drafter = ParallelDrafter(draft, mask_token_id=MASK, head=head)
   shape = tree_lib.parse("tree:2,2,1")
-  state, _ = drafter.init(jnp.asarray(sequence[:, :n]), jnp.asarray([n]), 32, shape.max_depth)
-  proposal, _ = drafter.propose_tree(
-    state, jnp.asarray(sequence), jnp.asarray([n]), jax.random.key(5), shape,
-    jnp.asarray([shape.max_depth]), warping.SamplingConfig(1.0), draft.vocab_size,
-  )  # fmt: skip
+
+  @jax.jit  # One program for the drafter's calls (eagerly, about 200 small compiles).
+  def drafted(dynamic):
+    drafter_in = Drafter.merge(static, dynamic)
+    state, _ = drafter_in.init(jnp.asarray(sequence[:, :n]), jnp.asarray([n]), 32, shape.max_depth)
+    proposal, _ = drafter_in.propose_tree(
+      state, jnp.asarray(sequence), jnp.asarray([n]), jax.random.key(5), shape,
+      jnp.asarray([shape.max_depth]), warping.SamplingConfig(1.0), draft.vocab_size,
+    )  # fmt: skip
+    return proposal, drafter_in.hidden_states(
+      state, jnp.asarray(sequence), jnp.asarray([n]), shape.max_depth
+    )
+
+  static, dynamic = drafter.split()
+  proposal, (pass_logits, _, h_BKD) = drafted(dynamic)
   assert int(proposal.model_calls) == 1
-  pass_logits, _, h_BKD = drafter.hidden_states(
-    state, jnp.asarray(sequence), jnp.asarray([n]), shape.max_depth
-  )
   carry = {-1: jnp.zeros((1, draft.config.d_model))}
   for j in range(shape.num_nodes):  # Parents come before their children.
     parent, depth = shape.parents[j], shape.depths[j]
