@@ -196,6 +196,7 @@ def test_each_tree_node_reports_the_q_corrected_along_its_own_path(small_pair, d
   head = _perturbed_head(draft.config.d_model, scale=1.0)
   drafter = ParallelDrafter(draft, mask_token_id=MASK, head=head)
   shape = tree_lib.parse("tree:2,2,1")
+  static, dynamic = drafter.split()  # As the loop passes a drafter into jit.
 
   @jax.jit  # One program for the drafter's calls (eagerly, about 200 small compiles).
   def drafted(dynamic):
@@ -209,7 +210,6 @@ def test_each_tree_node_reports_the_q_corrected_along_its_own_path(small_pair, d
       state, jnp.asarray(sequence), jnp.asarray([n]), shape.max_depth
     )
 
-  static, dynamic = drafter.split()
   proposal, (pass_logits, _, h_BKD) = drafted(dynamic)
   assert int(proposal.model_calls) == 1
   carry = {-1: jnp.zeros((1, draft.config.d_model))}
