@@ -133,6 +133,20 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_collection_finish(session):
+  """Python's cyclic garbage collector, set for a process that traces programs all day. Its
+  full collections walked every object the imports made (jax, torch, transformers: none of it
+  ever garbage) 15 times in three loop-heavy files: 3.1 s of their 88 (gc.callbacks,
+  2026-11-30). The imports are frozen out of its walks, and a full collection comes after each
+  test file (``_release_compiled_programs``) and otherwise once in 1,000 middle-generation
+  ones, not 10; the young generations are collected as usual. The three files: 3.9 -> 1.1 s
+  of collecting, the same peak memory (1.30 GB)."""
+  gc.collect()
+  gc.freeze()
+  young, middle, _ = gc.get_threshold()
+  gc.set_threshold(young, middle, 1000)
+
+
 def pytest_collection_modifyitems(session, config, items):
   """Runs the longest files first (``LONGEST_FIRST``), the rest in their usual order."""
   items[:] = deselect_extended(config, items)

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import tiny_config
+from flax import nnx
 
 from specsamp import sharding
 from specsamp.models import transformer
@@ -99,7 +100,6 @@ def test_a_mixture_of_experts_trains_densely_and_samples_sparsely(mesh, tmp_path
     log=lambda _: None,
   )
   assert trainer.evaluate(state.params, EVAL) < initial
-  from flax import nnx
 
   sparse, dense = trainer.model(state.params), nnx.merge(trainer.graphdef, state.params)
   assert (sparse.config.moe_compute, dense.config.moe_compute) == ("sparse", "dense")
@@ -211,7 +211,9 @@ def test_ctrl_c_saves_the_current_step(trainer, tmp_path):
 def test_restore_on_a_different_mesh(trainer, uninterrupted):
   directory, state = uninterrupted
   tokens = BATCHES.at(0)[:, :-1]
-  expected = np.asarray(trainer.model(state.params)(tokens)[0])
+  # Each model's call as one program (eagerly, under the mesh, 225 small compiles).
+  logits = nnx.jit(lambda model, tokens: model(tokens)[0])
+  expected = np.asarray(logits(trainer.model(state.params), tokens))
   for axes in ({"data": 1, "fsdp": 1, "tensor": 1}, {"data": 4, "fsdp": 1, "tensor": 2}):
     devices = jax.devices()[: int(np.prod(list(axes.values())))]
     mesh = sharding.make_mesh(axes, devices)
@@ -219,7 +221,7 @@ def test_restore_on_a_different_mesh(trainer, uninterrupted):
     assert meta["step"] == CONFIG.steps
     assert model.embedder.table_VD[...].sharding.mesh.shape == mesh.shape
     with sharding.use_mesh(mesh):
-      np.testing.assert_allclose(np.asarray(model(tokens)[0]), expected, rtol=1e-5, atol=1e-5)
+      np.testing.assert_allclose(np.asarray(logits(model, tokens)), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_checkpoint_runs_as_the_run_asks_but_computes_as_saved(trainer, uninterrupted):
@@ -231,7 +233,9 @@ def test_a_checkpoint_runs_as_the_run_asks_but_computes_as_saved(trainer, uninte
 
   directory, state = uninterrupted
   tokens = BATCHES.at(0)[:, :-1]
-  expected = np.asarray(trainer.model(state.params)(tokens)[0])
+  # Each model's call as one program (eagerly, under the mesh, 225 small compiles).
+  logits = nnx.jit(lambda model, tokens: model(tokens)[0])
+  expected = np.asarray(logits(trainer.model(state.params), tokens))
   mesh = sharding.make_mesh({"data": 4, "fsdp": 1, "tensor": 2}, jax.devices()[:8])
   section = ml_collections.ConfigDict(
     {"model": {"tensor_parallel": "shard_map", "scan_layers": False, "dtype": "bfloat16"}}
@@ -240,7 +244,7 @@ def test_a_checkpoint_runs_as_the_run_asks_but_computes_as_saved(trainer, uninte
   assert (model.config.tensor_parallel, model.config.scan_layers) == ("shard_map", False)
   assert model.config.dtype == MODEL.dtype  # What it computes in stays the checkpoint's.
   with sharding.use_mesh(mesh):
-    np.testing.assert_allclose(np.asarray(model(tokens)[0]), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(logits(model, tokens)), expected, rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="not \\['num_layers'\\]"):
     checkpoint.load_model(directory, execution={"num_layers": 3})
 
