@@ -89,20 +89,25 @@ def test_expansion_keeps_the_paths_of_highest_joint_probability(temperature, top
     depth = shape.depths[nodes[0]]
     return jnp.asarray(table)[depth][drawn_Bn]
 
-  tokens, probs, proposed, _, expansions, parents = proposals.grow_tree(
-    jax.random.key(0),
-    shape,
-    jnp.asarray(root_logits),
-    jnp.asarray([4, 7]),
-    jnp.asarray([3, 3]),
-    sampling,
-    vocab,
-    expand,
-    proposal="greedy",
-  )
-  assert expansions == shape.max_depth - 1
-  tokens, proposed, parents = map(np.asarray, (tokens, proposed, parents))
-  assert probs is None  # Chosen tokens: one-hot q, as the point mass at each (q = None).
+  @jax.jit  # One program (eagerly, about 140 small compiles); ``calls`` records its trace.
+  def grow(root_logits):
+    tokens, probs, proposed, _, expansions, parents = proposals.grow_tree(
+      jax.random.key(0),
+      shape,
+      root_logits,
+      jnp.asarray([4, 7]),
+      jnp.asarray([3, 3]),
+      sampling,
+      vocab,
+      expand,
+      proposal="greedy",
+    )
+    assert expansions == shape.max_depth - 1
+    assert probs is None  # Chosen tokens: one-hot q, as the point mass at each (q = None).
+    call, parents_Bn = calls[1]
+    return tokens, proposed, parents, call.mask_TM, parents_Bn
+
+  tokens, proposed, parents, masks, parents_Bn = map(np.asarray, grow(jnp.asarray(root_logits)))
 
   def child(path):
     return table[len(path)][path[-1]]
@@ -131,8 +136,6 @@ def test_expansion_keeps_the_paths_of_highest_joint_probability(temperature, top
       scores = [expected[next(p for p, i in got.items() if i == j)] for j in nodes]
       assert scores == sorted(scores, reverse=True)
   # Each expansion's per-row mask: the root, the node's ancestors and itself.
-  call, parents_Bn = calls[1]
-  masks = np.asarray(call.mask_TM)
   assert masks.shape == (batch, widths[1], shape.num_nodes + 1)
   for row, k in itertools.product(range(batch), range(widths[1])):
     j = shape.nodes_at_depth(2)[k]

@@ -144,9 +144,9 @@ def test_token_and_block_reduce_to_greedy_on_one_hot_distributions():
   q = jax.nn.one_hot(tokens, vocab)
   p = warping.probabilities(target_logits, warping.SamplingConfig(temperature=0))
   np.testing.assert_array_equal(p, jax.nn.one_hot(best, vocab))
-  greedy = verification.greedy_verify(jax.random.key(0), tokens, q, p)
-  for verify in (verification.token_verify, verification.block_verify):
-    verdict = verify(jax.random.key(0), tokens, q, p)
+  greedy = jax.jit(verification.greedy_verify)(jax.random.key(0), tokens, q, p)
+  for verify in (verification.token_verify, verification.block_verify):  # Each one program.
+    verdict = jax.jit(verify)(jax.random.key(0), tokens, q, p)
     np.testing.assert_array_equal(verdict.num_accepted, greedy.num_accepted)
     np.testing.assert_array_equal(verdict.next_token, greedy.next_token)
   assert len(set(np.asarray(greedy.num_accepted).tolist())) > 2
