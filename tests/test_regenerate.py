@@ -545,6 +545,13 @@ def test_lookups_offline_runs_are_what_the_drafter_copies(min_ngram):
   expected = np.where(matched, accepted, np.arange(-1, L - 2)[None])
   np.testing.assert_array_equal(both[window], expected[window])
   assert (both[~window] == -1).all()
+  # Side by side in one tree: the longer run where lookup matched, the head's elsewhere.
+  beside = answers.lookup_beside(accepted, matched, answers.chain_layout(head))
+  head_run = np.arange(-1, L - 2)[None]
+  expected = np.where(matched, np.maximum(accepted, head_run), head_run)
+  np.testing.assert_array_equal(beside[window], expected[window])
+  assert (beside[~window] == -1).all() and (beside >= both).all()
+  assert (beside[window & matched] > both[window & matched]).any()  # Where the head ran longer.
 
 
 def test_the_loops_tau_walks_each_sequence_from_its_prompt_and_skips_a_cut_one():

@@ -1138,6 +1138,9 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
   assert by_context["per_sequence"]["tau"] == pytest.approx(head_best["tau"], abs=1e-6)
   for read in ("per_sequence", "whole_rows"):
     assert 1.0 <= by_context[read]["tau"] <= 5.0 and len(by_context[read]["acc"]) == 4
+  # Side by side in one tree, each position accepts the longer run: never fewer on average.
+  beside = by_context["feature and lookup, one tree (beside)"]
+  assert beside["tau"] >= by_context["feature+lookup"]["tau"] and 1.0 <= beside["loop"] <= 5.0
   from specsamp.experiments.jobs import sample_job
 
   def greedy_run(drafter: str, section: str, field: str, folder: str):

@@ -34,7 +34,9 @@ def compare(
   log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
   """{'K', 'rows', 'head', 'per_sequence': {'tau', 'acc', 'loop'}, 'whole_rows': {...},
-  'lookup': {'tau', 'loop'}, 'feature+lookup': {...}}: ``tau`` the mean over answer positions,
+  'lookup': {'tau', 'loop'}, 'feature+lookup': {...}, and the head and lookup side by side in
+  one tree ('feature and lookup, one tree (...)', ``answers.lookup_beside``)}: ``tau`` the mean
+  over answer positions,
   ``loop`` the greedy loop's tokens per call walked over the same counts (``answers.loop_tau``;
   the whole-rows reading's as if each row's sequences were read alone)."""
   section = config.answers
@@ -103,7 +105,20 @@ def compare(
     "tau": float(per_sequence.with_lookup),
     "loop": float(per_sequence.loop_with_lookup),
   }
-  for name in ("lookup", "feature+lookup"):
+  # The head's chain and lookup's copy side by side in one tree call (not a drafter yet):
+  # with feature+lookup's n-grams, and with prompt lookup's own (down to 1-grams).
+  runs = [answers.chain_layout(a) for a in counts["per_sequence"]]
+  own = [answers.lookup_accepted(*batch[:2], K, LOOKUP_MAX_NGRAM, 1) for batch in evaluation]
+  for name, looked in (("beside", lookups), ("beside, 1-grams", own)):
+    beside = [answers.lookup_beside(*lookup, run) for lookup, run in zip(looked, runs)]
+    result[f"feature and lookup, one tree ({name})"] = {
+      "tau": float(answers.tau(beside, K)[0]),
+      "loop": float(answers.loop_tau(beside, weights, K)[0]),
+    }
+  for name in [key for key in result if "lookup" in key]:
     tau, loop = result[name]["tau"], result[name]["loop"]
     log(f"{name}: tau(K={K}) {tau:.4f}; in the greedy loop {loop:.4f}")
   return result
+
+
+LOOKUP_MAX_NGRAM = answer_training.LOOKUP_NGRAMS[0]  # Prompt lookup's longest n-gram.
