@@ -138,6 +138,69 @@ def test_greedy_speculative_equals_autoregressive(head_model, num_draft_tokens, 
   assert int(out.proposed.sum()) > 0
 
 
+def test_the_copy_and_the_heads_chain_side_by_side_greedy_equals_autoregressive(head_model):
+  """tree='chains:2xK': the copy as chain 0, the head's chain as chain 1, one target call;
+  greedy keeps the longer matching run, so the output is the target's and no chain alone
+  accepts more per call."""
+  target = head_model.target
+  prompts = jnp.concatenate([PROMPTS, jnp.asarray([[5, 0, 0, 0, 0, 0, 0]], jnp.int32)])
+  lengths = jnp.concatenate([LENGTHS, jnp.asarray([1], jnp.int32)])
+  run = functools.partial(
+    speculative.speculative_generate,
+    target,
+    LookupFeatureDrafter(head_model),
+    prompts,
+    lengths,
+    jax.random.key(0),
+    max_new_tokens=12,
+    num_draft_tokens=3,
+    temperature=0.0,
+  )
+  beside, chain = run(tree="chains:2x3"), run()
+  expected = autoregressive.generate(
+    target, prompts, lengths, jax.random.key(0), max_new_tokens=12, temperature=0.0
+  )
+  np.testing.assert_array_equal(beside.tokens, expected.tokens)
+  np.testing.assert_array_equal(chain.tokens, expected.tokens)
+  assert int(beside.target_calls) <= int(chain.target_calls)
+
+
+def test_the_copy_and_the_heads_chain_side_by_side_propose_with_their_own_q(head_model):
+  """The first tree proposal: chain 0 (even nodes) is the row's copy with point-mass q, not
+  drafted where it has no match; chain 1 (odd nodes) is the head's chain with the q the chain
+  drafter reports for it (same key)."""
+  sampling = SamplingConfig(1.0)
+  chain, _ = _propose(LookupFeatureDrafter(head_model), PROMPTS, LENGTHS, sampling)
+  head, _ = _propose(FeatureDrafter(head_model), PROMPTS, LENGTHS, sampling)
+  tree, _ = _propose_tree(LookupFeatureDrafter(head_model), sampling)
+  np.testing.assert_array_equal(tree.tokens[0, 0::2], chain.tokens[0])  # Copied: 5, 6, 7.
+  np.testing.assert_array_equal(tree.drafted[:, 0::2], [[True] * 3, [False] * 3])  # No match.
+  np.testing.assert_array_equal(tree.probs[0, 0::2], jax.nn.one_hot(chain.tokens[0], 64))
+  np.testing.assert_array_equal(tree.tokens[:, 1::2], head.tokens)
+  np.testing.assert_array_equal(tree.probs[:, 1::2], head.probs)
+  np.testing.assert_array_equal(tree.drafted[:, 1::2], True)
+
+
+def _propose_tree(drafter, sampling, K=3):
+  static, dynamic = drafter.split()
+  return _first_tree_proposal(static, dynamic, PROMPTS, LENGTHS, sampling, K)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _first_tree_proposal(static, dynamic, prompts, lengths, sampling, K):
+  from specsamp.sampling.tree import chains
+
+  drafter = Drafter.merge(static, dynamic)
+  target = drafter.model.target
+  cache = target.init_cache(prompts.shape[0], 16)
+  features = target(prompts, None, cache, capture_layers=drafter.feature_layers).features
+  state, _ = drafter.init(prompts, lengths, 16, K, features_BTF=features)
+  limit = jnp.full((prompts.shape[0],), K, jnp.int32)
+  return drafter.propose_tree(
+    state, prompts, lengths, jax.random.key(3), chains(2, K), limit, sampling, CONFIG.vocab_size
+  )
+
+
 def test_names_and_errors(head_model):
   assert drafter_specs.parse("feature+lookup") == drafter_specs.DrafterSpec("feature_lookup", 3)
   assert drafter_specs.parse("feature+lookup:4").number == 4
@@ -146,7 +209,7 @@ def test_names_and_errors(head_model):
     with pytest.raises(ValueError, match="Unknown drafter"):
       drafter_specs.parse(bad)
   drafter = LookupFeatureDrafter(head_model)
-  with pytest.raises(ValueError, match="proposes chains"):
+  with pytest.raises(ValueError, match="side by side as the tree 'chains:2x2'"):
     speculative.speculative_generate(
       head_model.target,
       drafter,
@@ -155,7 +218,7 @@ def test_names_and_errors(head_model):
       jax.random.key(0),
       max_new_tokens=4,
       num_draft_tokens=2,
-      tree="tree:2,1",
+      tree="tree:3,1",  # ('tree:2,1' is 'chains:2x2': two chains of 2.)
     )
   for bad in (-1, 1.5):
     with pytest.raises(ValueError, match="head_draft_tokens must be an int >= 0"):

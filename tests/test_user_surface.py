@@ -55,9 +55,9 @@ def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):
     # A tree's K is its depth: the chain's num_draft_tokens (8) was held against max_new_tokens.
     (dict(tree="tree:2,2", max_new_tokens=4), None),
     (dict(tree="tree:2,2", drafter="lookup"), "tree:2,2': drafter='lookup' proposes single chains"),
-    (dict(tree="tree:2,2", drafter="feature+lookup:2"), "proposes no trees"),
+    (dict(tree="tree:2,2", drafter="feature+lookup:2"), "its copy beside the head's chain"),
     (dict(tree="chain:3", drafter="lookup"), None),
-    (dict(tree="chain:3", drafter="feature+lookup:2"), "proposes no trees"),
+    (dict(tree="chain:3", drafter="feature+lookup:2"), "as the tree 'chains:2x3'"),
     (
       dict(tree="dynamic:2x2", proposal="greedy", confidence_threshold=0.5),
       "confidence_threshold=0.5: must be 0 with a dynamic tree",

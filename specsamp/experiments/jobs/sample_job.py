@@ -264,11 +264,16 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       (
         "speculative.tree",
         spec.tree,
-        not (kind == "feature_lookup" or (kind == "lookup" and not tree.is_chain)),
-        f"drafter={name!r} proposes "
-        + ("no trees (not even chain-shaped ones)" if kind == "feature_lookup" else "single chains")
-        + " (a copied continuation has no siblings); trees need a model drafter: draft, self:L, "
-        "feature or a parallel one",
+        not (kind == "lookup" and not tree.is_chain),
+        f"drafter={name!r} proposes single chains (a copied continuation has no siblings); "
+        "trees need a model drafter: draft, self:L, feature or a parallel one",
+      ),
+      (
+        "speculative.tree",
+        spec.tree,
+        kind != "feature_lookup" or tree.parents == tree_lib.chains(2, tree.max_depth).parents,
+        f"drafter={name!r} proposes a chain, or its copy beside the head's chain as the tree "
+        f"'chains:2x{tree.max_depth}'; other trees need drafter 'feature'",
       ),
       (
         "speculative.confidence_threshold",

@@ -106,6 +106,8 @@ LOOKUP_FEATURE_DRAFTERS = (
   "feature_lookup_capped",  # The head drafts at most 2 of the K = 3 a copy proposes.
 )
 PROPOSAL_TREE = "tree:2,2,1"
+# feature+lookup's copy (chain 0, point-mass q) beside the head's chain (chain 1, its real q).
+SIDE_BY_SIDE_TREE = f"chains:2x{NUM_DRAFT}"
 DYNAMIC_TREE = "dynamic:3,2,2"  # EAGLE-2: 3 nodes at depth 1, then the 2 best of 6 per depth.
 PROPOSAL_WARPINGS = ("T=1", "T=0.7,k=4,p=0.9")
 TREE_BUG = "tree:3,1,1"  # Where the tree bugs show: three distinct siblings, then chains.
@@ -156,14 +158,16 @@ class Case:
 def all_cases(scope: str = "full") -> list[Case]:
   """The cases of a certificate, then the planted bugs (``bug_cases``).
 
-  'full' (268 cases: 150 single-chain, 44 tree, 31 proposal-mode, 26 parallel, 4 narrow
+  'full' (274 cases: 150 single-chain, 44 tree, 36 proposal-mode, 26 parallel, 5 narrow
   scoring, 13 bugs):
     trigram, 1 device: every verifier x drafter (model, lookup, confidence stop) x
       schedule x warping x batch (1, ragged 16): 120 cases;
     transformer, 1 device: every verifier x drafter (all six: self-speculative and the two
       feature heads included) x schedule, warpings in rotation, batches alternating: 24 cases;
     proposal modes (``proposal_cases``): 16 feature-head cases and 2 trigram ones, 5 of lookup
-      where the context repeats with the head elsewhere, and dynamic trees
+      where the context repeats with the head elsewhere, 4 of its copy beside the head's chain
+      in one tree (``SIDE_BY_SIDE_TREE``) and that tree's planted ``copied_drawn_q``, and
+      dynamic trees
       (``dynamic_cases``): 4 feature-head and 4 trigram cases;
     transformer, 2x4 mesh (shard_map tensor parallelism, 8 simulated devices on a CPU,
       ~10x slower again): every drafter at ragged batch 16, verifiers, schedules and
@@ -336,8 +340,9 @@ def proposal_cases(scope: str = "full") -> list[Case]:
   (2). 'quick': the head's sampled tree, and greedy proposals in a tree on ragged rows on the
   trigram (the draft model's proposals go through the same ``proposals`` functions). Lookup
   where the context repeats and the head elsewhere (``feature_lookup``): 'full': a chain x
-  verifier x warping x batch, sampled (4 on the transformer), and greedy proposals (1);
-  'quick': a sampled chain on ragged rows with the warping, block-verified."""
+  verifier x warping x batch, sampled (4 on the transformer), and greedy proposals (1); the
+  copy beside the head's chain in one tree, tree verifier x warping x batch (4), and its
+  planted bug; 'quick': a sampled chain on ragged rows with the warping, block-verified."""
   lookup_quick = Case(
     "transformer", "block", "feature_lookup", "heuristic", "T=0.7,k=4,p=0.9", "ragged16", "1"
   )
@@ -377,6 +382,34 @@ def proposal_cases(scope: str = "full") -> list[Case]:
     )
   cases.append(
     Case("transformer", "token", "feature_lookup_greedy", "fixed", "T=1", "ragged16", "1")
+  )
+  for i, (warping_name, batch) in enumerate(itertools.product(PROPOSAL_WARPINGS, BATCHES)):
+    verifier = TREE_VERIFIERS[(i ^ i >> 1) & 1]
+    cases.append(
+      Case(
+        "transformer",
+        verifier,
+        "feature_lookup",
+        "fixed",
+        warping_name,
+        batch,
+        "1",
+        tree=SIDE_BY_SIDE_TREE,
+      )
+    )
+  # Copied tokens verified with the head's q: rejected in the tree as in the chain.
+  cases.append(
+    Case(
+      "transformer",
+      "token",
+      "feature_lookup",
+      "fixed",
+      "T=1",
+      "1",
+      "1",
+      "copied_drawn_q",
+      SIDE_BY_SIDE_TREE,
+    )
   )
   return cases + dynamic_cases(scope)
 
