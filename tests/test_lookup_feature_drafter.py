@@ -17,6 +17,7 @@ from specsamp.sampling import autoregressive, speculative
 from specsamp.sampling.drafters import Drafter, PromptLookupDrafter
 from specsamp.sampling.feature_drafter import FeatureDrafter
 from specsamp.sampling.lookup_feature_drafter import LookupFeatureDrafter
+from specsamp.sampling.tree import chains
 from specsamp.sampling.warping import SamplingConfig
 
 CONFIG = TransformerConfig(
@@ -35,22 +36,27 @@ def head_model():
   return feature_head.FeatureDraftModel(head, target)
 
 
-def _propose(drafter, prompts, lengths, sampling, K=3):
+def _propose(drafter, prompts, lengths, sampling, K=3, side_by_side=False):
   """(proposal, state) of the first iteration after the prompt's prefill: one compiled program
   per drafter kind and setting (run eagerly, the prefill, init and proposal were hundreds of
-  small compiles)."""
+  small compiles). ``side_by_side``: the tree proposal ``chains:2xK`` instead of the chain."""
   static, dynamic = drafter.split()
-  return _first_proposal(static, dynamic, jnp.asarray(prompts), jnp.asarray(lengths), sampling, K)
+  prompts, lengths = jnp.asarray(prompts), jnp.asarray(lengths)
+  return _first_proposal(static, dynamic, prompts, lengths, sampling, K, side_by_side)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _first_proposal(static, dynamic, prompts, lengths, sampling, K):
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+def _first_proposal(static, dynamic, prompts, lengths, sampling, K, side_by_side):
   drafter = Drafter.merge(static, dynamic)
   target = drafter.model.target
   cache = target.init_cache(prompts.shape[0], 16)
   features = target(prompts, None, cache, capture_layers=drafter.feature_layers).features
   state, _ = drafter.init(prompts, lengths, 16, K, features_BTF=features)
   limit = jnp.full((prompts.shape[0],), K, jnp.int32)
+  if side_by_side:
+    return drafter.propose_tree(
+      state, prompts, lengths, jax.random.key(3), chains(2, K), limit, sampling, CONFIG.vocab_size
+    )
   return drafter.propose(
     state, prompts, lengths, jax.random.key(3), K, limit, sampling, CONFIG.vocab_size
   )
@@ -172,33 +178,15 @@ def test_the_copy_and_the_heads_chain_side_by_side_propose_with_their_own_q(head
   sampling = SamplingConfig(1.0)
   chain, _ = _propose(LookupFeatureDrafter(head_model), PROMPTS, LENGTHS, sampling)
   head, _ = _propose(FeatureDrafter(head_model), PROMPTS, LENGTHS, sampling)
-  tree, _ = _propose_tree(LookupFeatureDrafter(head_model), sampling)
+  tree, _ = _propose(
+    LookupFeatureDrafter(head_model), PROMPTS, LENGTHS, sampling, side_by_side=True
+  )
   np.testing.assert_array_equal(tree.tokens[0, 0::2], chain.tokens[0])  # Copied: 5, 6, 7.
   np.testing.assert_array_equal(tree.drafted[:, 0::2], [[True] * 3, [False] * 3])  # No match.
   np.testing.assert_array_equal(tree.probs[0, 0::2], jax.nn.one_hot(chain.tokens[0], 64))
   np.testing.assert_array_equal(tree.tokens[:, 1::2], head.tokens)
   np.testing.assert_array_equal(tree.probs[:, 1::2], head.probs)
   np.testing.assert_array_equal(tree.drafted[:, 1::2], True)
-
-
-def _propose_tree(drafter, sampling, K=3):
-  static, dynamic = drafter.split()
-  return _first_tree_proposal(static, dynamic, PROMPTS, LENGTHS, sampling, K)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _first_tree_proposal(static, dynamic, prompts, lengths, sampling, K):
-  from specsamp.sampling.tree import chains
-
-  drafter = Drafter.merge(static, dynamic)
-  target = drafter.model.target
-  cache = target.init_cache(prompts.shape[0], 16)
-  features = target(prompts, None, cache, capture_layers=drafter.feature_layers).features
-  state, _ = drafter.init(prompts, lengths, 16, K, features_BTF=features)
-  limit = jnp.full((prompts.shape[0],), K, jnp.int32)
-  return drafter.propose_tree(
-    state, prompts, lengths, jax.random.key(3), chains(2, K), limit, sampling, CONFIG.vocab_size
-  )
 
 
 def test_names_and_errors(head_model):
