@@ -172,21 +172,26 @@ def test_the_copy_and_the_heads_chain_side_by_side_greedy_equals_autoregressive(
 
 
 def test_the_copy_and_the_heads_chain_side_by_side_propose_with_their_own_q(head_model):
-  """The first tree proposal: chain 0 (even nodes) is the row's copy with point-mass q, not
-  drafted where it has no match; chain 1 (odd nodes) is the head's chain with the q the chain
+  """The first tree proposal: chain 0 (even nodes) is the row's copy with point-mass q, after a
+  1-gram match too (``tree_min_ngram``: row 1's last token 9 occurred before), and not drafted
+  where the row has no match; chain 1 (odd nodes) is the head's chain with the q the chain
   drafter reports for it (same key)."""
   sampling = SamplingConfig(1.0)
-  chain, _ = _propose(LookupFeatureDrafter(head_model), PROMPTS, LENGTHS, sampling)
   head, _ = _propose(FeatureDrafter(head_model), PROMPTS, LENGTHS, sampling)
   tree, _ = _propose(
     LookupFeatureDrafter(head_model), PROMPTS, LENGTHS, sampling, side_by_side=True
   )
-  np.testing.assert_array_equal(tree.tokens[0, 0::2], chain.tokens[0])  # Copied: 5, 6, 7.
-  np.testing.assert_array_equal(tree.drafted[:, 0::2], [[True] * 3, [False] * 3])  # No match.
-  np.testing.assert_array_equal(tree.probs[0, 0::2], jax.nn.one_hot(chain.tokens[0], 64))
+  np.testing.assert_array_equal(tree.tokens[:, 0::2], [[5, 6, 7], [2, 8, 9]])  # Copied.
+  np.testing.assert_array_equal(tree.drafted[:, 0::2], True)
+  np.testing.assert_array_equal(tree.probs[:, 0::2], jax.nn.one_hot(tree.tokens[:, 0::2], 64))
   np.testing.assert_array_equal(tree.tokens[:, 1::2], head.tokens)
   np.testing.assert_array_equal(tree.probs[:, 1::2], head.probs)
   np.testing.assert_array_equal(tree.drafted[:, 1::2], True)
+  # With 2-grams at least (the chain's rule), row 1 has no match: its copy is not drafted.
+  two_grams = LookupFeatureDrafter(head_model, tree_min_ngram=2)
+  tree, _ = _propose(two_grams, PROMPTS, LENGTHS, sampling, side_by_side=True)
+  np.testing.assert_array_equal(tree.drafted[:, 0::2], [[True] * 3, [False] * 3])
+  np.testing.assert_array_equal(tree.tokens[:, 1::2], head.tokens)
 
 
 def test_names_and_errors(head_model):
