@@ -19,8 +19,8 @@ Side by side (``tree='chains:2xK'``, ``propose_tree``): the copy as chain 0 and 
 chain as chain 1 of one tree call, so greedy verification keeps whichever run is longer rather
 than a rule choosing one before the target has spoken; on the same answers, in the greedy loop
 at K = 4, 2.66 tokens per target call against the chain's 2.43 (its copy after 1-grams too:
-``tree_min_ngram``), for a call of 2K + 1 tokens
-instead of K + 1 (docs/training_on_answers.md section 15).
+``tree_min_ngram``), for a call of 2K + 1 tokens instead of K + 1
+(docs/training_on_answers.md section 15).
 
 Exactness: which drafter a row uses depends only on its context, known before any draft is
 drawn, and each draft is verified with the q it came from (the point mass for a copied token,
@@ -45,6 +45,12 @@ from specsamp.sampling.warping import SamplingConfig
 MIN_NGRAM = 2
 """The shortest n-gram that makes a row copy: a single repeated token is a poor reason to (on
 SmolLM2's held-out answers, 1-grams cost 0.07 tau; docs/training_on_answers.md section 11)."""
+
+
+def is_side_by_side(tree: TreeShape) -> bool:
+  """Whether ``tree`` is the one 'feature+lookup' proposes: ``chains:2xK``, the copy beside the
+  head's chain (``LookupFeatureDrafter.propose_tree``)."""
+  return tree.parents == chains(2, tree.max_depth).parents
 
 
 def copied_q(point_BKV: jax.Array, drawn_BKV: jax.Array) -> jax.Array:
@@ -84,6 +90,15 @@ class LookupFeatureDrafter(FeatureDrafter):
     minimum = self.tree_min_ngram if tree else self.min_ngram
     return PromptLookupDrafter(max_ngram=self.max_ngram, min_ngram=minimum)
 
+  def head_limit(self, limit_B: jax.Array) -> jax.Array:
+    """The most tokens a row's head chain drafts: ``limit_B``, capped at ``head_draft_tokens``."""
+    return jnp.minimum(limit_B, self.head_draft_tokens) if self.head_draft_tokens else limit_B
+
+  def copies_q(self, copied_BK: jax.Array, drawn_BKV: jax.Array) -> jax.Array:
+    """[B, K, V] the q copied tokens are verified with (``copied_q``): their point masses."""
+    point_BKV = jax.nn.one_hot(copied_BK, drawn_BKV.shape[-1], dtype=drawn_BKV.dtype)
+    return copied_q(point_BKV, drawn_BKV)
+
   def check(self, target: Any) -> None:
     super().check(target)
     self.lookup().check(target)
@@ -99,7 +114,7 @@ class LookupFeatureDrafter(FeatureDrafter):
       )
 
   def check_tree(self, tree: TreeShape) -> None:
-    if tree.parents != chains(2, tree.max_depth).parents:
+    if not is_side_by_side(tree):
       raise ValueError(
         "drafter='feature+lookup' proposes a chain, or the copy and the head's chain side by "
         f"side as the tree 'chains:2x{tree.max_depth}'; got another tree (use 'feature' for "
@@ -128,11 +143,8 @@ class LookupFeatureDrafter(FeatureDrafter):
     copied, _ = self.lookup(tree=True).propose(
       (), tokens_BW, lengths_B, key, K, limit_B, sampling, vocab_size
     )
-    head_limit_B = limit_B
-    if self.head_draft_tokens:
-      head_limit_B = jnp.minimum(limit_B, self.head_draft_tokens)
     drawn, state = FeatureDrafter.propose(
-      self, state, tokens_BW, lengths_B, key, K, head_limit_B, sampling, vocab_size
+      self, state, tokens_BW, lengths_B, key, K, self.head_limit(limit_B), sampling, vocab_size
     )
     depth_K = jnp.arange(K)
     side_by_side = (
@@ -142,8 +154,7 @@ class LookupFeatureDrafter(FeatureDrafter):
     )
     probs = drawn.probs
     if probs is not None:
-      point_BKV = jax.nn.one_hot(copied.tokens, probs.shape[-1], dtype=probs.dtype)
-      probs = side_by_side(copied_q(point_BKV, probs), probs)
+      probs = side_by_side(self.copies_q(copied.tokens, probs), probs)
     proposal = TreeProposal(
       tokens=side_by_side(copied.tokens, drawn.tokens),
       probs=probs,
@@ -170,10 +181,7 @@ class LookupFeatureDrafter(FeatureDrafter):
       (), tokens_BW, lengths_B, key, num_draft_tokens, limit_B, sampling, vocab_size
     )
     copy_B = copied.num_proposed > 0
-
-    head_limit_B = limit_B
-    if self.head_draft_tokens:
-      head_limit_B = jnp.minimum(limit_B, self.head_draft_tokens)
+    head_limit_B = self.head_limit(limit_B)
 
     def head(state):
       return FeatureDrafter.propose(
@@ -189,8 +197,7 @@ class LookupFeatureDrafter(FeatureDrafter):
     drawn, state = jax.lax.cond(jnp.all(copy_B), copy_only, head, state)
     probs = drawn.probs
     if probs is not None:  # Drawn tokens carry q; a copied row's q is the point mass.
-      point_BKV = jax.nn.one_hot(copied.tokens, probs.shape[-1], dtype=probs.dtype)
-      probs = jnp.where(copy_B[:, None, None], copied_q(point_BKV, probs), probs)
+      probs = jnp.where(copy_B[:, None, None], self.copies_q(copied.tokens, probs), probs)
     proposal = Proposal(
       tokens=jnp.where(copy_B[:, None], copied.tokens, drawn.tokens),
       probs=probs,

@@ -314,7 +314,7 @@ def lookup_beside(lookup_BT: np.ndarray, matched_BT: np.ndarray, head_BT: np.nda
   """[B, T] accepted counts of the head's greedy chain and prompt lookup's copy proposed side
   by side, as two branches of one tree call of depth K (``lookup_first``'s layouts): greedy tree
   verification keeps the longer path that matches the target, so the larger of the two runs
-  where lookup matched, the head's elsewhere; -1 outside the windows. Not a drafter specsamp
-  has yet: what one would accept, measured (docs/training_on_answers.md, section 15)."""
+  where lookup matched, the head's elsewhere; -1 outside the windows: what 'feature+lookup'
+  with ``tree='chains:2xK'`` accepts (docs/training_on_answers.md, section 15)."""
   both = np.where(matched_BT, np.maximum(lookup_BT, head_BT), head_BT)
   return np.where(lookup_BT >= 0, both, -1)

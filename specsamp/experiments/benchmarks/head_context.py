@@ -105,10 +105,13 @@ def compare(
     "tau": float(per_sequence.with_lookup),
     "loop": float(per_sequence.loop_with_lookup),
   }
-  # The head's chain and lookup's copy side by side in one tree call (not a drafter yet):
-  # with feature+lookup's n-grams, and with prompt lookup's own (down to 1-grams).
+  # The head's chain and lookup's copy side by side in one tree call ('feature+lookup' with
+  # tree='chains:2xK'): with the chain's n-grams, and down to 1-grams (the tree's default).
   runs = [answers.chain_layout(a) for a in counts["per_sequence"]]
-  own = [answers.lookup_accepted(*batch[:2], K, LOOKUP_MAX_NGRAM, 1) for batch in evaluation]
+  own = [
+    answers.lookup_accepted(*batch[:2], K, answer_training.LOOKUP_NGRAMS[0], 1)
+    for batch in evaluation
+  ]
   for name, looked in (("beside", lookups), ("beside, 1-grams", own)):
     beside = [answers.lookup_beside(*lookup, run) for lookup, run in zip(looked, runs)]
     result[f"feature and lookup, one tree ({name})"] = {
@@ -119,6 +122,3 @@ def compare(
     tau, loop = result[name]["tau"], result[name]["loop"]
     log(f"{name}: tau(K={K}) {tau:.4f}; in the greedy loop {loop:.4f}")
   return result
-
-
-LOOKUP_MAX_NGRAM = answer_training.LOOKUP_NGRAMS[0]  # Prompt lookup's longest n-gram.

@@ -22,7 +22,14 @@ from specsamp.experiments.benchmarks.harness import Bench, format_choice
 from specsamp.experiments.jobs import drafter_specs
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.jobs import prompts as prompts_lib
-from specsamp.sampling import calibration, proposals, speculative, tree_step, warping
+from specsamp.sampling import (
+  calibration,
+  lookup_feature_drafter,
+  proposals,
+  speculative,
+  tree_step,
+  warping,
+)
 from specsamp.sampling import statistics as sampling_statistics
 from specsamp.sampling import tree as tree_lib
 from specsamp.sampling.tree import TreeShape
@@ -271,7 +278,7 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
       (
         "speculative.tree",
         spec.tree,
-        kind != "feature_lookup" or tree.parents == tree_lib.chains(2, tree.max_depth).parents,
+        kind != "feature_lookup" or lookup_feature_drafter.is_side_by_side(tree),
         f"drafter={name!r} proposes a chain, or its copy beside the head's chain as the tree "
         f"'chains:2x{tree.max_depth}'; other trees need drafter 'feature'",
       ),
