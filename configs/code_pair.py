@@ -242,6 +242,11 @@ def get_config(arg=None):
   # (needed on several hosts).
   config.answers.target_outputs_dir = "target_outputs"
 
+  # How the models hold their layers when sampling: 'auto' (one array per layer on CPU, where a
+  # scan copies each layer's weights before its products; stacked elsewhere), 'stacked' (one
+  # lax.scan over the stack: TPU reads it in place) or 'unstacked'. Checkpoints keep the stack.
+  config.layer_layout = "auto"
+
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1  # Batch parallelism; -1 takes the remaining devices.
   config.mesh.fsdp = 1  # Batch for activations, parameters sharded along d_model.

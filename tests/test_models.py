@@ -162,33 +162,43 @@ _GEMMA2 = dict(
     pytest.param("qwen2", {}, marks=pytest.mark.extended),
     pytest.param("gemma", {}, marks=pytest.mark.extended),
     ("gemma", _GEMMA2),  # Gemma 2: sandwich norms, alternating sliding windows, soft-caps.
+    # A mixture of experts: its experts stay stacked inside the scan, sliced when unstacked.
+    ("llama", dict(num_experts=4, experts_per_token=2, ffn_dim=16)),
   ],
 )
-def test_scanned_layers_equal_unrolled_layers(family, changes):
+def test_scanned_layers_equal_unrolled_and_unstacked_layers(family, changes):
   """One lax.scan over the stacked blocks computes what a Python loop over the same
-  parameters does: logits and cache, for prefill, decode and an early exit."""
-  config = tiny_config(family, num_layers=2, **changes)
+  parameters does, and what the layers held one array per layer do (``unstack_layers``):
+  logits and cache, for prefill, decode, an early exit and captured features."""
+  config = tiny_config(family, num_layers=3, **changes)
   scanned = transformer.create(config, seed=5)
   graphdef, state = nnx.split(scanned)
   unrolled = nnx.merge(
     nnx.graphdef(transformer.create(config.replace(scan_layers=False), seed=5)), state
   )
   assert unrolled.config.scan_layers is False
+  unstacked = transformer.unstack_layers(nnx.merge(graphdef, state))
+  assert transformer.is_unstacked(unstacked) and not transformer.is_unstacked(scanned)
+  assert transformer.unstack_layers(unstacked) is unstacked  # Already unstacked: as it is.
+  layer_1 = jax.tree.leaves(nnx.state(transformer.layer_block(unstacked.blocks, 1)))
+  stacked = jax.tree.leaves(nnx.state(scanned.blocks))
+  assert [a.shape for a in layer_1] == [b.shape[1:] for b in stacked]
   tokens = _tokens(2, 9, config.vocab_size)
   results = {}
-  for name, model in (("scanned", scanned), ("unrolled", unrolled)):
+  for name, model in (("scanned", scanned), ("unrolled", unrolled), ("unstacked", unstacked)):
 
     @jax.jit  # One program per model, not an eager run of every operation.
     def calls(tokens, model=model):
       cache = model.init_cache(2, 12)
       prefill, cache = model(tokens[:, :6], None, cache)
-      step, cache = model(tokens[:, 6:], None, cache)
-      early, _ = transformer.EarlyExit(model, 1)(tokens)
-      return prefill, step, cache.keys, cache.values, early
+      step = model(tokens[:, 6:], None, cache, capture_layers=(1, 3))
+      early, _ = transformer.EarlyExit(model, 2)(tokens)
+      return prefill, step.logits, step.cache.keys, step.cache.values, step.features, early
 
     results[name] = calls(tokens)
-  for got, want in zip(results["scanned"], results["unrolled"]):
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=ATOL)
+  for other in ("unrolled", "unstacked"):
+    for got, want in zip(results["scanned"], results[other]):
+      np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=ATOL)
 
 
 @pytest.mark.slow

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import flip_a_byte, largest_file, script_env, xla_flags
@@ -233,6 +235,34 @@ def test_the_parallel_bound_script_reports_each_k(trained_workdir, tmp_path):
     seed=config.seed,
   )
   assert again["tokens_per_call"] == pytest.approx(results[2]["tokens_per_call"], abs=1e-5)
+
+
+def test_a_pair_samples_with_its_layers_unstacked_on_cpu_and_saves_them_stacked(trained_workdir):
+  """``layer_layout`` 'auto' on this CPU holds each loaded model's layers one array per layer
+  (``transformer.unstack_layers``), 'stacked' keeps the scan; the same logits, and the
+  parameters a checkpoint or an export reads are the stack either way."""
+  from specsamp.experiments.jobs import pair as pair_lib
+  from specsamp.models import transformer
+  from specsamp.training import train
+
+  config = _test_pair_config()
+  pairs = {}
+  for layout in ("auto", "stacked"):
+    config.layer_layout = layout
+    pairs[layout] = pair_lib.prepare(config, trained_workdir[0], log=lambda _: None)
+  assert transformer.is_unstacked(pairs["auto"].target)
+  assert transformer.is_unstacked(pairs["auto"].draft)
+  assert not transformer.is_unstacked(pairs["stacked"].target)
+  tokens = jnp.asarray(pairs["auto"].prompts[:2])
+  logits = {k: jax.jit(lambda t, m=p.target: m(t)[0])(tokens) for k, p in pairs.items()}
+  np.testing.assert_allclose(logits["auto"], logits["stacked"], rtol=1e-5, atol=1e-5)
+  saved = [train.params_of(p.target) for p in pairs.values()]
+  assert jax.tree.structure(saved[0]) == jax.tree.structure(saved[1])
+  for a, b in zip(*map(jax.tree.leaves, saved)):
+    np.testing.assert_array_equal(a, b)
+  config.layer_layout = "unstack"
+  with pytest.raises(ValueError, match="layer_layout must be one of .*got 'unstack'"):
+    pair_lib.prepare(config, trained_workdir[0], log=lambda _: None)
 
 
 @pytest.mark.slow

@@ -137,16 +137,27 @@ def _drop_layer_axis(variable: nnx.Variable) -> nnx.Variable:
   return variable
 
 
-def layer_block(blocks: Block, layer: int) -> Block:
+class LayerList(nnx.Module):
+  """The blocks held one Block per layer, each with its own arrays (``unstack_layers``):
+  what a model runs after ``unstack_layers``, in a Python loop over the layers."""
+
+  def __init__(self, layers: list[Block]):
+    self.layers = nnx.List(layers)
+
+
+def layer_block(blocks: Block | LayerList, layer: int) -> Block:
   """Layer ``layer`` of the stacked blocks as a Block of its own, every weight sliced (the
-  experts too): for running the layers one by one outside ``run_blocks``."""
+  experts too): for running the layers one by one outside ``run_blocks``. Of unstacked
+  blocks (``LayerList``): that layer's Block itself."""
+  if isinstance(blocks, LayerList):
+    return blocks.layers[layer]
   graphdef, state = nnx.split(blocks)
   state = jax.tree.map(_drop_layer_axis, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
   return nnx.merge(graphdef, jax.tree.map(lambda a: a[layer], state))
 
 
 def run_blocks(
-  blocks: Block,
+  blocks: Block | LayerList,
   config: TransformerConfig,
   x_BTD: jax.Array,
   positions_BT: jax.Array,
@@ -158,18 +169,25 @@ def run_blocks(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Layers ``start`` .. ``num_layers - 1`` of the stacked ``blocks``: one ``lax.scan`` over
   them (``config.scan_layers``), or a Python loop over the same slices (the unrolled
-  reference).
+  reference). Unstacked blocks (``unstack_layers``) run in a Python loop, each layer on its
+  own arrays.
 
   Returns:
     (x_BTD, keys_LBSKH, values_LBSKH) with each layer's cache updated.
   """
+  windows = config.layer_windows()
+  carry = (x_BTD, keys_LBSKH, values_LBSKH)
+  if isinstance(blocks, LayerList):  # One Block per layer: each reads its own arrays.
+    for index in range(start, num_layers):
+      with jax.named_scope(f"layer_{index}"):
+        carry = _unstacked_layer(blocks.layers[index], carry, positions_BT, index, windows, tree)
+    return _constrained(carry)
   graphdef, state = nnx.split(blocks)
   state = jax.tree_util.tree_map_with_path(
     lambda path, v: v if _stays_stacked(path) else _drop_layer_axis(v),
     state,
     is_leaf=lambda v: isinstance(v, nnx.Variable),
   )
-  windows = config.layer_windows()
   windows_L = None if windows is None else jnp.asarray(windows, jnp.int32)
 
   # The stacked weights are read one layer at a time by index, never sliced: a slice
@@ -188,17 +206,80 @@ def run_blocks(
     block = nnx.merge(graphdef, layer_state)
     return block(x_BTD, positions_BT, keys_LBSKH, values_LBSKH, index, window, tree), None
 
-  carry = (x_BTD, keys_LBSKH, values_LBSKH)
   if config.scan_layers:
     carry, _ = jax.lax.scan(layer, carry, jnp.arange(start, num_layers, dtype=jnp.int32))
   else:
     for index in range(start, num_layers):
       with jax.named_scope(f"layer_{index}"):
         carry, _ = layer(carry, index)
+  return _constrained(carry)
+
+
+def _constrained(carry: tuple[jax.Array, jax.Array, jax.Array]):
+  """The layers' result with the stacked cache's sharding."""
   x_BTD, keys_LBSKH, values_LBSKH = carry
   keys_LBSKH = sharding.constrain(keys_LBSKH, kv_cache.STACKED_CACHE_AXES)
   values_LBSKH = sharding.constrain(values_LBSKH, kv_cache.STACKED_CACHE_AXES)
   return x_BTD, keys_LBSKH, values_LBSKH
+
+
+def _unstacked_layer(
+  block: Block,
+  carry: tuple[jax.Array, jax.Array, jax.Array],
+  positions_BT: jax.Array,
+  index: int,
+  windows: list[int] | None,
+  tree: TreeCall | None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Layer ``index`` of unstacked blocks: its own weights (a mixture of experts' too, so its
+  MLP reads them as this layer's), its slots of the stacked cache."""
+  x_BTD, keys_LBSKH, values_LBSKH = carry
+  window = None if windows is None else jnp.int32(windows[index])
+  x_BTD, keys_LBSKH, values_LBSKH = block.attention_residual(
+    x_BTD, positions_BT, keys_LBSKH, values_LBSKH, index, window, tree
+  )
+  return block.mlp_residual(x_BTD, None), keys_LBSKH, values_LBSKH
+
+
+def unstack_layers(model: Transformer) -> Transformer:
+  """Holds ``model``'s layers one Block per layer, each with arrays of its own, in place (the
+  stacked arrays are released once nothing else holds them), and returns ``model``.
+
+  Why: inside a scan, XLA's CPU backend copies each layer's weights out of the stacked arrays
+  before every product (a dynamic-slice fusion; the same for unrolled static slices of the
+  stack), so a decode step reads the weights twice and writes them once. One array per layer
+  is read in place. Measured on this 2-core CPU (2026-11-30): the default pair's target step
+  6.43 -> 3.66 ms, SmolLM2's 60.3 -> 46.6 ms (docs/benchmarks.md, "Unstacked layers"). TPU
+  fuses the slice into its consumer and reads each weight once either way (the HLO byte
+  count), and compiles a scan in time independent of depth: keep the stack there.
+
+  Same logits up to float rounding (the products are other kernels' calls); the same cache,
+  trees, early exits and captured features. Checkpoints and training keep the stacked
+  layout: convert a model for sampling, after it is saved."""
+  if isinstance(model.blocks, LayerList):
+    return model
+  stacked = model.blocks
+  model.blocks = LayerList([layer_block(stacked, i) for i in range(model.config.num_layers)])
+  return model
+
+
+def restacked(params: dict) -> dict:
+  """A parameter dict (``nnx.to_pure_dict``) with every unstacked model's layers stacked
+  again along a leading layer axis: the layout checkpoints, exports and training read,
+  whichever way the model runs its layers. Nested models (a head holding its target) too."""
+  if not isinstance(params, dict):
+    return params
+  out = {key: restacked(value) for key, value in params.items()}
+  blocks = out.get("blocks")
+  if isinstance(blocks, dict) and set(blocks) == {"layers"}:  # A LayerList's pure dict.
+    ordered = [blocks["layers"][i] for i in sorted(blocks["layers"], key=int)]
+    out["blocks"] = jax.tree.map(lambda *xs: jnp.stack(xs), *ordered)
+  return out
+
+
+def is_unstacked(model: object) -> bool:
+  """Whether ``model`` (a Transformer) holds its layers unstacked (``unstack_layers``)."""
+  return isinstance(getattr(model, "blocks", None), LayerList)
 
 
 class Transformer(nnx.Module):

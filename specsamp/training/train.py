@@ -307,8 +307,9 @@ class TrainState:
 
 
 def params_of(model: nnx.Module) -> dict:
-  """A model's parameters as a plain nested dict (what checkpoints and optax see)."""
-  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  """A model's parameters as a plain nested dict (what checkpoints and optax see), its layers
+  stacked even when the model runs them unstacked (``transformer.unstack_layers``)."""
+  return transformer.restacked(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 
 
 class Trainer:
