@@ -271,6 +271,7 @@ def roofline(
   )
   results = {}
   cache_length = config.prompt_tokens + config.max_new_tokens + 9
+  unstack = pair_lib.unstacks_layers(config.pair)  # The layers as the pair's models hold them.
   for name, model_config in config.roofline_models.items():
     model_cfg = TransformerConfig.from_config(model_config)
     model = None
@@ -278,10 +279,13 @@ def roofline(
       for tokens in parse_list(config.roofline_tokens, int):
         if f"{name}/{batch}/{tokens}" in done:
           continue
-        model = model or transformer.create(model_cfg, seed=0)
+        if model is None:
+          model = transformer.create(model_cfg, seed=0)
+          model = transformer.unstack_layers(model) if unstack else model
         seconds = timing.time_calls(model, batch, tokens, cache_length)
         record = {
           "model": name,
+          "layer_layout": "unstacked" if unstack else "stacked",
           "batch_size": batch,
           "num_tokens": tokens,
           "cache_length": cache_length,

@@ -14,8 +14,9 @@ so a run cut short keeps all it measured:
                 top-k, at the vocabularies of SmolLM2 and Llama 3 (``warping_cost``): whether
                 an accelerator should search the blocks too, as a CPU does by default; and a
                 token's draw by the flat race and in two stages (``draw_cost``)
-  layers        the 8B and 1B decode steps with their layers scanned and unrolled: the sweep
-                runs a model unrolled only when that is clearly faster (not run by default)
+  layers        the 8B and 1B decode steps with their layers scanned, unrolled and unstacked:
+                the sweep runs a model unrolled only when that is clearly faster (not run by
+                default)
   shaped        Llama-3.1-8B / Llama-3.2-1B shapes, random bfloat16 weights, synthetic
                 acceptance, K and batch swept (``shaped_pair.sweep``): speedup, prediction
                 from the step costs measured here, efficiency, the step against its floor
@@ -226,8 +227,9 @@ def _shaped_models(config: ml_collections.ConfigDict, context: dict) -> tuple[An
 
 
 def layers(config: ml_collections.ConfigDict, context: dict, log: Callable) -> dict:
-  """Each shaped model's decode step (batch 1) with its layers scanned and unrolled; the
-  faster is what the sweep runs (``shaped_pair.with_layers``)."""
+  """Each shaped model's decode step (batch 1) with its layers scanned, unrolled over the stack
+  and unstacked; the fastest is what the sweep runs (``shaped_pair.with_layers``,
+  ``choose_layer_modes``)."""
   target, draft, mesh = _shaped_models(config, context)
   s = config.shaped
   cache_slots = s.prompt_tokens + s.max_new_tokens
@@ -241,15 +243,16 @@ def layers(config: ml_collections.ConfigDict, context: dict, log: Callable) -> d
 
 
 def choose_layer_modes(seconds: dict[str, dict[str, float]], margin: float) -> dict[str, str]:
-  """'unrolled' for a model whose unrolled step is faster than its scanned one by more than
-  ``margin`` (a fraction), else 'scan'. Unrolled layers compile far more slowly inside the
-  sampling loops: on an H200 the sweep chose unrolled layers for a 0.2% faster 8B step and then
-  compiled past its 200 s budget before its first row, where scanned layers finish four rows in
-  190 s (docs/benchmarks.md, "On a GPU")."""
-  return {
-    name: "unrolled" if modes["unrolled"] < (1 - margin) * modes["scan"] else "scan"
-    for name, modes in seconds.items()
-  }
+  """The fastest of a model's unrolled modes ('unrolled', 'unstacked') where its step is faster
+  than the scanned one by more than ``margin`` (a fraction), else 'scan'. Unrolled layers
+  compile far more slowly inside the sampling loops: on an H200 the sweep chose unrolled
+  layers for a 0.2% faster 8B step and then compiled past its 200 s budget before its first
+  row, where scanned layers finish four rows in 190 s (docs/benchmarks.md, "On a GPU")."""
+  chosen = {}
+  for name, modes in seconds.items():
+    fastest = min((mode for mode in modes if mode != "scan"), key=modes.get)
+    chosen[name] = fastest if modes[fastest] < (1 - margin) * modes["scan"] else "scan"
+  return chosen
 
 
 def _fastest_models(config: ml_collections.ConfigDict, context: dict) -> tuple[Any, Any, Any]:
@@ -258,7 +261,7 @@ def _fastest_models(config: ml_collections.ConfigDict, context: dict) -> tuple[A
   target, draft, mesh = _shaped_models(config, context)
   modes = context.get("layer_modes", {})
   target, draft = (
-    shaped_pair.with_layers(model, modes.get(name, "scan") == "scan")
+    shaped_pair.with_layers(model, modes.get(name, "scan"))
     for name, model in (("target", target), ("draft", draft))
   )
   return target, draft, mesh

@@ -34,6 +34,7 @@ from flax import nnx
 
 from specsamp.experiments.benchmarks import perf_model, speedup, timing
 from specsamp.hf import architectures
+from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 from specsamp.sampling import statistics
 from specsamp.sampling.sampler import Sampler
@@ -62,31 +63,38 @@ def model_config(path: str, dtype: str, tiny: bool = False) -> TransformerConfig
   return architectures.from_hf(shrink(hf) if tiny else hf, param_dtype=dtype, dtype=dtype)
 
 
-def with_layers(model: Any, scan: bool) -> Any:
-  """``model`` running its layers as one ``lax.scan`` (``scan``) or unrolled, sharing its
-  parameter arrays (nothing copied). On a GPU the two compile differently: a scan slices each
-  layer's weights out of the stacked arrays inside the loop, unrolled layers slice them at
-  fixed offsets."""
+LAYER_MODES = ("scan", "unrolled", "unstacked")
+
+
+def with_layers(model: Any, mode: str) -> Any:
+  """``model`` running its layers as one ``lax.scan`` ('scan'), unrolled over the same stacked
+  arrays ('unrolled'; both share its parameter arrays, nothing copied), or unrolled over arrays
+  of their own, one per layer ('unstacked': ``transformer.unstack_layers`` on a twin, a copy of
+  the layers' weights). A scan slices each layer's weights out of the stack inside the loop,
+  unrolled layers at fixed offsets; on XLA's CPU backend both copy the slice before the
+  products, and unstacked layers read their arrays in place."""
+  if mode not in LAYER_MODES:
+    raise ValueError(f"mode must be one of {LAYER_MODES}, got {mode!r}.")
   graphdef, state = nnx.split(model)
   twin = nnx.merge(graphdef, state)
-  twin.config = model.config.replace(scan_layers=scan)
-  return twin
+  twin.config = model.config.replace(scan_layers=mode == "scan")
+  return transformer.unstack_layers(twin) if mode == "unstacked" else twin
 
 
 def time_layer_modes(
   models: dict[str, Any], batch_size: int, cache_slots: int, log: Callable[[str], None] = print
 ) -> dict[str, dict[str, float]]:
-  """Seconds per decode step of each model with its layers scanned and unrolled
-  (``with_layers``): {name: {'scan': s, 'unrolled': s}}."""
+  """Seconds per decode step of each model with its layers in each of ``LAYER_MODES``
+  (``with_layers``): {name: {'scan': s, 'unrolled': s, 'unstacked': s}}."""
   seconds = {}
   for name, model in models.items():
     seconds[name] = {
-      mode: timing.time_calls(with_layers(model, mode == "scan"), batch_size, 1, cache_slots)
-      for mode in ("scan", "unrolled")
+      mode: timing.time_calls(with_layers(model, mode), batch_size, 1, cache_slots)
+      for mode in LAYER_MODES
     }
     log(
-      f"{name} step, batch {batch_size}: layers scanned {seconds[name]['scan'] * 1e3:.3f} ms, "
-      f"unrolled {seconds[name]['unrolled'] * 1e3:.3f} ms"
+      f"{name} step, batch {batch_size}: layers "
+      + ", ".join(f"{mode} {seconds[name][mode] * 1e3:.3f} ms" for mode in LAYER_MODES)
     )
   return seconds
 
