@@ -286,3 +286,22 @@ def test_twins_with_unrolled_or_unstacked_layers_give_the_same_logits():
 
 if __name__ == "__main__":
   sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_layer_layouts_are_timed_against_the_floor():
+  """scripts/benchmark_layers.py's comparison: every layout of every model at every token
+  count, beside one floor per call (the same weight bytes whatever the layout)."""
+  from specsamp.experiments.benchmarks import layer_layouts
+
+  config = TransformerConfig(
+    vocab_size=64, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, ffn_dim=64
+  )
+  out = layer_layouts.compare(
+    {"tiny": config}, tokens=(1, 3), cache_slots=16, rounds=1, log=[].append
+  )
+  assert sorted(out["results"]) == ["tiny/1", "tiny/3"]
+  assert out["machine"]["memory_bandwidth"] > 0
+  for record in out["results"].values():
+    for mode in shaped_pair.LAYER_MODES:
+      assert record[f"{mode}_ms"] > 0
+      assert record[f"{mode}_of_floor"] == pytest.approx(record["floor_ms"] / record[f"{mode}_ms"])

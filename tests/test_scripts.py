@@ -265,6 +265,22 @@ def test_a_pair_samples_with_its_layers_unstacked_on_cpu_and_saves_them_stacked(
     pair_lib.prepare(config, trained_workdir[0], log=lambda _: None)
 
 
+def test_the_layer_layouts_loops_are_timed_side_by_side(trained_workdir):
+  """scripts/benchmark_layers.py --loops: both loops in both layouts, interleaved."""
+  from specsamp.experiments.benchmarks import layer_layouts
+
+  config = _test_pair_config()
+  config.speculative.num_draft_tokens = 2
+  logs = []
+  out = layer_layouts.compare_loops(config, trained_workdir[0], calls=2, log=logs.append)
+  for loop in ("autoregressive", "speculative"):
+    assert sorted(out["ms_per_token"][loop]) == ["stacked", "unstacked"]
+  for layout, speedup in out["speedup"].items():
+    ms = out["ms_per_token"]
+    assert speedup == pytest.approx(ms["autoregressive"][layout] / ms["speculative"][layout])
+  assert "stacked: autoregressive" in logs[-1] and "unstacked: autoregressive" in logs[-1]
+
+
 @pytest.mark.slow
 def test_a_workdir_with_another_tokenizer_is_refused(trained_workdir, tmp_path):
   workdir, _ = trained_workdir
