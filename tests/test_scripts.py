@@ -774,7 +774,6 @@ def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call
   (the pair the job prepares); one draft call per iteration; greedy output equals the
   autoregressive loop's."""
   from specsamp.experiments.jobs import drafter_specs, sample_job
-  from specsamp.experiments.jobs import pair as pair_lib
 
   workdir, _ = trained_workdir
   copy = tmp_path / "copy"
@@ -790,16 +789,7 @@ def test_the_main_job_trains_each_parallel_drafter_once_and_drafts_from_one_call
   assert stage in os.listdir(copy)
   spec = drafter_specs.parse(name)
   logs = []
-  pair_lib.prepare(  # What sample_job.run prepares, now loaded.
-    config,
-    str(copy),
-    drafts=spec.needs_draft,
-    draft_modes=spec.draft_modes,
-    feature_head=spec.needs_feature_head,
-    parallel_head=spec.needs_parallel_head,
-    sequential_head=spec.needs_sequential_head,
-    log=logs.append,
-  )
+  drafter_specs.prepare_pair(spec, config, str(copy), logs.append)  # What sample_job.run loads.
   assert not any(needle + "training" in line for line in logs), (name, logs)
   assert any(needle + "loaded" in line for line in logs), (name, logs)
   assert report.tokens["speculative"] == report.tokens["autoregressive"], name

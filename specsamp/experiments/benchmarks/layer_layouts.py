@@ -71,7 +71,6 @@ def compare_loops(
 
   from specsamp.experiments.benchmarks.harness import Bench
   from specsamp.experiments.jobs import drafter_specs
-  from specsamp.experiments.jobs import pair as pair_lib
   from specsamp.experiments.jobs import prompts as prompts_lib
 
   s, spec = config.sampling, drafter_specs.parse(config.speculative.drafter)
@@ -84,14 +83,7 @@ def compare_loops(
   for layout in ("stacked", "unstacked"):
     config = ml_collections.ConfigDict(config.to_dict())
     config.layer_layout = layout
-    pair = pair_lib.prepare(
-      config,
-      workdir,
-      drafts=spec.needs_draft,
-      draft_modes=spec.draft_modes,
-      feature_head=spec.needs_feature_head,
-      log=log,
-    )
+    pair = drafter_specs.prepare_pair(spec, config, workdir, log)
     draft = drafter_specs.make(spec, pair, config.speculative.get("proposal", "sampled"))
     prompts = prompts_lib.of_pair(
       pair, s.prompt_source, chat=bool(s.get("chat_template", False)), limit=s.max_prompts

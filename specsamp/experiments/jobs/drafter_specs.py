@@ -120,6 +120,23 @@ def trained_positions(
   return found
 
 
+def prepare_pair(spec: DrafterSpec, config: Any, workdir: str | None, log: Any = print) -> Any:
+  """The pair ``config`` describes with what ``spec`` drafts from (its draft model, feature,
+  parallel or sequential head), trained where missing (``jobs.pair.prepare``)."""
+  from specsamp.experiments.jobs import pair as pair_lib
+
+  return pair_lib.prepare(
+    config,
+    workdir,
+    drafts=spec.needs_draft,
+    draft_modes=spec.draft_modes,
+    feature_head=spec.needs_feature_head,
+    parallel_head=spec.needs_parallel_head,
+    sequential_head=spec.needs_sequential_head,
+    log=log,
+  )
+
+
 def make(
   spec: DrafterSpec,
   pair: Any,

@@ -379,16 +379,7 @@ def run(
         f"--config.sampling.batch_size={s.batch_size}: must divide the {count} prompts of {source}."
       )
   drafter = drafter_specs.parse(config.speculative.get("drafter", "draft"))
-  pair = pair_lib.prepare(
-    config,
-    workdir,
-    drafts=drafter.needs_draft,
-    draft_modes=drafter.draft_modes,
-    feature_head=drafter.needs_feature_head,
-    parallel_head=drafter.needs_parallel_head,
-    sequential_head=drafter.needs_sequential_head,
-    log=log,
-  )
+  pair = drafter_specs.prepare_pair(drafter, config, workdir, log)
   tokenizer = pair.tokenizer
   trained = drafter_specs.trained_positions(drafter, config)
   check_trained_positions(config, trained)
