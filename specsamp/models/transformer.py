@@ -249,9 +249,10 @@ def unstack_layers(model: Transformer) -> Transformer:
   before every product (a dynamic-slice fusion; the same for unrolled static slices of the
   stack), so a decode step reads the weights twice and writes them once. One array per layer
   is read in place. Measured on this 2-core CPU (2026-11-30): the default pair's target step
-  6.43 -> 3.66 ms, SmolLM2's 60.3 -> 46.6 ms (docs/benchmarks.md, "Unstacked layers"). TPU
-  fuses the slice into its consumer and reads each weight once either way (the HLO byte
-  count), and compiles a scan in time independent of depth: keep the stack there.
+  4.09 -> 2.42 ms, SmolLM2's autoregressive loop 55.6 -> 43.3 ms a token (docs/benchmarks.md,
+  "Unstacked layers on CPU"; ``scripts/benchmark_layers.py``). TPU fuses the slice into its
+  consumer and reads each weight once either way (the HLO byte count), and compiles a scan in
+  time independent of depth: keep the stack there.
 
   Same logits up to float rounding (the products are other kernels' calls); the same cache,
   trees, early exits and captured features. Checkpoints and training keep the stacked
