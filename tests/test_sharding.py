@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import tiny_config
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from specsamp import sharding
@@ -76,15 +77,24 @@ def test_parameters_are_born_sharded():
     ("llama", "shard_map", "data", 4),  # blocked cache reads under shard_map
     ("gemma", "shard_map", "data", 0),
     ("llama", "shard_map", "fsdp", 0),
+    # Unstacked layers (transformer.unstack_layers, what a pair samples with on CPU): each
+    # layer's arrays keep the stack's sharding of their other axes, under jit and shard_map.
+    ("llama", "shard_map", "fsdp", "unstacked"),
+    ("gemma", "auto", "data", "unstacked"),
   ],
 )
 def test_sharded_run_equals_one_device(family, mode, batch_axis, block):
   """{data or fsdp} 2 x tensor 4 on 8 devices: same logits and greedy tokens as 1 device
-  (with the cache read whole, or in live blocks of 4 slots)."""
-  config = tiny_config(family, tensor_parallel=mode, attention_block_size=block)
+  (with the cache read whole, or in live blocks of 4 slots; or the layers unstacked)."""
+  unstacked = block == "unstacked"
+  config = tiny_config(family, tensor_parallel=mode, attention_block_size=0 if unstacked else block)
   single = transformer.create(config, seed=5)
   mesh = sharding.make_mesh({batch_axis: 2, "tensor": 4})
   sharded = transformer.create(config, mesh, seed=5)
+  if unstacked:
+    sharded = transformer.unstack_layers(sharded)
+    specs = {a.sharding.spec for a in jax.tree.leaves(nnx.state(sharded.blocks))}
+    assert any(spec != jax.sharding.PartitionSpec() for spec in specs)  # Still split.
   tokens = jnp.asarray(PROMPTS)
   expected_logits, _ = single(tokens)
   expected = generate(single, PROMPTS, LENGTHS, jax.random.key(0), max_new_tokens=6, temperature=0)
