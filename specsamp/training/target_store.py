@@ -44,8 +44,7 @@ import numpy as np
 from flax import nnx
 
 from specsamp import files, multihost
-from specsamp.models import transformer
-from specsamp.training import answers
+from specsamp.training import answers, train
 
 OUTPUTS, META, PROGRESS = "outputs.bin", "meta.json", "progress.json"
 
@@ -135,10 +134,8 @@ def parameters_fingerprint(model: Any) -> str:
   nnx module (its ``nnx.Param`` leaves) or any pytree of arrays. On several hosts every process
   must call it (a parameter split over hosts is gathered: a collective)."""
   digest = hashlib.sha256()
-  if isinstance(model, nnx.Module):  # Its layers stacked, however it runs them.
-    params = transformer.restacked(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-  else:
-    params = model
+  # An nnx module's parameters with its layers stacked, however it runs them (params_of).
+  params = train.params_of(model) if isinstance(model, nnx.Module) else model
   for leaf in jax.tree.leaves(params):
     if not hasattr(leaf, "ndim") or leaf.ndim == 0:
       digest.update(np.asarray(leaf).tobytes())

@@ -12,7 +12,12 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_collections
+
 from specsamp.experiments.benchmarks import perf_model, shaped_pair, timing
+from specsamp.experiments.benchmarks.harness import Bench
+from specsamp.experiments.jobs import drafter_specs
+from specsamp.experiments.jobs import prompts as prompts_lib
 from specsamp.models import transformer
 from specsamp.models.config import TransformerConfig
 
@@ -56,7 +61,7 @@ def compare(
 
 
 def compare_loops(
-  config: Any,
+  config: ml_collections.ConfigDict,
   workdir: str | None = None,
   calls: int = 16,
   log: Callable[[str], None] = print,
@@ -67,29 +72,23 @@ def compare_loops(
   the prompts cycled): {'ms_per_token': {'autoregressive'|'speculative': {'stacked',
   'unstacked'}}, 'speedup': {layout: ...}, 'calls'}. ms per token: each call's seconds over
   its longest row's new tokens, medians."""
-  import ml_collections
-
-  from specsamp.experiments.benchmarks.harness import Bench
-  from specsamp.experiments.jobs import drafter_specs
-  from specsamp.experiments.jobs import prompts as prompts_lib
-
   s, spec = config.sampling, drafter_specs.parse(config.speculative.drafter)
   common = dict(
     max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p
   )
   if config.speculative.get("narrow_scoring", False):
     common["narrow_scoring"] = True
+  k = config.speculative.num_draft_tokens
   samplers, batches = {}, None
   for layout in ("stacked", "unstacked"):
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.layer_layout = layout
-    pair = drafter_specs.prepare_pair(spec, config, workdir, log)
+    layout_config = ml_collections.ConfigDict(config.to_dict())
+    layout_config.layer_layout = layout
+    pair = drafter_specs.prepare_pair(spec, layout_config, workdir, log)
     draft = drafter_specs.make(spec, pair, config.speculative.get("proposal", "sampled"))
     prompts = prompts_lib.of_pair(
       pair, s.prompt_source, chat=bool(s.get("chat_template", False)), limit=s.max_prompts
     )
     batches = prompts_lib.batches(prompts, s.batch_size)
-    k = config.speculative.num_draft_tokens
     bench = Bench(
       pair, cache_slots=prompts.tokens.shape[1] + s.max_new_tokens + k + 1, seed=s.seed,
       drafters={"draft": draft},
