@@ -347,7 +347,13 @@ def attention_forward(
     config.attention_block_size,
     tree,
   )
-  out_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTNH, weights["o_NHD"].astype(dtype))
+  # One product over the heads' flattened outputs E = N x H, both operands as they lie: with
+  # the einsum over (N, H), XLA's CPU backend laid o out again, [H, N, D], in every call
+  # (7-14% of the default pair's call; tests/test_models.py keeps it out).
+  batch, length, num_heads, head_dim = out_BTNH.shape
+  o_ED = weights["o_NHD"].astype(dtype)
+  o_ED = o_ED.reshape(num_heads * head_dim, o_ED.shape[-1])
+  out_BTD = jnp.einsum("BTE,ED->BTD", out_BTNH.reshape(batch, length, num_heads * head_dim), o_ED)
   return out_BTD, keys_LBSKH, values_LBSKH
 
 
