@@ -347,14 +347,17 @@ def attention_forward(
     config.attention_block_size,
     tree,
   )
-  # One product over the heads' flattened outputs E = N x H, both operands as they lie: with
-  # the einsum over (N, H), XLA's CPU backend laid o out again, [H, N, D], in every call
-  # (7-14% of the default pair's call; tests/test_models.py keeps it out).
+  return output_projection(out_BTNH, weights["o_NHD"].astype(dtype)), keys_LBSKH, values_LBSKH
+
+
+def output_projection(out_BTNH: jax.Array, o_NHD: jax.Array) -> jax.Array:
+  """The heads' outputs through o: one product over their flattened outputs E = N x H, both
+  operands as they lie. As an einsum over (N, H), XLA's CPU backend laid o out again,
+  [H, N, D], in every layer of every call (8-18% of a call; tests/test_models.py keeps it
+  out)."""
   batch, length, num_heads, head_dim = out_BTNH.shape
-  o_ED = weights["o_NHD"].astype(dtype)
-  o_ED = o_ED.reshape(num_heads * head_dim, o_ED.shape[-1])
-  out_BTD = jnp.einsum("BTE,ED->BTD", out_BTNH.reshape(batch, length, num_heads * head_dim), o_ED)
-  return out_BTD, keys_LBSKH, values_LBSKH
+  o_ED = o_NHD.reshape(num_heads * head_dim, o_NHD.shape[-1])
+  return jnp.einsum("BTE,ED->BTD", out_BTNH.reshape(batch, length, num_heads * head_dim), o_ED)
 
 
 class Attention(nnx.Module):

@@ -39,7 +39,12 @@ from flax import nnx
 from specsamp import sharding
 from specsamp.config_fields import ConfigFields
 from specsamp.models import kv_cache
-from specsamp.models.attention import TreeCall, attention_forward, segment_positions
+from specsamp.models.attention import (
+  TreeCall,
+  attention_forward,
+  output_projection,
+  segment_positions,
+)
 from specsamp.models.config import TransformerConfig
 from specsamp.models.kv_cache import KVCache
 from specsamp.models.layers import (
@@ -335,7 +340,7 @@ class FeatureHead(nnx.Module):
           "BKRS,BSKH->BSKRH", weights[..., length + i].astype(dtype), value
         )
       out_BSNH = out_BSKRH.reshape(batch, length, layer.num_heads, head_dim)
-      attended_BSD = jnp.einsum("BSNH,NHD->BSD", out_BSNH, self.o_NHD[...].astype(dtype))
+      attended_BSD = output_projection(out_BSNH, self.o_NHD[...].astype(dtype))
       x_BSD = self._finish(x_BSD, attended_BSD)
       outputs.append(x_BSD)
     return outputs
