@@ -284,10 +284,6 @@ def test_twins_with_unrolled_or_unstacked_layers_give_the_same_logits():
     shaped_pair.with_layers(model, "stacked")
 
 
-if __name__ == "__main__":
-  sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_layer_layouts_are_timed_against_the_floor():
   """scripts/benchmark_layers.py's comparison: every layout of every model at every token
   count, beside one floor per call (the same weight bytes whatever the layout)."""
@@ -305,3 +301,7 @@ def test_layer_layouts_are_timed_against_the_floor():
     for mode in shaped_pair.LAYER_MODES:
       assert record[f"{mode}_ms"] > 0
       assert record[f"{mode}_of_floor"] == pytest.approx(record["floor_ms"] / record[f"{mode}_ms"])
+
+
+if __name__ == "__main__":
+  sys.exit(pytest.main([__file__, "-q"]))

@@ -235,7 +235,7 @@ def test_blocked_attention_reads_live_blocks_and_equals_dense(family, changes):
 def test_an_unstacked_step_copies_no_weight_on_cpu():
   """XLA's CPU backend may lay a weight out again, a copy of it in every call, when an
   einsum's operand order does not match its product's: attention's output projection did
-  (o [N, H, D] transposed to [H, N, D] in every layer; 7-14% of the default pair's calls).
+  (o [N, H, D] transposed to [H, N, D] in every layer; 8-18% of a call, docs/benchmarks.md).
   The compiled decode step of unstacked layers (CPU's layout) copies no array of a weight's
   size."""
   config = tiny_config("llama", num_layers=2, num_heads=4, num_kv_heads=2, d_model=64)

@@ -66,28 +66,27 @@ def test_parameters_are_born_sharded():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  "family,mode,batch_axis,block",
+  "family,mode,batch_axis,block,unstacked",
   [
     # GSPMD's sharded logits stay in test_a_mask_per_row_is_split_with_its_rows[auto], its
     # sampled tokens in test_speculative.py's data mesh test, blocked reads in the llama case:
     # this one is the extended command's, as the shard_map twin below.
-    pytest.param("chinchilla", "auto", "data", 4, marks=pytest.mark.extended),
+    pytest.param("chinchilla", "auto", "data", 4, False, marks=pytest.mark.extended),
     # The llama case below runs shard_map over data; this one is the extended command's.
-    pytest.param("chinchilla", "shard_map", "data", 0, marks=pytest.mark.extended),
-    ("llama", "shard_map", "data", 4),  # blocked cache reads under shard_map
-    ("gemma", "shard_map", "data", 0),
-    ("llama", "shard_map", "fsdp", 0),
+    pytest.param("chinchilla", "shard_map", "data", 0, False, marks=pytest.mark.extended),
+    ("llama", "shard_map", "data", 4, False),  # blocked cache reads under shard_map
+    ("gemma", "shard_map", "data", 0, False),
+    ("llama", "shard_map", "fsdp", 0, False),
     # Unstacked layers (transformer.unstack_layers, what a pair samples with on CPU): each
     # layer's arrays keep the stack's sharding of their other axes, under jit and shard_map.
-    ("llama", "shard_map", "fsdp", "unstacked"),
-    ("gemma", "auto", "data", "unstacked"),
+    ("llama", "shard_map", "fsdp", 0, True),
+    ("gemma", "auto", "data", 0, True),
   ],
 )
-def test_sharded_run_equals_one_device(family, mode, batch_axis, block):
+def test_sharded_run_equals_one_device(family, mode, batch_axis, block, unstacked):
   """{data or fsdp} 2 x tensor 4 on 8 devices: same logits and greedy tokens as 1 device
   (with the cache read whole, or in live blocks of 4 slots; or the layers unstacked)."""
-  unstacked = block == "unstacked"
-  config = tiny_config(family, tensor_parallel=mode, attention_block_size=0 if unstacked else block)
+  config = tiny_config(family, tensor_parallel=mode, attention_block_size=block)
   single = transformer.create(config, seed=5)
   mesh = sharding.make_mesh({batch_axis: 2, "tensor": 4})
   sharded = transformer.create(config, mesh, seed=5)
