@@ -117,6 +117,21 @@ def test_a_workdirs_tokenizer_is_refused_for_another_corpus(tmp_path):
     pair.load_tokenizer(config, workdir, pair.corpus_split(config), lambda _: None)
 
 
+def test_a_target_checkpoint_that_does_not_exist_is_named_as_missing(tmp_path):
+  """A mistyped --config.target.checkpoint read "has no tokenizer beside it" (2026-12-01)."""
+  import code_pair
+
+  from specsamp.experiments.jobs import pair
+
+  config = code_pair.get_config()
+  config.target.checkpoint = str(tmp_path / "nowhere")
+  with pytest.raises(FileNotFoundError, match="nowhere: no such file or directory"):
+    pair.load_tokenizer(config, str(tmp_path), pair.corpus_split(config), lambda _: None)
+  (tmp_path / "nowhere").mkdir()  # There, but without a tokenizer: the message that fits.
+  with pytest.raises(FileNotFoundError, match="has no tokenizer .* beside it"):
+    pair.load_tokenizer(config, str(tmp_path), pair.corpus_split(config), lambda _: None)
+
+
 def test_a_corpus_a_tokenizer_cannot_learn_from_is_named_in_specsamps_flags():
   """SentencePiece's own messages named an option specsamp does not have (the review of
   2026-11-29)."""

@@ -126,6 +126,11 @@ def load_tokenizer(
   if config.tokenizer.path:
     return tokenizer_lib.load(config.tokenizer.path)
   if config.target.get("checkpoint"):
+    if not os.path.exists(config.target.checkpoint):
+      raise FileNotFoundError(
+        f"target.checkpoint {config.target.checkpoint}: no such file or directory (an HF "
+        "import's folder, scripts/import_hf.py, or a trained target's checkpoint folder)."
+      )
     path = tokenizer_lib.find(config.target.checkpoint)
     if path is None:
       raise FileNotFoundError(
