@@ -3,6 +3,8 @@
 Launch:
   python scripts/benchmark_loop.py --config=configs/benchmark_loop.py            # batch 1 and 8
   python scripts/benchmark_loop.py --config=configs/benchmark_loop.py --config.batch_sizes=1
+  python scripts/benchmark_loop.py --config=configs/benchmark_loop.py --config.batch_sizes=1 \
+      --config.num_draft_tokens=8 --config.profile=True     # + where the real loops' time goes
 
 Arguments:
   (none)  the default pair (configs/code_pair.py), K=4, T=1, a 128-token prompt, batch 1
@@ -40,6 +42,11 @@ def get_config(arg=None):
   config.short_tokens = 32
   config.long_tokens = 128
   config.rounds = 5  # Interleaved rounds; every number is the median over them.
+  # Also profile one call of each real loop (token verifier, long_tokens new tokens) and sum
+  # its operations' time by name scope (benchmarks/op_profile.py), scopes this many deep
+  # (3: score/layer/mlp).
+  config.profile = False
+  config.profile_depth = 3
   if variant == "smollm2":
     config.pair = config_files.sibling(__file__, "smollm2_pair").get_config()
     config.output = "docs/benchmarks/loop_smollm2.json"

@@ -7,8 +7,9 @@ Trains the default pair first if --workdir lacks it. For each batch size prints,
 of interleaved rounds: a target step, a draft step, an autoregressive loop step, the
 speculative loop's iteration with every draft rejected and with every draft accepted, each
 phase of the iteration timed alone (specsamp/experiments/benchmarks/loop_phases.py), and
-the launched operations per iteration by phase, read from the compiled program. Writes the
-results as JSON to config.output.
+the launched operations per iteration by phase, read from the compiled program; with
+--config.profile=True, one profiled call of each real loop, its time summed by name scope
+(specsamp/experiments/benchmarks/op_profile.py). Writes the results as JSON to config.output.
 """
 
 import os

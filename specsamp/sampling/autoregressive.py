@@ -356,8 +356,10 @@ def advance(
   rows_B = jnp.arange(state.tokens.shape[0])
   positions_B = state.lengths - 1
   last_B = state.tokens[rows_B, positions_B]
-  logits_B1V, cache = model(last_B[:, None], positions_B[:, None], state.cache)
-  next_B = sample(threefry.fold_in(rng, state.step), logits_B1V[:, 0], options.sampling)
+  with jax.named_scope("step"):  # The decode call, named as the speculative loop's parts are.
+    logits_B1V, cache = model(last_B[:, None], positions_B[:, None], state.cache)
+  with jax.named_scope("sample"):
+    next_B = sample(threefry.fold_in(rng, state.step), logits_B1V[:, 0], options.sampling)
   active_B = ~state.done
   tokens_BW = state.tokens.at[rows_B, state.lengths].set(
     jnp.where(active_B, next_B, options.pad_id), mode="drop"

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from specsamp.experiments.benchmarks import benchmark, timing
+from specsamp.experiments.benchmarks import benchmark, op_profile, timing
 from specsamp.experiments.benchmarks.harness import Bench
 from specsamp.experiments.jobs import pair as pair_lib
 from specsamp.experiments.proofs import hlo_ops
@@ -294,6 +294,58 @@ def count_ops(call: Callable[[float, int], Any], long: int, num_draft_tokens: in
   return hlo_ops.count_loop_ops(compiled.as_text(), num_draft_tokens)
 
 
+def profile_loops(
+  target: Any,
+  draft: Any,
+  *,
+  batch_size: int,
+  prompt_tokens: int,
+  max_new_tokens: int,
+  num_draft_tokens: int,
+  sampling: SamplingConfig,
+  cache_length: int,
+  depth: int = 3,
+) -> dict[str, dict[str, Any]]:
+  """One profiled call of the real speculative loop (token verifier) and of the
+  autoregressive loop on the same synthetic prompts: {'speculative'|'autoregressive':
+  ``op_profile.profile_call``'s result}, scopes ``depth`` deep."""
+  prompts_BT = jnp.full((batch_size, prompt_tokens), 5, jnp.int32)
+  lengths_B = jnp.full((batch_size,), prompt_tokens, jnp.int32)
+  key = jax.random.key(0)
+  loop, target_dynamic, drafter_dynamic = speculative.SpeculativeLoop.for_models(
+    target,
+    drafters.as_drafter(draft),
+    max_new_tokens=max_new_tokens,
+    num_draft_tokens=num_draft_tokens,
+    sampling=sampling,
+    verifier="token",
+    schedule="fixed",
+    eos_id=None,
+    pad_id=0,
+    cache_length=cache_length,
+  )
+  ar_loop, ar_dynamic = autoregressive.AutoregressiveLoop.for_model(
+    target,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    eos_id=None,
+    pad_id=0,
+    cache_length=cache_length,
+  )
+  spec_args = (target_dynamic, drafter_dynamic, prompts_BT, lengths_B, key, jnp.float32(0))
+  return {
+    "speculative": op_profile.profile_call(
+      speculative.SpeculativeLoop.__call__, spec_args, (loop,), depth=depth
+    ),
+    "autoregressive": op_profile.profile_call(
+      autoregressive.AutoregressiveLoop.__call__,
+      (ar_dynamic, prompts_BT, lengths_B, key),
+      (ar_loop,),
+      depth=depth,
+    ),
+  }
+
+
 def run(
   config: ml_collections.ConfigDict, workdir: str | None = None, log: Callable = print
 ) -> dict[str, Any]:
@@ -375,6 +427,18 @@ def run(
           "ops_per_iteration": count_ops(call, long, k),
         }
       )
+      if config.get("profile", False):
+        records[-1]["profile"] = profile_loops(
+          pair.target,
+          pair.draft,
+          batch_size=batch,
+          prompt_tokens=config.prompt_tokens,
+          max_new_tokens=long,
+          num_draft_tokens=k,
+          sampling=sampling,
+          cache_length=cache_length,
+          depth=config.get("profile_depth", 3),
+        )
   return {"records": records, "settings": config.to_dict()}
 
 
@@ -406,4 +470,6 @@ def format_table(results: dict[str, Any]) -> str:
       + ", ".join(f"{name} {count:.0f}" for name, count in ops.items()),
       "",
     ]
+    for loop, result in record.get("profile", {}).items():
+      lines += [op_profile.format_profile(f"{loop} loop, one profiled call", result), ""]
   return "\n".join(lines)
