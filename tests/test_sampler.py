@@ -201,3 +201,17 @@ def test_loop_benchmark_parts_and_op_counts(pair):
   # Every phase launches something.
   assert ops["draft"] > 0 and ops["score"] > 0 and ops["verify"] > 0
   assert hlo_ops.phase_of('x, metadata={op_name="jit(f)/while/body/verify/add"}') == "verify"
+  # --config.profile: both real loops profiled; every part of the speculative loop is found.
+  profiles = loop_phases.profile_loops(
+    target,
+    draft,
+    batch_size=1,
+    prompt_tokens=8,
+    max_new_tokens=8,
+    num_draft_tokens=2,
+    sampling=sampling,
+    cache_length=20,
+    depth=1,
+  )
+  assert {"prefill", "draft", "score", "verify"} <= set(profiles["speculative"]["scopes"])
+  assert {"prefill", "step", "sample"} <= set(profiles["autoregressive"]["scopes"])

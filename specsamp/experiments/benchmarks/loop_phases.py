@@ -75,15 +75,18 @@ def speculative_loop(
   num_draft_tokens: int,
   sampling: SamplingConfig,
   cache_length: int,
+  verifier: str = "synthetic",
 ) -> Callable[[float, int], Any]:
-  """(acceptance, max_new_tokens) -> a call of the synthetic-acceptance loop (compiled once per
-  length; acceptance is traced)."""
+  """(acceptance, max_new_tokens) -> a call of the loop on synthetic prompts (compiled once per
+  length): by default the synthetic-acceptance loop, acceptance traced; with another
+  ``verifier`` the real loop, which ignores it. ``call.loop_of(max_new_tokens)`` is (loop,
+  target arrays, drafter arrays), ``call.arguments`` the rest of a call's arguments."""
   drafter = drafters.as_drafter(draft)
   prompts = jnp.full((batch_size, prompt_tokens), 5, jnp.int32)
   lengths = jnp.full((batch_size,), prompt_tokens, jnp.int32)
   loops = {}
 
-  def call(acceptance: float, new_tokens: int):
+  def loop_of(new_tokens: int):
     if new_tokens not in loops:
       loops[new_tokens] = speculative.SpeculativeLoop.for_models(
         target,
@@ -91,18 +94,35 @@ def speculative_loop(
         max_new_tokens=new_tokens,
         num_draft_tokens=num_draft_tokens,
         sampling=sampling,
-        verifier="synthetic",
+        verifier=verifier,
         schedule="fixed",
         eos_id=None,
         pad_id=0,
         cache_length=cache_length,
       )
-    loop, target_dynamic, drafter_dynamic = loops[new_tokens]
+    return loops[new_tokens]
+
+  def call(acceptance: float, new_tokens: int):
+    loop, target_dynamic, drafter_dynamic = loop_of(new_tokens)
     return loop(target_dynamic, drafter_dynamic, *call.arguments, jnp.float32(acceptance))
 
-  call.loops = loops
+  call.loop_of = loop_of
   call.arguments = (prompts, lengths, jax.random.key(0))
   return call
+
+
+def autoregressive_loop(
+  target: Any, *, max_new_tokens: int, sampling: SamplingConfig, cache_length: int
+) -> tuple[autoregressive.AutoregressiveLoop, Any]:
+  """(loop, the target's arrays): the autoregressive loop, no EOS, padded with 0."""
+  return autoregressive.AutoregressiveLoop.for_model(
+    target,
+    max_new_tokens=max_new_tokens,
+    sampling=sampling,
+    eos_id=None,
+    pad_id=0,
+    cache_length=cache_length,
+  )
 
 
 def iteration_ms(
@@ -272,13 +292,8 @@ def autoregressive_step_ms(
   lengths = jnp.full((batch_size,), prompt_tokens, jnp.int32)
   seconds = {}
   for n in (short, long):
-    loop, dynamic = autoregressive.AutoregressiveLoop.for_model(
-      target,
-      max_new_tokens=n,
-      sampling=SamplingConfig(1.0),
-      eos_id=None,
-      pad_id=0,
-      cache_length=prompt_tokens + long + 1,
+    loop, dynamic = autoregressive_loop(
+      target, max_new_tokens=n, sampling=SamplingConfig(1.0), cache_length=prompt_tokens + long + 1
     )
     seconds[n] = _median_ms(lambda: loop(dynamic, prompts, lengths, jax.random.key(0)), repeats)
   return (seconds[long] - seconds[short]) / (long - short)
@@ -286,7 +301,7 @@ def autoregressive_step_ms(
 
 def count_ops(call: Callable[[float, int], Any], long: int, num_draft_tokens: int) -> dict:
   """Launched operations per iteration of the compiled loop, by phase (``hlo_ops``)."""
-  loop, target_dynamic, drafter_dynamic = call.loops[long]
+  loop, target_dynamic, drafter_dynamic = call.loop_of(long)
   args = call.arguments
   compiled = speculative.SpeculativeLoop.__call__.lower(
     loop, target_dynamic, drafter_dynamic, *args, jnp.float32(0)
@@ -309,37 +324,31 @@ def profile_loops(
   """One profiled call of the real speculative loop (token verifier) and of the
   autoregressive loop on the same synthetic prompts: {'speculative'|'autoregressive':
   ``op_profile.profile_call``'s result}, scopes ``depth`` deep."""
-  prompts_BT = jnp.full((batch_size, prompt_tokens), 5, jnp.int32)
-  lengths_B = jnp.full((batch_size,), prompt_tokens, jnp.int32)
-  key = jax.random.key(0)
-  loop, target_dynamic, drafter_dynamic = speculative.SpeculativeLoop.for_models(
+  call = speculative_loop(
     target,
-    drafters.as_drafter(draft),
+    draft,
+    batch_size=batch_size,
+    prompt_tokens=prompt_tokens,
     max_new_tokens=max_new_tokens,
     num_draft_tokens=num_draft_tokens,
     sampling=sampling,
+    cache_length=cache_length,
     verifier="token",
-    schedule="fixed",
-    eos_id=None,
-    pad_id=0,
-    cache_length=cache_length,
   )
-  ar_loop, ar_dynamic = autoregressive.AutoregressiveLoop.for_model(
-    target,
-    max_new_tokens=max_new_tokens,
-    sampling=sampling,
-    eos_id=None,
-    pad_id=0,
-    cache_length=cache_length,
+  loop, target_dynamic, drafter_dynamic = call.loop_of(max_new_tokens)
+  ar_loop, ar_dynamic = autoregressive_loop(
+    target, max_new_tokens=max_new_tokens, sampling=sampling, cache_length=cache_length
   )
-  spec_args = (target_dynamic, drafter_dynamic, prompts_BT, lengths_B, key, jnp.float32(0))
   return {
     "speculative": op_profile.profile_call(
-      speculative.SpeculativeLoop.__call__, spec_args, (loop,), depth=depth
+      speculative.SpeculativeLoop.__call__,
+      (target_dynamic, drafter_dynamic, *call.arguments, jnp.float32(0)),
+      (loop,),
+      depth=depth,
     ),
     "autoregressive": op_profile.profile_call(
       autoregressive.AutoregressiveLoop.__call__,
-      (ar_dynamic, prompts_BT, lengths_B, key),
+      (ar_dynamic, *call.arguments),
       (ar_loop,),
       depth=depth,
     ),
