@@ -8,8 +8,9 @@ so ``score/layer/mlp`` is the MLPs of every layer of every scoring call in the p
 
 What it adds to ``loop_phases`` (each phase timed alone, in a loop of its own): the real loop,
 as compiled, with its real verifier, its cache and its fusions, nothing reassembled. What it
-costs: the profiler's own time per operation (a few microseconds), so the scopes' sum exceeds
-the untraced call; compare scopes as shares, and ``wall_ms`` (untraced) as the call's time.
+costs: the profiler's own time per operation (a few microseconds), so the traced sum is not
+the call's time (above it for a loop of many small operations); compare scopes as shares, and
+take ``wall_ms`` (untraced) as the call's time.
 
 XLA's CPU backend records an event per operation it runs (jaxlib 0.10: with no flag; older
 versions needed ``XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true``); on GPU and TPU the profiler
