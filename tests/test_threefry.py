@@ -66,7 +66,7 @@ def test_a_draw_compiles_to_no_loop_on_the_cpu():
   def loops(fn):
     hlo = jax.jit(fn).lower(jax.random.key(0)).compile().as_text()
     return sum(
-      hlo_ops._opcode(line) == "while"
+      hlo_ops.opcode(line) == "while"
       for lines in hlo_ops.computations(hlo).values()
       for line in lines
     )

@@ -32,15 +32,17 @@ from typing import Any
 
 import jax
 
+from specsamp.experiments.proofs import hlo_ops
+
 TRACEME_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 """The XLA flag under which older CPU backends recorded one profiler event per operation."""
 
 _NOT_SCOPES = frozenset({"while", "body", "cond", "closed_call", "checkpoint", "remat", "pjit"})
 """Name-stack entries that are control flow or wrappers, not a scope of the program's own."""
 
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
-_OP_NAME = re.compile(r"op_name=\"([^\"]*)\"")
-_OPERAND = re.compile(r"%([\w.\-]+)")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = ")
+_CONTROL_FLOW = frozenset({"while", "conditional", "call"})
+"""Opcodes whose own event spans their bodies' operations, which are counted themselves."""
 
 
 def op_scopes(hlo_text: str) -> dict[str, str]:
@@ -52,21 +54,21 @@ def op_scopes(hlo_text: str) -> dict[str, str]:
   norm for its first products, its activations for the last), which is the layer part it
   belongs to."""
   scopes: dict[str, str] = {}
+  for name, line in _instructions(hlo_text):
+    own = hlo_ops.op_name(line)
+    inherited = (scopes[o] for o in hlo_ops.operands(line) if o in scopes)
+    scope = own or next(inherited, None)
+    if scope is not None:
+      scopes[name] = scope
+  return scopes
+
+
+def _instructions(hlo_text: str):
+  """(name, line) of every instruction of an HLO module's text."""
   for line in hlo_text.splitlines():
     match = _INSTRUCTION.match(line)
-    if not match:
-      continue
-    name, rest = match.groups()
-    op_name = _OP_NAME.search(rest)
-    if op_name:
-      scopes[name] = op_name.group(1)
-      continue
-    call = rest.split("(", 1)[1] if "(" in rest else ""
-    for operand in _OPERAND.findall(call.split(")", 1)[0]):
-      if operand in scopes:
-        scopes[name] = scopes[operand]
-        break
-  return scopes
+    if match:
+      yield match.group(1), line
 
 
 def scope_of(op_name: str, depth: int) -> str:
@@ -130,6 +132,7 @@ def profile_call(
     walls.append(time.perf_counter() - start)
   hlo = compiled.as_text()
   scopes_of = op_scopes(hlo)
+  control = {name for name, line in _instructions(hlo) if hlo_ops.opcode(line) in _CONTROL_FLOW}
   module = re.match(r"HloModule\s+([^\s,]+)", hlo)
   with tempfile.TemporaryDirectory() as scratch:
     directory = trace_dir or scratch
@@ -140,7 +143,7 @@ def profile_call(
   counts: collections.Counter = collections.Counter()
   unattributed = 0.0
   for name, microseconds in events:
-    if name.startswith(("while", "conditional", "call")):
+    if name in control:
       continue
     if name in scopes_of:
       scope = scope_of(scopes_of[name], depth)

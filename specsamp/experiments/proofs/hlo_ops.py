@@ -52,8 +52,8 @@ def computations(hlo: str) -> dict[str, list[str]]:
   return found
 
 
-def _opcode(line: str) -> str:
-  """The opcode of an instruction line: the word after its result type."""
+def _call(line: str) -> re.Match | None:
+  """The opcode and operand list of an instruction line, after its result type."""
   rhs = line.split(" = ", 1)[1].lstrip()
   if rhs.startswith("("):  # A tuple type: skip to its closing parenthesis.
     depth = 0
@@ -64,15 +64,32 @@ def _opcode(line: str) -> str:
         break
   else:
     rhs = rhs.split(" ", 1)[1] if " " in rhs else ""
-  match = re.match(r"\s*([a-z][\w\-]*)\(", rhs)
-  return match.group(1) if match else "?"
+  return re.match(r"\s*([a-z][\w\-]*)\(([^)]*)\)", rhs)
+
+
+def opcode(line: str) -> str:
+  """The opcode of an instruction line: the word after its result type."""
+  call = _call(line)
+  return call.group(1) if call else "?"
+
+
+def operands(line: str) -> list[str]:
+  """The names of an instruction line's operands, in order."""
+  call = _call(line)
+  return re.findall(r"%([\w.\-]+)", call.group(2)) if call else []
+
+
+def op_name(line: str) -> str | None:
+  """An instruction line's ``op_name`` metadata (its JAX name stack), or None."""
+  name = re.search(r'op_name="([^"]*)"', line)
+  return name.group(1) if name else None
 
 
 def phase_of(line: str) -> str:
   """The loop phase an instruction belongs to, from its ``op_name`` metadata: the first of
   PHASES among its scopes, 'model' inside a model call of no phase, else 'loop'."""
-  name = re.search(r'op_name="([^"]*)"', line)
-  scopes = name.group(1).split("/") if name else []
+  name = op_name(line)
+  scopes = name.split("/") if name else []
   for scope in scopes:
     if scope in PHASES:
       return scope
@@ -97,8 +114,8 @@ def count_ops(
   found = found if found is not None else computations(hlo)
   counts: collections.Counter = collections.Counter()
   for line in found.get(body, []):
-    opcode = _opcode(line)
-    if opcode in _FREE:
+    kind = opcode(line)
+    if kind in _FREE:
       continue
     phase = phase_of(line)
     if phase == "loop" and 'op_name="' not in line:  # A fusion's scope is inside it.
@@ -109,13 +126,13 @@ def count_ops(
     if phase == "loop":  # No scope of its own: the phase of the loop or call it runs in.
       phase = enclosing
     counts[phase] += 1
-    if opcode == "while":
+    if kind == "while":
       inner = re.search(r"body=%?([\w.\-]+)", line).group(1)
       trips = _trip_count(line)
       weight = trips if trips is not None else dynamic_trips(line)
       for inner_phase, n in count_ops(hlo, inner, dynamic_trips, found, phase).items():
         counts[inner_phase] += n * weight
-    elif opcode in ("call", "conditional"):
+    elif kind in ("call", "conditional"):
       for callee in re.findall(r"(?:to_apply|calls|branch_computations=\{)[=%]*([\w.\-]+)", line):
         for inner_phase, n in count_ops(hlo, callee, dynamic_trips, found, phase).items():
           counts[inner_phase] += n
@@ -130,7 +147,7 @@ def loop_body(hlo: str) -> str:
   bodies = [
     re.search(r"body=%?([\w.\-]+)", line).group(1)
     for line in found[entry]
-    if _opcode(line) == "while"
+    if opcode(line) == "while"
   ]
   if not bodies:
     raise ValueError("The program has no while loop.")
