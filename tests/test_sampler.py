@@ -172,16 +172,9 @@ def test_nan_logits_raise_and_drop_the_caches(pair):
 def test_loop_benchmark_parts_and_op_counts(pair):
   target, draft = pair
   sampling = SamplingConfig(1.0)
-  call = loop_phases.speculative_loop(
-    target,
-    draft,
-    batch_size=1,
-    prompt_tokens=8,
-    max_new_tokens=8,
-    num_draft_tokens=2,
-    sampling=sampling,
-    cache_length=40,
-  )
+  # The loops the benchmark builds and the ones it profiles: 8-token prompts, K=2, batch 1.
+  loops = dict(batch_size=1, prompt_tokens=8, max_new_tokens=8, num_draft_tokens=2)
+  call = loop_phases.speculative_loop(target, draft, **loops, sampling=sampling, cache_length=40)
   # 4 against 24 tokens, medians of 3: one call of each (4 against 8 tokens) once measured a
   # negative difference on a loaded 2-core machine.
   assert loop_phases.iteration_ms(call, 0.0, 4, 24, 3) > 0
@@ -203,15 +196,7 @@ def test_loop_benchmark_parts_and_op_counts(pair):
   assert hlo_ops.phase_of('x, metadata={op_name="jit(f)/while/body/verify/add"}') == "verify"
   # --config.profile: both real loops profiled; every part of the speculative loop is found.
   profiles = loop_phases.profile_loops(
-    target,
-    draft,
-    batch_size=1,
-    prompt_tokens=8,
-    max_new_tokens=8,
-    num_draft_tokens=2,
-    sampling=sampling,
-    cache_length=20,
-    depth=1,
+    target, draft, **loops, sampling=sampling, cache_length=20, depth=1
   )
   assert {"prefill", "draft", "score", "verify"} <= set(profiles["speculative"]["scopes"])
   assert {"prefill", "step", "sample"} <= set(profiles["autoregressive"]["scopes"])
