@@ -219,6 +219,10 @@ def get_config(arg=None):
   # distribution over answer tokens, unrolled ttt_steps >= tau_draft_tokens steps).
   config.answers.drafter = "draft"
   config.answers.head_directory = "feature_head_answers"
+  # A trained feature head (a shipped folder or a checkpoint directory) a fresh head run starts
+  # from instead of the seed's parameters, its draft vocabulary kept: more training on more
+  # answers without paying again for the steps it had (fresh optimizer moments and schedule).
+  config.answers.init_from = ""
   config.answers.head_train = _train(
     steps=400, batch_size=16, seq_len=256, learning_rate=3e-3, distill_mode="token", ttt_steps=4
   )

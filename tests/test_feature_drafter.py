@@ -304,6 +304,26 @@ def test_a_trained_head_saves_loads_and_refuses_another_target(target, tmp_path)
   assert saved["step"] == 2
   np.testing.assert_array_equal(model.head.draft_to_target[...], mapping)
   np.testing.assert_array_equal(model.head.fc_FD[...], state.params["fc_FD"])
+  # A fresh run started from the loaded head (answers.init_from): its parameters, fresh moments,
+  # step 0; its vocabulary map must be the run's, and its shapes the head's.
+  loaded = train_lib.params_of(model.head)
+  again = feature_train.FeatureTrainer(
+    head_config, target, config, checkpoint.default_mesh(), mapping, initial_params=loaded
+  ).init_state()
+  assert int(again.step) == 0
+  for key in ("fc_FD", "draft_to_target"):
+    np.testing.assert_array_equal(again.params[key], state.params[key])
+  moments = [x for x in jax.tree.leaves(again.opt_state) if jnp.issubdtype(x.dtype, jnp.floating)]
+  assert moments and all(not np.asarray(x).any() for x in moments)
+  with pytest.raises(ValueError, match="draft vocabulary is not this run's"):
+    feature_train.FeatureTrainer(
+      head_config, target, config, checkpoint.default_mesh(), mapping[::-1], initial_params=loaded
+    )
+  wider = feature_head.FeatureHeadConfig(draft_vocab_size=40, ffn_dim=8)
+  with pytest.raises(ValueError, match="has shape"):
+    feature_train.FeatureTrainer(
+      wider, target, config, checkpoint.default_mesh(), mapping, initial_params=loaded
+    )
   other = transformer.create(CONFIG.replace(num_layers=4), seed=3)
   with pytest.raises(checkpoint.CheckpointError, match="target_model"):
     feature_train.load_head(str(tmp_path / "head"), other)

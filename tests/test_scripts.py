@@ -1177,6 +1177,27 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
   # Side by side in one tree, each position accepts the longer run: never fewer on average.
   beside = by_context["feature and lookup, one tree (beside)"]
   assert beside["tau"] >= by_context["feature+lookup"]["tau"] and 1.0 <= beside["loop"] <= 5.0
+  # A fresh run from the shipped head (answers.init_from) measures it first, on the same rows:
+  # step 0's tau is the shipped head's; it goes on training with the head's draft vocabulary.
+  from specsamp.experiments.jobs import answer_training
+
+  config.answers.drafter = "feature"
+  config.answers.head_directory = "feature_head_more"
+  config.answers.init_from = folder
+  lines = []
+  more = answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)
+  assert any(f"starting from the head in {folder}" in line for line in lines), lines
+  assert more["curve"][0]["step"] == 0
+  assert more["curve"][0]["tau"] == pytest.approx(by_context["per_sequence"]["tau"], abs=1e-6)
+  store = checkpoint.Checkpoints(os.path.join(workdir, "feature_head_more"))
+  assert store.read_meta()["init_from"]["path"] == os.path.abspath(folder)
+  config.answers.head_directory = "feature_head_other"
+  config.feature.head.ffn_dim = 8  # Another head's shape: refused, naming the field.
+  with pytest.raises(ValueError, match="is not a head of config.feature.head.*ffn_dim"):
+    answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)
+  config.answers.init_from = str(tmp_path / "no_head")
+  with pytest.raises(FileNotFoundError, match="no_head"):
+    answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)
   from specsamp.experiments.jobs import sample_job
 
   def greedy_run(drafter: str, section: str, field: str, folder: str):

@@ -218,6 +218,10 @@ class FeatureTrainer:
     draft_to_target: the reduced draft vocabulary's map (``frequent_tokens``), when
       ``head_config.draft_vocab_size`` > 0.
     seed: parameter init seed.
+    initial_params: a fresh run's parameters instead of the seed's (``train.params_of`` of a
+      trained head of this config, e.g. a shipped one, to go on training it on more data);
+      its vocabulary map is the head's own and must equal ``draft_to_target``. The
+      optimizer's moments start at zero and the schedule at its first step.
   """
 
   reports_perplexity = False  # Its evaluation is the TTT loss, not nats per token.
@@ -230,6 +234,7 @@ class FeatureTrainer:
     mesh: jax.sharding.Mesh,
     draft_to_target: np.ndarray | None = None,
     seed: int = 0,
+    initial_params: dict | None = None,
   ):
     self.config, self.mesh, self.seed = config, mesh, seed
     self.head_config = head_config.resolve(target.config)
@@ -293,6 +298,9 @@ class FeatureTrainer:
     )
     train.check_batch_split(config.batch_size, mesh)
     self._init = jax.jit(self._init_fn, out_shardings=self.state_shardings)
+    self._initial = None
+    if initial_params is not None:
+      self._initial = self._checked_initial(initial_params, abstract.shapes)
     self._step = jax.jit(
       self._step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated)
     )
@@ -319,11 +327,38 @@ class FeatureTrainer:
     )
     return loss, metrics
 
-  def _init_fn(self, draft_to_target=None) -> TrainState:
-    head = FeatureHead(self.head_config, self.head_target_config, rngs=nnx.Rngs(self.seed))
-    if draft_to_target is not None:
-      head.draft_to_target[...] = draft_to_target
-    params = train.params_of(head)
+  def _checked_initial(self, params: dict, shapes: dict) -> dict:
+    """``initial_params`` as this trainer's parameters: the same tree and shapes, floats in
+    float32 (the master weights), the vocabulary map equal to this run's."""
+    got = traverse_util.flatten_dict(params)
+    want = traverse_util.flatten_dict(shapes)
+    if set(got) != set(want):
+      missing = sorted("/".join(map(str, k)) for k in set(want) ^ set(got))
+      raise ValueError(f"The initial head's parameters differ from this head's: {missing[:4]}")
+    placed = {}
+    for key, spec in want.items():
+      value = np.asarray(jax.device_get(got[key]))
+      if value.shape != spec.shape:
+        raise ValueError(
+          f"The initial head's {'/'.join(map(str, key))} has shape {value.shape}; this head's "
+          f"is {spec.shape}."
+        )
+      placed[key] = value.astype(spec.dtype)
+    params = traverse_util.unflatten_dict(placed)
+    if self._map is not None and not np.array_equal(
+      np.asarray(params["draft_to_target"]), self._map
+    ):
+      raise ValueError("The initial head's draft vocabulary is not this run's draft_to_target.")
+    return jax.device_put(params, self.param_shardings)
+
+  def _init_fn(self, draft_to_target=None, initial=None) -> TrainState:
+    if initial is not None:
+      params = initial
+    else:
+      head = FeatureHead(self.head_config, self.head_target_config, rngs=nnx.Rngs(self.seed))
+      if draft_to_target is not None:
+        head.draft_to_target[...] = draft_to_target
+      params = train.params_of(head)
     floats, _ = _split(params, self._float_keys)
     return TrainState(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(floats)
@@ -354,9 +389,16 @@ class FeatureTrainer:
     model = self._model(params, target_state)
     return greedy_steps_correct(model, batch_BT, steps, stored_BTS, weights_BT)
 
+  @property
+  def initial_params(self) -> dict | None:
+    """The placed ``initial_params`` a fresh run starts from; None: the seed's."""
+    return self._initial
+
   # --- host API (what ``train.fit`` calls) ----------------------------------------------------
   def init_state(self) -> TrainState:
     with sharding.use_mesh(self.mesh):
+      if self._initial is not None:
+        return self._init(None, self._initial)
       return self._init(None if self._map is None else jnp.asarray(self._map))
 
   def place(self, batch: np.ndarray, dtype=np.int32) -> jax.Array:

@@ -319,15 +319,26 @@ def _drafter_setup(
   )
   resolved = head_cfg.resolve(target.config)
   mapping = None
-  if resolved.draft_vocab_size:
-    mapping = feature_train.frequent_tokens(
-      answer_stream, target.vocab_size, resolved.draft_vocab_size
-    )
   meta = dict(
     feature_train.head_meta(head_cfg, target), tokenizer=tokenizer.fingerprint, data=data_meta
   )
+  initial = None
+  if section.get("init_from"):  # Goes on from a trained head, its draft vocabulary kept.
+    initial, mapping, meta["init_from"] = initial_head(
+      section.init_from, head_cfg, target, dict(meta, tokenizer=tokenizer.fingerprint)
+    )
+  elif resolved.draft_vocab_size:
+    mapping = feature_train.frequent_tokens(
+      answer_stream, target.vocab_size, resolved.draft_vocab_size
+    )
   trainer = feature_train.FeatureTrainer(
-    head_cfg, target, train_cfg, prepared.mesh, mapping, seed=config.seed + 3
+    head_cfg,
+    target,
+    train_cfg,
+    prepared.mesh,
+    mapping,
+    seed=config.seed + 3,
+    initial_params=initial,
   )
 
   def accepted_unrolled(params, batch):  # Runs over the K unrolled steps, as a chain's.
@@ -336,6 +347,45 @@ def _drafter_setup(
     return answers.chain_layout(answers.accepted_unrolled(steps, weights, K))
 
   return f"{KINDS[drafter]} (answers)", trainer, meta, accepted_unrolled
+
+
+def initial_head(
+  path: str, head_config: FeatureHeadConfig, target: Any, run_meta: dict[str, Any]
+) -> tuple[dict, np.ndarray | None, dict[str, Any]]:
+  """(parameters, draft vocabulary map, what the checkpoint meta records) of the trained feature
+  head at ``path`` (a shipped folder, verified first, or a checkpoint directory), for a fresh
+  run to start from (``answers.init_from``). It must be a head of ``head_config`` for
+  ``target``: the same shape, the same target model, tokenizer and (where both name it) the
+  same target as ``run_meta``'s answers."""
+  directory = shipped.resolve(path)
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"answers.init_from: {path}: no such directory.")
+  model, read = feature_train.load_head(directory, target)
+  want = feature_train.head_meta(head_config, target)
+  try:
+    checkpoint.check_meta(feature_train.head_meta(model.head.config, target), want, directory)
+  except checkpoint.CheckpointError as e:
+    raise ValueError(
+      f"answers.init_from: {path} is not a head of config.feature.head: {e}"
+    ) from None
+  theirs, ours = (m.get("data", {}).get("target") for m in (read, run_meta))
+  other_target = None not in (theirs, ours) and theirs != ours
+  if read.get("tokenizer") != run_meta["tokenizer"] or other_target:
+    raise ValueError(
+      f"answers.init_from: {path} is a head for {theirs} (tokenizer {read.get('tokenizer')}); "
+      f"these answers are {ours}'s (tokenizer {run_meta['tokenizer']})."
+    )
+  params = train.params_of(model.head)
+  mapping = params.get("draft_to_target")
+  # The shipped folder's SHA256SUMS names every file's hash: a resume from another start is
+  # refused by the checkpoint's meta.
+  sums = os.path.join(os.path.dirname(directory), shipped.SHA256SUMS)
+  digest = ""
+  if shipped.is_shipped(os.path.dirname(directory)):
+    with open(sums, "rb") as f:
+      digest = hashlib.sha256(f.read()).hexdigest()
+  recorded = {"path": os.path.abspath(path), "sha256sums": digest, "step": read.get("step")}
+  return params, None if mapping is None else np.asarray(mapping), recorded
 
 
 def train_on_answers(
@@ -444,6 +494,9 @@ def train_on_answers(
       "measured with."
     )
   best["measured"] = measured
+  # A fresh run from a trained head measures where it starts: the bar its steps must pass to be
+  # kept as the best (on these held-out rows, which may not be the ones its card measured on).
+  start_from = trainer.initial_params if isinstance(trainer, feature_train.FeatureTrainer) else None
   # What the card reports (``card``), as this run saw it: a card written later, by
   # ``--ship_only`` after more answers arrived or on another machine, still tells what the
   # best evaluation was trained and measured on.
@@ -459,6 +512,8 @@ def train_on_answers(
     },
     "hardware": hardware_summary(),
   }
+  if "init_from" in meta:  # The trained head this run started from.
+    facts["init_from"] = meta["init_from"]
   # Training time over every run (a resumed run adds to it), written at each evaluation and
   # when a run ends or is stopped (Ctrl-C included), once the run has a best to write it beside.
   clock = {"start": time.perf_counter(), "before": float(best.get("seconds_total", 0.0))}
@@ -509,6 +564,9 @@ def train_on_answers(
     write_best()
     return line
 
+  if start_from is not None and store.latest_step() is None and "step" not in best:
+    log(f"{name}: starting from the head in {section.init_from}")
+    log(f"{name} eval  step     0  {on_eval(0, start_from)}")
   try:
     train.fit(
       trainer,
@@ -643,6 +701,15 @@ def card(
   caveat = (
     f"\n- **Written from a best.json that lacked them**: {'; '.join(notes)}." if notes else ""
   )
+  start = best.get("init_from")
+  started = (
+    f"\n- **Started from** the trained head in `{start['path']}` (step {start['step']} of its run"
+    + (f"; its SHA256SUMS hashes to `{start['sha256sums'][:16]}...`" if start["sha256sums"] else "")
+    + "; its own card tells its data and training), not from random parameters: the steps and "
+    "tokens here are this run's, and step 0 below is that head measured on the same rows."
+    if start
+    else ""
+  )
   return f"""# A {kind} trained on the target's own answers
 
 - **Target**: `{data["target"]}` (tokenizer {data["tokenizer"]}).
@@ -654,7 +721,7 @@ def card(
   {best["step"]} of {train_section.steps} planned, last evaluated at step {last_step} (batch
   {train_section.batch_size} x {train_section.seq_len} tokens, {best["tokens_seen"]:,} tokens
   seen, the loss on answer tokens only), {best.get("seconds", 0) / 60:.1f} min of training to
-  it, {best.get("seconds_total", 0) / 60:.1f} min in all.
+  it, {best.get("seconds_total", 0) / 60:.1f} min in all.{started}
 - **Hardware**: {hardware}.
 - **tau(K={section.tau_draft_tokens})** on {held_sample}:
   **{best["tau"]:.3f}** tokens per target call averaged over answer positions; acc_1..K
