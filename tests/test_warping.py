@@ -101,6 +101,25 @@ def test_sample_follows_the_warped_distribution():
   np.testing.assert_allclose(counts, expected, atol=0.015)
 
 
+@pytest.mark.parametrize("greedy", [True, False])
+def test_sample_refuses_logits_that_are_no_distribution(greedy):
+  """NaN, +inf, or -inf at every token: called eagerly, an error naming the rows, where it drew
+  token 0 silently; under jit it cannot raise (the loops check ``has_nan``). A -inf entry alone
+  is a masked token and stays allowed."""
+  sampling = SamplingConfig(0.0 if greedy else 1.0)
+  logits = np.zeros((5, 4), np.float32)
+  logits[0, 1] = -np.inf  # Masked: fine.
+  logits[2, 3] = np.nan
+  logits[3] = -np.inf
+  logits[4, 0] = np.inf
+  with pytest.raises(FloatingPointError, match=r"rows \[2, 3, 4\]"):
+    sample(jax.random.key(0), jnp.asarray(logits), sampling)
+  ok = np.asarray(sample(jax.random.key(0), jnp.asarray(logits[:2]), sampling))
+  assert ok.shape == (2,) and ok[0] != 1
+  jitted = jax.jit(sample, static_argnums=2)(jax.random.key(0), jnp.asarray(logits), sampling)
+  assert jitted.shape == (5,)
+
+
 @pytest.mark.parametrize(
   "kwargs,message",
   [

@@ -285,7 +285,20 @@ def probabilities(logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
 
 def sample(key: jax.Array, logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
   """One token per row from the warped distribution (argmax when greedy), drawn from 64 random
-  bits (``draws.categorical``), so even a token of probability 1e-12 keeps its rate."""
+  bits (``draws.categorical``), so even a token of probability 1e-12 keeps its rate.
+
+  Logits that are no distribution (a NaN, a +inf, or -inf at every token of a row) raise
+  ``FloatingPointError`` when called on concrete arrays. Under ``jit`` nothing can raise: such a
+  row draws token 0, and the samplers report it themselves (``model_protocol.has_nan``)."""
+  if not isinstance(logits_BV, jax.core.Tracer):
+    top = np.max(np.asarray(logits_BV, np.float32), axis=-1)
+    broken = ~np.isfinite(top)
+    if broken.any():
+      rows = np.argwhere(broken).tolist() if broken.ndim > 1 else np.flatnonzero(broken).tolist()
+      raise FloatingPointError(
+        f"sample: the logits of rows {rows} are NaN, +inf, or -inf for every token: no "
+        "distribution to draw from (check the model's weights and inputs)."
+      )
   if sampling.greedy:
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
   return draws.categorical(key, probabilities(logits_BV, sampling))
