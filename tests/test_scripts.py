@@ -1198,6 +1198,9 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
   config.answers.init_from = str(tmp_path / "no_head")
   with pytest.raises(FileNotFoundError, match="no_head"):
     answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)
+  config.answers.drafter = "draft"  # A draft has no head to start from: said, not ignored.
+  with pytest.raises(ValueError, match="init_from starts a feature head"):
+    answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)
   from specsamp.experiments.jobs import sample_job
 
   def greedy_run(drafter: str, section: str, field: str, folder: str):

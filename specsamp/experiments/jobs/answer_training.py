@@ -290,6 +290,11 @@ def _drafter_setup(
   }
   train_cfg = check_optimisation(config, drafter)
   if drafter in ("draft", "parallel"):
+    if section.get("init_from"):  # Said, not ignored: the run would start from random weights.
+      raise ValueError(
+        f"--config.answers.init_from starts a feature head ('feature', 'parallel_head'); the "
+        f"{drafter} draft starts from its own initialisation. Unset it, or train a head."
+      )
     model_cfg = pair_lib.model_config(config.draft, tokenizer)
     meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint}
     trainer = train.Trainer(
