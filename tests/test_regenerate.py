@@ -720,10 +720,13 @@ def test_a_card_reports_what_the_best_evaluation_was_trained_and_measured_on(tmp
   assert "1 more left out" in card and "NVIDIA H200" in card and "**1.800**" in card
   assert "lacked them" not in card and "Started from" not in card
   # A run that went on from a trained head (answers.init_from) says so.
-  start = {"path": "/x/smollm2_head", "sha256sums": "ef" * 32, "step": 0}
+  start = {"path": "/x/smollm2_head", "parameters": "0123", "sha256sums": "ef" * 32, "step": None}
   card = answer_training.card(config, str(tmp_path), dict(best, init_from=start), "feature")
-  assert "**Started from** the trained head in `/x/smollm2_head`" in card
+  assert "**Started from** the trained head in `/x/smollm2_head` (parameters 0123;" in card
   assert "`efefefefefefefef...`" in card and "step 0 below is that head" in card
+  start = dict(start, sha256sums="", step=300)  # A run's checkpoint: its step, no hashes.
+  card = answer_training.card(config, str(tmp_path), dict(best, init_from=start), "feature")
+  assert "(step 300 of its run; parameters 0123;" in card and "SHA256SUMS hashes" not in card
   # A best.json from before these were recorded: the workdir's manifests, and the card says so.
   for split, prompts in (("train", 128), ("held_out", 128)):
     folder = tmp_path / config.answers[f"{split}_dir"]

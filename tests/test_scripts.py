@@ -1189,8 +1189,23 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
   assert any(f"starting from the head in {folder}" in line for line in lines), lines
   assert more["curve"][0]["step"] == 0
   assert more["curve"][0]["tau"] == pytest.approx(by_context["per_sequence"]["tau"], abs=1e-6)
+  # The checkpoints record what it started from (its parameters), the card where it lay.
   store = checkpoint.Checkpoints(os.path.join(workdir, "feature_head_more"))
-  assert store.read_meta()["init_from"]["path"] == os.path.abspath(folder)
+  assert list(store.read_meta()["init_from"]) == ["parameters"]
+  assert more["init_from"]["path"] == os.path.realpath(folder) and more["init_from"]["step"] is None
+  resumed = []  # Resumed: no second step 0.
+  answer_training.train_on_answers(config, workdir, stop_after=1, log=resumed.append)
+  assert any("resuming from step 1" in line for line in resumed), resumed
+  assert not any("starting from the head" in line for line in resumed), resumed
+  inside = os.path.join(workdir, "feature_head_more", "best")
+  config.answers.init_from = inside  # The run's own best, which a fresh run empties: refused.
+  with pytest.raises(ValueError, match="inside this run's own directory"):
+    answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)
+  config.answers.init_from = folder
+  with pytest.raises(ValueError, match="holds a sequential head.*trains a parallel head"):
+    answer_training.train_on_answers(
+      config, workdir, drafter="parallel_head", stop_after=1, log=lines.append
+    )
   config.answers.head_directory = "feature_head_other"
   config.feature.head.ffn_dim = 8  # Another head's shape: refused, naming the field.
   with pytest.raises(ValueError, match="is not a head of config.feature.head.*ffn_dim"):

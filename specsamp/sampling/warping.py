@@ -290,9 +290,8 @@ def sample(key: jax.Array, logits_BV: jax.Array, sampling: SamplingConfig) -> ja
   Logits that are no distribution (a NaN, a +inf, or -inf at every token of a row) raise
   ``FloatingPointError`` when called on concrete arrays. Under ``jit`` nothing can raise: such a
   row draws token 0, and the samplers report it themselves (``model_protocol.has_nan``)."""
-  if not isinstance(logits_BV, jax.core.Tracer):
-    top = np.max(np.asarray(logits_BV, np.float32), axis=-1)
-    broken = ~np.isfinite(top)
+  if not isinstance(logits_BV, jax.core.Tracer):  # One flag per row comes to the host.
+    broken = np.asarray(~jnp.isfinite(jnp.max(logits_BV, axis=-1)))
     if broken.any():
       rows = np.argwhere(broken).tolist() if broken.ndim > 1 else np.flatnonzero(broken).tolist()
       raise FloatingPointError(

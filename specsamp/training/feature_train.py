@@ -343,6 +343,8 @@ class FeatureTrainer:
           f"The initial head's {'/'.join(map(str, key))} has shape {value.shape}; this head's "
           f"is {spec.shape}."
         )
+      if key in self._float_keys and not np.isfinite(value).all():
+        raise ValueError(f"The initial head's {'/'.join(map(str, key))} is not finite.")
       placed[key] = value.astype(spec.dtype)
     params = traverse_util.unflatten_dict(placed)
     if self._map is not None and not np.array_equal(
@@ -477,9 +479,11 @@ def load_head(
   *,
   expected_meta: dict[str, Any] | None = None,
   resume: str = "latest",
+  param_dtype: str | None = None,
 ) -> tuple[FeatureDraftModel, dict[str, Any]]:
   """A feature head from its orbax checkpoint, paired with ``target`` (whose config must be
-  the one it was trained on)."""
+  the one it was trained on). Its parameters take the target's dtype, or ``param_dtype`` (e.g.
+  float32, to train on from a checkpoint's master weights)."""
   store = checkpoint.Checkpoints(directory, resume=resume)
   meta = store.read_meta()
   if "head" not in meta:
@@ -490,8 +494,11 @@ def load_head(
   checkpoint.check_meta(meta, head_meta(head_config, target), store.directory)
   if expected_meta is not None:
     checkpoint.check_meta(meta, expected_meta, store.directory)
+  head_target = (
+    target.config if param_dtype is None else target.config.replace(param_dtype=param_dtype)
+  )
   abstract = sharding.abstract_model(
-    lambda rngs: FeatureHead(head_config, target.config, rngs=rngs),
+    lambda rngs: FeatureHead(head_config, head_target, rngs=rngs),
     mesh or checkpoint.default_mesh(),
   )
   restored, read = store.restore({"params": abstract.arrays()})

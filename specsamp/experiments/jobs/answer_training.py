@@ -230,6 +230,11 @@ def check_optimisation(config: ml_collections.ConfigDict, drafter: str | None = 
   drafter, _, optimisation = drafter_sections(config, drafter)
   K = config.answers.tau_draft_tokens
   if drafter in ("draft", "parallel"):
+    if config.answers.get("init_from"):  # Said, not ignored: it would start from the seed's.
+      raise ValueError(
+        f"--config.answers.init_from starts a feature head ('feature', 'parallel_head'); the "
+        f"{drafter} draft starts from its own initialisation. Unset it, or train a head."
+      )
     train_cfg = train.TrainConfig.from_config(optimisation)
     modes = ("none", "token") if drafter == "draft" else ("parallel",)
     field = _DRAFTERS[drafter][2]
@@ -290,11 +295,6 @@ def _drafter_setup(
   }
   train_cfg = check_optimisation(config, drafter)
   if drafter in ("draft", "parallel"):
-    if section.get("init_from"):  # Said, not ignored: the run would start from random weights.
-      raise ValueError(
-        f"--config.answers.init_from starts a feature head ('feature', 'parallel_head'); the "
-        f"{drafter} draft starts from its own initialisation. Unset it, or train a head."
-      )
     model_cfg = pair_lib.model_config(config.draft, tokenizer)
     meta = {"model": dataclasses.asdict(model_cfg), "tokenizer": tokenizer.fingerprint}
     trainer = train.Trainer(
@@ -329,6 +329,8 @@ def _drafter_setup(
   )
   initial = None
   if section.get("init_from"):  # Goes on from a trained head, its draft vocabulary kept.
+    # All of what it records, for the card; train_on_answers keeps only its parameters'
+    # fingerprint in the checkpoints' meta.
     initial, mapping, meta["init_from"] = initial_head(
       section.init_from, head_cfg, target, dict(meta, tokenizer=tokenizer.fingerprint)
     )
@@ -355,24 +357,40 @@ def _drafter_setup(
 
 
 def initial_head(
-  path: str, head_config: FeatureHeadConfig, target: Any, run_meta: dict[str, Any]
+  path: str,
+  head_config: FeatureHeadConfig,
+  target: Any,
+  run_meta: dict[str, Any],
 ) -> tuple[dict, np.ndarray | None, dict[str, Any]]:
-  """(parameters, draft vocabulary map, what the checkpoint meta records) of the trained feature
-  head at ``path`` (a shipped folder, verified first, or a checkpoint directory), for a fresh
-  run to start from (``answers.init_from``). It must be a head of ``head_config`` for
-  ``target``: the same shape, the same target model, tokenizer and (where both name it) the
-  same target as ``run_meta``'s answers."""
+  """(float32 parameters, draft vocabulary map, what the card and checkpoints record) of the
+  trained feature head at ``path`` (a shipped folder, verified first, or a checkpoint directory:
+  its newest step, e.g. a run's ``.../best``), for a fresh run to start from
+  (``answers.init_from``). It must be a head of ``head_config`` for ``target``: the same
+  shape and kind (parallel or not), the same target model, tokenizer and, where both record
+  them, the same target and target weights as ``run_meta``'s answers."""
+  where = os.path.realpath(os.path.expanduser(path))
   directory = shipped.resolve(path)
   if not os.path.isdir(directory):
     raise FileNotFoundError(f"answers.init_from: {path}: no such directory.")
-  model, read = feature_train.load_head(directory, target)
+
+  def refused(why: str) -> ValueError:  # check_meta's advice (delete it) is not for a start.
+    return ValueError(f"answers.init_from: {path} {why}".split(". Use another --workdir")[0])
+
+  try:  # In float32: a training checkpoint's master weights, not rounded to the target's dtype.
+    model, read = feature_train.load_head(directory, target, param_dtype="float32")
+  except checkpoint.CheckpointError as e:
+    raise refused(f"holds no head this run can start from: {e}") from None
+  if model.head.config.parallel != head_config.parallel:
+    kinds = ("a sequential head", "a parallel head")
+    raise ValueError(
+      f"answers.init_from: {path} holds {kinds[model.head.config.parallel]}; "
+      f"--config.answers.drafter trains {kinds[head_config.parallel]}: give one of that kind."
+    )
   want = feature_train.head_meta(head_config, target)
   try:
     checkpoint.check_meta(feature_train.head_meta(model.head.config, target), want, directory)
   except checkpoint.CheckpointError as e:
-    raise ValueError(
-      f"answers.init_from: {path} is not a head of config.feature.head: {e}"
-    ) from None
+    raise refused(f"is not a head of config.feature.head: {e}") from None
   theirs, ours = (m.get("data", {}).get("target") for m in (read, run_meta))
   other_target = None not in (theirs, ours) and theirs != ours
   if read.get("tokenizer") != run_meta["tokenizer"] or other_target:
@@ -380,17 +398,26 @@ def initial_head(
       f"answers.init_from: {path} is a head for {theirs} (tokenizer {read.get('tokenizer')}); "
       f"these answers are {ours}'s (tokenizer {run_meta['tokenizer']})."
     )
+  weights = read.get("teacher_weights")
+  if weights is not None and weights != target_store.parameters_fingerprint(target):
+    raise ValueError(
+      f"answers.init_from: {path} was trained on another target's weights (fingerprint "
+      f"{weights}): a head learns the features of the target it read."
+    )
   params = train.params_of(model.head)
   mapping = params.get("draft_to_target")
-  # The shipped folder's SHA256SUMS names every file's hash: a resume from another start is
-  # refused by the checkpoint's meta.
-  sums = os.path.join(os.path.dirname(directory), shipped.SHA256SUMS)
-  digest = ""
-  if shipped.is_shipped(os.path.dirname(directory)):
-    with open(sums, "rb") as f:
-      digest = hashlib.sha256(f.read()).hexdigest()
-  recorded = {"path": os.path.abspath(path), "sha256sums": digest, "step": read.get("step")}
-  return params, None if mapping is None else np.asarray(mapping), recorded
+  folder = os.path.dirname(directory)
+  start = {
+    "path": where,
+    "parameters": target_store.parameters_fingerprint(params),
+    "sha256sums": "",
+    # A shipped head is saved as step 0 (``ship``): its card tells the steps it had.
+    "step": None if shipped.is_shipped(folder) else read.get("step"),
+  }
+  if shipped.is_shipped(folder):
+    with open(os.path.join(folder, shipped.SHA256SUMS), "rb") as f:
+      start["sha256sums"] = hashlib.sha256(f.read()).hexdigest()
+  return params, None if mapping is None else np.asarray(mapping), start
 
 
 def train_on_answers(
@@ -425,9 +452,22 @@ def train_on_answers(
   manifest = manifests["train"]
   shards = regenerate.read_shards(train_dir)
   stream, answer = answers.stream(shards)
+  if section.get("init_from"):  # A fresh run empties its directory's best: not the start's.
+    source, run = (
+      os.path.realpath(os.path.expanduser(p))
+      for p in (section.init_from, os.path.join(workdir, directory))
+    )
+    if source == run or source.startswith(run + os.sep):
+      raise ValueError(
+        f"answers.init_from: {section.init_from} lies inside this run's own directory {run}: "
+        "copy the head elsewhere, or set another answers.head_directory."
+      )
   name, trainer, meta, accepted = _drafter_setup(
     config, drafter, prepared, stream[answer > 0], manifest
   )
+  start = meta.pop("init_from", None)
+  if start is not None:  # What the start was (its parameters), not where it lay: a resume
+    meta["init_from"] = {"parameters": start["parameters"]}  # from another path is this run's.
   train_cfg = trainer.config
   batches = answers.batches(shards, train_cfg.seq_len, train_cfg.batch_size, config.seed)
   held_shards, trained = answers.without_trained_prompts(regenerate.read_shards(held_dir), shards)
@@ -517,8 +557,8 @@ def train_on_answers(
     },
     "hardware": hardware_summary(),
   }
-  if "init_from" in meta:  # The trained head this run started from.
-    facts["init_from"] = meta["init_from"]
+  if start is not None:  # The trained head this run started from, for the card.
+    facts["init_from"] = start
   # Training time over every run (a resumed run adds to it), written at each evaluation and
   # when a run ends or is stopped (Ctrl-C included), once the run has a best to write it beside.
   clock = {"start": time.perf_counter(), "before": float(best.get("seconds_total", 0.0))}
@@ -708,7 +748,9 @@ def card(
   )
   start = best.get("init_from")
   started = (
-    f"\n- **Started from** the trained head in `{start['path']}` (step {start['step']} of its run"
+    f"\n- **Started from** the trained head in `{start['path']}` ("
+    + (f"step {start['step']} of its run; " if start.get("step") is not None else "")
+    + f"parameters {start['parameters']}"
     + (f"; its SHA256SUMS hashes to `{start['sha256sums'][:16]}...`" if start["sha256sums"] else "")
     + "; its own card tells its data and training), not from random parameters: the steps and "
     "tokens here are this run's, and step 0 below is that head measured on the same rows."
