@@ -1208,8 +1208,10 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
     )
   config.answers.head_directory = "feature_head_other"
   config.feature.head.ffn_dim = 8  # Another head's shape: refused, naming the field.
-  with pytest.raises(ValueError, match="is not a head of config.feature.head.*ffn_dim"):
+  with pytest.raises(ValueError, match="is not a head of config.feature.head.*ffn_dim") as refused:
     answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)
+  # check_meta's advice (delete the directory) is cut: here the directory is the start.
+  assert "delete this directory" not in str(refused.value)
   config.answers.init_from = str(tmp_path / "no_head")
   with pytest.raises(FileNotFoundError, match="no_head"):
     answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)

@@ -407,14 +407,15 @@ def initial_head(
   params = train.params_of(model.head)
   mapping = params.get("draft_to_target")
   folder = os.path.dirname(directory)
+  is_shipped = shipped.is_shipped(folder)
   start = {
     "path": where,
     "parameters": target_store.parameters_fingerprint(params),
     "sha256sums": "",
     # A shipped head is saved as step 0 (``ship``): its card tells the steps it had.
-    "step": None if shipped.is_shipped(folder) else read.get("step"),
+    "step": None if is_shipped else read.get("step"),
   }
-  if shipped.is_shipped(folder):
+  if is_shipped:
     with open(os.path.join(folder, shipped.SHA256SUMS), "rb") as f:
       start["sha256sums"] = hashlib.sha256(f.read()).hexdigest()
   return params, None if mapping is None else np.asarray(mapping), start
