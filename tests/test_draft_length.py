@@ -69,6 +69,40 @@ def test_predictions_follow_the_formula_and_the_choice_takes_the_best():
   assert draft_length.expected_tokens_per_call(0.8, 0) == 1.0
 
 
+def test_predictions_are_scaled_to_what_the_probes_measured():
+  # SmolLM2 at T=0.8, feature+lookup (2026-12-01): modelled K=4 1.06x, measured 0.96x there and
+  # 1.01x at K=2; unscaled the choice was K=4, which ran at 0.88x.
+  modelled = {0: 1.0, 1: 0.93, 2: 1.04, 3: 1.05, 4: 1.06}
+  assert draft_length.choose(modelled) == 4
+  scaled = draft_length.calibrated(modelled, {2: 1.01, 4: 0.96})
+  assert scaled[0] == 1.0 and set(scaled) == set(modelled)
+  assert math.isclose(scaled[2], 1.01) and math.isclose(scaled[4], 0.96)
+  # Between the probes the ratio is interpolated in K; below them the nearest probe's ratio.
+  between = (1.01 / 1.04 + 0.96 / 1.06) / 2
+  assert math.isclose(scaled[3], 1.05 * between)
+  assert math.isclose(scaled[1], 0.93 * 1.01 / 1.04)
+  assert draft_length.choose(scaled) == 0
+  # Beyond the largest probe (a prediction past it): that probe's ratio.
+  beyond = draft_length.calibrated({1: 1.2, 2: 1.5, 3: 1.8}, {1: 1.3, 2: 1.2})
+  assert math.isclose(beyond[3], 1.8 * 1.2 / 1.5)
+  # One probe (largest K = 1): the one ratio everywhere.
+  assert draft_length.calibrated({0: 1.0, 1: 2.0}, {1: 1.5}) == {0: 1.0, 1: 1.5}
+  # A model that agrees with the probes is left as it was.
+  agree = {1: 1.3, 2: 1.6, 3: 1.7, 4: 1.75}
+  assert all(
+    math.isclose(v, agree[k]) for k, v in draft_length.calibrated(agree, {2: 1.6, 4: 1.75}).items()
+  )
+  for measured, message in [
+    ({}, "measured speedups at predicted K"),
+    ({5: 1.0}, "measured speedups at predicted K"),
+    ({0: 1.0}, "measured speedups at predicted K"),
+    ({2: 0.0}, "must be > 0"),
+    ({2: float("nan")}, "must be > 0"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      draft_length.calibrated(modelled, measured)
+
+
 def test_a_histogram_truncates_to_a_shorter_draft():
   # i.i.d. acceptance: truncating the law at K_max gives the law at K, for every K.
   for k in range(0, 7):

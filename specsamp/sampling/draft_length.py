@@ -18,7 +18,9 @@ as its slowest row's expected iterations (``iterations_until_done``) times that 
 probed K the cost per iteration is the measured one (two probes: the line passes through
 both), so the prediction differs from the probe's own speedup only by its iterations,
 expected where the probe counted them; between and beyond the probes the cost is that line,
-not a sum of single-call timings.
+not a sum of single-call timings. The predictions are then scaled to the probes
+(``calibrated``): the measured speedup at a probed K, the ratio measured / predicted
+interpolated between them, so no prediction overrules the loops that were measured.
 
 A row's tokens per iteration at K come from its histogram of accepted counts at the largest
 probed K, truncated to K (``truncated``), not from the i.i.d. formula at its alpha: the
@@ -232,6 +234,35 @@ def probe_lengths(largest: int) -> tuple[int, ...]:
   if largest < 1:
     raise ValueError(f"The automatic draft length needs a largest K >= 1, got {largest}.")
   return (largest,) if largest == 1 else tuple(sorted({max(1, (largest + 1) // 2), largest}))
+
+
+def calibrated(predictions: dict[int, float], measured: dict[int, float]) -> dict[int, float]:
+  """``predictions`` (K -> speedup) scaled to what the probes measured (K -> speedup): at a
+  probed K its measured speedup; between two probes the prediction times the ratio
+  measured / predicted, interpolated linearly in K; beyond the probes the nearest probe's
+  ratio; K = 0 stays 1.0.
+
+  At a probed K the prediction and the probe share the cost per iteration (the fitted line
+  passes through the probes), so they differ only in iterations: the expected ones, from the
+  histogram at the largest K truncated, against those the probe counted. Where the drafter is
+  no chain (feature+lookup: its drafts at K = 2 are not the first two at K = 4), or where few
+  sampled calls make the histogram noisy, the expectation can be off, and it was trusted over
+  the measurement: SmolLM2 at T=0.8 predicted 1.06x at K=4 where its probes had measured 1.01x
+  at K=2 and 0.96x at K=4, chose K=4, and ran at 0.88x (2026-12-01). Scaled, no K reaches the
+  margin and the loop is autoregressive."""
+  if not measured or any(k < 1 or k not in predictions for k in measured):
+    raise ValueError(
+      f"Needs measured speedups at predicted K >= 1, got {sorted(measured)} of "
+      f"{sorted(predictions)}."
+    )
+  if any(not value > 0 for value in (*measured.values(), *(predictions[k] for k in measured))):
+    raise ValueError(f"Speedups must be > 0, got measured {measured}, predicted {predictions}.")
+  probed = sorted(measured)
+  ratios = [measured[k] / predictions[k] for k in probed]
+  return {
+    k: value if k == 0 else value * float(np.interp(k, probed, ratios))
+    for k, value in predictions.items()
+  }
 
 
 def choose(predictions: dict[int, float], min_speedup: float = 1.05) -> int:

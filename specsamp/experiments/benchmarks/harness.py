@@ -147,14 +147,17 @@ class Bench:
     it), interleaved, on ``batch``, with keys from index ``timing.WARMUP_INDEX + 1`` on (which
     no timed call uses). Fitted: seconds per loop iteration = a + b K
     (``draft_length.IterationCost``) from the probes' seconds and iterations per call.
-    Predicted for every K in 1..largest: the measured autoregressive call over the slowest
+    Modelled for every K in 1..largest: the measured autoregressive call over the slowest
     row's expected iterations times a + b K, each row's tokens per iteration at K read from
-    its accepted counts at the largest K (``draft_length.truncated``).
+    its accepted counts at the largest K (``draft_length.truncated``). Predicted: the model
+    scaled to the probes' measured speedups (``draft_length.calibrated``), which the choice
+    reads.
 
     Returns:
       {'num_draft_tokens': K (0: autoregressive), 'alpha', 'row_alphas', 'probe_tokens',
       'largest', 'probes': [{'num_draft_tokens', 'seconds', 'iterations', 'measured'}],
-      'iteration_ms': {'fixed', 'per_draft_token'}, 'predicted': {K: speedup}}.
+      'iteration_ms': {'fixed', 'per_draft_token'}, 'predicted': {K: speedup},
+      'modelled': {K: speedup before the scaling}}.
     """
     lengths = draft_length.probe_lengths(largest)
     max_new_tokens = int(kwargs["max_new_tokens"])
@@ -193,8 +196,12 @@ class Bench:
     row_histograms = np.where(
       uncapped.sum(-1, keepdims=True) > 0, uncapped, histogram("accepted_histogram")
     )
-    predicted = draft_length.predict_speedups(
+    modelled = draft_length.predict_speedups(
       row_histograms, max_new_tokens, ar_s, cost, range(1, largest + 1)
+    )
+    # Scaled to what the probes measured: a prediction must not overrule a measured loop.
+    predicted = draft_length.calibrated(
+      modelled, {p.num_draft_tokens: ar_s / p.seconds for p in probes}
     )
     # No draft verified (max_new_tokens 1: the first token is the prefill's): nothing says a K
     # pays, and the probes' timing difference is noise (it chose K=1 at "alpha nan").
@@ -213,6 +220,7 @@ class Bench:
         "per_draft_token": cost.per_draft_token_s * 1e3,
       },
       "predicted": predicted,
+      "modelled": modelled,
     }
 
 
