@@ -96,11 +96,41 @@ def test_predictions_are_scaled_to_what_the_probes_measured():
     ({}, "measured speedups at predicted K"),
     ({5: 1.0}, "measured speedups at predicted K"),
     ({0: 1.0}, "measured speedups at predicted K"),
-    ({2: 0.0}, "must be > 0"),
-    ({2: float("nan")}, "must be > 0"),
+    ({2: 0.0}, "must be finite and > 0"),
+    ({2: float("nan")}, "must be finite and > 0"),
+    ({2: float("inf")}, "must be finite and > 0"),
   ]:
     with pytest.raises(ValueError, match=message):
       draft_length.calibrated(modelled, measured)
+
+
+def test_the_choice_from_probes_reads_the_scaled_predictions():
+  # One row at i.i.d. acceptance 0.56 measured at K = 4; 48 new tokens at 30 ms a step.
+  histogram = [1000 * draft_length.iteration_tokens(0.56, 4)]
+  ar_s, n = 48 * 0.03, 48
+  expected = {
+    k: draft_length.iterations_until_done([draft_length.truncated(histogram[0], k)], n)
+    for k in (2, 4)
+  }
+  # The probes counted 12% more iterations than expected at K = 4 and measured 1.01x (K = 2)
+  # and 0.96x (K = 4): the model (the same cost line) reads 1.075x at K = 4 and chooses it.
+  probes = [
+    draft_length.Probe(2, seconds=ar_s / 1.01, iterations=expected[2]),
+    draft_length.Probe(4, seconds=ar_s / 0.96, iterations=1.12 * expected[4]),
+  ]
+  choice = draft_length.choose_from_probes(ar_s, probes, histogram, n, largest=4)
+  assert set(choice.predicted) == set(choice.modelled) == {0, 1, 2, 3, 4}
+  assert math.isclose(choice.modelled[4], 0.96 * 1.12)
+  assert draft_length.choose(choice.modelled) == 4
+  for probe in probes:
+    assert math.isclose(choice.predicted[probe.num_draft_tokens], ar_s / probe.seconds)
+  assert choice.num_draft_tokens == draft_length.choose(choice.predicted) == 0
+  assert choice.cost == draft_length.IterationCost.fit(probes)
+  # One probe (the largest K is 1): its own cost per iteration, and its measured speedup.
+  one = draft_length.Probe(1, seconds=ar_s / 1.3, iterations=30)
+  single = draft_length.choose_from_probes(ar_s, [one], histogram, n, largest=1)
+  assert single.cost.per_draft_token_s == 0 and math.isclose(single.cost(1), one.seconds / 30)
+  assert math.isclose(single.predicted[1], 1.3) and single.num_draft_tokens == 1
 
 
 def test_a_histogram_truncates_to_a_shorter_draft():

@@ -15,12 +15,12 @@ at two draft lengths (``Probe``: seconds per call and iterations per call, from 
 fit seconds per iteration = a + b K (``IterationCost``: what scoring K + 1 tokens, K draft
 steps and the loop's own work cost together, however they split), and predict every K's call
 as its slowest row's expected iterations (``iterations_until_done``) times that cost. At a
-probed K the cost per iteration is the measured one (two probes: the line passes through
-both), so the prediction differs from the probe's own speedup only by its iterations,
-expected where the probe counted them; between and beyond the probes the cost is that line,
-not a sum of single-call timings. The predictions are then scaled to the probes
-(``calibrated``): the measured speedup at a probed K, the ratio measured / predicted
-interpolated between them, so no prediction overrules the loops that were measured.
+probed K the cost per iteration is the measured one (two probes and an unclamped fit: the
+line passes through both), so the model differs from the probe's own speedup only by its
+iterations, expected where the probe counted them; between and beyond the probes the cost is
+that line, not a sum of single-call timings. The model is then scaled to the probes
+(``calibrated``, ``choose_from_probes``): the measured speedup at a probed K, the ratio
+measured / modelled interpolated between them, so no prediction overrules a loop that ran.
 
 A row's tokens per iteration at K come from its histogram of accepted counts at the largest
 probed K, truncated to K (``truncated``), not from the i.i.d. formula at its alpha: the
@@ -31,6 +31,7 @@ law for a chain drafter, where the i.i.d. formula is a model of it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -242,21 +243,27 @@ def calibrated(predictions: dict[int, float], measured: dict[int, float]) -> dic
   measured / predicted, interpolated linearly in K; beyond the probes the nearest probe's
   ratio; K = 0 stays 1.0.
 
-  At a probed K the prediction and the probe share the cost per iteration (the fitted line
-  passes through the probes), so they differ only in iterations: the expected ones, from the
-  histogram at the largest K truncated, against those the probe counted. Where the drafter is
-  no chain (feature+lookup: its drafts at K = 2 are not the first two at K = 4), or where few
-  sampled calls make the histogram noisy, the expectation can be off, and it was trusted over
-  the measurement: SmolLM2 at T=0.8 predicted 1.06x at K=4 where its probes had measured 1.01x
-  at K=2 and 0.96x at K=4, chose K=4, and ran at 0.88x (2026-12-01). Scaled, no K reaches the
-  margin and the loop is autoregressive."""
+  Why: at a probed K the model and the probe share the cost per iteration (an unclamped fit
+  passes through both probes), so they differ in iterations: the expected ones, each row's
+  iterations drawn independently from its histogram pooled over the probe calls, against the
+  median the probe calls counted. SmolLM2 at T=0.8 (feature+lookup) modelled 1.06x at K=4
+  where its probes had measured 1.01x at K=2 and 0.96x at K=4, chose K=4, and ran at 0.88x
+  (2026-12-01): scaled, no K reaches the margin and the loop is autoregressive. The cost: for a
+  chain at T > 0 the expectation is the better estimate of one call's iterations in law, and
+  the scaling trusts a median of a few sampled calls instead; and where ``IterationCost.fit``
+  was clamped (a negative slope or intercept: timing noise) the scaling restores each probe's
+  own time, which the clamped line had smoothed. Accepted: at a probed K the prediction is
+  what that K measured, never more."""
   if not measured or any(k < 1 or k not in predictions for k in measured):
     raise ValueError(
       f"Needs measured speedups at predicted K >= 1, got {sorted(measured)} of "
       f"{sorted(predictions)}."
     )
-  if any(not value > 0 for value in (*measured.values(), *(predictions[k] for k in measured))):
-    raise ValueError(f"Speedups must be > 0, got measured {measured}, predicted {predictions}.")
+  values = (*measured.values(), *(predictions[k] for k in measured))
+  if not all(math.isfinite(value) and value > 0 for value in values):
+    raise ValueError(
+      f"Speedups must be finite and > 0, got measured {measured}, predicted {predictions}."
+    )
   probed = sorted(measured)
   ratios = [measured[k] / predictions[k] for k in probed]
   return {
@@ -265,7 +272,50 @@ def calibrated(predictions: dict[int, float], measured: dict[int, float]) -> dic
   }
 
 
-def choose(predictions: dict[int, float], min_speedup: float = 1.05) -> int:
+# The speedup a K must be predicted to be chosen over autoregressive sampling: a margin for
+# what the prediction leaves out.
+MIN_SPEEDUP = 1.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """The automatic draft length and why: the fitted cost of an iteration, the modelled
+  speedups (K -> speedup) and the predicted ones (the model scaled to the probes), which the
+  choice reads."""
+
+  num_draft_tokens: int
+  cost: IterationCost
+  modelled: dict[int, float]
+  predicted: dict[int, float]
+
+
+def choose_from_probes(
+  autoregressive_s: float,
+  probes: Sequence[Probe],
+  row_histograms: Sequence[Sequence[float]],
+  max_new_tokens: int,
+  largest: int,
+  min_speedup: float = MIN_SPEEDUP,
+) -> Choice:
+  """The automatic draft length from loops that ran: the autoregressive call's seconds, the
+  probes (``probe_lengths(largest)``) and each row's histogram of accepted counts at
+  ``largest``. Fits the cost of an iteration (one probe: its own cost per iteration, flat),
+  models every K in 1..largest (``predict_speedups``), scales the model to the probes
+  (``calibrated``) and chooses from the scaled values (``choose``)."""
+  if len({p.num_draft_tokens for p in probes}) > 1:
+    cost = IterationCost.fit(probes)
+  else:  # K = 1 only: nothing to fit, the one probe is the cost.
+    cost = IterationCost(probes[0].seconds / probes[0].iterations, 0.0)
+  modelled = predict_speedups(
+    row_histograms, max_new_tokens, autoregressive_s, cost, range(1, largest + 1)
+  )
+  predicted = calibrated(
+    modelled, {p.num_draft_tokens: autoregressive_s / p.seconds for p in probes}
+  )
+  return Choice(choose(predicted, min_speedup), cost, modelled, predicted)
+
+
+def choose(predictions: dict[int, float], min_speedup: float = MIN_SPEEDUP) -> int:
   """The automatic draft length: the K with the best predicted speedup among
   ``predictions`` (K -> speedup; 0 is autoregressive, 1.0), or 0 when none is predicted at
   least ``min_speedup`` (a margin for what the prediction leaves out); ties go to the

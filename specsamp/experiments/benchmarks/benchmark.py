@@ -448,7 +448,10 @@ def run(
             record.update(
               chosen_draft_tokens=num_draft_tokens,
               auto_choice=choice,
+              # Scaled to the probes since 2026-12-01; the model before the scaling beside it
+              # (absent in records made before: their auto_predicted is the unscaled model).
               auto_predicted=choice["predicted"][num_draft_tokens] if choice else None,
+              auto_modelled=choice["modelled"].get(num_draft_tokens) if choice else None,
               synthetic_acceptance=extra.get("synthetic_acceptance", ""),
               ms_per_token=timed.ms_per_token,
               tokens_per_s=timed.tokens_per_s,
@@ -506,6 +509,7 @@ def auto_table(records: list[dict]) -> list[dict]:
         "verifier": r["verifier"],
         "auto_k": r["chosen_draft_tokens"],
         "auto_predicted": r["auto_predicted"],
+        "auto_modelled": r.get("auto_modelled"),
         "auto_speedup": r["speedup"],
         "best_fixed_k": best["num_draft_tokens"] if best else None,
         "best_fixed_speedup": best["speedup"] if best else None,

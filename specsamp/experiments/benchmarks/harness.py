@@ -19,8 +19,9 @@ benchmark all time samplers of one pair the same way; a ``Bench`` is that way, o
 The automatic draft length (``specsamp/sampling/draft_length.py``) picks K in 0..K_max with
 the best predicted speedup. It probes the loop on the first batch at K_max and about half of
 it (a few calls of each, interleaved with the autoregressive loop, with keys no timed call
-uses), fits seconds per iteration = a + b K to those loops, and predicts every K from it and
-each row's measured acceptance. K = 0 (autoregressive) when no K is predicted 1.05x. The
+uses), fits seconds per iteration = a + b K to those loops, models every K from it and each
+row's measured acceptance, and scales the model to the probes' measured speedups
+(``draft_length.choose_from_probes``). K = 0 (autoregressive) when no K is predicted 1.05x. The
 choice looks only at costs and at calls that are not among the calls it is made for, so those
 stay exact.
 """
@@ -183,10 +184,6 @@ class Bench:
       )
       for k, seconds in zip(lengths, probe_s)
     ]
-    if len(probes) > 1:
-      cost = draft_length.IterationCost.fit(probes)
-    else:  # K = 1 only: nothing to fit, the one probe is the cost.
-      cost = draft_length.IterationCost(probes[0].seconds / probes[0].iterations, 0.0)
     # Each row's accepted counts at the largest K, over its probe calls: what every K <= it
     # predicts from (draft_length.truncated). Only the iterations max_new_tokens did not cut
     # short: the prediction applies that cap itself (iterations_until_done). A row that
@@ -196,18 +193,13 @@ class Bench:
     row_histograms = np.where(
       uncapped.sum(-1, keepdims=True) > 0, uncapped, histogram("accepted_histogram")
     )
-    modelled = draft_length.predict_speedups(
-      row_histograms, max_new_tokens, ar_s, cost, range(1, largest + 1)
-    )
-    # Scaled to what the probes measured: a prediction must not overrule a measured loop.
-    predicted = draft_length.calibrated(
-      modelled, {p.num_draft_tokens: ar_s / p.seconds for p in probes}
-    )
+    # Modelled, then scaled to what the probes measured: no prediction overrules a loop that ran.
+    choice = draft_length.choose_from_probes(ar_s, probes, row_histograms, max_new_tokens, largest)
     # No draft verified (max_new_tokens 1: the first token is the prefill's): nothing says a K
     # pays, and the probes' timing difference is noise (it chose K=1 at "alpha nan").
     verified = int(pooled("verified_at_position").sum())
     return {
-      "num_draft_tokens": draft_length.choose(predicted) if verified else 0,
+      "num_draft_tokens": choice.num_draft_tokens if verified else 0,
       "verified": verified,
       # Pooled over both probes' positions (summarize pools one K's outputs only).
       "alpha": float(pooled("accepted_at_position").sum() / max(verified, 1)),
@@ -216,11 +208,11 @@ class Bench:
       "largest": largest,
       "probes": [{**dataclasses.asdict(p), "measured": ar_s / p.seconds} for p in probes],
       "iteration_ms": {
-        "fixed": cost.fixed_s * 1e3,
-        "per_draft_token": cost.per_draft_token_s * 1e3,
+        "fixed": choice.cost.fixed_s * 1e3,
+        "per_draft_token": choice.cost.per_draft_token_s * 1e3,
       },
-      "predicted": predicted,
-      "modelled": modelled,
+      "predicted": choice.predicted,
+      "modelled": choice.modelled,
     }
 
 
