@@ -734,7 +734,7 @@ def test_when_no_k_pays_the_job_times_the_autoregressive_loop_once(
     return interleaved(samplers, inputs, *args, **kwargs)
 
   monkeypatch.setattr(timing, "time_interleaved", spy)
-  monkeypatch.setattr(draft_length, "choose", lambda predicted: 0)
+  monkeypatch.setattr(draft_length, "choose", lambda predicted, min_speedup: 0)
   config = _test_pair_config()
   config.speculative.drafter = "lookup:2"
   config.speculative.draft_length = "auto"
