@@ -168,8 +168,8 @@ def predicted_batch_speedup(
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-  """One draft length's measured loop: median seconds per call and loop iterations per call
-  (target calls less the prefill, the slowest row's)."""
+  """One draft length's measured loop: seconds per call and loop iterations per call (target
+  calls less the prefill, the slowest row's), each the mean over the probe's calls."""
 
   num_draft_tokens: int
   seconds: float
@@ -246,11 +246,11 @@ def calibrated(predictions: dict[int, float], measured: dict[int, float]) -> dic
   Why: at a probed K the model and the probe share the cost per iteration (an unclamped fit
   passes through both probes), so they differ in iterations: the expected ones, each row's
   iterations drawn independently from its histogram pooled over the probe calls, against the
-  median the probe calls counted. SmolLM2 at T=0.8 (feature+lookup) modelled 1.06x at K=4
+  mean the probe calls counted. SmolLM2 at T=0.8 (feature+lookup) modelled 1.06x at K=4
   where its probes had measured 1.01x at K=2 and 0.96x at K=4, chose K=4, and ran at 0.88x
   (2026-12-01): scaled, no K reaches the margin and the loop is autoregressive. The cost: for a
   chain at T > 0 the expectation is the better estimate of one call's iterations in law, and
-  the scaling trusts a median of a few sampled calls instead; and where ``IterationCost.fit``
+  the scaling trusts the mean of a few sampled calls instead; and where ``IterationCost.fit``
   was clamped (a negative slope or intercept: timing noise) the scaling restores each probe's
   own time, which the clamped line had smoothed. Accepted: at a probed K the prediction is
   what that K measured, never more."""

@@ -401,7 +401,7 @@ def run(
             choice, num_draft_tokens = None, length
             if length == AUTO:
               choice = bench.choose_draft_length(
-                draft_name, batches[0], largest, verifier=verifier, **common
+                draft_name, batches, largest, verifier=verifier, **common
               )
               num_draft_tokens = choice["num_draft_tokens"]
               log(f"{mode:>7} b={batch_size:<2} {drafter:>9}: {format_choice(choice)}")

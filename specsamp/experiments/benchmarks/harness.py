@@ -17,10 +17,10 @@ benchmark all time samplers of one pair the same way; a ``Bench`` is that way, o
   bench.choose_draft_length(...)           the automatic K (below) and why
 
 The automatic draft length (``specsamp/sampling/draft_length.py``) picks K in 0..K_max with
-the best predicted speedup. It probes the loop on the first batch at K_max and about half of
-it (a few calls of each, interleaved with the autoregressive loop, with keys no timed call
-uses), fits seconds per iteration = a + b K to those loops, models every K from it and each
-row's measured acceptance, and scales the model to the probes' measured speedups
+the best predicted speedup. It probes the loop at K_max and about half of it (a few calls of
+each, one per batch of the workload's first batches, interleaved with the autoregressive loop,
+with keys no timed call uses), fits seconds per iteration = a + b K to those loops, models
+every K from it and the measured acceptance, and scales the model to the probes' measured speedups
 (``draft_length.choose_from_probes``). K = 0 (autoregressive) when no K is predicted 1.05x. The
 choice looks only at costs and at calls that are not among the calls it is made for, so those
 stay exact.
@@ -138,16 +138,22 @@ class Bench:
     )
 
   def choose_draft_length(
-    self, draft: str, batch: Any, largest: int, probe_calls: int = 5, **kwargs
+    self, draft: str, batches: Sequence[Any], largest: int, probe_calls: int = 5, **kwargs
   ) -> dict[str, Any]:
     """The automatic draft length for ``draft`` at ``batch``'s size (``draft_length.py``);
     ``kwargs`` are the sampling arguments (``max_new_tokens`` among them).
 
     Measured: ``probe_calls`` calls each of the autoregressive loop and of the speculative
     loop at each of ``draft_length.probe_lengths(largest)`` (the largest K and about half of
-    it), interleaved, on ``batch``, with keys from index ``timing.WARMUP_INDEX + 1`` on (which
-    no timed call uses). Fitted: seconds per loop iteration = a + b K
-    (``draft_length.IterationCost``) from the probes' seconds and iterations per call.
+    it), interleaved, with keys from index ``timing.WARMUP_INDEX + 1`` on (which no timed call
+    uses). Call i runs on the i-th of ``batches``' first batches of the first one's shape
+    (cycled when there are fewer): the workload's prompts, not its first prompt probed again.
+    On SmolLM2 the first HumanEval prompt read 1.06-1.08x at T=0 where the 8 read 1.27x, so
+    probing it alone chose short drafts, or none, for the whole workload (2026-12-02). Each
+    loop's seconds and iterations are its means over those calls (a ratio of sums, as the job
+    measures its speedup; a median of calls on different prompts would pair one prompt's
+    autoregressive call with another's speculative one). Fitted: seconds per loop iteration =
+    a + b K (``draft_length.IterationCost``) from the probes' seconds and iterations per call.
     Modelled for every K in 1..largest: the measured autoregressive call over the slowest
     row's expected iterations times a + b K, each row's tokens per iteration at K read from
     its accepted counts at the largest K (``draft_length.truncated``). Predicted: the model
@@ -162,25 +168,28 @@ class Bench:
     """
     lengths = draft_length.probe_lengths(largest)
     max_new_tokens = int(kwargs["max_new_tokens"])
+    # One shape: a batch with fewer rows (the last) would not sum with the others' histograms.
+    shape = timing.input_shape(batches[0])
+    inputs = [b for b in batches if timing.input_shape(b) == shape][:probe_calls]
     timed = timing.time_interleaved(
       {
         "autoregressive": self.sample(None, num_draft_tokens=0, **kwargs),
         **{k: self.sample(draft, num_draft_tokens=k, **kwargs) for k in lengths},
       },
-      [batch],
+      inputs,
       calls=probe_calls,
       first_index=timing.WARMUP_INDEX + 1,
     )
     # Process 0's seconds on every process of a multi-host run: the K chosen from them picks
     # the loop every process then runs (multihost.agreed). The outputs are the same everywhere.
     ar_s, *probe_s = multihost.agreed(
-      [statistics.median(timed[name].seconds) for name in ("autoregressive", *lengths)]
+      [statistics.fmean(timed[name].seconds) for name in ("autoregressive", *lengths)]
     )
     outputs = [o for k in lengths for o in timed[k].outputs]
     pooled = lambda name: sum(np.asarray(getattr(o, name)).sum(-1) for o in outputs)
     probes = [
       draft_length.Probe(
-        k, seconds, statistics.median(int(o.target_calls) - 1 for o in timed[k].outputs)
+        k, seconds, statistics.fmean(int(o.target_calls) - 1 for o in timed[k].outputs)
       )
       for k, seconds in zip(lengths, probe_s)
     ]
@@ -205,6 +214,7 @@ class Bench:
       "alpha": float(pooled("accepted_at_position").sum() / max(verified, 1)),
       "row_alphas": sampling_statistics.row_alphas(outputs),
       "probe_tokens": int(sum(np.asarray(o.num_generated).sum() for o in outputs)),
+      "probe_batches": len(inputs),
       "largest": largest,
       "probes": [{**dataclasses.asdict(p), "measured": ar_s / p.seconds} for p in probes],
       "iteration_ms": {
@@ -230,8 +240,10 @@ def format_choice(choice: dict[str, Any]) -> str:
   rows = choice["row_alphas"]
   probes = ", ".join(f"K={p['num_draft_tokens']} {p['measured']:.2f}x" for p in choice["probes"])
   cost = choice["iteration_ms"]
+  count = choice.get("probe_batches", 1)
+  where = "on the first batch" if count == 1 else f"on the first {count} batches"
   return (
-    f"K={chosen} chosen automatically ({why}; {options}): probed {probes} on the first batch "
+    f"K={chosen} chosen automatically ({why}; {options}): probed {probes} {where} "
     f"({choice['probe_tokens']} tokens in untimed calls), an iteration {cost['fixed']:.3f} + "
     f"{cost['per_draft_token']:.3f} x K ms, alpha {choice['alpha']:.3f} (rows {min(rows):.2f}-"
     f"{max(rows):.2f})"

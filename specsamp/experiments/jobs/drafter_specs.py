@@ -148,8 +148,10 @@ def make(
   """The drafter ``spec`` names, on a prepared pair (``jobs.pair.Pair``); a parallel draft
   needs its placeholder id (the config's ``draft.train.distill.mask_token``). A drafter with a
   model stops a row's draft after a token its model gave less than ``confidence_threshold``
-  (0: never); prompt lookup has no model to be confident with. ``head_draft_tokens`` caps the
-  head's drafts of feature+lookup below K (0: K), copies keeping all K."""
+  (0: never); prompt lookup's copies are point masses (q = 1), so the stop never ends them (a
+  pair config's threshold for its head, configs/smollm2_pair.py's, runs lookup alone unchanged).
+  ``head_draft_tokens`` caps the head's drafts of feature+lookup below K (0: K), copies keeping
+  all K."""
   stop = dict(confidence_threshold=float(confidence_threshold))
   if head_draft_tokens and spec.kind != "feature_lookup":
     raise ValueError(
@@ -158,11 +160,6 @@ def make(
       "--config.speculative.num_draft_tokens instead, or use 0."
     )
   if spec.kind == "lookup":
-    if confidence_threshold:
-      raise ValueError(
-        f"--config.speculative.confidence_threshold={confidence_threshold}: prompt lookup "
-        "copies, it has no model probability to stop on; use 0."
-      )
     return drafters.PromptLookupDrafter(max_ngram=spec.number)
   if spec.kind == "draft":
     return drafters.ModelDrafter(pair.draft, proposal=proposal, **stop)

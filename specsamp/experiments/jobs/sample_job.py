@@ -436,7 +436,7 @@ def run(
         f"({trained[1]})"
       )
     choice = bench.choose_draft_length(
-      DRAFT, batches[0], largest, verifier=config.speculative.verifier, **common
+      DRAFT, batches, largest, verifier=config.speculative.verifier, **common
     )
     log(f"  draft length: {format_choice(choice)}")
     num_draft_tokens = choice["num_draft_tokens"]
@@ -509,8 +509,9 @@ def run(
 
 def _probed(choice: dict[str, Any] | None, batches: list[Any]) -> set[str]:
   """The samplers the automatic draft length's probes already called on every batch's shape
-  (they ran on the first batch): the autoregressive loop, and the speculative one if its K was
-  probed. Their warm-up calls are skipped: on SmolLM2 each costs as much as a timed call."""
+  (they ran on the first batches, all of the first one's shape): the autoregressive loop, and
+  the speculative one if its K was probed. Their warm-up calls are skipped: on SmolLM2 each
+  costs as much as a timed call."""
   shape = timing.input_shape(batches[0])
   if choice is None or any(timing.input_shape(b) != shape for b in batches):
     return set()
