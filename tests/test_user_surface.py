@@ -58,10 +58,9 @@ def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):
     (dict(tree="tree:2,2", drafter="feature+lookup:2"), "its copy beside the head's chain"),
     (dict(tree="chain:3", drafter="lookup"), None),
     (dict(tree="chain:3", drafter="feature+lookup:2"), "as the tree 'chains:2x3'"),
-    (
-      dict(tree="dynamic:2x2", proposal="greedy", confidence_threshold=0.5),
-      "confidence_threshold=0.5: must be 0 with a dynamic tree",
-    ),
+    # A pair config's confidence stop (smollm2_pair's 0.5) does not refuse a dynamic tree: the
+    # job drafts it without the stop, and says so (test_a_dynamic_tree_drafts_without_the_stop).
+    (dict(tree="dynamic:2x2", proposal="greedy", confidence_threshold=0.5), None),
     # Wider than the vocabulary, known before the pair trains.
     (
       dict(tree="dynamic:65x2", proposal="greedy", vocab_size=64),
@@ -451,3 +450,17 @@ def test_summarize_refuses_runs_of_different_draft_lengths():
   runs = [types.SimpleNamespace(accepted_at_position=np.zeros((2, k))) for k in (0, 2)]
   with pytest.raises(ValueError, match=r"one draft length K; these have K in \[0, 2\]"):
     statistics.summarize(runs)
+
+
+def test_a_dynamic_tree_drafts_without_the_confidence_stop_and_says_so():
+  from specsamp.sampling import tree as tree_lib
+
+  config = code_pair.get_config()
+  config.speculative.confidence_threshold = 0.5
+  said = []
+  dynamic, static = tree_lib.parse("dynamic:2x2"), tree_lib.parse("tree:2,2")
+  assert sample_job.confidence_threshold(config, dynamic, said.append) == 0.0
+  assert said and "the dynamic tree drafts without it" in said[0]
+  said.clear()
+  assert sample_job.confidence_threshold(config, static, said.append) == 0.5
+  assert sample_job.confidence_threshold(config, None, said.append) == 0.5 and not said

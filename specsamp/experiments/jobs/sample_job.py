@@ -282,13 +282,6 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
         f"drafter={name!r} proposes a chain, or its copy beside the head's chain as the tree "
         f"'chains:2x{tree.max_depth}'; other trees need drafter 'feature'",
       ),
-      (
-        "speculative.confidence_threshold",
-        stop,
-        not (tree.dynamic and isinstance(stop, (int, float)) and stop > 0),
-        "must be 0 with a dynamic tree (it spends its node budget where the draft is confident "
-        "already)",
-      ),
     ]
   for path, value, ok, allowed in checks:
     if not ok:
@@ -305,6 +298,23 @@ def check_settings(config: ml_collections.ConfigDict) -> None:
   if _parses(name):  # A checkpoint's count is read when it loads (``run``).
     trained = drafter_specs.trained_positions(drafter_specs.parse(name), config, False)
     check_trained_positions(config, trained)
+
+
+def confidence_threshold(
+  config: ml_collections.ConfigDict, tree: TreeShape | None, log: Callable[[str], None] = print
+) -> float:
+  """The confidence stop the drafter gets: the config's, but 0 with a dynamic tree, which spends
+  its node budget where the draft is confident already (the drafters refuse both). Said, not
+  refused, as for narrow scoring: a pair config's stop (configs/smollm2_pair.py's 0.5) is no
+  reason to refuse a tree."""
+  stop = float(config.speculative.get("confidence_threshold", 0.0))
+  if stop and tree is not None and tree.dynamic:
+    log(
+      f"confidence_threshold={stop} applies to chains and static trees: the dynamic tree "
+      "drafts without it (it spends its node budget where the draft is confident already)"
+    )
+    return 0.0
+  return stop
 
 
 def check_trained_positions(config: ml_collections.ConfigDict, trained: Any) -> None:
@@ -388,7 +398,7 @@ def run(
     pair,
     config.speculative.get("proposal", "sampled"),
     mask_token_id=config.draft.train.distill.get("mask_token", -1),
-    confidence_threshold=config.speculative.get("confidence_threshold", 0.0),
+    confidence_threshold=confidence_threshold(config, tree, log),
     head_draft_tokens=config.speculative.get("head_draft_tokens", 0),
   )
   prompts = prompts_lib.of_pair(
