@@ -140,8 +140,9 @@ class Bench:
   def choose_draft_length(
     self, draft: str, batches: Sequence[Any], largest: int, probe_calls: int = 5, **kwargs
   ) -> dict[str, Any]:
-    """The automatic draft length for ``draft`` at ``batch``'s size (``draft_length.py``);
-    ``kwargs`` are the sampling arguments (``max_new_tokens`` among them).
+    """The automatic draft length for ``draft`` at the size of ``batches``' first batch
+    (``draft_length.py``); ``kwargs`` are the sampling arguments (``max_new_tokens`` among
+    them).
 
     Measured: ``probe_calls`` calls each of the autoregressive loop and of the speculative
     loop at each of ``draft_length.probe_lengths(largest)`` (the largest K and about half of
