@@ -301,17 +301,11 @@ def test_the_automatic_k_is_autoregressive_when_the_probes_verify_no_draft(tiny_
   The choice printed 'alpha nan' (0 / 0) and took K=1 from the probes' timing noise; K <= N
   itself raised a broadcast error in the prediction (2026-11-30's review; tested in
   test_perf_model.py)."""
-  import types
-
   import jax.numpy as jnp
 
   from specsamp.experiments.benchmarks import harness
-  from specsamp.sampling.drafters import PromptLookupDrafter
 
-  pair = types.SimpleNamespace(
-    target=tiny_model, drafts={}, mesh=None, tokenizer=types.SimpleNamespace(pad_id=0)
-  )
-  bench = harness.Bench(pair, cache_slots=16, drafters={"lookup": PromptLookupDrafter()})
+  bench = _lookup_bench(tiny_model, cache_slots=16)
   batch = (jnp.array([[5, 6, 7, 5, 6, 7, 5, 6]], jnp.int32), jnp.array([8], jnp.int32))
   choice = bench.choose_draft_length("lookup", [batch], 2, probe_calls=1, max_new_tokens=1)
   assert choice["verified"] == 0 and choice["alpha"] == 0.0
@@ -324,31 +318,50 @@ def test_the_automatic_k_probes_one_call_on_each_of_the_first_batches(tiny_model
   """The probes' calls run on the workload's first batches of the first one's shape, not on its
   first batch again and again (on SmolLM2 the first HumanEval prompt read 1.06-1.08x at T=0
   where the 8 read 1.27x), and the choice says how many batches it probed."""
-  import types
+  import statistics
 
   import jax.numpy as jnp
 
   from specsamp.experiments.benchmarks import harness
-  from specsamp.sampling.drafters import PromptLookupDrafter
 
-  pair = types.SimpleNamespace(
-    target=tiny_model, drafts={}, mesh=None, tokenizer=types.SimpleNamespace(pad_id=0)
-  )
-  bench = harness.Bench(pair, cache_slots=24, drafters={"lookup": PromptLookupDrafter()})
+  bench = _lookup_bench(tiny_model, cache_slots=24)
   row = lambda *ids: (jnp.array([ids], jnp.int32), jnp.array([len(ids)], jnp.int32))
   batches = [row(5, 6, 7, 5, 6, 7, 5, 6), row(9, 8, 9, 8, 9, 8, 9, 8), row(3, 4, 3, 4, 3, 4, 3, 4)]
   batches.append((jnp.zeros((2, 8), jnp.int32), jnp.full((2,), 8, jnp.int32)))  # Another shape.
-  seen = []
+  seen, timed = [], []
   time_interleaved = timing.time_interleaved
 
   def spy(samplers, inputs, **kwargs):
     seen.append([int(tokens[0, 0]) for tokens, _ in inputs])
-    return time_interleaved(samplers, inputs, **kwargs)
+    timed.append(time_interleaved(samplers, inputs, **kwargs))
+    return timed[-1]
 
   monkeypatch.setattr(timing, "time_interleaved", spy)
   choice = bench.choose_draft_length("lookup", batches, 2, probe_calls=4, max_new_tokens=4)
   assert seen == [[5, 9, 3]]  # Call i on batch i % 3: the three of the first one's shape.
   assert choice["probe_batches"] == 3
   assert "on the first 3 batches" in harness.format_choice(choice)
-  # Ratios of means: each probe's measured speedup is the autoregressive mean over its mean.
-  assert all(p["measured"] > 0 and p["iterations"] >= 1 for p in choice["probes"])
+  # Ratios of means: each probe's measured speedup is the autoregressive loop's mean seconds
+  # over its own, and its iterations the mean over its calls.
+  (runs,) = timed
+  ar = statistics.fmean(runs["autoregressive"].seconds)
+  for probe in choice["probes"]:
+    run = runs[probe["num_draft_tokens"]]
+    assert len(run.seconds) == 4
+    assert probe["measured"] == pytest.approx(ar / statistics.fmean(run.seconds))
+    iterations = statistics.fmean(int(o.target_calls) - 1 for o in run.outputs)
+    assert probe["iterations"] == pytest.approx(iterations)
+
+
+def _lookup_bench(model, cache_slots: int):
+  """A ``harness.Bench`` over ``model`` as the target with prompt lookup as its drafter: the
+  automatic draft length's probes with no draft model to train."""
+  import types
+
+  from specsamp.experiments.benchmarks import harness
+  from specsamp.sampling.drafters import PromptLookupDrafter
+
+  pair = types.SimpleNamespace(
+    target=model, drafts={}, mesh=None, tokenizer=types.SimpleNamespace(pad_id=0)
+  )
+  return harness.Bench(pair, cache_slots=cache_slots, drafters={"lookup": PromptLookupDrafter()})

@@ -59,7 +59,8 @@ def test_settings_are_checked_in_one_line_naming_the_flag(path, value, message):
     (dict(tree="chain:3", drafter="lookup"), None),
     (dict(tree="chain:3", drafter="feature+lookup:2"), "as the tree 'chains:2x3'"),
     # A pair config's confidence stop (smollm2_pair's 0.5) does not refuse a dynamic tree: the
-    # job drafts it without the stop, and says so (test_a_dynamic_tree_drafts_without_the_stop).
+    # job drafts it without the stop, and says so
+    # (test_a_dynamic_tree_drafts_without_the_confidence_stop_and_says_so).
     (dict(tree="dynamic:2x2", proposal="greedy", confidence_threshold=0.5), None),
     # Wider than the vocabulary, known before the pair trains.
     (
