@@ -727,6 +727,10 @@ def test_a_card_reports_what_the_best_evaluation_was_trained_and_measured_on(tmp
   start = dict(start, sha256sums="", step=300)  # A run's checkpoint: its step, no hashes.
   card = answer_training.card(config, str(tmp_path), dict(best, init_from=start), "feature")
   assert "(step 300 of its run; parameters 0123;" in card and "SHA256SUMS hashes" not in card
+  assert "grown" not in card
+  start = dict(start, widened_from_ffn_dim=1536)  # Grown to a wider MLP: said.
+  card = answer_training.card(config, str(tmp_path), dict(best, init_from=start), "feature")
+  assert "its MLP grown from 1536 hidden units" in card and "step 0 below is that head" in card
   # A best.json from before these were recorded: the workdir's manifests, and the card says so.
   for split, prompts in (("train", 128), ("held_out", 128)):
     folder = tmp_path / config.answers[f"{split}_dir"]

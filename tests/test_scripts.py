@@ -1212,6 +1212,17 @@ def test_regenerate_and_train_drafter_keep_the_best_draft_by_tau(
     answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)
   # check_meta's advice (delete the directory) is cut: here the directory is the start.
   assert "delete this directory" not in str(refused.value)
+  # A wider MLP than the start's grows it (feature_train.widen_mlp): step 0 measures what the
+  # start measured, and the card says what it grew from.
+  start_ffn = store.read_meta()["head"]["ffn_dim"]
+  config.answers.head_directory = "feature_head_wider"
+  config.feature.head.ffn_dim = 2 * start_ffn
+  wider = answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)
+  assert wider["curve"][0]["tau"] == pytest.approx(more["curve"][0]["tau"], abs=1e-6)
+  assert wider["init_from"]["widened_from_ffn_dim"] == start_ffn
+  wide_store = checkpoint.Checkpoints(os.path.join(workdir, "feature_head_wider"))
+  assert wide_store.read_meta()["head"]["ffn_dim"] == 2 * start_ffn
+  config.feature.head.ffn_dim = 0
   config.answers.init_from = str(tmp_path / "no_head")
   with pytest.raises(FileNotFoundError, match="no_head"):
     answer_training.train_on_answers(config, workdir, stop_after=1, log=lines.append)

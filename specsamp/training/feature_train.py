@@ -457,6 +457,28 @@ class FeatureTrainer:
     return float(train.learning_rate_schedule(self.config)(step))
 
 
+def widen_mlp(params: dict, ffn_dim: int, seed: int = 0) -> dict:
+  """A trained head's parameters with its MLP widened to ``ffn_dim`` hidden units, computing
+  exactly what they computed (function-preserving growth, as Net2Net's): the new units' input
+  columns (``gate_DF``, ``up_DF``) normal at LeCun's scale (variance 1 / D, from ``seed``),
+  their output rows (``down_FD``) zero, so they add nothing until training moves those rows:
+  a head that has stalled at its width goes on from what it knows with more room."""
+  mlp = params["mlp"]
+  width, old = mlp["down_FD"].shape[1], mlp["down_FD"].shape[0]
+  if ffn_dim < old:
+    raise ValueError(f"widen_mlp: the MLP has {old} hidden units; {ffn_dim} would narrow it.")
+  rng = np.random.default_rng(seed)
+  grown = {}
+  for name, value in mlp.items():
+    value = np.asarray(value, np.float32)
+    if name == "down_FD":
+      grown[name] = np.concatenate([value, np.zeros((ffn_dim - old, width), np.float32)], 0)
+    else:  # gate_DF, up_DF: [D, F], fan-in D.
+      fresh = rng.standard_normal((width, ffn_dim - old)).astype(np.float32) / np.sqrt(width)
+      grown[name] = np.concatenate([value, fresh], 1)
+  return dict(params, mlp=grown)
+
+
 def head_meta(head_config: FeatureHeadConfig, target: Any) -> dict[str, Any]:
   """What a head checkpoint records and a reload must match: the resolved head config and the
   target model it reads (a head is bound to its target's features)."""

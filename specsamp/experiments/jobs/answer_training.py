@@ -332,7 +332,11 @@ def _drafter_setup(
     # All of what it records, for the card; train_on_answers keeps only its parameters'
     # fingerprint in the checkpoints' meta.
     initial, mapping, meta["init_from"] = initial_head(
-      section.init_from, head_cfg, target, dict(meta, tokenizer=tokenizer.fingerprint)
+      section.init_from,
+      head_cfg,
+      target,
+      dict(meta, tokenizer=tokenizer.fingerprint),
+      seed=config.seed + 3,
     )
   elif resolved.draft_vocab_size:
     mapping = feature_train.frequent_tokens(
@@ -361,13 +365,16 @@ def initial_head(
   head_config: FeatureHeadConfig,
   target: Any,
   run_meta: dict[str, Any],
+  seed: int = 0,
 ) -> tuple[dict, np.ndarray | None, dict[str, Any]]:
   """(float32 parameters, draft vocabulary map, what the card and checkpoints record) of the
   trained feature head at ``path`` (a shipped folder, verified first, or a checkpoint directory:
   its newest step, e.g. a run's ``.../best``), for a fresh run to start from
   (``answers.init_from``). It must be a head of ``head_config`` for ``target``: the same
   shape and kind (parallel or not), the same target model, tokenizer and, where both record
-  them, the same target and target weights as ``run_meta``'s answers."""
+  them, the same target and target weights as ``run_meta``'s answers. The one difference
+  allowed is a wider MLP in ``head_config``: the start's is grown to it
+  (``feature_train.widen_mlp``, its new units drawn from ``seed``), computing what it did."""
   where = os.path.realpath(os.path.expanduser(path))
   directory = shipped.resolve(path)
   if not os.path.isdir(directory):
@@ -387,8 +394,16 @@ def initial_head(
       f"--config.answers.drafter trains {kinds[head_config.parallel]}: give one of that kind."
     )
   want = feature_train.head_meta(head_config, target)
+  theirs_config, ours_config = model.head.config, head_config.resolve(target.config)
+  # A wider MLP than the start's grows it (``feature_train.widen_mlp``): the same function,
+  # more room. Every other field must match.
+  widen = (
+    theirs_config.ffn_dim < ours_config.ffn_dim
+    and theirs_config.replace(ffn_dim=ours_config.ffn_dim) == ours_config
+  )
   try:
-    checkpoint.check_meta(feature_train.head_meta(model.head.config, target), want, directory)
+    start_config = theirs_config.replace(ffn_dim=ours_config.ffn_dim) if widen else theirs_config
+    checkpoint.check_meta(feature_train.head_meta(start_config, target), want, directory)
   except checkpoint.CheckpointError as e:
     raise refused(f"is not a head of config.feature.head: {e}") from None
   theirs, ours = (m.get("data", {}).get("target") for m in (read, run_meta))
@@ -405,6 +420,8 @@ def initial_head(
       f"{weights}): a head learns the features of the target it read."
     )
   params = train.params_of(model.head)
+  if widen:
+    params = feature_train.widen_mlp(params, ours_config.ffn_dim, seed)
   mapping = params.get("draft_to_target")
   folder = os.path.dirname(directory)
   is_shipped = shipped.is_shipped(folder)
@@ -415,6 +432,8 @@ def initial_head(
     # A shipped head is saved as step 0 (``ship``): its card tells the steps it had.
     "step": None if is_shipped else read.get("step"),
   }
+  if widen:  # What it grew from; "parameters" are the grown ones, which a resume matches.
+    start["widened_from_ffn_dim"] = theirs_config.ffn_dim
   if is_shipped:
     with open(os.path.join(folder, shipped.SHA256SUMS), "rb") as f:
       start["sha256sums"] = hashlib.sha256(f.read()).hexdigest()
@@ -753,7 +772,14 @@ def card(
     + (f"step {start['step']} of its run; " if start.get("step") is not None else "")
     + f"parameters {start['parameters']}"
     + (f"; its SHA256SUMS hashes to `{start['sha256sums'][:16]}...`" if start["sha256sums"] else "")
-    + "; its own card tells its data and training), not from random parameters: the steps and "
+    + "; its own card tells its data and training)"
+    + (
+      f", its MLP grown from {start['widened_from_ffn_dim']} hidden units (the new ones' "
+      "output rows zero, so it started as that head)"
+      if start.get("widened_from_ffn_dim")
+      else ""
+    )
+    + ", not from random parameters: the steps and "
     "tokens here are this run's, and step 0 below is that head measured on the same rows."
     if start
     else ""
