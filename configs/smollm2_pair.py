@@ -68,7 +68,10 @@ def get_config(arg=None):
   # The feature head on SmolLM2's own features: entering layers 2, 15 and 27 (EAGLE-3's
   # choice for 30 layers), its own output head over the corpus's 8192 most frequent tokens.
   config.feature.head.feature_layers = ()
-  code_pair._target_widths(config.feature.head)  # One layer of SmolLM2's own widths.
+  code_pair._target_widths(config.feature.head)  # One layer of SmolLM2's own widths,
+  # its MLP twice the target's 1536: the shipped head's (grown from 1536 by answers.init_from,
+  # docs/training_on_answers.md section 19), so --config.answers.init_from of it needs no flag.
+  config.feature.head.ffn_dim = 3072
   config.feature.head.draft_vocab_size = 8192
   config.feature.train = code_pair._train(
     steps=300, batch_size=8, seq_len=128, learning_rate=3e-3, distill_mode="token", ttt_steps=2

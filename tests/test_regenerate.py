@@ -714,7 +714,8 @@ def test_a_card_reports_what_the_best_evaluation_was_trained_and_measured_on(tmp
   }
   # No answers in this workdir: everything comes from best.json.
   card = answer_training.card(config, str(tmp_path), best, "feature")
-  assert "384 prompts" in card and "3 shards" in card and "51,234 answer tokens" in card
+  assert "384 answers by the target" in card and "3 shards" in card
+  assert "51,234 answer tokens" in card
   assert "2.00 h of" in card and "`smollm2:30x576`" in card
   assert "48 rows of 257 tokens (9,876 answer tokens) spread over 127 held-out" in card
   assert "1 more left out" in card and "NVIDIA H200" in card and "**1.800**" in card

@@ -787,8 +787,9 @@ def card(
   return f"""# A {kind} trained on the target's own answers
 
 - **Target**: `{data["target"]}` (tokenizer {data["tokenizer"]}).
-- **Data**: {data["prompts"]:,} prompts of `specsamp.training.instructions` answered by the target
-  (`scripts/regenerate.py`, settings {", ".join(data["settings"])}; {data["shards"]} shards,
+- **Data**: {data["prompts"]:,} answers by the target to prompts of
+  `specsamp.training.instructions` (`scripts/regenerate.py`, settings
+  {", ".join(data["settings"])}; {data["shards"]} shards,
   {data["answer_tokens"]:,} answer tokens, {data["regeneration_seconds"] / 3600:.2f} h of
   regeneration), prompts sha256 `{data["prompts_sha256"][:16]}...`.
 - **Training**: `scripts/train_drafter.py --config.answers.drafter={drafter}`; best at step
