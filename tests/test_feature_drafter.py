@@ -332,22 +332,18 @@ def test_a_trained_head_saves_loads_and_refuses_another_target(target, tmp_path)
   as_grown = feature_train.FeatureTrainer(
     larger, target, config, checkpoint.default_mesh(), mapping, initial_params=grown
   )
-  as_loaded = feature_train.FeatureTrainer(
-    head_config, target, config, checkpoint.default_mesh(), mapping, initial_params=loaded
-  )
-  grown_params, loaded_params = as_grown.init_state().params, as_loaded.init_state().params
+  grown_params = as_grown.init_state().params
   for name in ("gate_DF", "up_DF", "down_FD"):
-    old, new = np.asarray(loaded_params["mlp"][name]), np.asarray(grown_params["mlp"][name])
+    old, new = np.asarray(loaded["mlp"][name]), np.asarray(grown_params["mlp"][name])
     np.testing.assert_array_equal(new[: old.shape[0], : old.shape[1]], old)
     added = new[old.shape[0] :] if name == "down_FD" else new[:, old.shape[1] :]
     assert added.size and (not added.any()) == (name == "down_FD")
-  batch = batches.first(1)
+  batch = batches.first(1)  # The loaded head measured by the trainer that trained it.
   assert as_grown.evaluate(grown_params, batch) == pytest.approx(
-    as_loaded.evaluate(loaded_params, batch), rel=1e-5
+    trainer.evaluate(loaded, batch), rel=1e-5
   )
   np.testing.assert_array_equal(
-    as_grown.greedy_correct(grown_params, batch[0], 2),
-    as_loaded.greedy_correct(loaded_params, batch[0], 2),
+    as_grown.greedy_correct(grown_params, batch[0], 2), trainer.greedy_correct(loaded, batch[0], 2)
   )
   with pytest.raises(ValueError, match="would narrow it"):
     feature_train.widen_mlp(loaded, CONFIG.ffn_dim - 1)

@@ -397,12 +397,10 @@ def initial_head(
   theirs_config, ours_config = model.head.config, head_config.resolve(target.config)
   # A wider MLP than the start's grows it (``feature_train.widen_mlp``): the same function,
   # more room. Every other field must match.
-  widen = (
-    theirs_config.ffn_dim < ours_config.ffn_dim
-    and theirs_config.replace(ffn_dim=ours_config.ffn_dim) == ours_config
-  )
+  grown_config = theirs_config.replace(ffn_dim=ours_config.ffn_dim)
+  widen = theirs_config.ffn_dim < ours_config.ffn_dim and grown_config == ours_config
   try:
-    start_config = theirs_config.replace(ffn_dim=ours_config.ffn_dim) if widen else theirs_config
+    start_config = grown_config if widen else theirs_config
     checkpoint.check_meta(feature_train.head_meta(start_config, target), want, directory)
   except checkpoint.CheckpointError as e:
     raise refused(f"is not a head of config.feature.head: {e}") from None
